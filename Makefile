@@ -1,0 +1,27 @@
+# The two set-up commands: `make run` and `make test` (each builds .venv first).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test bench demo clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+run: $(BIN)/.installed
+	$(BIN)/ember run
+
+demo: $(BIN)/.installed
+	$(BIN)/ember demo
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+
+bench: $(BIN)/.installed
+	$(BIN)/python bench/commit_cost.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

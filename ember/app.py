@@ -1,0 +1,150 @@
+"""Composition root: configuration in, a wired and running runtime out.
+
+Every component receives, in its constructor, only the collaborators it calls;
+this is the one place that knows them all.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from ember.bus.memory import InProcessBus
+from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.core.errors import ModelNotConfigured
+from ember.core.jobs import JobKind
+from ember.memory.consolidation import ConsolidationWorker
+from ember.memory.embeddings import HashingEmbedder
+from ember.memory.review import MemoryReviewer
+from ember.memory.service import MemoryService
+from ember.models.base import ModelClient
+from ember.models.openai_compat import OpenAICompatibleModel
+from ember.pipeline.context import ContextStage, Persona
+from ember.pipeline.inference import InferenceLimits, InferenceStage
+from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
+from ember.runtime.background import BackgroundRunner, JobHandler
+from ember.runtime.leases import InProcessLeases
+from ember.runtime.loop import AgentLoop, Pipeline
+from ember.skills.review import SkillReviewer
+from ember.store.database import Database
+from ember.store.jobs import Job, SqlJobStore
+from ember.store.memories import SqlMemoryStore
+from ember.store.sessions import SqlSessionStore
+from ember.store.traces import SqlTraceStore
+from ember.tools.base import Toolset, ToolRegistry
+from ember.tools.files import file_tools
+from ember.tools.workspace import Workspace
+
+
+def configured_model(settings: Settings) -> OpenAICompatibleModel:
+    if not settings.model_configured:
+        raise ModelNotConfigured(f"no model is configured. Configure one with:\n  {CONFIGURE_MODEL_HINT}")
+    assert settings.model is not None and settings.model_base_url is not None
+    return OpenAICompatibleModel(
+        model=settings.model,
+        base_url=settings.model_base_url,
+        api_key=settings.model_api_key,
+        timeout_s=settings.model_timeout_s,
+        max_attempts=settings.model_max_attempts,
+    )
+
+
+def default_tools(settings: Settings) -> ToolRegistry:
+    workspace_dir = settings.workspace_dir
+    workspace_dir.mkdir(parents=True, exist_ok=True)
+    return ToolRegistry(file_tools(Workspace(workspace_dir)))
+
+
+@dataclass(slots=True)
+class Runtime:
+    settings: Settings
+    db: Database
+    sessions: SqlSessionStore
+    jobs: SqlJobStore
+    traces: SqlTraceStore
+    memory: MemoryService
+    bus: InProcessBus
+    runner: BackgroundRunner
+    loop: AgentLoop
+    consolidation: ConsolidationWorker
+    model: ModelClient
+
+
+def _job_handlers(memory: MemoryService, consolidation: ConsolidationWorker, memory_reviewer: MemoryReviewer,
+                  skill_reviewer: SkillReviewer) -> dict[str, JobHandler]:
+    def for_session(job: Job) -> str:
+        if job.session_key is None:
+            raise ValueError(f"{job.kind} job {job.id} has no session key")
+        return job.session_key
+
+    async def consolidate(job: Job) -> None:
+        await consolidation.consolidate(for_session(job))
+
+    async def embed(job: Job) -> None:
+        await memory.flush_embeddings()
+
+    async def review_memory(job: Job) -> None:
+        await memory_reviewer.review(for_session(job))
+
+    async def review_skills(job: Job) -> None:
+        await skill_reviewer.review(for_session(job))
+
+    return {
+        JobKind.CONSOLIDATE: consolidate,
+        JobKind.EMBED: embed,
+        JobKind.REVIEW_MEMORY: review_memory,
+        JobKind.REVIEW_SKILLS: review_skills,
+    }
+
+
+@asynccontextmanager
+async def open_database(settings: Settings) -> AsyncIterator[Database]:
+    """The store alone, migrated, for commands that only read or check it."""
+    db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
+    await db.open()
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
+                        backoff_base_s: float = 1.0) -> Runtime:
+    settings.home_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
+    await db.open()
+    sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
+    memory = MemoryService(SqlMemoryStore(db), HashingEmbedder())
+    await memory.open()
+    leases = InProcessLeases()
+    bus = InProcessBus()
+    consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
+    runner = BackgroundRunner(
+        jobs,
+        _job_handlers(memory, consolidation, MemoryReviewer(sessions, model, memory), SkillReviewer(sessions, memory)),
+        max_attempts=settings.job_max_attempts,
+        backoff_base_s=backoff_base_s,
+    )
+    persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template)
+    limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
+    pipeline = Pipeline(
+        context=ContextStage(sessions, memory, persona),
+        inference=InferenceStage(model, tools if tools is not None else default_tools(settings), sessions, limits),
+        response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(settings.consolidation_threshold)),
+    )
+    loop = AgentLoop(bus, leases, pipeline, traces)
+    return Runtime(settings, db, sessions, jobs, traces, memory, bus, runner, loop, consolidation, model)
+
+
+@asynccontextmanager
+async def running(runtime: Runtime) -> AsyncIterator[Runtime]:
+    """Start the background runner and the loop; stop both, then close the store."""
+    await runtime.runner.start()
+    await runtime.loop.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.loop.stop()
+        await runtime.runner.stop()
+        await runtime.db.close()

@@ -1,0 +1,1 @@
+"""How events travel between channels and the agent loop."""

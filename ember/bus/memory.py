@@ -1,0 +1,26 @@
+"""The embedded bus: asyncio queues in one process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+from ember.core.events import InboundEvent, OutboundEvent
+
+
+class InProcessBus:
+    def __init__(self) -> None:
+        self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
+        self._outbound: defaultdict[str, asyncio.Queue[OutboundEvent]] = defaultdict(asyncio.Queue)
+
+    async def publish_inbound(self, event: InboundEvent) -> None:
+        self._inbound.put_nowait(event)
+
+    async def next_inbound(self) -> InboundEvent:
+        return await self._inbound.get()
+
+    async def publish_outbound(self, event: OutboundEvent) -> None:
+        self._outbound[event.channel].put_nowait(event)
+
+    async def next_outbound(self, channel: str) -> OutboundEvent:
+        return await self._outbound[channel].get()

@@ -1,0 +1,1 @@
+"""Channel adapters: how users reach the agent."""

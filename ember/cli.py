@@ -1,0 +1,196 @@
+"""The `ember` command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ember.app import build_runtime, configured_model, open_database, running
+from ember.channels.cli import CHANNEL, CliChannel
+from ember.config import CONFIGURE_MODEL_HINT, Settings, load_settings
+from ember.core.errors import EmberError
+from ember.models.base import ModelClient
+from ember.models.demo import LABEL, demo_model
+from ember.store.sessions import SqlSessionStore
+
+app = typer.Typer(help="Ember: a self-hosted AI agent runtime.", no_args_is_help=True, add_completion=False)
+sessions_app = typer.Typer(help="Inspect stored sessions.", no_args_is_help=True)
+app.add_typer(sessions_app, name="sessions")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+SessionOption = Annotated[str, typer.Option("--session", "-s", help="Session name (the CLI's chat id).")]
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except EmberError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def _setup_logging(settings: Settings, verbose: bool) -> None:
+    settings.home_dir.mkdir(parents=True, exist_ok=True)
+    handlers: list[logging.Handler] = [logging.FileHandler(settings.home_dir / "ember.log")]
+    if verbose:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logging.basicConfig(level=logging.INFO, handlers=handlers,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+
+
+async def _chat(settings: Settings, model: ModelClient, session: str, message: str | None) -> int:
+    runtime = await build_runtime(settings, model)
+    async with running(runtime):
+        channel = CliChannel(runtime.bus, out, chat_id=session)
+        if message is not None:
+            answer = await channel.send(message, stream=False)
+            if not answer.ok:
+                err.print(answer.text, markup=False)
+                return 1
+            print(answer.text)
+            return 0
+        return await _interactive(channel, session)
+
+
+async def _interactive(channel: CliChannel, session: str) -> int:
+    out.print(f"[dim]session {CHANNEL}:{session} — type /quit or Ctrl-D to leave[/dim]")
+    while True:
+        try:
+            line = await asyncio.to_thread(input, "you> ")
+        except (EOFError, KeyboardInterrupt):
+            out.print()
+            return 0
+        if line.strip() in {"/quit", "/exit"}:
+            return 0
+        if not line.strip():
+            continue
+        out.print("[bold]ember>[/bold] ", end="")
+        answer = await channel.send(line, stream=True)
+        if not answer.ok:
+            err.print(answer.text, markup=False)
+
+
+@app.command()
+def chat(
+    message: Annotated[Optional[str], typer.Option("--message", "-m", help="Send one message, print the answer, exit.")] = None,
+    session: SessionOption = "default",
+    demo: Annotated[bool, typer.Option(help="Use the offline scripted demo model.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show logs on stderr.")] = False,
+) -> None:
+    """Chat with the agent: interactive and streaming, or one shot with -m."""
+    settings = _settings()
+    _setup_logging(settings, verbose)
+    try:
+        model: ModelClient = demo_model() if demo else configured_model(settings)
+    except EmberError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(asyncio.run(_chat(settings, model, session, message)))
+
+
+@app.command()
+def run(
+    session: SessionOption = "default",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Start the agent on the embedded defaults (falls back to the scripted demo model)."""
+    settings = _settings()
+    _setup_logging(settings, verbose)
+    if settings.model_configured:
+        model: ModelClient = configured_model(settings)
+        out.print(f"Ember on model [bold]{model.name}[/bold]; data in {settings.home_dir}")
+    else:
+        model = demo_model()
+        out.print(f"[yellow]No model configured: running on the scripted demo model {escape(LABEL)}. "
+                  "Its answers are canned, not AI.[/yellow]")
+        out.print(f"To use a real model: [bold]{CONFIGURE_MODEL_HINT}[/bold]", markup=True)
+    raise typer.Exit(asyncio.run(_chat(settings, model, session, None)))
+
+
+def _resolve_session_key(known: set[str], name: str) -> str | None:
+    for candidate in (name, f"{CHANNEL}:{name}"):
+        if candidate in known:
+            return candidate
+    return None
+
+
+@sessions_app.command("list")
+def sessions_list() -> None:
+    """List sessions, most recently active first."""
+    settings = _settings()
+
+    async def main() -> None:
+        async with open_database(settings) as db:
+            rows = await SqlSessionStore(db).list_sessions()
+        table = Table("session", "messages", "consolidated up to", "last active")
+        for row in rows:
+            table.add_row(row.key, str(row.message_count), str(row.last_consolidated), _when(row.updated_at))
+        out.print(table if rows else "No sessions yet.")
+
+    asyncio.run(main())
+
+
+@sessions_app.command("show")
+def sessions_show(
+    key: Annotated[str, typer.Argument(help="Session key, or a CLI session name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the messages as JSON.")] = False,
+) -> None:
+    """Show a session's whole stored history."""
+    settings = _settings()
+
+    async def main() -> int:
+        async with open_database(settings) as db:
+            store = SqlSessionStore(db)
+            resolved = _resolve_session_key({row.key for row in await store.list_sessions()}, key)
+            if resolved is None:
+                err.print(f"no session named {key!r}; `ember sessions list` shows them", markup=False)
+                return 1
+            messages = await store.history(resolved)
+        if as_json:
+            print(json.dumps([m.to_json_dict() for m in messages], ensure_ascii=False, indent=2))
+            return 0
+        for m in messages:
+            calls = " ".join(f"[{c.name}({c.arguments})]" for c in m.tool_calls)
+            out.print(f"[bold]{m.seq:>5} {m.role.value:<9}[/bold]", end=" ")
+            out.print(f"{m.content} {calls}".strip(), markup=False)
+        return 0
+
+    raise typer.Exit(asyncio.run(main()))
+
+
+@app.command()
+def doctor() -> None:
+    """Check the configuration, the store and the model endpoint."""
+    from ember.diagnostics import run_checks
+
+    settings = _settings()
+    raise typer.Exit(asyncio.run(run_checks(settings, out)))
+
+
+@app.command()
+def demo() -> None:
+    """An offline walkthrough on the scripted demo model (no AI involved)."""
+    from ember.demo import run_demo
+
+    raise typer.Exit(asyncio.run(run_demo(out)))
+
+
+def _when(timestamp: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+
+
+def main() -> None:
+    app()
+

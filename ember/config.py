@@ -1,0 +1,99 @@
+"""One typed configuration, read once at the edge (ember.toml + environment).
+
+Precedence: values passed in code, then EMBER_* environment variables, then
+EMBER_HOME/ember.toml, then defaults. The model endpoint also honours OPENAI_BASE_URL / OPENAI_API_KEY.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from ember.core.errors import ConfigError
+
+CONFIGURE_MODEL_HINT = (
+    "export EMBER_MODEL_BASE_URL=https://api.openai.com/v1 "
+    "EMBER_MODEL_API_KEY=sk-... EMBER_MODEL=gpt-4o-mini"
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EMBER_", extra="forbid", populate_by_name=True)
+
+    home: Path = Path("~/.ember")
+    workspace: Path | None = None
+    agent_name: str = "Ember"
+    system_prompt: str = (
+        "You are {agent_name}, a helpful assistant that works for its user over days. "
+        "Use the tools when they help; say plainly when you cannot do something."
+    )
+    # Prepended by the system to the first answer of a new session; empty disables it.
+    intro_template: str = ""
+
+    model: str | None = None
+    model_base_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("EMBER_MODEL_BASE_URL", "OPENAI_BASE_URL", "model_base_url")
+    )
+    model_api_key: str | None = Field(
+        default=None, validation_alias=AliasChoices("EMBER_MODEL_API_KEY", "OPENAI_API_KEY", "model_api_key")
+    )
+    model_timeout_s: float = 60.0
+    model_max_attempts: int = Field(default=4, ge=1)
+
+    max_tool_iterations: int = Field(default=12, ge=1)
+    # A turn with at least this many tool calls triggers the background reviews.
+    review_tool_call_threshold: int = Field(default=3, ge=1)
+    consolidation_threshold: int = Field(default=40, ge=4)
+    # Messages kept out of a consolidation so the model still sees the latest exchange verbatim.
+    consolidation_keep_recent: int = Field(default=10, ge=0)
+    job_max_attempts: int = Field(default=5, ge=1)
+    # "FULL" survives power loss; "NORMAL" survives a process crash only.
+    sqlite_synchronous: str = Field(default="FULL", pattern="^(FULL|NORMAL)$")
+
+    @property
+    def home_dir(self) -> Path:
+        return self.home.expanduser()
+
+    @property
+    def workspace_dir(self) -> Path:
+        return (self.workspace or self.home_dir / "workspace").expanduser()
+
+    @property
+    def database_path(self) -> Path:
+        return self.home_dir / "ember.db"
+
+    @property
+    def model_configured(self) -> bool:
+        return bool(self.model and self.model_base_url)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file())
+
+
+def config_file() -> Path:
+    return Path(os.environ.get("EMBER_HOME", "~/.ember")).expanduser() / "ember.toml"
+
+
+def load_settings() -> Settings:
+    """Settings from the environment and EMBER_HOME/ember.toml, with errors a user can act on."""
+    try:
+        return Settings()
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{config_file()}: {exc}") from exc
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration ({config_file()} or EMBER_* variables): {problems}") from exc

@@ -1,0 +1,21 @@
+"""Run-level failures. Tool failures are not here: they are results the model reads."""
+
+
+class EmberError(Exception):
+    """Base of every failure Ember reports to a user."""
+
+
+class ConfigError(EmberError):
+    pass
+
+
+class ModelNotConfigured(ConfigError):
+    pass
+
+
+class ModelError(EmberError):
+    """The model endpoint failed in a way retries did not fix."""
+
+
+class StoreConflict(EmberError):
+    """A write raced with another writer of the same session."""

@@ -1,0 +1,54 @@
+"""Envelopes that cross the bus between channels and the agent loop."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboundEvent:
+    """A user message accepted by a channel.
+
+    `message_id` is the platform's own id for the message, when it has one.
+    `stream` asks for deltas as the answer is generated.
+    """
+
+    channel: str
+    chat_id: str
+    sender_id: str
+    text: str
+    message_id: str | None = None
+    stream: bool = False
+    metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def session_key(self) -> str:
+        return f"{self.channel}:{self.chat_id}"
+
+
+class OutboundKind(enum.StrEnum):
+    DELTA = "delta"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    FINAL = "final"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboundEvent:
+    """Something the agent sends back to a channel.
+
+    A FINAL with `stream_full_text` carries the whole answer: channels replace
+    the streamed draft with it rather than appending it.
+    """
+
+    channel: str
+    chat_id: str
+    kind: OutboundKind
+    text: str
+    turn_id: str
+    reply_to: str | None = None
+    stream_full_text: bool = False

@@ -1,0 +1,134 @@
+"""Chat messages as the session stores them and models read them."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field, replace
+
+
+class Role(enum.StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool invocation requested by the model.
+
+    `arguments` is the raw JSON text the model produced; it may be malformed,
+    which the tool layer reports back to the model instead of crashing.
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> ToolCall:
+        id_, name, arguments = data["id"], data["name"], data["arguments"]
+        if not (isinstance(id_, str) and isinstance(name, str) and isinstance(arguments, str)):
+            raise ValueError(f"malformed tool call: {data!r}")
+        return cls(id=id_, name=name, arguments=arguments)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """One entry of a session's history.
+
+    `seq` is the message's position in its session, assigned by the store when
+    the message is committed; it is None for a message not yet stored.
+    `reasoning` holds a provider's separate reasoning field; it is replayed to
+    the model only within the tool loop of the turn that produced it.
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    reasoning: str | None = None
+    turn_id: str | None = None
+    seq: int | None = None
+
+    @classmethod
+    def system(cls, content: str) -> Message:
+        return cls(role=Role.SYSTEM, content=content)
+
+    @classmethod
+    def user(cls, content: str, *, turn_id: str | None = None) -> Message:
+        return cls(role=Role.USER, content=content, turn_id=turn_id)
+
+    @classmethod
+    def assistant(
+        cls,
+        content: str,
+        *,
+        tool_calls: tuple[ToolCall, ...] = (),
+        reasoning: str | None = None,
+        turn_id: str | None = None,
+    ) -> Message:
+        return cls(
+            role=Role.ASSISTANT,
+            content=content,
+            tool_calls=tool_calls,
+            reasoning=reasoning,
+            turn_id=turn_id,
+        )
+
+    @classmethod
+    def tool_result(cls, call_id: str, content: str, *, turn_id: str | None = None) -> Message:
+        return cls(role=Role.TOOL, content=content, tool_call_id=call_id, turn_id=turn_id)
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return self.role is Role.ASSISTANT and bool(self.tool_calls)
+
+    def without_reasoning(self) -> Message:
+        return self if self.reasoning is None else replace(self, reasoning=None)
+
+    def to_json_dict(self) -> dict[str, object]:
+        """The public shape of a message (`ember sessions show --json`)."""
+        return {
+            "seq": self.seq,
+            "role": self.role.value,
+            "content": self.content,
+            "tool_calls": [call.to_dict() for call in self.tool_calls],
+            "tool_call_id": self.tool_call_id,
+        }
+
+
+def encode_tool_calls(calls: tuple[ToolCall, ...]) -> str | None:
+    return json.dumps([call.to_dict() for call in calls]) if calls else None
+
+
+def decode_tool_calls(raw: str | None) -> tuple[ToolCall, ...]:
+    if not raw:
+        return ()
+    data = json.loads(raw)
+    if not isinstance(data, list):
+        raise ValueError("tool_calls is not a list")
+    return tuple(ToolCall.from_dict(item) for item in data)
+
+
+@dataclass(slots=True)
+class Session:
+    """A session's state as one turn sees it.
+
+    `messages` holds the window since `last_consolidated` (a seq boundary: every
+    message with a smaller seq has been folded into episodic memory).
+    `next_seq` is the seq the next appended message receives.
+    """
+
+    key: str
+    messages: list[Message] = field(default_factory=list)
+    last_consolidated: int = 0
+    next_seq: int = 0
+
+    @property
+    def unconsolidated_count(self) -> int:
+        return self.next_seq - self.last_consolidated

@@ -1,0 +1,54 @@
+"""The plain values the pipeline stages hand to each other for one turn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ember.core.events import InboundEvent
+from ember.core.messages import Message, Session, ToolCall
+
+
+class StreamSink(Protocol):
+    """Where a turn's live output goes while it is being produced."""
+
+    async def delta(self, text: str) -> None: ...
+
+    async def tool_call(self, call: ToolCall) -> None: ...
+
+    async def tool_result(self, call: ToolCall, result: str) -> None: ...
+
+    async def finalize(self, text: str) -> bool:
+        """Send the final answer; True when it reached the channel."""
+        ...
+
+
+@dataclass(slots=True, kw_only=True)
+class PipelineContext:
+    """What ContextStage prepared: the session (with the user message already
+    committed) and the exact prompt the model will see."""
+
+    event: InboundEvent
+    turn_id: str
+    session: Session
+    prompt: list[Message]
+    intro_text: str = ""
+    stream: StreamSink | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InferenceResult:
+    response_text: str
+    total_tool_calls: int = 0
+    tool_names: tuple[str, ...] = ()
+    should_review_skills: bool = False
+    should_review_memory: bool = False
+    model_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    response_text: str
+    outbound_sent: bool

@@ -1,0 +1,53 @@
+"""`ember demo`: the whole runtime on the scripted demo model, in a throwaway home."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+
+from ember.app import build_runtime, running
+from ember.channels.cli import CliChannel
+from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.models.demo import LABEL, demo_model
+
+DEMO_TURNS = (
+    "Hello! Who are you?",
+    "Which files are in my workspace?",
+    "Thanks, that is all for now.",
+)
+
+
+async def run_demo(console: Console) -> int:
+    console.print(Panel(
+        f"This walkthrough runs on the {escape(LABEL)}: canned answers, no AI involved.\n"
+        "It shows streaming, a tool call, reasoning kept out of the answer, the commit, and consolidation.",
+        title="Ember demo",
+    ))
+    with tempfile.TemporaryDirectory(prefix="ember-demo-") as home:
+        workspace = Path(home) / "workspace"
+        workspace.mkdir()
+        (workspace / "notes.md").write_text("# Notes\nBuy milk.\n")
+        (workspace / "plan.txt").write_text("Ship Ember.\n")
+        settings = Settings(home=Path(home), consolidation_threshold=6, consolidation_keep_recent=2)
+        runtime = await build_runtime(settings, demo_model())
+        async with running(runtime):
+            channel = CliChannel(runtime.bus, console, chat_id="demo")
+            for line in DEMO_TURNS:
+                console.print(f"[bold cyan]you>[/bold cyan] {line}")
+                console.print("[bold]ember>[/bold] ", end="")
+                await channel.send(line, stream=True)
+            await runtime.runner.wait_idle()
+            history = await runtime.sessions.history("cli:demo")
+            snapshot = await runtime.memory.snapshot("cli:demo")
+            session = await runtime.sessions.load("cli:demo")
+        console.print(f"\n[bold]Committed:[/bold] {len(history)} messages; "
+                      f"reasoning stored: {any('<think>' in m.content for m in history)}.")
+        console.print(f"[bold]Consolidated:[/bold] messages before #{session.last_consolidated} "
+                      "are now an episodic memory:")
+        console.print(snapshot or "(nothing yet)", markup=False)
+    console.print(f"\nTo use a real model: {CONFIGURE_MODEL_HINT}", markup=False)
+    return 0

@@ -1,0 +1,96 @@
+"""`ember doctor`: checks a user runs when something looks wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from rich.console import Console
+from sqlalchemy import text
+
+from ember.app import configured_model, open_database
+from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.core.errors import EmberError
+from ember.store.jobs import SqlJobStore
+from ember.store.migrations import SCHEMA_VERSION
+from ember.store.sessions import SqlSessionStore
+
+MODEL_CHECK_TIMEOUT_S = 10.0
+
+
+class Report:
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self.failures = 0
+
+    def ok(self, what: str) -> None:
+        self._console.print(f"[green]ok[/green]    {what}", highlight=False)
+
+    def warn(self, what: str) -> None:
+        self._console.print(f"[yellow]warn[/yellow]  {what}", highlight=False)
+
+    def fail(self, what: str) -> None:
+        self.failures += 1
+        self._console.print(f"[red]FAIL[/red]  {what}", highlight=False)
+
+
+async def run_checks(settings: Settings, console: Console) -> int:
+    report = Report(console)
+    _check_config(settings, report)
+    await _check_store(settings, report)
+    await _check_model(settings, report)
+    return 1 if report.failures else 0
+
+
+def _check_config(settings: Settings, report: Report) -> None:
+    report.ok(f"config: home {settings.home_dir}")
+    workspace = settings.workspace_dir
+    if not workspace.exists():
+        report.warn(f"workspace {workspace} does not exist yet (created on first run)")
+    elif not os.access(workspace, os.R_OK | os.X_OK):
+        report.fail(f"workspace {workspace} is not readable")
+    else:
+        report.ok(f"workspace {workspace}")
+
+
+async def _check_store(settings: Settings, report: Report) -> None:
+    try:
+        async with open_database(settings) as db:
+            async with db.read() as conn:
+                integrity = (await conn.execute(text("PRAGMA integrity_check"))).scalar_one()
+            store = SqlSessionStore(db)
+            sessions = await store.list_sessions()
+            for session in sessions:
+                await store.load(session.key)  # sets aside unreadable rows, closes interrupted tool calls
+            quarantined = await store.quarantined()
+            jobs = await SqlJobStore(db).counts()
+    except Exception as exc:  # doctor reports every failure instead of crashing
+        report.fail(f"store {settings.database_path}: {type(exc).__name__}: {exc}")
+        return
+    if integrity != "ok":
+        report.fail(f"store integrity check: {integrity}")
+    report.ok(f"store {settings.database_path}: schema v{SCHEMA_VERSION}, {len(sessions)} session(s)")
+    if quarantined:
+        report.warn(f"{len(quarantined)} stored message(s) could not be read and were set aside:")
+        for row in quarantined:
+            report.warn(f"  session {row.session_key} seq {row.seq}: {row.reason}")
+    if jobs.get("failed"):
+        report.warn(f"{jobs['failed']} background job(s) failed for good (see ember.log)")
+    report.ok(f"background jobs: {jobs.get('pending', 0)} pending, {jobs.get('running', 0)} running")
+
+
+async def _check_model(settings: Settings, report: Report) -> None:
+    try:
+        model = configured_model(settings)
+    except EmberError:
+        report.warn(f"no model configured; `ember run` uses the scripted demo model. Configure: {CONFIGURE_MODEL_HINT}")
+        return
+    try:
+        names = await asyncio.wait_for(model.list_models(), MODEL_CHECK_TIMEOUT_S)
+    except (EmberError, TimeoutError) as exc:
+        report.fail(f"model endpoint {model.base_url}: {exc or 'no answer within the timeout'}")
+        return
+    if names and model.name not in names:
+        report.warn(f"model endpoint {model.base_url} answers, but does not list {model.name!r}")
+    else:
+        report.ok(f"model endpoint {model.base_url} answers; model {model.name}")

@@ -1,0 +1,1 @@
+"""Memory: snapshots for prompts, consolidation into episodes, reviews, embeddings."""

@@ -1,0 +1,1 @@
+"""Model clients behind one protocol: OpenAI-compatible endpoints and scripted models."""

@@ -1,0 +1,50 @@
+"""The ModelClient protocol: a streamed completion with tool calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol, Sequence
+
+from ember.core.errors import ModelError
+from ember.core.messages import Message, ToolCall
+from ember.core.tools import ToolSpec
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelReply:
+    """The whole of one model response; always the last event of a stream."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+ModelEvent = TextDelta | ReasoningDelta | ModelReply
+
+
+class ModelClient(Protocol):
+    name: str
+
+    def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
+        """Deltas as they arrive, then exactly one ModelReply. Raises ModelError."""
+        ...
+
+
+async def complete(model: ModelClient, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> ModelReply:
+    """Run a stream to its end and return the reply."""
+    async for event in model.stream(messages, tools):
+        if isinstance(event, ModelReply):
+            return event
+    raise ModelError(f"model {model.name} ended its stream without a reply")

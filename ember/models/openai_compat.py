@@ -1,0 +1,160 @@
+"""Any OpenAI-compatible chat endpoint, through the official `openai` SDK.
+
+Retries (429, 5xx, timeouts, refused connections) happen only before the first
+chunk arrives: once text has streamed to the user, a retry would duplicate it,
+so a stream cut mid-way is reported as a ModelError instead.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Sequence
+
+import openai
+from openai import AsyncOpenAI
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from ember.core.errors import ModelError
+from ember.core.messages import Message, Role, ToolCall
+from ember.core.tools import ToolSpec
+from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
+
+_RETRY_STATUS = {408, 409, 429}
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, openai.APIConnectionError):  # includes timeouts
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in _RETRY_STATUS or exc.status_code >= 500
+    return False
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}: {exc.message}"
+    if isinstance(exc, openai.APITimeoutError):
+        return "the request timed out"
+    if isinstance(exc, openai.APIConnectionError):
+        return f"could not connect ({exc.__cause__ or exc})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def to_openai_message(message: Message) -> dict[str, Any]:
+    if message.role is Role.TOOL:
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+    if message.role is not Role.ASSISTANT:
+        return {"role": message.role.value, "content": message.content}
+    payload: dict[str, Any] = {"role": "assistant", "content": message.content or None}
+    if message.tool_calls:
+        payload["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    if message.reasoning:
+        # Providers with a separate reasoning field want it back within a tool loop.
+        payload["reasoning_content"] = message.reasoning
+    return payload
+
+
+def to_openai_tool(spec: ToolSpec) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": spec.name, "description": spec.description, "parameters": spec.parameters}}
+
+
+class _ToolCallBuffer:
+    """Reassembles tool calls that arrive as fragments keyed by index."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, dict[str, str]] = {}
+
+    def add(self, fragments: Any) -> None:
+        for fragment in fragments or ():
+            part = self._parts.setdefault(fragment.index, {"id": "", "name": "", "arguments": ""})
+            if fragment.id:
+                part["id"] = fragment.id
+            function = fragment.function
+            if function is not None:
+                part["name"] += function.name or ""
+                part["arguments"] += function.arguments or ""
+
+    def calls(self) -> tuple[ToolCall, ...]:
+        out = []
+        for index in sorted(self._parts):
+            part = self._parts[index]
+            if not part["name"]:
+                raise ModelError(f"the model sent a tool call without a name: {json.dumps(part)}")
+            out.append(ToolCall(id=part["id"] or f"call_{index}", name=part["name"], arguments=part["arguments"] or "{}"))
+        return tuple(out)
+
+
+class OpenAICompatibleModel:
+    def __init__(self, *, model: str, base_url: str, api_key: str | None, timeout_s: float = 60.0,
+                 max_attempts: int = 4) -> None:
+        self.name = model
+        self.base_url = base_url
+        self._max_attempts = max_attempts
+        # Retries are ours (tenacity), so they never repeat a stream that already produced text.
+        self._client = AsyncOpenAI(base_url=base_url, api_key=api_key or "not-needed", timeout=timeout_s, max_retries=0)
+
+    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
+        chunks = await self._open(messages, tools)
+        text: list[str] = []
+        reasoning: list[str] = []
+        calls = _ToolCallBuffer()
+        usage = None
+        try:
+            async for chunk in chunks:
+                usage = chunk.usage or usage
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                extra = delta.model_extra or {}
+                thought = extra.get("reasoning_content") or extra.get("reasoning")
+                if isinstance(thought, str) and thought:
+                    reasoning.append(thought)
+                    yield ReasoningDelta(thought)
+                if delta.content:
+                    text.append(delta.content)
+                    yield TextDelta(delta.content)
+                calls.add(delta.tool_calls)
+        except openai.OpenAIError as exc:
+            raise ModelError(f"the model stream from {self.base_url} broke off: {_describe(exc)}") from exc
+        yield ModelReply(
+            text="".join(text),
+            tool_calls=calls.calls(),
+            reasoning="".join(reasoning) or None,
+            input_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+            output_tokens=getattr(usage, "completion_tokens", 0) or 0,
+        )
+
+    async def list_models(self) -> list[str]:
+        """For `ember doctor`: proves the endpoint answers and the key works."""
+        try:
+            page = await self._client.models.list()
+        except openai.OpenAIError as exc:
+            raise ModelError(f"{self.base_url}: {_describe(exc)}") from exc
+        return [item.id for item in page.data]
+
+    async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Any:
+        request: dict[str, Any] = {
+            "model": self.name,
+            "messages": [to_openai_message(m) for m in messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if tools:
+            request["tools"] = [to_openai_tool(t) for t in tools]
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_retryable),
+            stop=stop_after_attempt(self._max_attempts),
+            wait=wait_exponential_jitter(initial=0.25, max=8.0),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._client.chat.completions.create(**request)
+        except openai.OpenAIError as exc:
+            tried = f" after {self._max_attempts} attempts" if _retryable(exc) else ""
+            raise ModelError(f"model {self.name} at {self.base_url} failed{tried}: {_describe(exc)}") from exc
+        raise AssertionError("unreachable: tenacity either returns or raises")

@@ -1,0 +1,1 @@
+"""The three stages of a turn: context, inference, response (the commit boundary)."""

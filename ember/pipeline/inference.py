@@ -1,0 +1,106 @@
+"""InferenceStage: the model and tool loop of one turn.
+
+Each model step ends in one of two decisions: a final text, or tool calls.
+Tool calls run (concurrently, results kept in call order), and the assistant
+message is committed together with all its results in one transaction, so
+the stored history never holds a call without its results (I3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ember.core.messages import Message, ToolCall
+from ember.core.thinking import ThinkFilter, strip_thinking
+from ember.core.turn import InferenceResult, PipelineContext
+from ember.models.base import ModelClient, ModelReply, TextDelta
+from ember.store.sessions import SqlSessionStore
+from ember.tools.base import Toolset
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceLimits:
+    max_iterations: int = 12
+    # A turn with at least this many tool calls asks for skill and memory reviews.
+    review_tool_call_threshold: int = 3
+
+
+@dataclass(slots=True)
+class _Usage:
+    model_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, reply: ModelReply) -> None:
+        self.model_calls += 1
+        self.input_tokens += reply.input_tokens
+        self.output_tokens += reply.output_tokens
+
+
+def iteration_cap_text(limit: int) -> str:
+    return (
+        f"I stopped after {limit} rounds of tool calls without reaching an answer. "
+        "Tell me to continue, or narrow the request."
+    )
+
+
+class InferenceStage:
+    def __init__(self, model: ModelClient, tools: Toolset, sessions: SqlSessionStore,
+                 limits: InferenceLimits) -> None:
+        self._model = model
+        self._tools = tools
+        self._sessions = sessions
+        self._limits = limits
+
+    async def run(self, ctx: PipelineContext) -> InferenceResult:
+        messages = list(ctx.prompt)
+        tool_names: list[str] = []
+        usage = _Usage()
+        for _ in range(self._limits.max_iterations):
+            reply = await self._model_step(ctx, messages)
+            usage.add(reply)
+            if not reply.tool_calls:
+                return self._result(reply.text, tool_names, usage)
+            assistant = Message.assistant(
+                strip_thinking(reply.text), tool_calls=reply.tool_calls, reasoning=reply.reasoning, turn_id=ctx.turn_id
+            )
+            results = await self._run_tools(ctx, reply.tool_calls)
+            await self._sessions.append(ctx.session, [assistant, *results])
+            messages += [assistant, *results]
+            tool_names += [call.name for call in reply.tool_calls]
+        return self._result(iteration_cap_text(self._limits.max_iterations), tool_names, usage)
+
+    async def _model_step(self, ctx: PipelineContext, messages: list[Message]) -> ModelReply:
+        visible = ThinkFilter()
+        async for event in self._model.stream(messages, self._tools.specs()):
+            if isinstance(event, ModelReply):
+                if ctx.stream is not None:
+                    await ctx.stream.delta(visible.flush())
+                return event
+            if isinstance(event, TextDelta) and ctx.stream is not None:
+                await ctx.stream.delta(visible.feed(event.text))
+        raise RuntimeError(f"model {self._model.name} ended its stream without a reply")
+
+    async def _run_tools(self, ctx: PipelineContext, calls: tuple[ToolCall, ...]) -> list[Message]:
+        if ctx.stream is not None:
+            for call in calls:
+                await ctx.stream.tool_call(call)
+        outputs = await asyncio.gather(*(self._tools.call(call) for call in calls))
+        if ctx.stream is not None:
+            for call, output in zip(calls, outputs):
+                await ctx.stream.tool_result(call, output)
+        return [Message.tool_result(call.id, output, turn_id=ctx.turn_id) for call, output in zip(calls, outputs)]
+
+    def _result(self, text: str, tool_names: list[str], usage: _Usage) -> InferenceResult:
+        review = len(tool_names) >= self._limits.review_tool_call_threshold
+        return InferenceResult(
+            response_text=text,
+            total_tool_calls=len(tool_names),
+            tool_names=tuple(tool_names),
+            should_review_skills=review,
+            should_review_memory=review,
+            model_calls=usage.model_calls,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+        )

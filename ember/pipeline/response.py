@@ -1,0 +1,63 @@
+"""ResponseStage: the commit boundary. The order below is the contract
+(DESIGN.md §2); each numbered step must finish before the next begins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ember.core.jobs import JobKind
+from ember.core.messages import Message
+from ember.core.thinking import strip_thinking
+from ember.core.turn import InferenceResult, PipelineContext, ProcessResult
+from ember.memory.consolidation import should_consolidate
+from ember.memory.service import MemoryService
+from ember.pipeline.context import merge_intro
+from ember.store.sessions import SqlSessionStore
+
+EMPTY_ANSWER = "(The model returned an empty answer.)"
+
+
+class Scheduler(Protocol):
+    async def schedule(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedWorkPolicy:
+    consolidation_threshold: int
+
+
+class ResponseStage:
+    def __init__(self, sessions: SqlSessionStore, scheduler: Scheduler, memory: MemoryService,
+                 policy: DerivedWorkPolicy) -> None:
+        self._sessions = sessions
+        self._scheduler = scheduler
+        self._memory = memory
+        self._policy = policy
+
+    async def finalize(self, ctx: PipelineContext, result: InferenceResult) -> ProcessResult:
+        # 1. Reasoning never reaches the record or the channel.
+        text = strip_thinking(result.response_text) or EMPTY_ANSWER
+        # 2. The introduction is the system's, not the model's.
+        text = merge_intro(ctx.intro_text, text)
+        # 3. The commit. Nothing derived starts before it returns.
+        await self._sessions.append(ctx.session, [Message.assistant(text, turn_id=ctx.turn_id)])
+        # 4. Derived work: queued durably, run in the background, never undoing step 3.
+        await self._schedule_derived_work(ctx, result)
+        # 5. Delivery of the final through the stream, which replaces the draft.
+        sent = await ctx.stream.finalize(text) if ctx.stream is not None else False
+        # 6.
+        return ProcessResult(text, outbound_sent=sent)
+
+    async def _schedule_derived_work(self, ctx: PipelineContext, result: InferenceResult) -> None:
+        key = ctx.session.key
+        if self._memory.embeddings_pending:
+            await self._scheduler.schedule(JobKind.EMBED, "all")
+            self._memory.embeddings_scheduled()
+        if should_consolidate(ctx.session, self._policy.consolidation_threshold):
+            await self._scheduler.schedule(JobKind.CONSOLIDATE, key, session_key=key)
+        if result.should_review_skills and result.total_tool_calls > 0:
+            await self._scheduler.schedule(JobKind.REVIEW_SKILLS, key, session_key=key)
+        if result.should_review_memory and result.total_tool_calls > 0:
+            await self._scheduler.schedule(JobKind.REVIEW_MEMORY, key, session_key=key)

@@ -1,0 +1,1 @@
+"""The agent loop and what it owns: leases, background jobs, stream publishing."""

@@ -1,0 +1,121 @@
+"""AgentLoop: takes inbound events off the bus and runs each as one turn.
+
+    _on_inbound(event):
+        hold the session lease (turns of one session run one at a time, in
+        arrival order; different sessions run concurrently)
+            ctx    = ContextStage.prepare(event)     user message committed
+            result = InferenceStage.run(ctx)         model + tools, steps committed
+            done   = ResponseStage.finalize(ctx, result)   the commit boundary
+            publish the final only if not done.outbound_sent
+        on any exception: publish exactly one error response
+        record the turn's trace
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from ember.bus.base import Bus
+from ember.core.errors import EmberError
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.leases import SessionLeases
+from ember.pipeline.context import ContextStage
+from ember.pipeline.inference import InferenceStage
+from ember.pipeline.response import ResponseStage
+from ember.runtime.streaming import StreamPublisher
+from ember.store.traces import SqlTraceStore, TurnTrace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    context: ContextStage
+    inference: InferenceStage
+    response: ResponseStage
+
+
+def error_text(exc: BaseException, turn_id: str) -> str:
+    if isinstance(exc, EmberError):
+        return f"Sorry, I could not answer: {exc}"
+    return f"Sorry, something went wrong inside Ember ({type(exc).__name__}). Turn id for the logs: {turn_id}"
+
+
+class AgentLoop:
+    def __init__(self, bus: Bus, leases: SessionLeases, pipeline: Pipeline, traces: SqlTraceStore) -> None:
+        self._bus = bus
+        self._leases = leases
+        self._pipeline = pipeline
+        self._traces = traces
+        self._turns: set[asyncio.Task[None]] = set()
+        self._consumer: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._consumer = asyncio.create_task(self._consume(), name="ember-agent-loop")
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop taking events; let turns in flight finish for `grace_s`, then cancel
+        them (their committed steps stay committed)."""
+        if self._consumer is not None:
+            self._consumer.cancel()
+            await asyncio.gather(self._consumer, return_exceptions=True)
+            self._consumer = None
+        if self._turns:
+            _, pending = await asyncio.wait(set(self._turns), timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    @property
+    def turns_in_flight(self) -> int:
+        return len(self._turns)
+
+    async def _consume(self) -> None:
+        while True:
+            event = await self._bus.next_inbound()
+            task = asyncio.create_task(self._on_inbound(event), name=f"ember-turn-{event.session_key}")
+            self._turns.add(task)
+            task.add_done_callback(self._turns.discard)
+
+    async def _on_inbound(self, event: InboundEvent) -> None:
+        turn_id = uuid.uuid4().hex
+        trace = TurnTrace(turn_id=turn_id, session_key=event.session_key, started_at=time.time())
+        async with self._leases.hold(event.session_key):
+            try:
+                await self._run_turn(event, turn_id, trace)
+                trace.status = "ok"
+            except Exception as exc:  # the loop's edge: one error response, logged once
+                log.exception("turn %s of %s failed", turn_id, event.session_key)
+                trace.status, trace.error = "failed", f"{type(exc).__name__}: {exc}"
+                await self._publish(event, turn_id, OutboundKind.ERROR, error_text(exc, turn_id))
+        trace.finished_at = time.time()
+        try:
+            await self._traces.record(trace)
+        except Exception:
+            log.warning("could not record the trace of turn %s", turn_id, exc_info=True)
+
+    async def _run_turn(self, event: InboundEvent, turn_id: str, trace: TurnTrace) -> None:
+        def open_stream(prefix: str) -> StreamPublisher:
+            return StreamPublisher(self._bus, event, turn_id, prefix=prefix)
+
+        ctx = await self._pipeline.context.prepare(event, turn_id, open_stream if event.stream else None)
+        result = await self._pipeline.inference.run(ctx)
+        trace.detail.update(
+            model_calls=result.model_calls,
+            tool_calls=list(result.tool_names),
+            input_tokens=result.input_tokens,
+            output_tokens=result.output_tokens,
+        )
+        done = await self._pipeline.response.finalize(ctx, result)
+        if not done.outbound_sent:
+            await self._publish(event, turn_id, OutboundKind.FINAL, done.response_text)
+
+    async def _publish(self, event: InboundEvent, turn_id: str, kind: OutboundKind, text: str) -> None:
+        await self._bus.publish_outbound(
+            OutboundEvent(channel=event.channel, chat_id=event.chat_id, kind=kind, text=text,
+                          turn_id=turn_id, reply_to=event.message_id)
+        )

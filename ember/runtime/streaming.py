@@ -1,0 +1,54 @@
+"""Publishes one turn's live output to the channel it came from."""
+
+from __future__ import annotations
+
+from ember.bus.base import Bus
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.messages import ToolCall
+
+
+class StreamPublisher:
+    """Deltas, tool events and the final answer of one turn.
+
+    `prefix` (the system's introduction) goes out before the first delta, so the
+    concatenated deltas of the last model step equal the final answer. The
+    final carries `stream_full_text`: channels replace their draft with it.
+    """
+
+    def __init__(self, bus: Bus, event: InboundEvent, turn_id: str, *, prefix: str = "") -> None:
+        self._bus = bus
+        self._event = event
+        self._turn_id = turn_id
+        self._prefix = prefix
+        self.finalized = False
+
+    async def delta(self, text: str) -> None:
+        if not text:
+            return
+        if self._prefix:
+            text, self._prefix = self._prefix + text, ""
+        await self._send(OutboundKind.DELTA, text)
+
+    async def tool_call(self, call: ToolCall) -> None:
+        await self._send(OutboundKind.TOOL_CALL, f"{call.name}({call.arguments})")
+
+    async def tool_result(self, call: ToolCall, result: str) -> None:
+        await self._send(OutboundKind.TOOL_RESULT, result)
+
+    async def finalize(self, text: str) -> bool:
+        await self._send(OutboundKind.FINAL, text, stream_full_text=True)
+        self.finalized = True
+        return True
+
+    async def _send(self, kind: OutboundKind, text: str, *, stream_full_text: bool = False) -> None:
+        await self._bus.publish_outbound(
+            OutboundEvent(
+                channel=self._event.channel,
+                chat_id=self._event.chat_id,
+                kind=kind,
+                text=text,
+                turn_id=self._turn_id,
+                reply_to=self._event.message_id,
+                stream_full_text=stream_full_text,
+            )
+        )

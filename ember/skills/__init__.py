@@ -1,0 +1,1 @@
+"""Skills: what the agent learns to do, from the turns where it did it."""

@@ -1,0 +1,27 @@
+"""Skill review: after a tool-heavy turn, note the tool sequence that answered it.
+
+These notes are the raw material the skills store (SKILL.md files) will be
+distilled from; for now they are kept as memories of kind "skill_note".
+"""
+
+from __future__ import annotations
+
+from ember.memory.review import last_turn
+from ember.memory.service import MemoryService
+from ember.store.sessions import SqlSessionStore
+
+
+class SkillReviewer:
+    def __init__(self, sessions: SqlSessionStore, memory: MemoryService) -> None:
+        self._sessions = sessions
+        self._memory = memory
+
+    async def review(self, session_key: str) -> str | None:
+        turn = last_turn((await self._sessions.load(session_key)).messages)
+        tools = [call.name for message in turn for call in message.tool_calls]
+        if not turn or not tools:
+            return None
+        request = " ".join(turn[0].content.split())[:120]
+        note = f"For {request!r}: {' -> '.join(tools)}"
+        await self._memory.remember("skill_note", note, session_key=session_key)
+        return note

@@ -1,0 +1,1 @@
+"""Durable state: sessions, jobs, memory and traces in one SQL database."""

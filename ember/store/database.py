@@ -1,0 +1,69 @@
+"""Connections to the SQL database, with SQLite set up for durable, concurrent use.
+
+Writes take SQLite's write lock at BEGIN (BEGIN IMMEDIATE) so two writers queue
+on the busy timeout instead of failing when a read transaction upgrades.
+Reads run on a separate engine and, in WAL mode, never wait for writers.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from ember.store.migrations import migrate
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+def _sqlite_engine(path: Path, *, synchronous: str, immediate: bool) -> AsyncEngine:
+    engine = create_async_engine(f"sqlite+aiosqlite:///{path}", pool_size=4, max_overflow=4)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _configure(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        # Let SQLAlchemy's "begin" event issue BEGIN itself, so it can be IMMEDIATE.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _begin(conn) -> None:  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+class Database:
+    """The embedded SQLite database in one file (WAL)."""
+
+    def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:
+        self.path = path
+        self._writer = _sqlite_engine(path, synchronous=synchronous, immediate=True)
+        self._reader = _sqlite_engine(path, synchronous=synchronous, immediate=False)
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        async with self.write() as conn:
+            await migrate(conn)
+
+    async def close(self) -> None:
+        await self._writer.dispose()
+        await self._reader.dispose()
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[AsyncConnection]:
+        """One write transaction: committed on success, rolled back on error."""
+        async with self._writer.begin() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        async with self._reader.connect() as conn:
+            async with conn.begin():
+                yield conn

@@ -1,0 +1,81 @@
+"""The current tables, for building queries. migrations.py creates them."""
+
+from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, Table, Text
+
+metadata = MetaData()
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("next_seq", BigInteger, nullable=False),
+    Column("last_consolidated", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("session_key", Text, primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("role", Text, nullable=False),
+    Column("content", Text, nullable=False),
+    Column("tool_calls", Text),
+    Column("tool_call_id", Text),
+    Column("reasoning", Text),
+    Column("turn_id", Text),
+    Column("created_at", Float, nullable=False),
+)
+
+quarantine = Table(
+    "quarantine",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("session_key", Text, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("raw", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("dedupe_key", Text, nullable=False),
+    Column("session_key", Text),
+    Column("payload", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("next_run_at", Float, nullable=False),
+    Column("last_error", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+memories = Table(
+    "memories",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("session_key", Text),
+    Column("kind", Text, nullable=False),
+    Column("content", Text, nullable=False),
+    Column("source_start", BigInteger),
+    Column("source_end", BigInteger),
+    Column("embedding", Text),
+    Column("created_at", Float, nullable=False),
+)
+
+traces = Table(
+    "traces",
+    metadata,
+    Column("turn_id", Text, primary_key=True),
+    Column("session_key", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("error", Text),
+    Column("detail", Text, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=False),
+)

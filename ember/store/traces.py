@@ -1,0 +1,59 @@
+"""One trace row per turn: how it ended, and what it did."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import insert, select
+
+from ember.store import schema
+from ember.store.database import Database
+
+
+@dataclass(slots=True, kw_only=True)
+class TurnTrace:
+    turn_id: str
+    session_key: str
+    started_at: float
+    finished_at: float = 0.0
+    status: str = "running"
+    error: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class SqlTraceStore:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def record(self, trace: TurnTrace) -> None:
+        async with self._db.write() as conn:
+            await conn.execute(
+                insert(schema.traces).values(
+                    turn_id=trace.turn_id,
+                    session_key=trace.session_key,
+                    status=trace.status,
+                    error=trace.error,
+                    detail=json.dumps(trace.detail),
+                    started_at=trace.started_at,
+                    finished_at=trace.finished_at,
+                )
+            )
+
+    async def get(self, turn_id: str) -> TurnTrace | None:
+        t = schema.traces
+        async with self._db.read() as conn:
+            row = (await conn.execute(select(t).where(t.c.turn_id == turn_id))).first()
+        if row is None:
+            return None
+        return TurnTrace(
+            turn_id=row.turn_id, session_key=row.session_key, started_at=row.started_at,
+            finished_at=row.finished_at, status=row.status, error=row.error, detail=json.loads(row.detail),
+        )
+
+    async def for_session(self, session_key: str) -> list[TurnTrace]:
+        t = schema.traces
+        async with self._db.read() as conn:
+            rows = (await conn.execute(select(t.c.turn_id).where(t.c.session_key == session_key).order_by(t.c.started_at))).all()
+        return [trace for row in rows if (trace := await self.get(row.turn_id)) is not None]

@@ -1,0 +1,1 @@
+"""Tools the model can call, behind the Toolset protocol."""
