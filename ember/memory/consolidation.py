@@ -16,7 +16,7 @@ from ember.core.thinking import strip_thinking
 from ember.memory.service import MemoryService
 from ember.memory.transcript import render_transcript
 from ember.models.base import ModelClient, complete
-from ember.store.sessions import SqlSessionStore
+from ember.store.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def plan_chunk(session: Session, keep_recent: int) -> Chunk | None:
 
 
 class ConsolidationWorker:
-    def __init__(self, sessions: SqlSessionStore, leases: SessionLeases, model: ModelClient,
+    def __init__(self, sessions: SessionStore, leases: SessionLeases, model: ModelClient,
                  memory: MemoryService, *, keep_recent: int) -> None:
         self._sessions = sessions
         self._leases = leases

@@ -7,7 +7,7 @@ from ember.core.thinking import strip_thinking
 from ember.memory.service import MemoryService
 from ember.memory.transcript import render_transcript
 from ember.models.base import ModelClient, complete
-from ember.store.sessions import SqlSessionStore
+from ember.store.sessions import SessionStore
 
 REVIEW_INSTRUCTION = (
     "Below is the latest exchange between a user and you. List the durable facts about the user, "
@@ -29,7 +29,7 @@ def parse_facts(text: str) -> list[str]:
 
 
 class MemoryReviewer:
-    def __init__(self, sessions: SqlSessionStore, model: ModelClient, memory: MemoryService) -> None:
+    def __init__(self, sessions: SessionStore, model: ModelClient, memory: MemoryService) -> None:
         self._sessions = sessions
         self._model = model
         self._memory = memory

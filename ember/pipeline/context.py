@@ -9,7 +9,7 @@ from ember.core.events import InboundEvent
 from ember.core.messages import Message
 from ember.core.turn import PipelineContext, StreamSink
 from ember.memory.service import MemoryService
-from ember.store.sessions import SqlSessionStore
+from ember.store.sessions import SessionStore
 
 StreamFactory = Callable[[str], StreamSink]
 
@@ -27,7 +27,7 @@ def merge_intro(intro: str, text: str) -> str:
 
 
 class ContextStage:
-    def __init__(self, sessions: SqlSessionStore, memory: MemoryService, persona: Persona) -> None:
+    def __init__(self, sessions: SessionStore, memory: MemoryService, persona: Persona) -> None:
         self._sessions = sessions
         self._memory = memory
         self._persona = persona

@@ -15,7 +15,7 @@ from ember.core.messages import Message, ToolCall
 from ember.core.thinking import ThinkFilter, strip_thinking
 from ember.core.turn import InferenceResult, PipelineContext
 from ember.models.base import ModelClient, ModelReply, TextDelta
-from ember.store.sessions import SqlSessionStore
+from ember.store.sessions import SessionStore
 from ember.tools.base import Toolset
 
 
@@ -46,7 +46,7 @@ def iteration_cap_text(limit: int) -> str:
 
 
 class InferenceStage:
-    def __init__(self, model: ModelClient, tools: Toolset, sessions: SqlSessionStore,
+    def __init__(self, model: ModelClient, tools: Toolset, sessions: SessionStore,
                  limits: InferenceLimits) -> None:
         self._model = model
         self._tools = tools

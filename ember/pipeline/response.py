@@ -14,7 +14,7 @@ from ember.core.turn import InferenceResult, PipelineContext, ProcessResult
 from ember.memory.consolidation import should_consolidate
 from ember.memory.service import MemoryService
 from ember.pipeline.context import merge_intro
-from ember.store.sessions import SqlSessionStore
+from ember.store.sessions import SessionStore
 
 EMPTY_ANSWER = "(The model returned an empty answer.)"
 
@@ -29,7 +29,7 @@ class DerivedWorkPolicy:
 
 
 class ResponseStage:
-    def __init__(self, sessions: SqlSessionStore, scheduler: Scheduler, memory: MemoryService,
+    def __init__(self, sessions: SessionStore, scheduler: Scheduler, memory: MemoryService,
                  policy: DerivedWorkPolicy) -> None:
         self._sessions = sessions
         self._scheduler = scheduler

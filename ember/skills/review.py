@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from ember.memory.review import last_turn
 from ember.memory.service import MemoryService
-from ember.store.sessions import SqlSessionStore
+from ember.store.sessions import SessionStore
 
 
 class SkillReviewer:
-    def __init__(self, sessions: SqlSessionStore, memory: MemoryService) -> None:
+    def __init__(self, sessions: SessionStore, memory: MemoryService) -> None:
         self._sessions = sessions
         self._memory = memory
 

@@ -49,8 +49,12 @@ class Database:
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        async with self.write() as conn:
-            await migrate(conn)
+        try:
+            async with self.write() as conn:
+                await migrate(conn)
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         await self._writer.dispose()

@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -90,6 +90,16 @@ def _raw(item: Any) -> str:
     if isinstance(item, Message):
         return json.dumps({**item.to_json_dict(), "reasoning": item.reasoning, "turn_id": item.turn_id})
     return json.dumps(dict(item._mapping), default=str)
+
+
+class SessionStore(Protocol):
+    """What the pipeline and the memory workers need of session storage."""
+
+    async def load(self, key: str) -> Session: ...
+
+    async def append(self, session: Session, messages: Sequence[Message]) -> None: ...
+
+    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool: ...
 
 
 class SqlSessionStore:

@@ -1,0 +1,105 @@
+"""Shared fixtures: a hermetic environment and a runtime driven through its bus."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+
+from ember.app import Runtime, build_runtime, running
+from ember.config import Settings
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.models.base import ModelClient
+from ember.tools.base import Toolset
+
+CHANNEL = "test"
+
+
+@pytest.fixture(autouse=True)
+def hermetic_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No user configuration leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith(("EMBER_", "OPENAI_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("EMBER_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path / "home", consolidation_threshold=1_000, consolidation_keep_recent=2)
+
+
+@dataclass
+class Conversation:
+    """Everything the test channel received for one chat."""
+
+    events: list[OutboundEvent] = field(default_factory=list)
+    closed: asyncio.Queue[OutboundEvent] = field(default_factory=asyncio.Queue)
+
+    def of(self, kind: OutboundKind) -> list[OutboundEvent]:
+        return [e for e in self.events if e.kind is kind]
+
+
+class Harness:
+    """A running runtime plus a test channel that records what it is sent."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.chats: defaultdict[str, Conversation] = defaultdict(Conversation)
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            event = await self.runtime.bus.next_outbound(CHANNEL)
+            chat = self.chats[event.chat_id]
+            chat.events.append(event)
+            if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
+                chat.closed.put_nowait(event)
+
+    async def publish(self, text: str, *, chat: str = "c1", stream: bool = False,
+                      message_id: str | None = None) -> None:
+        await self.runtime.bus.publish_inbound(
+            InboundEvent(channel=CHANNEL, chat_id=chat, sender_id="tester", text=text,
+                         message_id=message_id or uuid.uuid4().hex, stream=stream)
+        )
+
+    async def next_closing(self, chat: str = "c1", timeout: float = 20.0) -> OutboundEvent:
+        """The next FINAL or ERROR of a chat."""
+        return await asyncio.wait_for(self.chats[chat].closed.get(), timeout)
+
+    async def turn(self, text: str, *, chat: str = "c1", stream: bool = False) -> OutboundEvent:
+        await self.publish(text, chat=chat, stream=stream)
+        return await self.next_closing(chat)
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
+def session_key(chat: str = "c1") -> str:
+    return f"{CHANNEL}:{chat}"
+
+
+@pytest.fixture
+def start(settings: Settings):  # type: ignore[no-untyped-def]
+    """`async with start(model) as h:` runs a runtime on `model` for the block."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def _start(model: ModelClient, *, tools: Toolset | None = None,
+                     config: Settings | None = None) -> AsyncIterator[Harness]:
+        runtime = await build_runtime(config or settings, model, tools=tools, backoff_base_s=0.01)
+        async with running(runtime):
+            harness = Harness(runtime)
+            try:
+                yield harness
+            finally:
+                await harness.close()
+
+    return _start

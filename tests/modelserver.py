@@ -1,0 +1,225 @@
+"""A scripted OpenAI-compatible model server speaking real HTTP, for tests.
+
+The test pushes replies; each `POST /v1/chat/completions` takes the next one
+and answers it the way OpenAI does: Server-Sent Events of
+`chat.completion.chunk` objects (text, reasoning and tool-call fragments, a
+finish chunk, a usage chunk, then `[DONE]`) when the request streams, one
+`chat.completion` object otherwise. Every request body is recorded, so a test
+can assert what history the model saw.
+
+    from tests.modelserver import Reply, model_server
+
+    def test_x(model_server):
+        model_server.push(Reply(text="hi"))
+        ... point a client at model_server.base_url ...
+        assert model_server.requests[0]["messages"][-1]["content"] == "hello"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Iterator
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+MODEL = "test-model"
+# Small enough that tags and words are cut across chunks, as real streams do.
+CHUNK_CHARS = 4
+ARGUMENT_FRAGMENTS = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reply:
+    """One scripted answer of the model.
+
+    `status` answers that HTTP error instead. `cut_after_chunks` drops the
+    connection after that many stream events. `chunk_delay_s` pauses after
+    each stream event, to make a slow stream.
+    """
+
+    text: str = ""
+    tool_calls: tuple[tuple[str, str], ...] = ()  # (name, arguments as JSON text)
+    reasoning: str | None = None
+    status: int | None = None
+    cut_after_chunks: int | None = None
+    chunk_delay_s: float = 0.0
+
+
+def tool_call(name: str, **arguments: Any) -> tuple[str, str]:
+    return name, json.dumps(arguments)
+
+
+class _ConnectionCut(Exception):
+    """Raised inside a stream to make the server drop the connection mid-response."""
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _split(text: str, parts: int) -> list[str]:
+    size = max(1, -(-len(text) // parts))
+    return _pieces(text, size) or [""]
+
+
+def _call_id(request_number: int, index: int) -> str:
+    return f"call_{request_number}_{index}"
+
+
+def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:
+    prompt = sum(len(str(m.get("content") or "").split()) for m in body.get("messages", []))
+    completion = len(reply.text.split()) + len(reply.tool_calls)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _deltas(reply: Reply, request_number: int) -> Iterator[dict[str, Any]]:
+    for piece in _pieces(reply.reasoning or "", CHUNK_CHARS):
+        yield {"reasoning_content": piece}
+    for piece in _pieces(reply.text, CHUNK_CHARS):
+        yield {"content": piece}
+    for index, (name, arguments) in enumerate(reply.tool_calls):
+        # The first fragment names the call; the arguments follow in pieces.
+        yield {"tool_calls": [{"index": index, "id": _call_id(request_number, index), "type": "function",
+                               "function": {"name": name, "arguments": ""}}]}
+        for piece in _split(arguments, ARGUMENT_FRAGMENTS):
+            yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+
+
+def stream_chunks(reply: Reply, body: dict[str, Any], request_number: int) -> list[dict[str, Any]]:
+    """The `chat.completion.chunk` objects OpenAI would send for `reply`."""
+    head = {"id": f"chatcmpl-{request_number}", "object": "chat.completion.chunk", "created": 0,
+            "model": body.get("model", MODEL)}
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+    chunks += [{**head, "choices": [{"index": 0, "delta": delta}]} for delta in _deltas(reply, request_number)]
+    finish = "tool_calls" if reply.tool_calls else "stop"
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**head, "choices": [], "usage": _usage(body, reply)})
+    return chunks
+
+
+def completion(reply: Reply, body: dict[str, Any], request_number: int) -> dict[str, Any]:
+    """The `chat.completion` object OpenAI would answer for `reply` without streaming."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {"id": _call_id(request_number, i), "type": "function", "function": {"name": name, "arguments": args}}
+            for i, (name, args) in enumerate(reply.tool_calls)
+        ]
+    return {
+        "id": f"chatcmpl-{request_number}", "object": "chat.completion", "created": 0,
+        "model": body.get("model", MODEL),
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+        "usage": _usage(body, reply),
+    }
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "test_error", "code": status}}, status_code=status)
+
+
+def wait_until(condition: Callable[[], bool], *, timeout_s: float = 30.0, what: str = "the condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class ModelServer:
+    """Serves scripted replies on 127.0.0.1 from a background thread."""
+
+    def __init__(self, model: str = MODEL) -> None:
+        self.model = model
+        self.requests: list[dict[str, Any]] = []
+        self.chunks_sent = 0
+        self._script: deque[Reply] = deque()
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        app = Starlette(routes=[
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+        ])
+        # log_config=None: leave the test process's logging alone.
+        config = uvicorn.Config(app, log_config=None, lifespan="off", timeout_graceful_shutdown=2)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                        name="modelserver", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._socket.getsockname()
+        return f"http://{host}:{port}/v1"
+
+    def push(self, *replies: Reply) -> None:
+        self._script.extend(replies)
+
+    def start(self) -> None:
+        self._thread.start()
+        wait_until(lambda: self._server.started or not self._thread.is_alive(), timeout_s=10, what="the server")
+        if not self._server.started:
+            raise RuntimeError("the test model server did not start")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()
+
+    async def _chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(body)
+        number = len(self.requests)
+        if not self._script:
+            return _error(500, f"modelserver: no scripted reply left for request #{number}; "
+                               "the test must push() one reply per model call")
+        reply = self._script.popleft()
+        if reply.status is not None:
+            return _error(reply.status, f"scripted HTTP {reply.status}")
+        if body.get("stream"):
+            return StreamingResponse(self._events(stream_chunks(reply, body, number), reply),
+                                     media_type="text/event-stream")
+        return JSONResponse(completion(reply, body, number))
+
+    async def _events(self, chunks: list[dict[str, Any]], reply: Reply) -> AsyncIterator[str]:
+        for sent, chunk in enumerate(chunks):
+            if sent == reply.cut_after_chunks:
+                raise _ConnectionCut(f"scripted cut after {sent} chunks")
+            yield f"data: {json.dumps(chunk)}\n\n"
+            self.chunks_sent += 1
+            if reply.chunk_delay_s:
+                await asyncio.sleep(reply.chunk_delay_s)
+        yield "data: [DONE]\n\n"
+
+    async def _models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list",
+                             "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "tests"}]})
+
+
+@contextmanager
+def serving(model: str = MODEL) -> Iterator[ModelServer]:
+    server = ModelServer(model)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def model_server() -> Iterator[ModelServer]:
+    with serving() as server:
+        yield server

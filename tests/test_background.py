@@ -1,0 +1,128 @@
+"""Durable background jobs (I6): survive restarts, retry with backoff, dedupe."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+
+from ember.runtime.background import BackgroundRunner
+from ember.store.database import Database
+from ember.store.jobs import Job, SqlJobStore
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    database = Database(tmp_path / "ember.db")
+    await database.open()
+    yield database
+    await database.close()
+
+
+def runner(jobs: SqlJobStore, handler, **options) -> BackgroundRunner:  # type: ignore[no-untyped-def]
+    return BackgroundRunner(jobs, {"work": handler}, backoff_base_s=0.01, poll_s=0.05, **options)
+
+
+async def test_one_pending_job_per_kind_and_key(db: Database) -> None:
+    jobs = SqlJobStore(db)
+    assert await jobs.enqueue("work", "s1")
+    assert not await jobs.enqueue("work", "s1")
+    assert await jobs.enqueue("work", "s2")
+    assert await jobs.enqueue("other", "s1")
+    [claimed, *_] = await jobs.claim_due(1)
+    # While one runs, one more may wait: it covers what arrived after the run started.
+    assert await jobs.enqueue(claimed.kind, claimed.dedupe_key)
+    assert not await jobs.enqueue(claimed.kind, claimed.dedupe_key)
+
+
+async def test_a_failing_job_is_retried_with_backoff_then_succeeds(db: Database, caplog) -> None:  # type: ignore[no-untyped-def]
+    attempts: list[int] = []
+
+    async def flaky(job: Job) -> None:
+        attempts.append(job.attempts)
+        if len(attempts) < 3:
+            raise ConnectionError("model unreachable")
+
+    caplog.set_level(logging.WARNING)
+    jobs = SqlJobStore(db)
+    background = runner(jobs, flaky)
+    await background.start()
+    await background.schedule("work", "s1")
+    await background.wait_idle()
+    await background.stop()
+    assert attempts == [0, 1, 2]
+    assert await jobs.counts() == {"done": 1}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("model unreachable" in w and "retrying" in w for w in warnings)
+
+
+async def test_a_job_that_keeps_failing_is_given_up(db: Database) -> None:
+    async def broken(job: Job) -> None:
+        raise ValueError("bad data")
+
+    jobs = SqlJobStore(db)
+    background = runner(jobs, broken, max_attempts=3)
+    await background.start()
+    await background.schedule("work", "s1")
+    await background.wait_idle()
+    await background.stop()
+    assert await jobs.counts() == {"failed": 1}
+
+
+async def test_jobs_survive_a_restart(tmp_path: Path) -> None:
+    db = Database(tmp_path / "ember.db")
+    await db.open()
+    jobs = SqlJobStore(db)
+    await jobs.enqueue("work", "queued")
+    await jobs.enqueue("work", "was-running")
+    await jobs.claim_due(1)  # the process dies with this job running
+    await db.close()
+
+    ran: list[str] = []
+
+    async def record(job: Job) -> None:
+        ran.append(job.dedupe_key)
+
+    reopened = Database(tmp_path / "ember.db")
+    await reopened.open()
+    background = runner(SqlJobStore(reopened), record)
+    await background.start()
+    await background.wait_idle()
+    await background.stop()
+    assert sorted(ran) == ["queued", "was-running"]
+    await reopened.close()
+
+
+async def test_stop_cancels_a_hung_job_and_it_runs_again_next_start(db: Database) -> None:
+    started = asyncio.Event()
+    runs: list[str] = []
+
+    async def hangs_once(job: Job) -> None:
+        runs.append(job.id)
+        if len(runs) == 1:
+            started.set()
+            await asyncio.Event().wait()
+
+    jobs = SqlJobStore(db)
+    first = runner(jobs, hangs_once)
+    await first.start()
+    await first.schedule("work", "s1")
+    await asyncio.wait_for(started.wait(), 5)
+    await first.stop(grace_s=0.05)
+    assert await jobs.counts() == {"running": 1}
+
+    second = runner(jobs, hangs_once)
+    await second.start()
+    await second.wait_idle()
+    await second.stop()
+    assert len(runs) == 2 and runs[0] == runs[1]
+    assert await jobs.counts() == {"done": 1}
+
+
+async def test_unknown_job_kind_is_refused_at_scheduling(db: Database) -> None:
+    background = runner(SqlJobStore(db), lambda job: None)
+    with pytest.raises(ValueError, match="no handler"):
+        await background.schedule("nonsense", "s1")

@@ -1,0 +1,108 @@
+"""The agent loop: per-session order, cross-session concurrency, one error."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ember.core.errors import ModelError
+from ember.core.events import OutboundKind
+from ember.core.messages import Message, Role
+from ember.models.base import ModelReply
+from ember.models.scripted import FunctionModel, ScriptedModel
+from tests.conftest import session_key
+
+
+async def test_turns_of_one_session_run_one_at_a_time_in_arrival_order(start) -> None:  # type: ignore[no-untyped-def]
+    active = 0
+    max_active = 0
+
+    async def answer(messages: list[Message], tools: object) -> ModelReply:
+        nonlocal active, max_active
+        active += 1
+        max_active = max(max_active, active)
+        await asyncio.sleep(0.005)
+        active -= 1
+        # The model sees the previous turns complete: it answers the last user message.
+        return ModelReply(text=f"re: {messages[-1].content}")
+
+    async with start(FunctionModel(answer)) as h:
+        for i in range(20):
+            await h.publish(f"m{i}")
+        finals = [await h.next_closing() for _ in range(20)]
+        history = await h.runtime.sessions.history(session_key())
+    assert max_active == 1
+    assert [f.text for f in finals] == [f"re: m{i}" for i in range(20)]
+    assert [m.content for m in history] == [x for i in range(20) for x in (f"m{i}", f"re: m{i}")]
+
+
+async def test_different_sessions_run_concurrently(start) -> None:  # type: ignore[no-untyped-def]
+    arrived = 0
+    all_in = asyncio.Event()
+
+    async def answer(messages: list[Message], tools: object) -> ModelReply:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 5:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), 10)  # only returns if all five are in flight together
+        return ModelReply(text="ok")
+
+    async with start(FunctionModel(answer)) as h:
+        for chat in "abcde":
+            await h.publish("hi", chat=chat)
+        finals = [await h.next_closing(chat) for chat in "abcde"]
+    assert all(f.kind is OutboundKind.FINAL for f in finals)
+
+
+async def test_model_failure_gives_exactly_one_clear_error_and_keeps_the_user_message(start) -> None:  # type: ignore[no-untyped-def]
+    model = ScriptedModel([ModelError("model m at http://x failed after 4 attempts: HTTP 503")])
+    async with start(model) as h:
+        closing = await h.turn("hello", stream=True)
+        await asyncio.sleep(0.05)  # anything sent after the error would have arrived by now
+        events = h.chats["c1"].events
+        history = await h.runtime.sessions.history(session_key())
+        traces = await h.runtime.traces.for_session(session_key())
+    assert closing.kind is OutboundKind.ERROR
+    assert "HTTP 503" in closing.text
+    assert [e.kind for e in events if e.kind in (OutboundKind.FINAL, OutboundKind.ERROR)] == [OutboundKind.ERROR]
+    assert [(m.role, m.content) for m in history] == [(Role.USER, "hello")]
+    assert traces[0].status == "failed" and "HTTP 503" in (traces[0].error or "")
+
+
+async def test_an_internal_bug_is_reported_without_leaking_details(start) -> None:  # type: ignore[no-untyped-def]
+    def broken(messages: list[Message], tools: object) -> ModelReply:
+        raise KeyError("internal detail")
+
+    async with start(FunctionModel(broken)) as h:
+        closing = await h.turn("hello")
+    assert closing.kind is OutboundKind.ERROR
+    assert "KeyError" in closing.text and "internal detail" not in closing.text
+
+
+async def test_the_session_goes_on_after_a_failed_turn(start) -> None:  # type: ignore[no-untyped-def]
+    model = ScriptedModel([ModelError("down"), ModelReply(text="back")])
+    async with start(model) as h:
+        assert (await h.turn("first")).kind is OutboundKind.ERROR
+        assert (await h.turn("second")).text == "back"
+    # The second request saw both user messages: nothing was lost, nothing duplicated.
+    assert [m.content for m in model.requests[1] if m.role is Role.USER] == ["first", "second"]
+    model.assert_complete()
+
+
+async def test_stop_lets_a_turn_in_flight_finish(start) -> None:  # type: ignore[no-untyped-def]
+    release = asyncio.Event()
+
+    async def slow(messages: list[Message], tools: object) -> ModelReply:
+        await release.wait()
+        return ModelReply(text="finished")
+
+    async with start(FunctionModel(slow)) as h:
+        await h.publish("work")
+        await asyncio.sleep(0.05)
+        stopping = asyncio.create_task(h.runtime.loop.stop(grace_s=5))
+        await asyncio.sleep(0.05)
+        assert not stopping.done()
+        release.set()
+        await stopping
+        history = await h.runtime.sessions.history(session_key())
+    assert history[-1].content == "finished"

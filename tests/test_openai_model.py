@@ -1,0 +1,163 @@
+"""OpenAICompatibleModel over real HTTP, against the tests' own model server."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from ember.core.errors import ModelError
+from ember.core.messages import Message, ToolCall
+from ember.core.tools import ToolSpec
+from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta, complete
+from ember.models.openai_compat import OpenAICompatibleModel
+from tests.modelserver import MODEL, ModelServer, Reply, model_server, tool_call  # noqa: F401 (fixture)
+
+HELLO = [Message.user("hello")]
+READ_FILE = ToolSpec(
+    name="read_file",
+    description="Read a file.",
+    parameters={"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+)
+
+
+def client(base_url: str, *, max_attempts: int = 4) -> OpenAICompatibleModel:
+    return OpenAICompatibleModel(model=MODEL, base_url=base_url, api_key="test-key", timeout_s=10,
+                                 max_attempts=max_attempts)
+
+
+async def events_of(model: OpenAICompatibleModel, messages: list[Message] = HELLO,
+                    tools: list[ToolSpec] | None = None) -> list[ModelEvent]:
+    return [event async for event in model.stream(messages, tools or [])]
+
+
+async def test_streamed_text_arrives_in_deltas_then_one_reply(model_server: ModelServer) -> None:
+    model_server.push(Reply(text="The answer is forty-two."))
+
+    events = await events_of(client(model_server.base_url))
+
+    deltas = [e.text for e in events if isinstance(e, TextDelta)]
+    assert len(deltas) > 1
+    assert "".join(deltas) == "The answer is forty-two."
+    assert [type(e) for e in events].count(ModelReply) == 1
+    reply = events[-1]
+    assert isinstance(reply, ModelReply)
+    assert reply.text == "The answer is forty-two."
+    assert reply.tool_calls == ()
+    # The usage chunk at the end of the stream is read.
+    assert reply.input_tokens > 0 and reply.output_tokens > 0
+
+
+async def test_tool_call_fragments_are_reassembled(model_server: ModelServer) -> None:
+    arguments = '{"path": "notes/today.txt", "start_line": 3}'
+    model_server.push(Reply(tool_calls=(("read_file", arguments), tool_call("list_dir", path="."))))
+
+    reply = await complete(client(model_server.base_url), HELLO, [READ_FILE])
+
+    assert reply.tool_calls == (
+        ToolCall(id="call_1_0", name="read_file", arguments=arguments),
+        ToolCall(id="call_1_1", name="list_dir", arguments='{"path": "."}'),
+    )
+    assert reply.text == ""
+
+
+async def test_reasoning_content_is_kept_apart_from_the_text(model_server: ModelServer) -> None:
+    model_server.push(Reply(reasoning="The user greets; greet back.", text="Hi there!"))
+
+    events = await events_of(client(model_server.base_url))
+
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert reasoning == "The user greets; greet back."
+    assert text == "Hi there!"
+    reply = events[-1]
+    assert isinstance(reply, ModelReply)
+    assert (reply.text, reply.reasoning) == ("Hi there!", "The user greets; greet back.")
+
+
+async def test_overload_and_rate_limit_are_retried(model_server: ModelServer) -> None:
+    model_server.push(Reply(status=503), Reply(status=429), Reply(text="made it"))
+
+    reply = await complete(client(model_server.base_url, max_attempts=4), HELLO)
+
+    assert reply.text == "made it"
+    assert len(model_server.requests) == 3
+
+
+async def test_bad_request_is_not_retried(model_server: ModelServer) -> None:
+    model_server.push(Reply(status=400), Reply(text="a retry would get this"))
+
+    with pytest.raises(ModelError, match="HTTP 400"):
+        await complete(client(model_server.base_url), HELLO)
+
+    assert len(model_server.requests) == 1
+
+
+async def test_persistent_overload_reports_the_attempts(model_server: ModelServer) -> None:
+    model_server.push(*[Reply(status=503)] * 3)
+
+    with pytest.raises(ModelError, match="after 3 attempts") as failure:
+        await complete(client(model_server.base_url, max_attempts=3), HELLO)
+
+    assert "HTTP 503" in str(failure.value)
+    assert len(model_server.requests) == 3
+
+
+async def test_stream_cut_midway_fails_without_retry(model_server: ModelServer) -> None:
+    model_server.push(Reply(text="This answer never finishes streaming.", cut_after_chunks=3),
+                      Reply(text="a retry would duplicate the streamed text"))
+    seen: list[ModelEvent] = []
+
+    with pytest.raises(ModelError, match="broke off"):
+        async for event in client(model_server.base_url).stream(HELLO):
+            seen.append(event)
+
+    assert any(isinstance(e, TextDelta) for e in seen)
+    assert not any(isinstance(e, ModelReply) for e in seen)
+    assert len(model_server.requests) == 1
+
+
+async def test_unreachable_endpoint_raises_model_error() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # The port is closed now: connections are refused.
+
+    with pytest.raises(ModelError, match="could not connect"):
+        await complete(client(f"http://127.0.0.1:{port}/v1", max_attempts=2), HELLO)
+
+
+async def test_request_carries_history_and_tools_in_openai_format(model_server: ModelServer) -> None:
+    call = ToolCall(id="call_a", name="read_file", arguments='{"path": "a.txt"}')
+    history = [
+        Message.system("Be brief."),
+        Message.user("What is in a.txt?"),
+        Message.assistant("Let me look.", tool_calls=(call,)),
+        Message.tool_result("call_a", "apples"),
+    ]
+    model_server.push(Reply(text="It lists apples."))
+
+    await complete(client(model_server.base_url), history, [READ_FILE])
+
+    [body] = model_server.requests
+    assert body["model"] == MODEL
+    assert body["stream"] is True
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is in a.txt?"},
+        {"role": "assistant", "content": "Let me look.",
+         "tool_calls": [{"id": "call_a", "type": "function",
+                         "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "apples"},
+    ]
+    assert body["tools"] == [{"type": "function", "function": {
+        "name": "read_file", "description": "Read a file.", "parameters": READ_FILE.parameters}}]
+
+
+async def test_list_models_reads_the_endpoint(model_server: ModelServer) -> None:
+    assert await client(model_server.base_url).list_models() == [MODEL]
+
+
+async def test_an_unscripted_call_fails_loudly(model_server: ModelServer) -> None:
+    with pytest.raises(ModelError, match="no scripted reply left"):
+        await complete(client(model_server.base_url, max_attempts=1), HELLO)

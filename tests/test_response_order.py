@@ -1,0 +1,228 @@
+"""DESIGN.md §2: the order of ResponseStage.finalize is the contract.
+
+Each collaborator is a real implementation wrapped to write into one shared
+log, so the tests observe the order in which things happened.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import AsyncIterator, Sequence
+
+import pytest
+
+from ember.bus.memory import InProcessBus
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.jobs import JobKind
+from ember.core.messages import Message, Role, Session, ToolCall
+from ember.memory.embeddings import HashingEmbedder
+from ember.memory.review import REVIEW_INSTRUCTION
+from ember.memory.service import MemoryService
+from ember.models.base import ModelReply
+from ember.models.scripted import FunctionModel, ScriptedModel
+from ember.pipeline.context import ContextStage, Persona
+from ember.pipeline.inference import InferenceLimits, InferenceStage
+from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
+from ember.runtime.leases import InProcessLeases
+from ember.runtime.loop import AgentLoop, Pipeline
+from ember.runtime.streaming import StreamPublisher
+from ember.store.database import Database
+from ember.store.memories import SqlMemoryStore
+from ember.store.sessions import SqlSessionStore
+from ember.store.traces import SqlTraceStore
+from ember.tools.base import ToolRegistry
+from tests.conftest import session_key
+
+Log = list[tuple[str, str]]
+
+
+class RecordingStore:
+    """The real store, logging each commit; can be told to fail the final one."""
+
+    def __init__(self, inner: SqlSessionStore, log: Log, *, fail_final: bool = False) -> None:
+        self.inner = inner
+        self._log = log
+        self._fail_final = fail_final
+
+    async def load(self, key: str) -> Session:
+        return await self.inner.load(key)
+
+    async def append(self, session: Session, messages: Sequence[Message]) -> None:
+        is_final = messages[-1].role is Role.ASSISTANT and not messages[-1].tool_calls
+        if is_final and self._fail_final:
+            raise OSError("disk full")
+        await self.inner.append(session, messages)
+        self._log.append(("save", messages[-1].content))
+
+    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool:
+        return await self.inner.advance_boundary(key, expected=expected, new=new, summary=summary)
+
+
+class RecordingScheduler:
+    def __init__(self, log: Log) -> None:
+        self._log = log
+
+    async def schedule(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
+        self._log.append(("schedule", kind))
+        return True
+
+
+class RecordingStream:
+    def __init__(self, inner: StreamPublisher, log: Log) -> None:
+        self._inner = inner
+        self._log = log
+
+    async def delta(self, text: str) -> None:
+        await self._inner.delta(text)
+
+    async def tool_call(self, call: ToolCall) -> None:
+        await self._inner.tool_call(call)
+
+    async def tool_result(self, call: ToolCall, result: str) -> None:
+        await self._inner.tool_result(call, result)
+
+    async def finalize(self, text: str) -> bool:
+        self._log.append(("finalize", text))
+        return await self._inner.finalize(text)
+
+
+class Rig:
+    """A loop assembled by hand around recording collaborators."""
+
+    def __init__(self, db: Database, model: FunctionModel, *, fail_final: bool = False,
+                 threshold: int = 1_000, intro: str = "") -> None:
+        self.log: Log = []
+        self.bus = InProcessBus()
+        self.sessions = SqlSessionStore(db)
+        self.store = RecordingStore(self.sessions, self.log, fail_final=fail_final)
+        memory = MemoryService(SqlMemoryStore(db), HashingEmbedder())
+        self.context = ContextStage(self.store, memory, Persona("Ember", "You are {agent_name}.", intro))
+        self.inference = InferenceStage(model, ToolRegistry(), self.store, InferenceLimits())
+        self.response = ResponseStage(self.store, RecordingScheduler(self.log), memory, DerivedWorkPolicy(threshold))
+        self.loop = AgentLoop(self.bus, InProcessLeases(), Pipeline(self.context, self.inference, self.response),
+                              SqlTraceStore(db))
+
+    def open_stream(self, event: InboundEvent, turn_id: str):  # type: ignore[no-untyped-def]
+        return lambda prefix: RecordingStream(StreamPublisher(self.bus, event, turn_id, prefix=prefix), self.log)
+
+    async def run_turn(self, text: str, *, stream: bool) -> list[OutboundEvent]:
+        """One turn through the loop's own edge (_on_inbound), with the recording stream."""
+        event = InboundEvent(channel="test", chat_id="c1", sender_id="u", text=text, stream=stream)
+        ctx = await self.context.prepare(event, "turn-1", self.open_stream(event, "turn-1") if stream else None)
+        result = await self.inference.run(ctx)
+        done = await self.response.finalize(ctx, result)
+        if not done.outbound_sent:
+            await self.bus.publish_outbound(OutboundEvent(channel="test", chat_id="c1", kind=OutboundKind.FINAL,
+                                                          text=done.response_text, turn_id="turn-1"))
+        return self.drain()
+
+    def drain(self) -> list[OutboundEvent]:
+        queue = self.bus._outbound["test"]
+        return [queue.get_nowait() for _ in range(queue.qsize())]
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    database = Database(tmp_path / "ember.db")
+    await database.open()
+    yield database
+    await database.close()
+
+
+def reply(text: str) -> ScriptedModel:
+    return ScriptedModel([ModelReply(text=text)])
+
+
+async def test_strip_before_save_save_before_derived_work_finalize_last(db: Database) -> None:
+    rig = Rig(db, reply("<think>secret plan</think>The answer."), threshold=2)
+    sent = await rig.run_turn("question", stream=True)
+    assert rig.log == [
+        ("save", "question"),
+        ("save", "The answer."),          # stripped before it was saved
+        ("schedule", JobKind.CONSOLIDATE),  # derived work only after the commit
+        ("finalize", "The answer."),        # delivery after both
+    ]
+    finals = [e for e in sent if e.kind is OutboundKind.FINAL]
+    assert len(finals) == 1 and finals[0].stream_full_text
+    assert "secret" not in "".join(e.text for e in sent)
+
+
+async def test_outbound_sent_suppresses_the_outer_publish(db: Database) -> None:
+    rig = Rig(db, reply("streamed"))
+    sent = await rig.run_turn("q", stream=True)
+    assert [e.text for e in sent if e.kind is OutboundKind.FINAL] == ["streamed"]
+
+
+async def test_without_a_stream_the_loop_publishes_the_final_once(db: Database) -> None:
+    rig = Rig(db, reply("plain"))
+    sent = await rig.run_turn("q", stream=False)
+    assert [(e.kind, e.text) for e in sent] == [(OutboundKind.FINAL, "plain")]
+    assert ("finalize", "plain") not in rig.log
+
+
+async def test_intro_is_merged_by_the_system_and_streamed_first(db: Database) -> None:
+    rig = Rig(db, reply("<think>x</think>Hello."), intro="I'm {agent_name} on {channel}.")
+    sent = await rig.run_turn("hi", stream=True)
+    expected = "I'm Ember on test.\n\nHello."
+    assert "".join(e.text for e in sent if e.kind is OutboundKind.DELTA) == expected
+    assert [e.text for e in sent if e.kind is OutboundKind.FINAL] == [expected]
+    assert (await rig.sessions.history("test:c1"))[-1].content == expected
+
+
+async def run_through_loop(rig: Rig, *, stream: bool) -> list[OutboundEvent]:
+    await rig.loop._on_inbound(InboundEvent(channel="test", chat_id="c1", sender_id="u", text="q", stream=stream))
+    return rig.drain()
+
+
+async def test_one_error_response_when_the_commit_fails(db: Database) -> None:
+    rig = Rig(db, reply("never saved"), fail_final=True)
+    sent = await run_through_loop(rig, stream=True)
+    closing = [e for e in sent if e.kind in (OutboundKind.FINAL, OutboundKind.ERROR)]
+    assert [e.kind for e in closing] == [OutboundKind.ERROR]
+    assert not any(kind == "schedule" for kind, _ in rig.log)  # nothing derived from a failed commit
+    assert [m.content for m in await rig.sessions.history("test:c1")] == ["q"]
+
+
+async def test_one_error_response_when_stream_finalize_fails(db: Database) -> None:
+    rig = Rig(db, reply("saved but not delivered"))
+
+    # The loop builds its own StreamPublisher; make the channel side fail instead.
+    class BrokenBus(InProcessBus):
+        async def publish_outbound(self, event: OutboundEvent) -> None:
+            if event.kind is OutboundKind.FINAL:
+                raise ConnectionError("channel went away")
+            await super().publish_outbound(event)
+
+    rig.bus = BrokenBus()
+    rig.loop = AgentLoop(rig.bus, InProcessLeases(), Pipeline(rig.context, rig.inference, rig.response),
+                         SqlTraceStore(db))
+    sent = await run_through_loop(rig, stream=True)
+    assert [e.kind for e in sent if e.kind in (OutboundKind.FINAL, OutboundKind.ERROR)] == [OutboundKind.ERROR]
+    # The commit happened before delivery and stays: the answer is in the record.
+    assert (await rig.sessions.history("test:c1"))[-1].content == "saved but not delivered"
+    [trace] = await SqlTraceStore(db).for_session("test:c1")
+    assert trace.status == "failed" and "ConnectionError" in (trace.error or "")
+
+
+async def test_a_failing_review_leaves_the_answer_delivered_and_saved(start, settings, caplog) -> None:  # type: ignore[no-untyped-def]
+    calls = [ToolCall(id=f"c{i}", name="list_dir", arguments="{}") for i in range(3)]
+    script = [ModelReply(text="", tool_calls=tuple(calls)), ModelReply(text="All done.")]
+
+    def model_fn(messages: list[Message], tools: object) -> ModelReply:
+        if REVIEW_INSTRUCTION in messages[0].content:
+            raise RuntimeError("review model is down")
+        return script.pop(0)
+
+    config = settings.model_copy(update={"review_tool_call_threshold": 1, "job_max_attempts": 2})
+    caplog.set_level(logging.WARNING)
+    async with start(FunctionModel(model_fn), config=config) as h:
+        final = await h.turn("look around")
+        await h.runtime.runner.wait_idle()
+        history = await h.runtime.sessions.history(session_key())
+        counts = await h.runtime.jobs.counts()
+    assert final.kind is OutboundKind.FINAL and final.text == "All done."
+    assert history[-1].content == "All done."
+    assert counts.get("failed") == 1  # the memory review gave up after its retries
+    assert any("review_memory" in r.getMessage() and "review model is down" in r.getMessage() for r in caplog.records)
+    assert not h.chats["c1"].of(OutboundKind.ERROR)
