@@ -4,8 +4,8 @@
 
 1. Commit cost: `SqlSessionStore.append` of one final answer (a real durable
    transaction, WAL, synchronous=FULL) on sessions pre-filled to 10 ... 100,000
-   messages. The lengths take turns run by run (round-robin) so drift hits all
-   alike; each run starts from exactly n messages. Target: median(n)/median(10) <= 1.2.
+   messages. The lengths take turns in blocks of 10 commits (round-robin) so
+   drift hits all alike; each run starts from exactly n messages. Target: median(n)/median(10) <= 1.2.
 2. The floor: one single-row INSERT in its own transaction with the stdlib
    sqlite3 module, same settings, same directory, in the same round-robin.
 3. Whole turns through the bus with a zero-latency scripted model, with and
@@ -52,6 +52,7 @@ ANSWER = "Here is the final answer to your question, in a couple of plain senten
 QUESTION = "Could you look into this for me and tell me what you find? " * 2
 PREFILL_BATCH = 20_000
 WARMUP = 5
+BLOCK = 10  # commits per length before the round-robin moves on
 CHANNEL = "bench"
 
 
@@ -110,6 +111,7 @@ class PrefilledSession:
                                                created_at=now, updated_at=now)
             )
         checkpoint(self.db.path)
+        await self.store.exists(self.key)  # opens the read connection, so the load below times only itself
         started = time.perf_counter()
         self.session = await self.store.load(self.key)
         self.load_s = time.perf_counter() - started
@@ -127,12 +129,12 @@ class PrefilledSession:
 
     async def time_commits(self, count: int) -> list[float]:
         samples = []
-        for i in range(WARMUP + count):
-            message = Message.assistant(ANSWER, turn_id=f"turn-{i}")
+        for _ in range(count):
+            message = Message.assistant(ANSWER, turn_id=f"turn-{self.session.next_seq}")
             started = time.perf_counter()
             await self.store.append(self.session, [message])
             samples.append(time.perf_counter() - started)
-        return samples[WARMUP:]
+        return samples
 
 
 def _prefill_row(key: str, seq: int, now: float) -> dict[str, object]:
@@ -167,16 +169,18 @@ class Floor:
 
     async def time_commits(self, count: int) -> list[float]:
         samples = []
-        for _ in range(WARMUP + count):
+        for _ in range(count):
             started = time.perf_counter()
             self.conn.execute("BEGIN IMMEDIATE")
             self.conn.execute("INSERT INTO t (body) VALUES (?)", (ANSWER,))
             self.conn.execute("COMMIT")
             samples.append(time.perf_counter() - started)
-        return samples[WARMUP:]
+        return samples
 
 
-async def commit_bench(directory: Path, lengths: list[int], runs: int, commits: int) -> tuple[Timing, list[Timing], list[PrefilledSession]]:
+async def commit_bench(directory: Path, lengths: list[int], runs: int,
+                       commits: int) -> tuple[Timing, list[Timing], list[PrefilledSession]]:
+    """The floor's timing, one timing per length, and the sessions (for their load time)."""
     sessions = [PrefilledSession(directory, n) for n in lengths]
     for target in sessions:
         await target.open()
@@ -185,9 +189,14 @@ async def commit_bench(directory: Path, lengths: list[int], runs: int, commits: 
     targets += [(Timing(f"{s.n:,} msgs"), s) for s in sessions]
     try:
         for _ in range(runs):
-            for timing, target in targets:  # round-robin: every run visits every length
+            for timing, target in targets:
                 await target.reset()
-                timing.runs.append(await target.time_commits(commits))
+                await target.time_commits(WARMUP)
+                timing.runs.append([])
+            # Round-robin in small blocks, so drift in disk or CPU load hits every length alike.
+            for block in range(0, commits, BLOCK):
+                for timing, target in targets:
+                    timing.runs[-1] += await target.time_commits(min(BLOCK, commits - block))
     finally:
         floor.conn.close()
         for s in sessions:
@@ -299,13 +308,12 @@ def report_commits(floor: Timing, lengths: list[Timing], sessions: list[Prefille
     for timing, s in zip(lengths, sessions):
         print(f"  {timing.label:>14} {us(timing.median)} {us(timing.p90)} {us(timing.min)}"
               f"  {timing.median / floor.median:7.2f}  {us(s.load_s)}")
-    base = lengths[0]
-    for timing in lengths[1:]:
-        if timing.label.startswith(("10,000", "100,000")):
+    base, base_n = lengths[0], sessions[0].n
+    for timing, s in zip(lengths, sessions):
+        if s.n >= 10_000:
             ratio = timing.median / base.median
             verdict = "ok" if ratio <= TARGET_RATIO else "OVER TARGET"
-            print(f"  median({timing.label.split()[0]}) / median({base.label.split()[0]}) = {ratio:.2f}"
-                  f"   target <= {TARGET_RATIO}  {verdict}")
+            print(f"  median({s.n:,}) / median({base_n:,}) = {ratio:.2f}   target <= {TARGET_RATIO}  {verdict}")
 
 
 def report_turns(figures: list[TurnFigures], floor: Timing) -> None:

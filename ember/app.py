@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from ember.bus.memory import InProcessBus
 from ember.config import CONFIGURE_MODEL_HINT, Settings
@@ -19,7 +19,6 @@ from ember.memory.embeddings import HashingEmbedder
 from ember.memory.review import MemoryReviewer
 from ember.memory.service import MemoryService
 from ember.models.base import ModelClient
-from ember.models.openai_compat import OpenAICompatibleModel
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
@@ -36,8 +35,15 @@ from ember.tools.base import Toolset, ToolRegistry
 from ember.tools.files import file_tools
 from ember.tools.workspace import Workspace
 
+if TYPE_CHECKING:
+    from ember.models.openai_compat import OpenAICompatibleModel
+
 
 def configured_model(settings: Settings) -> OpenAICompatibleModel:
+    # Imported here: the openai SDK takes most of a second to import, which
+    # commands that never call a model (sessions, doctor without a model) skip.
+    from ember.models.openai_compat import OpenAICompatibleModel
+
     if not settings.model_configured:
         raise ModelNotConfigured(f"no model is configured. Configure one with:\n  {CONFIGURE_MODEL_HINT}")
     assert settings.model is not None and settings.model_base_url is not None

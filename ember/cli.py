@@ -25,8 +25,9 @@ app = typer.Typer(help="Ember: a self-hosted AI agent runtime.", no_args_is_help
 sessions_app = typer.Typer(help="Inspect stored sessions.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# soft_wrap: never break a line a user may copy (the configure hint) at the terminal width.
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 SessionOption = Annotated[str, typer.Option("--session", "-s", help="Session name (the CLI's chat id).")]
 

@@ -103,20 +103,21 @@ class OpenAICompatibleModel:
         calls = _ToolCallBuffer()
         usage = None
         try:
-            async for chunk in chunks:
-                usage = chunk.usage or usage
-                if not chunk.choices:
-                    continue
-                delta = chunk.choices[0].delta
-                extra = delta.model_extra or {}
-                thought = extra.get("reasoning_content") or extra.get("reasoning")
-                if isinstance(thought, str) and thought:
-                    reasoning.append(thought)
-                    yield ReasoningDelta(thought)
-                if delta.content:
-                    text.append(delta.content)
-                    yield TextDelta(delta.content)
-                calls.add(delta.tool_calls)
+            async with chunks:  # closes the connection even when the consumer stops early
+                async for chunk in chunks:
+                    usage = chunk.usage or usage
+                    if not chunk.choices:
+                        continue
+                    delta = chunk.choices[0].delta
+                    extra = delta.model_extra or {}
+                    thought = extra.get("reasoning_content") or extra.get("reasoning")
+                    if isinstance(thought, str) and thought:
+                        reasoning.append(thought)
+                        yield ReasoningDelta(thought)
+                    if delta.content:
+                        text.append(delta.content)
+                        yield TextDelta(delta.content)
+                    calls.add(delta.tool_calls)
         except openai.OpenAIError as exc:
             raise ModelError(f"the model stream from {self.base_url} broke off: {_describe(exc)}") from exc
         yield ModelReply(
@@ -147,7 +148,7 @@ class OpenAICompatibleModel:
         retrying = AsyncRetrying(
             retry=retry_if_exception(_retryable),
             stop=stop_after_attempt(self._max_attempts),
-            wait=wait_exponential_jitter(initial=0.25, max=8.0),
+            wait=wait_exponential_jitter(multiplier=0.25, max=8.0),
             reraise=True,
         )
         try:
@@ -155,6 +156,6 @@ class OpenAICompatibleModel:
                 with attempt:
                     return await self._client.chat.completions.create(**request)
         except openai.OpenAIError as exc:
-            tried = f" after {self._max_attempts} attempts" if _retryable(exc) else ""
+            tried = f" after {self._max_attempts} attempts" if _retryable(exc) and self._max_attempts > 1 else ""
             raise ModelError(f"model {self.name} at {self.base_url} failed{tried}: {_describe(exc)}") from exc
         raise AssertionError("unreachable: tenacity either returns or raises")

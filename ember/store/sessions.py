@@ -46,22 +46,28 @@ class QuarantinedRow:
     created_at: float
 
 
+_ROLES = {role.value: role for role in Role}
+
+
 def _row_to_message(row: Any) -> Message:
-    role = Role(row.role)
-    calls = decode_tool_calls(row.tool_calls)
+    """Parse one stored row; ValueError when it cannot be trusted (it is then quarantined).
+
+    Called for every message of the window on every turn, so it avoids
+    per-field lookups by name.
+    """
+    _key, seq, role_name, content, raw_calls, tool_call_id, reasoning, turn_id, _created = row
+    role = _ROLES.get(role_name)
+    if role is None:
+        raise ValueError(f"unknown role {role_name!r}")
+    calls = decode_tool_calls(raw_calls)
     if calls and role is not Role.ASSISTANT:
         raise ValueError(f"a {role.value} message cannot carry tool_calls")
-    if role is Role.TOOL and not row.tool_call_id:
+    if role is Role.TOOL and not tool_call_id:
         raise ValueError("a tool message without tool_call_id")
-    return Message(
-        role=role,
-        content=row.content,
-        tool_calls=calls,
-        tool_call_id=row.tool_call_id,
-        reasoning=row.reasoning,
-        turn_id=row.turn_id,
-        seq=row.seq,
-    )
+    if not isinstance(content, str):
+        raise ValueError("content is not text")
+    return Message(role=role, content=content, tool_calls=calls, tool_call_id=tool_call_id,
+                   reasoning=reasoning, turn_id=turn_id, seq=seq)
 
 
 def _stored(message: Message, seq: int) -> Message:
