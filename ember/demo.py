@@ -7,7 +7,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.panel import Panel
 
 from ember.app import build_runtime, running
 from ember.channels.cli import CliChannel
@@ -22,11 +21,10 @@ DEMO_TURNS = (
 
 
 async def run_demo(console: Console) -> int:
-    console.print(Panel(
-        f"This walkthrough runs on the {escape(LABEL)}: canned answers, no AI involved.\n"
-        "It shows streaming, a tool call, reasoning kept out of the answer, the commit, and consolidation.",
-        title="Ember demo",
-    ))
+    console.rule("Ember demo")
+    console.print(f"This walkthrough runs on the {escape(LABEL)}: canned answers, no AI involved.")
+    console.print("It shows streaming, a tool call, reasoning kept out of the answer, the commit, and consolidation.")
+    console.rule()
     with tempfile.TemporaryDirectory(prefix="ember-demo-") as home:
         workspace = Path(home) / "workspace"
         workspace.mkdir()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from ember.config import CONFIGURE_MODEL_HINT
 from tests.modelserver import ModelServer, Reply, model_server, tool_call, wait_until  # noqa: F401 (fixture)
 
 EMBER = str(Path(sys.executable).parent / "ember")
@@ -157,8 +158,8 @@ def test_chat_without_a_model_says_how_to_configure_one(tmp_path: Path) -> None:
     done = chat(ember_env(tmp_path, None), "hi", "default")
 
     assert done.returncode != 0
-    assert "EMBER_MODEL_BASE_URL" in done.stderr
-    assert "EMBER_MODEL=" in done.stderr
+    # The whole command on one line, so it can be pasted as it is.
+    assert CONFIGURE_MODEL_HINT in done.stderr.splitlines()[1]
 
 
 def test_showing_an_unknown_session_fails_clearly(env: dict[str, str]) -> None:

@@ -1,0 +1,93 @@
+"""The rest of the `ember` command: interactive chat, run, doctor, demo."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from pathlib import Path
+
+from ember.config import CONFIGURE_MODEL_HINT
+from tests.modelserver import ModelServer, Reply, model_server, tool_call  # noqa: F401 (fixture)
+from tests.test_cli_e2e import EMBER, TIMEOUT_S, chat, ember, ember_env, stored
+
+
+def interactive(env: dict[str, str], *lines: str, command: str = "chat") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([EMBER, command, "--session", "live"], env=env, input="".join(f"{x}\n" for x in lines),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def test_interactive_chat_streams_answers_and_shows_tool_steps(tmp_path: Path, model_server: ModelServer) -> None:
+    env = ember_env(tmp_path, model_server)
+    (tmp_path / "workspace").mkdir()
+    (tmp_path / "workspace" / "todo.txt").write_text("water the plants\n")
+    model_server.push(
+        Reply(text="<think>greet</think>Hello, human."),
+        Reply(text="Checking.", tool_calls=(tool_call("read_file", path="todo.txt"),)),
+        Reply(text="You need to water the plants."),
+    )
+
+    done = interactive(env, "hi", "what is on my list?", "/quit")
+
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "Hello, human." in out and "greet" not in out
+    assert "→ read_file" in out and "water the plants" in out
+    assert out.index("Hello, human.") < out.index("→ read_file") < out.index("You need to water the plants.")
+    # Each answer is shown once: the final replaces the streamed draft, it does not repeat it.
+    assert out.count("You need to water the plants.") == 1
+    assert [m["role"] for m in stored(env, "live")] == ["user", "assistant", "user", "assistant", "tool", "assistant"]
+
+
+def test_run_without_a_model_uses_the_labelled_demo_model(tmp_path: Path) -> None:
+    done = interactive(ember_env(tmp_path, None), "hello", command="run")
+
+    assert done.returncode == 0, done.stderr
+    assert "scripted demo model" in done.stdout
+    assert CONFIGURE_MODEL_HINT in done.stdout.splitlines()[1]
+    assert "[scripted demo model] You said: 'hello'" in done.stdout
+
+
+def test_doctor_reports_rows_set_aside(tmp_path: Path, model_server: ModelServer) -> None:
+    env = ember_env(tmp_path, model_server)
+    model_server.push(Reply(text="first answer"))
+    assert chat(env, "question", "s").returncode == 0
+    with sqlite3.connect(tmp_path / "ember.db") as raw:
+        raw.execute("UPDATE messages SET role = 'garbled' WHERE seq = 1")
+
+    done = ember(env, "doctor")
+
+    assert done.returncode == 0, done.stdout
+    assert "1 stored message(s) could not be read" in done.stdout
+    assert "session cli:s seq 1" in done.stdout
+    assert f"model endpoint {model_server.base_url} answers" in done.stdout
+    # The rest of the session is intact and usable.
+    assert [m["content"] for m in stored(env, "s")] == ["question"]
+
+
+def test_doctor_fails_when_the_model_endpoint_is_down(tmp_path: Path) -> None:
+    env = ember_env(tmp_path, None, EMBER_MODEL_BASE_URL="http://127.0.0.1:9/v1", EMBER_MODEL="m",
+                    EMBER_MODEL_MAX_ATTEMPTS="1")
+
+    done = ember(env, "doctor")
+
+    assert done.returncode == 1
+    assert "FAIL" in done.stdout and "could not connect" in done.stdout
+
+
+def test_bad_configuration_is_named(tmp_path: Path) -> None:
+    (tmp_path / "ember.toml").write_text("consolidation_threshold = 'many'\n")
+
+    done = ember(ember_env(tmp_path, None), "sessions", "list")
+
+    assert done.returncode == 2
+    assert "consolidation_threshold" in done.stderr and "ember.toml" in done.stderr
+
+
+def test_demo_runs_offline_and_says_so() -> None:
+    done = subprocess.run([EMBER, "demo"], capture_output=True, text=True, timeout=TIMEOUT_S)
+
+    assert done.returncode == 0, done.stderr
+    assert "scripted demo model" in done.stdout and "no AI involved" in done.stdout
+    assert "list_dir" in done.stdout and "notes.md" in done.stdout
+    assert "reasoning stored: False" in done.stdout
+    assert "Earlier in this conversation" in done.stdout
