@@ -22,8 +22,8 @@ from ember.models.base import ModelClient
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
-from ember.runtime.background import BackgroundRunner, JobHandler
-from ember.runtime.leases import InProcessLeases
+from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
+from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline
 from ember.skills.review import SkillReviewer
 from ember.store.database import Database
@@ -115,22 +115,22 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
         await db.close()
 
 
-async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
-                        backoff_base_s: float = 1.0) -> Runtime:
+async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None) -> Runtime:
     settings.home_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
     await db.open()
     sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
     memory = MemoryService(SqlMemoryStore(db), HashingEmbedder())
     await memory.open()
-    leases = InProcessLeases()
+    leases = LocalLeases(settings.home_dir / "locks" / "sessions")
     bus = InProcessBus()
     consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
     runner = BackgroundRunner(
         jobs,
-        _job_handlers(memory, consolidation, MemoryReviewer(sessions, model, memory), SkillReviewer(sessions, memory)),
-        max_attempts=settings.job_max_attempts,
-        backoff_base_s=backoff_base_s,
+        _job_handlers(memory, consolidation, MemoryReviewer(sessions, leases, model, memory),
+                      SkillReviewer(sessions, leases, memory)),
+        HostLock(settings.home_dir / "locks" / "background-runner"),
+        retry=RetryPolicy(max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s),
     )
     persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template)
     limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)

@@ -10,7 +10,10 @@ import os
 import tomllib
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, ValidationError
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from ember.core.errors import ConfigError
@@ -35,12 +38,8 @@ class Settings(BaseSettings):
     intro_template: str = ""
 
     model: str | None = None
-    model_base_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("EMBER_MODEL_BASE_URL", "OPENAI_BASE_URL", "model_base_url")
-    )
-    model_api_key: str | None = Field(
-        default=None, validation_alias=AliasChoices("EMBER_MODEL_API_KEY", "OPENAI_API_KEY", "model_api_key")
-    )
+    model_base_url: str | None = None
+    model_api_key: str | None = None
     model_timeout_s: float = 60.0
     model_max_attempts: int = Field(default=4, ge=1)
 
@@ -51,6 +50,7 @@ class Settings(BaseSettings):
     # Messages kept out of a consolidation so the model still sees the latest exchange verbatim.
     consolidation_keep_recent: int = Field(default=10, ge=0)
     job_max_attempts: int = Field(default=5, ge=1)
+    job_backoff_base_s: float = Field(default=1.0, gt=0)
     # "FULL" survives power loss; "NORMAL" survives a process crash only.
     sqlite_synchronous: str = Field(default="FULL", pattern="^(FULL|NORMAL)$")
 
@@ -79,7 +79,42 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file())
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=config_file()),
+            _OpenAIFallback(settings_cls),
+        )
+
+
+class _OpenAIFallback(PydanticBaseSettingsSource):
+    """The usual OPENAI_* variables, below every Ember setting."""
+
+    def __call__(self) -> dict[str, Any]:
+        found = {"model_base_url": os.environ.get("OPENAI_BASE_URL"), "model_api_key": os.environ.get("OPENAI_API_KEY")}
+        return {name: value for name, value in found.items() if value}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+
+class _Isolated(Settings):
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def isolated_settings(**values: Any) -> Settings:
+    """Settings from `values` and defaults only: no environment, no ember.toml
+    (the demo runs in a throwaway home, whatever the user has configured)."""
+    return _Isolated(**values)
 
 
 def config_file() -> Path:

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from ember.app import build_runtime, running
 from ember.channels.cli import CliChannel
-from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.config import CONFIGURE_MODEL_HINT, isolated_settings
 from ember.models.demo import LABEL, demo_model
 
 DEMO_TURNS = (
@@ -30,7 +30,7 @@ async def run_demo(console: Console) -> int:
         workspace.mkdir()
         (workspace / "notes.md").write_text("# Notes\nBuy milk.\n")
         (workspace / "plan.txt").write_text("Ship Ember.\n")
-        settings = Settings(home=Path(home), consolidation_threshold=6, consolidation_keep_recent=2)
+        settings = isolated_settings(home=Path(home), consolidation_threshold=6, consolidation_keep_recent=2)
         runtime = await build_runtime(settings, demo_model())
         async with running(runtime):
             channel = CliChannel(runtime.bus, console, chat_id="demo")
@@ -40,8 +40,8 @@ async def run_demo(console: Console) -> int:
                 await channel.send(line, stream=True)
             await runtime.runner.wait_idle()
             history = await runtime.sessions.history("cli:demo")
-            snapshot = await runtime.memory.snapshot("cli:demo")
             session = await runtime.sessions.load("cli:demo")
+            snapshot = await runtime.memory.snapshot(session)
         console.print(f"\n[bold]Committed:[/bold] {len(history)} messages; "
                       f"reasoning stored: {any('<think>' in m.content for m in history)}.")
         console.print(f"[bold]Consolidated:[/bold] messages before #{session.last_consolidated} "

@@ -60,9 +60,8 @@ async def _check_store(settings: Settings, report: Report) -> None:
                 integrity = (await conn.execute(text("PRAGMA integrity_check"))).scalar_one()
             store = SqlSessionStore(db)
             sessions = await store.list_sessions()
-            for session in sessions:
-                await store.load(session.key)  # sets aside unreadable rows, closes interrupted tool calls
             quarantined = await store.quarantined()
+            unreadable = await store.unreadable()  # read-only: a running Ember may be using the store
             jobs = await SqlJobStore(db).counts()
     except Exception as exc:  # doctor reports every failure instead of crashing
         report.fail(f"store {settings.database_path}: {type(exc).__name__}: {exc}")
@@ -73,6 +72,10 @@ async def _check_store(settings: Settings, report: Report) -> None:
     if quarantined:
         report.warn(f"{len(quarantined)} stored message(s) could not be read and were set aside:")
         for row in quarantined:
+            report.warn(f"  session {row.session_key} seq {row.seq}: {row.reason}")
+    if unreadable:
+        report.warn(f"{len(unreadable)} stored message(s) cannot be read; they are left out of the history:")
+        for row in unreadable:
             report.warn(f"  session {row.session_key} seq {row.seq}: {row.reason}")
     if jobs.get("failed"):
         report.warn(f"{jobs['failed']} background job(s) failed for good (see ember.log)")

@@ -16,6 +16,7 @@ from ember.app import Runtime, build_runtime, running
 from ember.config import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.models.base import ModelClient
+from ember.store.database import Database
 from ember.tools.base import Toolset
 
 CHANNEL = "test"
@@ -31,8 +32,17 @@ def hermetic_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 @pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    database = Database(tmp_path / "ember.db")
+    await database.open()
+    yield database
+    await database.close()
+
+
+@pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(home=tmp_path / "home", consolidation_threshold=1_000, consolidation_keep_recent=2)
+    return Settings(home=tmp_path / "home", consolidation_threshold=1_000, consolidation_keep_recent=2,
+                    job_backoff_base_s=0.01)
 
 
 @dataclass
@@ -94,7 +104,7 @@ def start(settings: Settings):  # type: ignore[no-untyped-def]
     @asynccontextmanager
     async def _start(model: ModelClient, *, tools: Toolset | None = None,
                      config: Settings | None = None) -> AsyncIterator[Harness]:
-        runtime = await build_runtime(config or settings, model, tools=tools, backoff_base_s=0.01)
+        runtime = await build_runtime(config or settings, model, tools=tools)
         async with running(runtime):
             harness = Harness(runtime)
             try:

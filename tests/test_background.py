@@ -4,26 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import AsyncIterator
 
 import pytest
 
-from ember.runtime.background import BackgroundRunner
+from ember.runtime.background import BackgroundRunner, RetryPolicy
+from ember.runtime.leases import HostLock
 from ember.store.database import Database
 from ember.store.jobs import Job, SqlJobStore
 
 
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(tmp_path / "ember.db")
-    await database.open()
-    yield database
-    await database.close()
-
-
-def runner(jobs: SqlJobStore, handler, **options) -> BackgroundRunner:  # type: ignore[no-untyped-def]
-    return BackgroundRunner(jobs, {"work": handler}, backoff_base_s=0.01, poll_s=0.05, **options)
+def runner(jobs: SqlJobStore, handler, *, max_attempts: int = 5) -> BackgroundRunner:  # type: ignore[no-untyped-def]
+    # Every runner of a test shares one lock file, as the processes of one EMBER_HOME do.
+    lock = HostLock(Path(os.environ["EMBER_HOME"]) / "runner.lock")
+    return BackgroundRunner(jobs, {"work": handler}, lock,
+                            retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.01), poll_s=0.05)
 
 
 async def test_one_pending_job_per_kind_and_key(db: Database) -> None:
@@ -112,7 +109,7 @@ async def test_stop_cancels_a_hung_job_and_it_runs_again_next_start(db: Database
     await first.schedule("work", "s1")
     await asyncio.wait_for(started.wait(), 5)
     await first.stop(grace_s=0.05)
-    assert await jobs.counts() == {"running": 1}
+    assert await jobs.counts() == {"pending": 1}  # put back, its attempt not counted
 
     second = runner(jobs, hangs_once)
     await second.start()
@@ -126,3 +123,36 @@ async def test_unknown_job_kind_is_refused_at_scheduling(db: Database) -> None:
     background = runner(SqlJobStore(db), lambda job: None)
     with pytest.raises(ValueError, match="no handler"):
         await background.schedule("nonsense", "s1")
+
+
+async def test_only_one_runner_per_home_runs_jobs_and_none_steals_a_running_job(db: Database) -> None:
+    """A second process (say `ember chat -m` beside `ember run`) must not requeue
+    and rerun the jobs the first one is running."""
+    release = asyncio.Event()
+    runs: list[tuple[str, str]] = []
+
+    def handler(name: str):  # type: ignore[no-untyped-def]
+        async def run(job: Job) -> None:
+            runs.append((name, job.dedupe_key))
+            await release.wait()
+        return run
+
+    jobs = SqlJobStore(db)
+    first, second = runner(jobs, handler("first")), runner(jobs, handler("second"))
+    await first.start()
+    await first.schedule("work", "s1")
+    while not runs:
+        await asyncio.sleep(0.01)
+    await second.start()
+    await second.schedule("work", "s2")
+    await asyncio.sleep(0.3)  # several polls of both runners
+    assert runs == [("first", "s1"), ("first", "s2")]
+    release.set()
+    await first.wait_idle()
+    await first.stop()
+    # The first process is gone: the second takes over the queue.
+    await second.schedule("work", "s3")
+    await second.wait_idle()
+    await second.stop()
+    assert runs[-1] == ("second", "s3")
+    assert await jobs.counts() == {"done": 3}

@@ -47,7 +47,7 @@ def test_run_without_a_model_uses_the_labelled_demo_model(tmp_path: Path) -> Non
     assert "[scripted demo model] You said: 'hello'" in done.stdout
 
 
-def test_doctor_reports_rows_set_aside(tmp_path: Path, model_server: ModelServer) -> None:
+def test_doctor_reports_unreadable_rows_without_touching_the_store(tmp_path: Path, model_server: ModelServer) -> None:
     env = ember_env(tmp_path, model_server)
     model_server.push(Reply(text="first answer"))
     assert chat(env, "question", "s").returncode == 0
@@ -57,8 +57,10 @@ def test_doctor_reports_rows_set_aside(tmp_path: Path, model_server: ModelServer
     done = ember(env, "doctor")
 
     assert done.returncode == 0, done.stdout
-    assert "1 stored message(s) could not be read" in done.stdout
-    assert "session cli:s seq 1" in done.stdout
+    assert "1 stored message(s) cannot be read" in done.stdout
+    assert "session cli:s seq 1: unreadable row: unknown role 'garbled'" in done.stdout
+    with sqlite3.connect(tmp_path / "ember.db") as raw:
+        assert raw.execute("SELECT count(*) FROM quarantine").fetchone() == (0,)
     assert f"model endpoint {model_server.base_url} answers" in done.stdout
     # The rest of the session is intact and usable.
     assert [m["content"] for m in stored(env, "s")] == ["question"]

@@ -99,7 +99,7 @@ async def test_review_signals_follow_the_tool_call_threshold(start, settings) ->
     async with start(model, config=config) as h:
         await h.turn("busy turn")
         await h.runtime.runner.wait_idle()
-        notes = await h.runtime.memory.snapshot(session_key())
+        notes = await h.runtime.memory.snapshot(await h.runtime.sessions.load(session_key()))
         counts = await h.runtime.jobs.counts()
     assert counts == {"done": 2}  # one skill review, one memory review
     assert notes == ""  # the model found no facts; skill notes are not prompt material

@@ -24,9 +24,8 @@ from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
-from ember.runtime.leases import InProcessLeases
+from ember.runtime.leases import LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline
-from ember.runtime.streaming import StreamPublisher
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
@@ -68,66 +67,46 @@ class RecordingScheduler:
         return True
 
 
-class RecordingStream:
-    def __init__(self, inner: StreamPublisher, log: Log) -> None:
-        self._inner = inner
+class RecordingBus(InProcessBus):
+    """Logs each final the loop or the stream publisher sends; can refuse finals."""
+
+    def __init__(self, log: Log, *, fail_final: bool = False) -> None:
+        super().__init__()
         self._log = log
+        self._fail_final = fail_final
 
-    async def delta(self, text: str) -> None:
-        await self._inner.delta(text)
+    async def publish_outbound(self, event: OutboundEvent) -> None:
+        if event.kind is OutboundKind.FINAL:
+            self._log.append(("finalize" if event.stream_full_text else "publish", event.text))
+            if self._fail_final:
+                raise ConnectionError("channel went away")
+        await super().publish_outbound(event)
 
-    async def tool_call(self, call: ToolCall) -> None:
-        await self._inner.tool_call(call)
-
-    async def tool_result(self, call: ToolCall, result: str) -> None:
-        await self._inner.tool_result(call, result)
-
-    async def finalize(self, text: str) -> bool:
-        self._log.append(("finalize", text))
-        return await self._inner.finalize(text)
+    def drain(self, channel: str = "test") -> list[OutboundEvent]:
+        queue = self._outbound[channel]
+        return [queue.get_nowait() for _ in range(queue.qsize())]
 
 
 class Rig:
-    """A loop assembled by hand around recording collaborators."""
+    """The loop assembled by hand around recording collaborators."""
 
     def __init__(self, db: Database, model: FunctionModel, *, fail_final: bool = False,
-                 threshold: int = 1_000, intro: str = "") -> None:
+                 fail_delivery: bool = False, threshold: int = 1_000, intro: str = "") -> None:
         self.log: Log = []
-        self.bus = InProcessBus()
+        self.bus = RecordingBus(self.log, fail_final=fail_delivery)
         self.sessions = SqlSessionStore(db)
         self.store = RecordingStore(self.sessions, self.log, fail_final=fail_final)
         memory = MemoryService(SqlMemoryStore(db), HashingEmbedder())
         self.context = ContextStage(self.store, memory, Persona("Ember", "You are {agent_name}.", intro))
         self.inference = InferenceStage(model, ToolRegistry(), self.store, InferenceLimits())
         self.response = ResponseStage(self.store, RecordingScheduler(self.log), memory, DerivedWorkPolicy(threshold))
-        self.loop = AgentLoop(self.bus, InProcessLeases(), Pipeline(self.context, self.inference, self.response),
-                              SqlTraceStore(db))
-
-    def open_stream(self, event: InboundEvent, turn_id: str):  # type: ignore[no-untyped-def]
-        return lambda prefix: RecordingStream(StreamPublisher(self.bus, event, turn_id, prefix=prefix), self.log)
+        self.loop = AgentLoop(self.bus, LocalLeases(db.path.parent / "locks"),
+                              Pipeline(self.context, self.inference, self.response), SqlTraceStore(db))
 
     async def run_turn(self, text: str, *, stream: bool) -> list[OutboundEvent]:
-        """One turn through the loop's own edge (_on_inbound), with the recording stream."""
-        event = InboundEvent(channel="test", chat_id="c1", sender_id="u", text=text, stream=stream)
-        ctx = await self.context.prepare(event, "turn-1", self.open_stream(event, "turn-1") if stream else None)
-        result = await self.inference.run(ctx)
-        done = await self.response.finalize(ctx, result)
-        if not done.outbound_sent:
-            await self.bus.publish_outbound(OutboundEvent(channel="test", chat_id="c1", kind=OutboundKind.FINAL,
-                                                          text=done.response_text, turn_id="turn-1"))
-        return self.drain()
-
-    def drain(self) -> list[OutboundEvent]:
-        queue = self.bus._outbound["test"]
-        return [queue.get_nowait() for _ in range(queue.qsize())]
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(tmp_path / "ember.db")
-    await database.open()
-    yield database
-    await database.close()
+        """One turn through the loop's own edge, `_on_inbound`; returns what the channel got."""
+        await self.loop._on_inbound(InboundEvent(channel="test", chat_id="c1", sender_id="u", text=text, stream=stream))
+        return self.bus.drain()
 
 
 def reply(text: str) -> ScriptedModel:
@@ -152,13 +131,14 @@ async def test_outbound_sent_suppresses_the_outer_publish(db: Database) -> None:
     rig = Rig(db, reply("streamed"))
     sent = await rig.run_turn("q", stream=True)
     assert [e.text for e in sent if e.kind is OutboundKind.FINAL] == ["streamed"]
+    assert [kind for kind, _ in rig.log if kind in ("finalize", "publish")] == ["finalize"]
 
 
 async def test_without_a_stream_the_loop_publishes_the_final_once(db: Database) -> None:
     rig = Rig(db, reply("plain"))
     sent = await rig.run_turn("q", stream=False)
     assert [(e.kind, e.text) for e in sent] == [(OutboundKind.FINAL, "plain")]
-    assert ("finalize", "plain") not in rig.log
+    assert rig.log[-1] == ("publish", "plain")
 
 
 async def test_intro_is_merged_by_the_system_and_streamed_first(db: Database) -> None:
@@ -170,14 +150,9 @@ async def test_intro_is_merged_by_the_system_and_streamed_first(db: Database) ->
     assert (await rig.sessions.history("test:c1"))[-1].content == expected
 
 
-async def run_through_loop(rig: Rig, *, stream: bool) -> list[OutboundEvent]:
-    await rig.loop._on_inbound(InboundEvent(channel="test", chat_id="c1", sender_id="u", text="q", stream=stream))
-    return rig.drain()
-
-
 async def test_one_error_response_when_the_commit_fails(db: Database) -> None:
     rig = Rig(db, reply("never saved"), fail_final=True)
-    sent = await run_through_loop(rig, stream=True)
+    sent = await rig.run_turn("q", stream=True)
     closing = [e for e in sent if e.kind in (OutboundKind.FINAL, OutboundKind.ERROR)]
     assert [e.kind for e in closing] == [OutboundKind.ERROR]
     assert not any(kind == "schedule" for kind, _ in rig.log)  # nothing derived from a failed commit
@@ -185,19 +160,8 @@ async def test_one_error_response_when_the_commit_fails(db: Database) -> None:
 
 
 async def test_one_error_response_when_stream_finalize_fails(db: Database) -> None:
-    rig = Rig(db, reply("saved but not delivered"))
-
-    # The loop builds its own StreamPublisher; make the channel side fail instead.
-    class BrokenBus(InProcessBus):
-        async def publish_outbound(self, event: OutboundEvent) -> None:
-            if event.kind is OutboundKind.FINAL:
-                raise ConnectionError("channel went away")
-            await super().publish_outbound(event)
-
-    rig.bus = BrokenBus()
-    rig.loop = AgentLoop(rig.bus, InProcessLeases(), Pipeline(rig.context, rig.inference, rig.response),
-                         SqlTraceStore(db))
-    sent = await run_through_loop(rig, stream=True)
+    rig = Rig(db, reply("saved but not delivered"), fail_delivery=True)
+    sent = await rig.run_turn("q", stream=True)
     assert [e.kind for e in sent if e.kind in (OutboundKind.FINAL, OutboundKind.ERROR)] == [OutboundKind.ERROR]
     # The commit happened before delivery and stays: the answer is in the record.
     assert (await rig.sessions.history("test:c1"))[-1].content == "saved but not delivered"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -14,14 +15,6 @@ from ember.store import schema
 from ember.store.database import Database
 from ember.store.migrations import SCHEMA_VERSION
 from ember.store.sessions import INTERRUPTED_RESULT, SqlSessionStore
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(tmp_path / "ember.db")
-    await database.open()
-    yield database
-    await database.close()
 
 
 @pytest.fixture
@@ -221,3 +214,38 @@ async def test_newer_schema_is_refused_with_a_clear_error(tmp_path: Path) -> Non
     await db.close()
     with pytest.raises(RuntimeError, match="newer than this Ember"):
         await Database(tmp_path / "ember.db").open()
+
+
+async def test_a_cancelled_append_still_commits_before_the_cancellation_arrives(store: SqlSessionStore) -> None:
+    """The turn's lease is released only after its write: cancelling mid-commit
+    neither loses the message nor lets the next turn write beside it."""
+    session = await store.load("s")
+    writing = asyncio.create_task(store.append(session, [Message.user("in flight")]))
+    await asyncio.sleep(0)  # the write has started on the database thread
+    writing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writing
+    assert [m.content for m in await store.history("s")] == ["in flight"]
+    assert session.next_seq == 1 and session.messages[-1].content == "in flight"
+    await store.append(session, [Message.assistant("next")])  # the session object is still current
+    assert [m.seq for m in await store.history("s")] == [0, 1]
+
+
+async def test_concurrent_loads_that_both_repair_do_not_fail(db: Database, store: SqlSessionStore) -> None:
+    session = await store.load("s")
+    await store.append(session, [Message.user("go")])
+    await insert_raw(db, "s", 1, tool_calls='[{"id": "c1", "name": "a", "arguments": "{}"}]')
+    loads = await asyncio.gather(*(store.load("s") for _ in range(5)))
+    assert all([m.seq for m in loaded.messages] == [0, 1, 2] for loaded in loads)
+    assert await row_count(db, "s") == 3
+
+
+async def test_history_skips_unreadable_rows_and_reports_them(db: Database, store: SqlSessionStore) -> None:
+    session = await store.load("s")
+    await store.append(session, [Message.user(str(i)) for i in range(6)])
+    assert await store.advance_boundary("s", expected=0, new=4, summary="older")
+    async with db.write() as conn:  # a row before the boundary: no load will ever look at it
+        await conn.execute(text("UPDATE messages SET role = 'alien' WHERE seq = 1"))
+    assert [m.content for m in await store.history("s")] == ["0", "2", "3", "4", "5"]
+    [bad] = await store.unreadable()
+    assert (bad.session_key, bad.seq) == ("s", 1) and "alien" in bad.reason

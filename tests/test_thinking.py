@@ -37,10 +37,21 @@ def test_lone_closing_tag_is_dropped() -> None:
     assert strip_thinking("reasoning leaked</think>Final") == "reasoning leakedFinal"
 
 
+def test_nested_blocks_hide_everything_inside_the_outer_one() -> None:
+    assert strip_thinking("<think>a<think>b</think>still hidden</think>ok") == "ok"
+
+
+def test_tags_with_attributes_or_spaces() -> None:
+    assert strip_thinking('<think >x</think>y') == "y"
+    assert strip_thinking('a <thinking type="plan">h</thinking > b') == "a  b"
+    assert stream_through(["v <thought", "\n  budget=3", ">h</thou", "ght>w"]) == "v w"
+
+
 def test_text_that_only_looks_like_a_tag_start_is_kept() -> None:
     assert stream_through(["a <", "b> and <th", "e end"]) == "a <b> and <the end"
     assert stream_through(["1 <", "3"]) == "1 <3"
     assert stream_through(["ends with <thi"]) == "ends with <thi"
+    assert stream_through(["1 <", " 2 and <thinker>"]) == "1 < 2 and <thinker>"
 
 
 # Visible text never contains '<' so that it cannot form a tag with its neighbours.

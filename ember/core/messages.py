@@ -121,13 +121,16 @@ class Session:
 
     `messages` holds the window since `last_consolidated` (a seq boundary: every
     message with a smaller seq has been folded into episodic memory).
-    `next_seq` is the seq the next appended message receives.
+    `next_seq` is the seq the next appended message receives. Seqs equal list
+    indexes of the full history, except where an unreadable row was set aside.
+    `metadata` is written when the session is created (its first commit).
     """
 
     key: str
     messages: list[Message] = field(default_factory=list)
     last_consolidated: int = 0
     next_seq: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def unconsolidated_count(self) -> int:

@@ -4,30 +4,31 @@
 emits only the visible text, holding back just enough characters to recognise a
 tag cut across deltas (`"<thi"` + `"nk>"`). `strip_thinking` runs the same
 machine over a whole text, so a streamed answer and its stored copy agree.
+
+Recognised: `<think>`, `<thinking>`, `<thought>` in any case, with attributes
+or spaces before `>`, nested blocks, an unclosed block (hidden to the end) and
+a lone closing tag (dropped).
 """
 
 from __future__ import annotations
 
 import re
 
-_TAG_NAMES = ("think", "thinking", "thought")
-_OPEN_TAGS = tuple(f"<{name}>" for name in _TAG_NAMES)
-_CLOSE_TAGS = tuple(f"</{name}>" for name in _TAG_NAMES)
-_ANY_TAG = re.compile(r"</?(?:think|thinking|thought)>", re.IGNORECASE)
-_CLOSE_TAG = re.compile(r"</(?:think|thinking|thought)>", re.IGNORECASE)
+_NAMES = ("think", "thinking", "thought")
+_TAG = re.compile(r"<(/?)(?:think|thinking|thought)(?:\s[^<>]*)?>", re.IGNORECASE)
+_NAME_PREFIX = re.compile(r"</?([a-zA-Z]*)")
 
 
-def _could_become_tag(tail: str, tags: tuple[str, ...]) -> bool:
-    lowered = tail.lower()
-    return any(tag.startswith(lowered) for tag in tags)
-
-
-def _held_suffix_start(text: str, tags: tuple[str, ...]) -> int:
-    """Index of the last '<' whose suffix may still grow into one of `tags`."""
-    start = text.rfind("<")
-    if start != -1 and _could_become_tag(text[start:], tags):
-        return start
-    return len(text)
+def _may_become_tag(tail: str) -> bool:
+    """Whether `tail`, starting with '<', could still grow into a tag."""
+    head = _NAME_PREFIX.match(tail)
+    if head is None:
+        return False
+    name, rest = head.group(1).lower(), tail[head.end() :]
+    if not rest:
+        return any(candidate.startswith(name) for candidate in _NAMES)
+    # A complete name followed by attributes still waiting for their '>'.
+    return name in _NAMES and rest[0].isspace() and "<" not in rest
 
 
 class ThinkFilter:
@@ -39,41 +40,39 @@ class ThinkFilter:
 
     def __init__(self) -> None:
         self._pending = ""
-        self._hidden = False
+        self._depth = 0
         self._started = False
 
     def feed(self, chunk: str) -> str:
         self._pending += chunk
         out: list[str] = []
-        while self._pending:
-            if self._hidden:
-                match = _CLOSE_TAG.search(self._pending)
-                if match is None:
-                    # Discard reasoning, keeping only a possible partial closing tag.
-                    keep = _held_suffix_start(self._pending, _CLOSE_TAGS)
-                    self._pending = self._pending[keep:]
-                    break
-                self._pending = self._pending[match.end() :]
-                self._hidden = False
-                continue
-            match = _ANY_TAG.search(self._pending)
+        while True:
+            match = _TAG.search(self._pending)
             if match is None:
-                hold = _held_suffix_start(self._pending, _OPEN_TAGS + _CLOSE_TAGS)
-                out.append(self._pending[:hold])
-                self._pending = self._pending[hold:]
+                held = self._held_from()
+                if not self._depth:
+                    out.append(self._pending[:held])
+                self._pending = self._pending[held:]
                 break
-            out.append(self._pending[: match.start()])
-            # A lone closing tag is dropped; an opening tag starts a hidden block.
-            self._hidden = not match.group(0).startswith("</")
+            if not self._depth:
+                out.append(self._pending[: match.start()])
+            closing = bool(match.group(1))
+            self._depth = max(0, self._depth - 1) if closing else self._depth + 1
             self._pending = self._pending[match.end() :]
         return self._visible("".join(out))
 
     def flush(self) -> str:
         """End of stream: a held partial tag was text after all; an unclosed
         block runs to the end and stays hidden."""
-        rest = "" if self._hidden else self._pending
+        rest = "" if self._depth else self._pending
         self._pending = ""
         return self._visible(rest)
+
+    def _held_from(self) -> int:
+        start = self._pending.rfind("<")
+        if start != -1 and _may_become_tag(self._pending[start:]):
+            return start
+        return len(self._pending)
 
     def _visible(self, text: str) -> str:
         if not self._started:

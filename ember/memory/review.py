@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ember.core.leases import SessionLeases
 from ember.core.messages import Message, Role
 from ember.core.thinking import strip_thinking
 from ember.memory.service import MemoryService
@@ -28,19 +29,24 @@ def parse_facts(text: str) -> list[str]:
     return [line[2:].strip() for line in strip_thinking(text).splitlines() if line.startswith("- ") and line[2:].strip()]
 
 
+async def load_last_turn(sessions: SessionStore, leases: SessionLeases, session_key: str) -> list[Message]:
+    """Under the lease: a load may write a repair, which must not race a turn."""
+    async with leases.hold(session_key):
+        return last_turn((await sessions.load(session_key)).messages)
+
+
 class MemoryReviewer:
-    def __init__(self, sessions: SessionStore, model: ModelClient, memory: MemoryService) -> None:
+    def __init__(self, sessions: SessionStore, leases: SessionLeases, model: ModelClient,
+                 memory: MemoryService) -> None:
         self._sessions = sessions
+        self._leases = leases
         self._model = model
         self._memory = memory
 
     async def review(self, session_key: str) -> int:
-        """Store the facts of the session's last turn; returns how many."""
-        turn = last_turn((await self._sessions.load(session_key)).messages)
+        """Store the new facts of the session's last turn; returns how many."""
+        turn = await load_last_turn(self._sessions, self._leases, session_key)
         if not turn:
             return 0
         reply = await complete(self._model, [Message.system(REVIEW_INSTRUCTION), Message.user(render_transcript(turn))])
-        facts = parse_facts(reply.text)
-        for fact in facts:
-            await self._memory.remember("fact", fact, session_key=session_key)
-        return len(facts)
+        return await self._memory.remember("fact", parse_facts(reply.text), session_key=session_key)

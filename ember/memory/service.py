@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ember.core.messages import Session
 from ember.memory.embeddings import Embedder
 from ember.store.memories import SqlMemoryStore
 
@@ -15,30 +16,29 @@ EMBED_BATCH = 64
 class MemoryService:
     """Caches each session's memory snapshot until something new is learned.
 
-    The snapshot is cleared when consolidation or a review for that session
-    completes, so the next ContextStage rebuilds it from the store.
+    A stable snapshot keeps the system prompt byte-identical across turns
+    (providers cache such prefixes). It is rebuilt when consolidation or a
+    review in this process clears it, and whenever the session's boundary
+    moved, which also catches a consolidation run by another process.
     """
 
     def __init__(self, memories: SqlMemoryStore, embedder: Embedder) -> None:
         self._memories = memories
         self._embedder = embedder
-        self._snapshots: dict[str, str] = {}
+        self._snapshots: dict[str, tuple[int, str]] = {}
         self._embeddings_pending = False
 
     async def open(self) -> None:
         self._embeddings_pending = await self._memories.count_without_embedding() > 0
 
-    async def snapshot(self, session_key: str) -> str:
-        cached = self._snapshots.get(session_key)
-        if cached is None:
-            cached = self._snapshots[session_key] = await self._build(session_key)
-        return cached
+    async def snapshot(self, session: Session) -> str:
+        cached = self._snapshots.get(session.key)
+        if cached is None or cached[0] != session.last_consolidated:
+            cached = self._snapshots[session.key] = (session.last_consolidated, await self._build(session.key))
+        return cached[1]
 
     def clear_snapshot(self, session_key: str) -> None:
         self._snapshots.pop(session_key, None)
-
-    def has_snapshot(self, session_key: str) -> bool:
-        return session_key in self._snapshots
 
     def note_new_memory(self, session_key: str | None) -> None:
         self._embeddings_pending = True
@@ -53,9 +53,13 @@ class MemoryService:
     def embeddings_scheduled(self) -> None:
         self._embeddings_pending = False
 
-    async def remember(self, kind: str, content: str, *, session_key: str | None) -> None:
-        await self._memories.add(kind, content, session_key=session_key)
-        self.note_new_memory(session_key)
+    async def remember(self, kind: str, contents: list[str], *, session_key: str) -> int:
+        """Store new memories in one transaction, skipping ones already known,
+        so a retried review adds nothing twice. Returns how many were new."""
+        added = await self._memories.add_new(kind, contents, session_key=session_key)
+        if added:
+            self.note_new_memory(session_key)
+        return added
 
     async def flush_embeddings(self) -> int:
         """Embed every memory still without a vector; returns how many."""

@@ -7,11 +7,14 @@ so a stream cut mid-way is reported as a ModelError instead.
 
 from __future__ import annotations
 
-import json
+import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 import openai
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, AsyncStream
+from openai.types.chat import ChatCompletionChunk
+from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from ember.core.errors import ModelError
@@ -61,29 +64,54 @@ def to_openai_tool(spec: ToolSpec) -> dict[str, Any]:
     return {"type": "function", "function": {"name": spec.name, "description": spec.description, "parameters": spec.parameters}}
 
 
+@dataclass(slots=True)
+class _PartialCall:
+    index: int | None
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
 class _ToolCallBuffer:
-    """Reassembles tool calls that arrive as fragments keyed by index."""
+    """Reassembles tool calls from streamed fragments.
+
+    OpenAI keys fragments by `index`; some compatible servers send each call
+    whole without one, or reuse an index with a new id. A fragment starts a new
+    call when its index is new or missing, or when it brings a different id.
+    """
 
     def __init__(self) -> None:
-        self._parts: dict[int, dict[str, str]] = {}
+        self._calls: list[_PartialCall] = []
 
-    def add(self, fragments: Any) -> None:
+    def add(self, fragments: Sequence[ChoiceDeltaToolCall] | None) -> None:
         for fragment in fragments or ():
-            part = self._parts.setdefault(fragment.index, {"id": "", "name": "", "arguments": ""})
-            if fragment.id:
-                part["id"] = fragment.id
-            function = fragment.function
-            if function is not None:
-                part["name"] += function.name or ""
-                part["arguments"] += function.arguments or ""
+            call = self._call_for(fragment)
+            call.id = call.id or fragment.id or ""
+            if fragment.function is not None:
+                call.name += fragment.function.name or ""
+                call.arguments += fragment.function.arguments or ""
+
+    def _call_for(self, fragment: ChoiceDeltaToolCall) -> _PartialCall:
+        if fragment.index is not None:
+            for call in reversed(self._calls):
+                if call.index == fragment.index:
+                    if fragment.id and call.id and fragment.id != call.id:
+                        break  # the index was reused for a new call
+                    return call
+        call = _PartialCall(fragment.index)
+        self._calls.append(call)
+        return call
 
     def calls(self) -> tuple[ToolCall, ...]:
-        out = []
-        for index in sorted(self._parts):
-            part = self._parts[index]
-            if not part["name"]:
-                raise ModelError(f"the model sent a tool call without a name: {json.dumps(part)}")
-            out.append(ToolCall(id=part["id"] or f"call_{index}", name=part["name"], arguments=part["arguments"] or "{}"))
+        out: list[ToolCall] = []
+        seen: set[str] = set()
+        for part in self._calls:
+            if not part.name:
+                raise ModelError(f"the model sent a tool call without a name (arguments {part.arguments[:200]!r})")
+            # Results are matched to calls by id, so every id must be present and unique.
+            call_id = part.id if part.id and part.id not in seen else f"call_{uuid.uuid4().hex[:16]}"
+            seen.add(call_id)
+            out.append(ToolCall(id=call_id, name=part.name, arguments=part.arguments or "{}"))
         return tuple(out)
 
 
@@ -106,26 +134,26 @@ class OpenAICompatibleModel:
             async with chunks:  # closes the connection even when the consumer stops early
                 async for chunk in chunks:
                     usage = chunk.usage or usage
-                    if not chunk.choices:
+                    delta = chunk.choices[0].delta if chunk.choices else None
+                    if delta is None:
                         continue
-                    delta = chunk.choices[0].delta
-                    extra = delta.model_extra or {}
-                    thought = extra.get("reasoning_content") or extra.get("reasoning")
+                    thought = (delta.model_extra or {}).get("reasoning_content") or (delta.model_extra or {}).get("reasoning")
                     if isinstance(thought, str) and thought:
                         reasoning.append(thought)
                         yield ReasoningDelta(thought)
-                    if delta.content:
+                    if isinstance(delta.content, str) and delta.content:
                         text.append(delta.content)
                         yield TextDelta(delta.content)
                     calls.add(delta.tool_calls)
-        except openai.OpenAIError as exc:
+        except (openai.OpenAIError, OSError, ValueError, AttributeError, TypeError) as exc:
+            # ValueError covers malformed JSON in an event; the others, chunks of an unexpected shape.
             raise ModelError(f"the model stream from {self.base_url} broke off: {_describe(exc)}") from exc
         yield ModelReply(
             text="".join(text),
             tool_calls=calls.calls(),
             reasoning="".join(reasoning) or None,
-            input_tokens=getattr(usage, "prompt_tokens", 0) or 0,
-            output_tokens=getattr(usage, "completion_tokens", 0) or 0,
+            input_tokens=usage.prompt_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
         )
 
     async def list_models(self) -> list[str]:
@@ -136,7 +164,7 @@ class OpenAICompatibleModel:
             raise ModelError(f"{self.base_url}: {_describe(exc)}") from exc
         return [item.id for item in page.data]
 
-    async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Any:
+    async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> AsyncStream[ChatCompletionChunk]:
         request: dict[str, Any] = {
             "model": self.name,
             "messages": [to_openai_message(m) for m in messages],

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ember.core.events import InboundEvent
-from ember.core.messages import Message
+from ember.core.messages import Message, Role, Session
 from ember.core.turn import PipelineContext, StreamSink
 from ember.memory.service import MemoryService
 from ember.store.sessions import SessionStore
@@ -19,6 +19,14 @@ class Persona:
     agent_name: str
     system_prompt: str
     intro_template: str = ""
+
+
+def fill(template: str, **values: str) -> str:
+    """Replace {name} placeholders, leaving every other brace alone (prompts
+    often contain JSON examples, which str.format would reject)."""
+    for name, value in values.items():
+        template = template.replace("{" + name + "}", value)
+    return template
 
 
 def merge_intro(intro: str, text: str) -> str:
@@ -36,10 +44,13 @@ class ContextStage:
                       open_stream: StreamFactory | None = None) -> PipelineContext:
         """The user message is committed here, before any inference (I1)."""
         session = await self._sessions.load(event.session_key)
-        is_new = session.next_seq == 0
+        # New until it has an answer: a first turn that failed still gets the intro next time.
+        is_new = session.last_consolidated == 0 and not any(m.role is Role.ASSISTANT for m in session.messages)
+        if session.next_seq == 0:
+            session.metadata = {"channel": event.channel, "chat_id": event.chat_id, "sender_id": event.sender_id}
         await self._sessions.append(session, [Message.user(event.text, turn_id=turn_id)])
         intro = self._intro(event) if is_new else ""
-        prompt = [Message.system(await self._system_text(event.session_key))]
+        prompt = [Message.system(await self._system_text(session))]
         prompt += [message.without_reasoning() for message in session.messages]
         return PipelineContext(
             event=event,
@@ -51,13 +62,11 @@ class ContextStage:
         )
 
     def _intro(self, event: InboundEvent) -> str:
-        if not self._persona.intro_template:
-            return ""
-        return self._persona.intro_template.format(agent_name=self._persona.agent_name, channel=event.channel)
+        return fill(self._persona.intro_template, agent_name=self._persona.agent_name, channel=event.channel)
 
-    async def _system_text(self, session_key: str) -> str:
-        parts = [self._persona.system_prompt.format(agent_name=self._persona.agent_name)]
-        snapshot = await self._memory.snapshot(session_key)
+    async def _system_text(self, session: Session) -> str:
+        parts = [fill(self._persona.system_prompt, agent_name=self._persona.agent_name)]
+        snapshot = await self._memory.snapshot(session)
         if snapshot:
             parts.append(snapshot)
         return "\n\n".join(parts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from ember.core.errors import ModelError
 from ember.core.messages import Message, ToolCall
 from ember.core.thinking import ThinkFilter, strip_thinking
 from ember.core.turn import InferenceResult, PipelineContext
@@ -80,7 +81,7 @@ class InferenceStage:
                 return event
             if isinstance(event, TextDelta) and ctx.stream is not None:
                 await ctx.stream.delta(visible.feed(event.text))
-        raise RuntimeError(f"model {self._model.name} ended its stream without a reply")
+        raise ModelError(f"model {self._model.name} ended its stream without a reply")
 
     async def _run_tools(self, ctx: PipelineContext, calls: tuple[ToolCall, ...]) -> list[Message]:
         if ctx.stream is not None:

@@ -1,9 +1,11 @@
 """Runs durable jobs (consolidation, embedding flush, reviews) beside the turns.
 
-Jobs are rows (store/jobs.py), so queued work survives a restart; a job left
-running by a crash is requeued at start. A failing job is retried with
-exponential backoff and logged as a warning; after `max_attempts` it is marked
-failed. Nothing here can fail a turn: the turn only enqueues.
+Jobs are rows (store/jobs.py), so queued work survives a restart. One process
+per EMBER_HOME runs them: the one holding the runner lock, which is also what
+makes requeueing jobs a dead process left `running` safe. Other processes only
+enqueue, and take over if the lock holder exits. A failing job is retried
+with exponential backoff and logged as a warning; after `max_attempts` it is
+marked failed. Nothing here can fail a turn: the turn only enqueues.
 """
 
 from __future__ import annotations
@@ -11,8 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping
 
+from sqlalchemy.exc import SQLAlchemyError
+
+from ember.runtime.leases import HostLock
+from ember.runtime.tasks import cancel_task, stop_tasks
 from ember.store.jobs import Job, SqlJobStore
 
 log = logging.getLogger(__name__)
@@ -20,19 +27,30 @@ log = logging.getLogger(__name__)
 JobHandler = Callable[[Job], Awaitable[None]]
 
 
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int = 5
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 300.0
+
+    def delay_after(self, attempts: int) -> float | None:
+        """Seconds before the next attempt, or None to give up."""
+        if attempts >= self.max_attempts:
+            return None
+        return min(self.backoff_cap_s, self.backoff_base_s * 2 ** (attempts - 1))
+
+
 class BackgroundRunner:
-    def __init__(self, jobs: SqlJobStore, handlers: Mapping[str, JobHandler], *, max_attempts: int = 5,
-                 concurrency: int = 2, backoff_base_s: float = 1.0, backoff_cap_s: float = 300.0,
-                 poll_s: float = 5.0) -> None:
+    def __init__(self, jobs: SqlJobStore, handlers: Mapping[str, JobHandler], runner_lock: HostLock, *,
+                 retry: RetryPolicy = RetryPolicy(), concurrency: int = 2, poll_s: float = 5.0) -> None:
         self._jobs = jobs
         self._handlers = dict(handlers)
-        self._max_attempts = max_attempts
+        self._lock = runner_lock
+        self._retry = retry
         self._concurrency = concurrency
-        self._backoff_base_s = backoff_base_s
-        self._backoff_cap_s = backoff_cap_s
         self._poll_s = poll_s
         self._wake = asyncio.Event()
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], Job] = {}
         self._loop_task: asyncio.Task[None] | None = None
 
     async def schedule(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
@@ -45,23 +63,15 @@ class BackgroundRunner:
         return queued
 
     async def start(self) -> None:
-        requeued = await self._jobs.requeue_interrupted()
-        if requeued:
-            log.info("requeued %d background job(s) interrupted by the last shutdown", requeued)
         self._loop_task = asyncio.create_task(self._run(), name="ember-background")
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        """Stop claiming work; give running jobs `grace_s`, then cancel them.
-        A cancelled job stays 'running' in the store and is requeued next start."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
-            self._loop_task = None
-        if self._running:
-            _, pending = await asyncio.wait(set(self._running), timeout=grace_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        """Stop claiming work; give running jobs `grace_s`, then cancel them and
+        put them back in the queue for the next start."""
+        await cancel_task(self._loop_task)
+        self._loop_task = None
+        await stop_tasks(self._running, grace_s)
+        self._lock.release()
 
     async def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Until no job is pending, running or waiting for a retry (tests, benchmarks, demo)."""
@@ -78,16 +88,27 @@ class BackgroundRunner:
     async def _run(self) -> None:
         while True:
             self._wake.clear()
+            timeout = self._poll_s
             try:
-                await self._claim()
-                timeout = await self._sleep_for()
-            except Exception:  # the store may be briefly unavailable; keep the runner alive
+                if await self._hold_runner_lock():
+                    await self._claim()
+                    timeout = await self._sleep_for()
+            except SQLAlchemyError:  # the store may be briefly locked or unavailable: try again later
                 log.warning("background runner could not read the job queue; retrying", exc_info=True)
-                timeout = self._poll_s
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
             except TimeoutError:
                 pass
+
+    async def _hold_runner_lock(self) -> bool:
+        if self._lock.held:
+            return True
+        if not self._lock.try_acquire():
+            return False
+        requeued = await self._jobs.requeue_interrupted()
+        if requeued:
+            log.info("requeued %d background job(s) left running by a process that stopped", requeued)
+        return True
 
     async def _claim(self) -> None:
         free = self._concurrency - len(self._running)
@@ -95,11 +116,11 @@ class BackgroundRunner:
             return
         for job in await self._jobs.claim_due(free):
             task = asyncio.create_task(self._execute(job), name=f"ember-job-{job.kind}")
-            self._running.add(task)
+            self._running[task] = job
             task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
+        self._running.pop(task, None)
         self._wake.set()
 
     async def _sleep_for(self) -> float:
@@ -112,16 +133,23 @@ class BackgroundRunner:
         try:
             await self._handlers[job.kind](job)
         except asyncio.CancelledError:
+            await self._record(self._jobs.release(job), job)
             raise
         except Exception as exc:  # a background failure is logged and retried, never raised
             attempts = job.attempts + 1
-            give_up = attempts >= self._max_attempts
-            retry_in = None if give_up else min(self._backoff_cap_s, self._backoff_base_s * 2 ** job.attempts)
+            retry_in = self._retry.delay_after(attempts)
             log.warning(
                 "background job %s (%s) failed on attempt %d/%d: %s%s",
-                job.kind, job.dedupe_key, attempts, self._max_attempts, exc,
-                "; giving up" if give_up else f"; retrying in {retry_in:.1f}s",
+                job.kind, job.dedupe_key, attempts, self._retry.max_attempts, exc,
+                "; giving up" if retry_in is None else f"; retrying in {retry_in:.1f}s",
             )
-            await self._jobs.fail(job, f"{type(exc).__name__}: {exc}", retry_in_s=retry_in)
+            await self._record(self._jobs.fail(job, f"{type(exc).__name__}: {exc}", retry_in_s=retry_in), job)
             return
-        await self._jobs.complete(job)
+        await self._record(self._jobs.complete(job), job)
+
+    async def _record(self, bookkeeping: Awaitable[None], job: Job) -> None:
+        """A job's outcome not written stays `running` until the next start requeues it."""
+        try:
+            await bookkeeping
+        except SQLAlchemyError:
+            log.warning("could not record the outcome of background job %s (%s)", job.kind, job.id, exc_info=True)

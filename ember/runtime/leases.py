@@ -1,21 +1,68 @@
-"""In-process session leases: a fair (FIFO) lock per session key."""
+"""Session leases for every Ember process that shares one EMBER_HOME on a host.
+
+Inside a process, an asyncio.Lock per session key: it wakes waiters in arrival
+order, which keeps a session's turns in order. Across processes (an
+`ember chat` beside an `ember run`), an advisory `flock` on one file per key,
+which the kernel releases when its holder dies, kill -9 included.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
+import os
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import AsyncIterator
 
+POLL_START_S = 0.001
+POLL_MAX_S = 0.05
 
-class InProcessLeases:
+
+class HostLock:
+    """An exclusive, non-blocking advisory lock on one file."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def try_acquire(self) -> bool:
+        if self._fd is not None:
+            return True
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    async def acquire(self) -> None:
+        delay = POLL_START_S
+        while not self.try_acquire():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+class LocalLeases:
     """Locks are created on demand and dropped when nobody holds or awaits them,
-    so a server with a million sessions keeps only the busy ones in memory.
+    so a server with a million sessions keeps only the busy ones in memory."""
 
-    asyncio.Lock wakes waiters in the order they arrived, which is what keeps a
-    session's turns in arrival order.
-    """
-
-    def __init__(self) -> None:
+    def __init__(self, lock_dir: Path) -> None:
+        self._lock_dir = lock_dir
         self._locks: dict[str, asyncio.Lock] = {}
         self._users: dict[str, int] = {}
 
@@ -25,12 +72,14 @@ class InProcessLeases:
         self._users[session_key] = self._users.get(session_key, 0) + 1
         try:
             async with lock:
-                yield
+                host_lock = HostLock(self._lock_dir / hashlib.sha1(session_key.encode()).hexdigest())
+                await host_lock.acquire()
+                try:
+                    yield
+                finally:
+                    host_lock.release()
         finally:
             self._users[session_key] -= 1
             if self._users[session_key] == 0:
                 del self._users[session_key]
                 del self._locks[session_key]
-
-    def active(self) -> int:
-        return len(self._locks)

@@ -7,7 +7,7 @@
             result = InferenceStage.run(ctx)         model + tools, steps committed
             done   = ResponseStage.finalize(ctx, result)   the commit boundary
             publish the final only if not done.outbound_sent
-        on any exception: publish exactly one error response
+        on any exception, or a cancellation: publish exactly one error response
         record the turn's trace
 """
 
@@ -19,6 +19,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from ember.bus.base import Bus
 from ember.core.errors import EmberError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
@@ -27,6 +29,7 @@ from ember.pipeline.context import ContextStage
 from ember.pipeline.inference import InferenceStage
 from ember.pipeline.response import ResponseStage
 from ember.runtime.streaming import StreamPublisher
+from ember.runtime.tasks import cancel_task, stop_tasks
 from ember.store.traces import SqlTraceStore, TurnTrace
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,9 @@ class Pipeline:
     context: ContextStage
     inference: InferenceStage
     response: ResponseStage
+
+
+INTERRUPTED_TEXT = "Sorry, this turn was interrupted (Ember is shutting down). Your message is saved."
 
 
 def error_text(exc: BaseException, turn_id: str) -> str:
@@ -60,19 +66,9 @@ class AgentLoop:
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop taking events; let turns in flight finish for `grace_s`, then cancel
         them (their committed steps stay committed)."""
-        if self._consumer is not None:
-            self._consumer.cancel()
-            await asyncio.gather(self._consumer, return_exceptions=True)
-            self._consumer = None
-        if self._turns:
-            _, pending = await asyncio.wait(set(self._turns), timeout=grace_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-
-    @property
-    def turns_in_flight(self) -> int:
-        return len(self._turns)
+        await cancel_task(self._consumer)
+        self._consumer = None
+        await stop_tasks(self._turns, grace_s)
 
     async def _consume(self) -> None:
         while True:
@@ -84,19 +80,27 @@ class AgentLoop:
     async def _on_inbound(self, event: InboundEvent) -> None:
         turn_id = uuid.uuid4().hex
         trace = TurnTrace(turn_id=turn_id, session_key=event.session_key, started_at=time.time())
-        async with self._leases.hold(event.session_key):
-            try:
+        try:
+            async with self._leases.hold(event.session_key):
                 await self._run_turn(event, turn_id, trace)
-                trace.status = "ok"
-            except Exception as exc:  # the loop's edge: one error response, logged once
-                log.exception("turn %s of %s failed", turn_id, event.session_key)
-                trace.status, trace.error = "failed", f"{type(exc).__name__}: {exc}"
-                await self._publish(event, turn_id, OutboundKind.ERROR, error_text(exc, turn_id))
+            trace.status = "ok"
+        except asyncio.CancelledError:
+            trace.status, trace.error = "cancelled", "the turn was stopped before it finished"
+            await self._publish(event, turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
+            raise
+        except Exception as exc:  # the loop's edge: one error response, logged once
+            log.exception("turn %s of %s failed", turn_id, event.session_key)
+            trace.status, trace.error = "failed", f"{type(exc).__name__}: {exc}"
+            await self._publish(event, turn_id, OutboundKind.ERROR, error_text(exc, turn_id))
+        finally:
+            await self._record(trace)
+
+    async def _record(self, trace: TurnTrace) -> None:
         trace.finished_at = time.time()
         try:
             await self._traces.record(trace)
-        except Exception:
-            log.warning("could not record the trace of turn %s", turn_id, exc_info=True)
+        except SQLAlchemyError:
+            log.warning("could not record the trace of turn %s", trace.turn_id, exc_info=True)
 
     async def _run_turn(self, event: InboundEvent, turn_id: str, trace: TurnTrace) -> None:
         def open_stream(prefix: str) -> StreamPublisher:

@@ -20,7 +20,6 @@ class StreamPublisher:
         self._event = event
         self._turn_id = turn_id
         self._prefix = prefix
-        self.finalized = False
 
     async def delta(self, text: str) -> None:
         if not text:
@@ -37,7 +36,6 @@ class StreamPublisher:
 
     async def finalize(self, text: str) -> bool:
         await self._send(OutboundKind.FINAL, text, stream_full_text=True)
-        self.finalized = True
         return True
 
     async def _send(self, kind: OutboundKind, text: str, *, stream_full_text: bool = False) -> None:

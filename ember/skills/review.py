@@ -6,22 +6,24 @@ distilled from; for now they are kept as memories of kind "skill_note".
 
 from __future__ import annotations
 
-from ember.memory.review import last_turn
+from ember.core.leases import SessionLeases
+from ember.memory.review import load_last_turn
 from ember.memory.service import MemoryService
 from ember.store.sessions import SessionStore
 
 
 class SkillReviewer:
-    def __init__(self, sessions: SessionStore, memory: MemoryService) -> None:
+    def __init__(self, sessions: SessionStore, leases: SessionLeases, memory: MemoryService) -> None:
         self._sessions = sessions
+        self._leases = leases
         self._memory = memory
 
     async def review(self, session_key: str) -> str | None:
-        turn = last_turn((await self._sessions.load(session_key)).messages)
+        turn = await load_last_turn(self._sessions, self._leases, session_key)
         tools = [call.name for message in turn for call in message.tool_calls]
         if not turn or not tools:
             return None
         request = " ".join(turn[0].content.split())[:120]
         note = f"For {request!r}: {' -> '.join(tools)}"
-        await self._memory.remember("skill_note", note, session_key=session_key)
+        await self._memory.remember("skill_note", [note], session_key=session_key)
         return note

@@ -7,9 +7,10 @@ Reads run on a separate engine and, in WAL mode, never wait for writers.
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -17,6 +18,27 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from ember.store.migrations import migrate
 
 BUSY_TIMEOUT_MS = 10_000
+
+T = TypeVar("T")
+
+
+async def complete_despite_cancel(write: Awaitable[T]) -> tuple[T, bool]:
+    """Run a write to its end even if the caller is cancelled meanwhile.
+
+    Returns the result and whether a cancellation arrived; the caller records
+    the result, then re-raises CancelledError. A plain `asyncio.shield` would
+    return control at once, letting the caller release its session lease
+    while the write is still running.
+    """
+    task = asyncio.ensure_future(write)
+    interrupted = False
+    while True:
+        try:
+            return await asyncio.shield(task), interrupted
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            interrupted = True
 
 
 def _sqlite_engine(path: Path, *, synchronous: str, immediate: bool) -> AsyncEngine:

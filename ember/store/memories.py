@@ -26,15 +26,21 @@ class SqlMemoryStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def add(self, kind: str, content: str, *, session_key: str | None) -> str:
-        memory_id = uuid.uuid4().hex
+    async def add_new(self, kind: str, contents: list[str], *, session_key: str) -> int:
+        """Insert the contents this session does not already have, in one transaction."""
+        m = schema.memories
+        now = time.time()
         async with self._db.write() as conn:
-            await conn.execute(
-                insert(schema.memories).values(
-                    id=memory_id, session_key=session_key, kind=kind, content=content, created_at=time.time()
-                )
-            )
-        return memory_id
+            known = set((await conn.execute(
+                select(m.c.content).where(m.c.session_key == session_key, m.c.kind == kind, m.c.content.in_(contents))
+            )).scalars())
+            new = list(dict.fromkeys(c for c in contents if c not in known))
+            if new:
+                await conn.execute(insert(m), [
+                    {"id": uuid.uuid4().hex, "session_key": session_key, "kind": kind, "content": c, "created_at": now}
+                    for c in new
+                ])
+        return len(new)
 
     async def recent(self, session_key: str | None, kinds: tuple[str, ...], limit: int) -> list[MemoryRecord]:
         """Newest first; `session_key=None` means memories of any session."""

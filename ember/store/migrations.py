@@ -17,6 +17,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
             key TEXT PRIMARY KEY,
             next_seq BIGINT NOT NULL,
             last_consolidated BIGINT NOT NULL DEFAULT 0,
+            metadata_json TEXT NOT NULL DEFAULT '{}',
             created_at DOUBLE PRECISION NOT NULL,
             updated_at DOUBLE PRECISION NOT NULL)""",
         """CREATE TABLE messages (
@@ -42,7 +43,6 @@ MIGRATIONS: list[tuple[str, ...]] = [
             kind TEXT NOT NULL,
             dedupe_key TEXT NOT NULL,
             session_key TEXT,
-            payload TEXT NOT NULL,
             status TEXT NOT NULL,
             attempts INTEGER NOT NULL DEFAULT 0,
             next_run_at DOUBLE PRECISION NOT NULL,

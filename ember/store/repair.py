@@ -7,6 +7,7 @@ plan back, so the repair happens once.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from ember.core.messages import Message, Role
@@ -22,7 +23,7 @@ class RepairPlan:
         return bool(self.synthetic or self.quarantine)
 
 
-def plan_repair(window: list[Message], next_seq: int, interrupted_text: str) -> RepairPlan:
+def plan_repair(window: list[Message], interrupted_text: str) -> RepairPlan:
     """Every assistant `tool_calls` message must be followed by one result per
     call, and every tool result must follow its call.
 
@@ -41,18 +42,13 @@ def plan_repair(window: list[Message], next_seq: int, interrupted_text: str) -> 
         if not message.has_tool_calls:
             i += 1
             continue
-        call_ids = [call.id for call in message.tool_calls]
-        answered: set[str] = set()
+        # A Counter, not a set: a model may repeat a call id within one step.
+        unanswered = Counter(call.id for call in message.tool_calls)
         j = i + 1
-        while j < len(window):
-            candidate = window[j]
-            if candidate.role is not Role.TOOL or candidate.tool_call_id not in call_ids:
-                break
-            if candidate.tool_call_id in answered:
-                break
-            answered.add(candidate.tool_call_id or "")
+        while j < len(window) and window[j].role is Role.TOOL and unanswered[window[j].tool_call_id or ""] > 0:
+            unanswered[window[j].tool_call_id or ""] -= 1
             j += 1
-        missing = [call_id for call_id in call_ids if call_id not in answered]
+        missing = list(unanswered.elements())
         if missing:
             last_seq = window[j - 1].seq or 0
             room = (window[j].seq or 0) - last_seq - 1 if j < len(window) else len(missing)

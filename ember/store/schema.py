@@ -10,6 +10,7 @@ sessions = Table(
     Column("key", Text, primary_key=True),
     Column("next_seq", BigInteger, nullable=False),
     Column("last_consolidated", BigInteger, nullable=False),
+    Column("metadata_json", Text, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
 )
@@ -46,7 +47,6 @@ jobs = Table(
     Column("kind", Text, nullable=False),
     Column("dedupe_key", Text, nullable=False),
     Column("session_key", Text),
-    Column("payload", Text, nullable=False),
     Column("status", Text, nullable=False),
     Column("attempts", Integer, nullable=False),
     Column("next_run_at", Float, nullable=False),

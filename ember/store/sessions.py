@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Row, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -23,10 +23,13 @@ from ember.core.errors import StoreConflict
 from ember.core.messages import Message, Role, Session, decode_tool_calls, encode_tool_calls
 from ember.core.thinking import strip_thinking
 from ember.store import schema
-from ember.store.database import Database
+from ember.store.database import Database, complete_despite_cancel
 from ember.store.repair import RepairPlan, plan_repair
 
 INTERRUPTED_RESULT = "[interrupted: this tool call's result was lost when the turn was cut off; it did not complete]"
+REPAIR_ATTEMPTS = 3
+
+StoredRow = Row[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,22 +41,31 @@ class SessionSummary:
 
 
 @dataclass(frozen=True, slots=True)
-class QuarantinedRow:
+class UnreadableRow:
     session_key: str
     seq: int
     reason: str
     raw: str
-    created_at: float
+
+
+class SessionStore(Protocol):
+    """What the pipeline and the memory workers need of session storage."""
+
+    async def load(self, key: str) -> Session: ...
+
+    async def append(self, session: Session, messages: Sequence[Message]) -> None: ...
+
+    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool: ...
 
 
 _ROLES = {role.value: role for role in Role}
 
 
-def _row_to_message(row: Any) -> Message:
+def _row_to_message(row: StoredRow) -> Message:
     """Parse one stored row; ValueError when it cannot be trusted (it is then quarantined).
 
-    Called for every message of the window on every turn, so it avoids
-    per-field lookups by name.
+    Called for every message of the window on every turn, so it unpacks the
+    row by position rather than looking fields up by name.
     """
     _key, seq, role_name, content, raw_calls, tool_call_id, reasoning, turn_id, _created = row
     role = _ROLES.get(role_name)
@@ -68,6 +80,14 @@ def _row_to_message(row: Any) -> Message:
         raise ValueError("content is not text")
     return Message(role=role, content=content, tool_calls=calls, tool_call_id=tool_call_id,
                    reasoning=reasoning, turn_id=turn_id, seq=seq)
+
+
+def _parse(row: StoredRow) -> Message | str:
+    """The message, or why the row cannot be read."""
+    try:
+        return _row_to_message(row)
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"unreadable row: {exc}"
 
 
 def _stored(message: Message, seq: int) -> Message:
@@ -92,20 +112,10 @@ def _message_row(key: str, message: Message, now: float) -> dict[str, Any]:
     }
 
 
-def _raw(item: Any) -> str:
+def _raw(item: Message | StoredRow) -> str:
     if isinstance(item, Message):
         return json.dumps({**item.to_json_dict(), "reasoning": item.reasoning, "turn_id": item.turn_id})
     return json.dumps(dict(item._mapping), default=str)
-
-
-class SessionStore(Protocol):
-    """What the pipeline and the memory workers need of session storage."""
-
-    async def load(self, key: str) -> Session: ...
-
-    async def append(self, session: Session, messages: Sequence[Message]) -> None: ...
-
-    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool: ...
 
 
 class SqlSessionStore:
@@ -113,56 +123,60 @@ class SqlSessionStore:
         self._db = db
 
     async def load(self, key: str) -> Session:
-        """The session's window since its consolidation boundary, protocol-valid."""
-        return await self._load(key, repaired=False)
+        """The session's window since its consolidation boundary, protocol-valid.
 
-    async def _load(self, key: str, *, repaired: bool) -> Session:
-        head, rows = await self._read_window(key)
-        if head is None:
-            return Session(key=key)
-        session = Session(key=key, last_consolidated=head.last_consolidated, next_seq=head.next_seq)
-        parsed: list[Message] = []
-        broken: list[tuple[Any, str]] = []
-        for row in rows:
+        A needed repair is written under a compare-and-set on the session head;
+        if another writer got there first, the window is read and planned again.
+        """
+        for _ in range(REPAIR_ATTEMPTS):
+            session, rows = await self._read_window(key)
+            parsed = [(row, _parse(row)) for row in rows]
+            messages = [item for _, item in parsed if isinstance(item, Message)]
+            broken = [(row, item) for row, item in parsed if isinstance(item, str)]
+            repair = plan_repair(messages, INTERRUPTED_RESULT)
+            if not broken and not repair.needed:
+                session.messages = messages
+                return session
             try:
-                parsed.append(_row_to_message(row))
-            except (ValueError, KeyError, TypeError) as exc:
-                broken.append((row, f"unparseable row: {exc}"))
-        repair = plan_repair(parsed, session.next_seq, INTERRUPTED_RESULT)
-        if broken or repair.needed:
-            if repaired:
-                raise RuntimeError(f"session {key!r} still needs repair after being repaired")
-            await asyncio.shield(self._write_repair(session, broken, repair))
-            return await self._load(key, repaired=True)
-        session.messages = parsed
-        return session
+                await complete_despite_cancel(self._write_repair(session, broken, repair))
+            except (StoreConflict, IntegrityError):
+                continue
+        raise StoreConflict(f"session {key!r} kept changing while it was being repaired")
 
     async def append(self, session: Session, messages: Sequence[Message]) -> None:
         """Commit `messages` at the end of the session in one transaction.
 
         On success the stored copies (with their seq) are added to
-        `session.messages`. The write is shielded: once started, a cancelled
-        turn does not abandon it half-way.
+        `session.messages`. Once started, the write finishes even if the turn
+        is cancelled, and the cancellation is raised after it is recorded.
         """
-        if messages:
-            stored = await asyncio.shield(self._append(session.key, session.next_seq, messages))
-            session.messages.extend(stored)
-            session.next_seq += len(stored)
+        if not messages:
+            return
+        stored, cancelled = await complete_despite_cancel(self._append(session, messages))
+        session.messages.extend(stored)
+        session.next_seq += len(stored)
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def history(self, key: str) -> list[Message]:
-        """Every stored message of the session, consolidated ones included, as stored."""
-        async with self._db.read() as conn:
-            rows = (
-                await conn.execute(
-                    select(schema.messages).where(schema.messages.c.session_key == key).order_by(schema.messages.c.seq)
-                )
-            ).all()
-        return [_row_to_message(row) for row in rows]
+        """Every readable message of the session, consolidated ones included, as stored."""
+        rows = await self._rows(key)
+        return [item for item in map(_parse, rows) if isinstance(item, Message)]
 
-    async def exists(self, key: str) -> bool:
+    async def unreadable(self) -> list[UnreadableRow]:
+        """Rows of any session, inside the window or before it, that cannot be parsed. Read-only."""
+        return [
+            UnreadableRow(row.session_key, row.seq, item, _raw(row))
+            for row in await self._rows(None)
+            if isinstance(item := _parse(row), str)
+        ]
+
+    async def quarantined(self) -> list[UnreadableRow]:
+        """Rows set aside by earlier loads."""
+        q = schema.quarantine
         async with self._db.read() as conn:
-            found = await conn.execute(select(schema.sessions.c.key).where(schema.sessions.c.key == key))
-            return found.first() is not None
+            rows = (await conn.execute(select(q).order_by(q.c.created_at))).all()
+        return [UnreadableRow(r.session_key, r.seq, r.reason, r.raw) for r in rows]
 
     async def list_sessions(self) -> list[SessionSummary]:
         s = schema.sessions
@@ -190,85 +204,85 @@ class SqlSessionStore:
                 return False
             await conn.execute(
                 insert(schema.memories).values(
-                    id=uuid.uuid4().hex,
-                    session_key=key,
-                    kind="episodic",
-                    content=summary,
-                    source_start=expected,
-                    source_end=new,
-                    created_at=now,
+                    id=uuid.uuid4().hex, session_key=key, kind="episodic", content=summary,
+                    source_start=expected, source_end=new, created_at=now,
                 )
             )
         return True
 
-    async def quarantined(self) -> list[QuarantinedRow]:
-        q = schema.quarantine
+    async def _rows(self, key: str | None) -> list[StoredRow]:
+        m = schema.messages
+        query = select(m).order_by(m.c.session_key, m.c.seq)
+        if key is not None:
+            query = query.where(m.c.session_key == key)
         async with self._db.read() as conn:
-            rows = (await conn.execute(select(q).order_by(q.c.created_at))).all()
-        return [QuarantinedRow(r.session_key, r.seq, r.reason, r.raw, r.created_at) for r in rows]
+            return list((await conn.execute(query)).all())
 
-    async def _read_window(self, key: str) -> tuple[Any, list[Any]]:
+    async def _read_window(self, key: str) -> tuple[Session, list[StoredRow]]:
         s, m = schema.sessions, schema.messages
         async with self._db.read() as conn:
             head = (await conn.execute(select(s).where(s.c.key == key))).first()
             if head is None:
-                return None, []
+                return Session(key=key), []
             rows = (
                 await conn.execute(
                     select(m).where(m.c.session_key == key, m.c.seq >= head.last_consolidated).order_by(m.c.seq)
                 )
             ).all()
-        return head, list(rows)
+        session = Session(key=key, last_consolidated=head.last_consolidated, next_seq=head.next_seq,
+                          metadata=json.loads(head.metadata_json))
+        return session, list(rows)
 
-    async def _append(self, key: str, expected_next: int, messages: Sequence[Message]) -> list[Message]:
+    async def _append(self, session: Session, messages: Sequence[Message]) -> list[Message]:
         now = time.time()
-        stored = [_stored(msg, expected_next + i) for i, msg in enumerate(messages)]
+        stored = [_stored(msg, session.next_seq + i) for i, msg in enumerate(messages)]
         async with self._db.write() as conn:
-            await self._claim_seqs(conn, key, expected_next, len(stored), now)
-            await conn.execute(insert(schema.messages), [_message_row(key, msg, now) for msg in stored])
+            await self._claim_seqs(conn, session, len(stored), now)
+            await conn.execute(insert(schema.messages), [_message_row(session.key, msg, now) for msg in stored])
         return stored
 
-    async def _claim_seqs(self, conn: AsyncConnection, key: str, expected_next: int, count: int, now: float) -> None:
+    async def _claim_seqs(self, conn: AsyncConnection, session: Session, count: int, now: float) -> None:
+        """Reserve `count` seqs after `session.next_seq`, creating the session on its first write."""
         s = schema.sessions
         bumped = await conn.execute(
             update(s)
-            .where(s.c.key == key, s.c.next_seq == expected_next)
-            .values(next_seq=expected_next + count, updated_at=now)
+            .where(s.c.key == session.key, s.c.next_seq == session.next_seq)
+            .values(next_seq=session.next_seq + count, updated_at=now)
         )
         if bumped.rowcount == 1:
             return
-        if expected_next == 0:
+        if session.next_seq == 0:
             try:
                 async with conn.begin_nested():
-                    await conn.execute(
-                        insert(s).values(key=key, next_seq=count, last_consolidated=0, created_at=now, updated_at=now)
-                    )
+                    await conn.execute(insert(s).values(
+                        key=session.key, next_seq=count, last_consolidated=0,
+                        metadata_json=json.dumps(session.metadata), created_at=now, updated_at=now,
+                    ))
                 return
             except IntegrityError:
                 pass
-        raise StoreConflict(f"session {key!r} was written by someone else since it was loaded")
+        raise StoreConflict(f"session {session.key!r} was written by someone else since it was loaded")
 
-    async def _write_repair(self, session: Session, broken: list[tuple[Any, str]], repair: RepairPlan) -> None:
-        """Set aside what cannot be used and close interrupted tool calls, in one transaction."""
+    async def _write_repair(self, session: Session, broken: list[tuple[StoredRow, str]], repair: RepairPlan) -> None:
+        """Set aside what cannot be used and close interrupted tool calls, in one
+        transaction, provided the session head is still the one planned from."""
         now = time.time()
-        m = schema.messages
+        s, m = schema.sessions, schema.messages
+        new_next = max([session.next_seq, *((msg.seq or 0) + 1 for msg in repair.synthetic)])
         async with self._db.write() as conn:
-            for row, reason in [*broken, *repair.quarantine]:
-                await conn.execute(
-                    insert(schema.quarantine).values(
-                        id=uuid.uuid4().hex,
-                        session_key=session.key,
-                        seq=row.seq,
-                        raw=_raw(row),
-                        reason=reason,
-                        created_at=now,
-                    )
-                )
-                await conn.execute(m.delete().where(m.c.session_key == session.key, m.c.seq == row.seq))
+            unchanged = await conn.execute(
+                update(s)
+                .where(s.c.key == session.key, s.c.next_seq == session.next_seq,
+                       s.c.last_consolidated == session.last_consolidated)
+                .values(next_seq=new_next, updated_at=now)
+            )
+            if unchanged.rowcount != 1:
+                raise StoreConflict(f"session {session.key!r} changed while it was being repaired")
+            for item, reason in [*broken, *repair.quarantine]:
+                await conn.execute(insert(schema.quarantine).values(
+                    id=uuid.uuid4().hex, session_key=session.key, seq=item.seq, raw=_raw(item),
+                    reason=reason, created_at=now,
+                ))
+                await conn.execute(m.delete().where(m.c.session_key == session.key, m.c.seq == item.seq))
             if repair.synthetic:
-                await conn.execute(
-                    insert(m), [_message_row(session.key, msg, now) for msg in repair.synthetic]
-                )
-                new_next = max(session.next_seq, max(msg.seq for msg in repair.synthetic) + 1)
-                if new_next != session.next_seq:
-                    await self._claim_seqs(conn, session.key, session.next_seq, new_next - session.next_seq, now)
+                await conn.execute(insert(m), [_message_row(session.key, msg, now) for msg in repair.synthetic])

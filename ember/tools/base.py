@@ -7,7 +7,6 @@ all come back as text starting with "Error:".
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import json
 import logging
@@ -115,8 +114,6 @@ class ToolRegistry:
             return cap_result(await tool.run(arguments))
         except ToolFailure as exc:
             return f"Error: {exc}"
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # a tool's own bug is the model's result, not the turn's crash
             log.warning("tool %s raised", call.name, exc_info=True)
             return f"Error: {call.name} failed unexpectedly: {type(exc).__name__}: {exc}"
