@@ -108,10 +108,10 @@ class PrefilledSession:
         async with self.db.write() as conn:
             await conn.execute(
                 insert(schema.sessions).values(key=self.key, next_seq=self.n, last_consolidated=0,
-                                               created_at=now, updated_at=now)
+                                               metadata_json="{}", created_at=now, updated_at=now)
             )
         checkpoint(self.db.path)
-        await self.store.exists(self.key)  # opens the read connection, so the load below times only itself
+        await self.store.list_sessions()  # opens the read connection, so the load below times only itself
         started = time.perf_counter()
         self.session = await self.store.load(self.key)
         self.load_s = time.perf_counter() - started

@@ -55,6 +55,8 @@ class Reply:
     status: int | None = None
     cut_after_chunks: int | None = None
     chunk_delay_s: float = 0.0
+    # Sent as they are instead of the reply's chunks: for servers that break the protocol.
+    raw_events: tuple[str, ...] = ()
 
 
 def tool_call(name: str, **arguments: Any) -> tuple[str, str]:
@@ -189,6 +191,8 @@ class ModelServer:
         reply = self._script.popleft()
         if reply.status is not None:
             return _error(reply.status, f"scripted HTTP {reply.status}")
+        if reply.raw_events:
+            return StreamingResponse(iter(reply.raw_events), media_type="text/event-stream")
         if body.get("stream"):
             return StreamingResponse(self._events(stream_chunks(reply, body, number), reply),
                                      media_type="text/event-stream")

@@ -117,6 +117,19 @@ async def test_stream_cut_midway_fails_without_retry(model_server: ModelServer) 
     assert len(model_server.requests) == 1
 
 
+@pytest.mark.parametrize("event", [
+    'data: {"id": "x", "choices": [{"index": 0, "delta": {"content": "ok"\n\n',  # truncated JSON
+    'data: {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": "nope"}\n\n',
+    'data: {"error": {"message": "upstream overloaded", "type": "server_error"}}\n\n',
+])
+async def test_a_stream_that_breaks_the_protocol_is_a_model_error(model_server: ModelServer, event: str) -> None:
+    model_server.push(Reply(raw_events=(event, "data: [DONE]\n\n")))
+
+    with pytest.raises(ModelError):
+        async for _ in client(model_server.base_url).stream(HELLO):
+            pass
+
+
 async def test_unreachable_endpoint_raises_model_error() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
