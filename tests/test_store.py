@@ -191,6 +191,16 @@ async def test_boundary_moves_forward_only_by_compare_and_set(store: SqlSessionS
     assert len(await store.history("s")) == 10
 
 
+async def test_a_boundary_inside_a_tool_chain_is_refused(store: SqlSessionStore) -> None:
+    session = await store.load("s")
+    await store.append(session, [Message.user("go"), Message.assistant("", tool_calls=(call("c1"),)),
+                                 Message.tool_result("c1", "ok"), Message.assistant("done")])
+    with pytest.raises(ValueError, match="split a tool call"):
+        await store.advance_boundary("s", expected=0, new=2, summary="x")
+    assert (await store.load("s")).last_consolidated == 0
+    assert [m.seq for m in await store.history("s")] == [0, 1, 2, 3]
+
+
 async def test_migrations_are_idempotent_and_match_the_query_schema(tmp_path: Path) -> None:
     db = Database(tmp_path / "ember.db")
     await db.open()

@@ -188,13 +188,20 @@ class SqlSessionStore:
         """Move `last_consolidated` from `expected` forward to `new` and record
         the summary of the messages in between, atomically (I5).
 
-        False (and nothing written) when another consolidation moved it first.
+        False (and nothing written) when another consolidation moved it first;
+        ValueError for a boundary inside a tool-call chain (I5).
         """
         if new <= expected:
             return False
         now = time.time()
-        s = schema.sessions
+        s, m = schema.sessions, schema.messages
         async with self._db.write() as conn:
+            first_kept = (await conn.execute(
+                select(m.c.role).where(m.c.session_key == key, m.c.seq >= new).order_by(m.c.seq).limit(1)
+            )).scalar()
+            if first_kept == Role.TOOL.value:
+                # The next load would find a result without its call and set it aside: a lost row.
+                raise ValueError(f"boundary {new} of {key!r} would split a tool call from its results")
             moved = await conn.execute(
                 update(s)
                 .where(s.c.key == key, s.c.last_consolidated == expected, s.c.next_seq >= new)
