@@ -28,10 +28,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import aiosqlite
 import sqlalchemy
@@ -328,7 +328,8 @@ def report_turns(figures: list[TurnFigures], floor: Timing) -> None:
         print(f"  {'':>10} {'drift':>9} to final: first tenth {us(first).strip()}, last tenth {us(last).strip()}"
               f" (x{last / first:.2f}; the session grows by 2 messages a turn)")
         n = f.per_turn
-        print(f"  {'':>10} {'per turn':>9} statements: {n['write statements']:.1f} write + {n['read statements']:.1f} read;"
+        print(f"  {'':>10} {'per turn':>9} statements: {n['write statements']:.1f} write"
+              f" + {n['read statements']:.1f} read;"
               f" commits: {n['write commits']:.1f} write + {n['read commits']:.1f} read")
 
 

@@ -6,9 +6,10 @@ this is the one place that knows them all.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING
 
 from ember.bus.memory import InProcessBus
 from ember.config import CONFIGURE_MODEL_HINT, Settings
@@ -31,7 +32,7 @@ from ember.store.jobs import Job, SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
-from ember.tools.base import Toolset, ToolRegistry
+from ember.tools.base import ToolRegistry, Toolset
 from ember.tools.files import file_tools
 from ember.tools.workspace import Workspace
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -83,7 +83,9 @@ async def _interactive(channel: CliChannel, session: str) -> int:
 
 @app.command()
 def chat(
-    message: Annotated[Optional[str], typer.Option("--message", "-m", help="Send one message, print the answer, exit.")] = None,
+    message: Annotated[
+        str | None, typer.Option("--message", "-m", help="Send one message, print the answer, exit.")
+    ] = None,
     session: SessionOption = "default",
     demo: Annotated[bool, typer.Option(help="Use the offline scripted demo model.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show logs on stderr.")] = False,

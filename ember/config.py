@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-
 from typing import Any
 
 from pydantic import Field, ValidationError

@@ -6,9 +6,9 @@ import asyncio
 import os
 import uuid
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 
@@ -20,6 +20,9 @@ from ember.store.database import Database
 from ember.tools.base import Toolset
 
 CHANNEL = "test"
+
+# The scripted OpenAI-compatible server, as the `model_server` fixture.
+pytest_plugins = ("tests.modelserver",)
 
 
 @pytest.fixture(autouse=True)

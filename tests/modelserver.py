@@ -23,9 +23,10 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 import uvicorn

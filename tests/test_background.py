@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 

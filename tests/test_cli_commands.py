@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from ember.config import CONFIGURE_MODEL_HINT
-from tests.modelserver import ModelServer, Reply, model_server, tool_call  # noqa: F401 (fixture)
+from tests.modelserver import ModelServer, Reply, tool_call
 from tests.test_cli_e2e import EMBER, TIMEOUT_S, chat, ember, ember_env, stored
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ember.config import CONFIGURE_MODEL_HINT
-from tests.modelserver import ModelServer, Reply, model_server, tool_call, wait_until  # noqa: F401 (fixture)
+from tests.modelserver import ModelServer, Reply, tool_call, wait_until
 
 EMBER = str(Path(sys.executable).parent / "ember")
 TIMEOUT_S = 60
@@ -102,7 +102,7 @@ def test_tool_turn_reads_the_workspace_and_records_the_chain(
     history = stored(env, "s2")
     assert roles(history) == ["user", "assistant", "tool", "assistant"]
     assert [m["seq"] for m in history] == [0, 1, 2, 3]
-    user, call, result, final = history
+    _, call, result, final = history
     assert [c["name"] for c in call["tool_calls"]] == ["read_file"]
     assert result["tool_call_id"] == call["tool_calls"][0]["id"]
     assert result["content"] == "buy milk\ncall mum\n"

@@ -4,21 +4,22 @@ chain, and racing turns lose nothing."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sqlalchemy import select
 
+from ember.app import build_runtime
 from ember.core.events import OutboundKind
 from ember.core.messages import Message, Role, Session, ToolCall
 from ember.memory.consolidation import SUMMARY_INSTRUCTION, plan_chunk, should_consolidate
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
-from ember.app import build_runtime
 from ember.store import schema
 from ember.store.memories import SqlMemoryStore
-from sqlalchemy import select
 from tests.conftest import Harness, session_key
 
 
@@ -176,7 +177,7 @@ async def test_consolidation_racing_turns_loses_nothing(start, settings, seed: i
     # Episodes tile the consolidated prefix exactly: no overlap, no gap.
     assert episodes, "consolidation never ran"
     assert episodes[0][0] == 0 and episodes[-1][1] == final.last_consolidated
-    assert all(prev[1] == nxt[0] for prev, nxt in zip(episodes, episodes[1:]))
+    assert all(prev[1] == nxt[0] for prev, nxt in itertools.pairwise(episodes))
 
 
 async def test_summary_reaches_the_next_prompt(start, settings) -> None:  # type: ignore[no-untyped-def]

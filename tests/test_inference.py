@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ember.core.events import OutboundKind
-from ember.core.messages import Message, Role, ToolCall
+from ember.core.messages import Role, ToolCall
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.inference import iteration_cap_text
@@ -22,7 +22,8 @@ async def test_tool_step_is_committed_with_its_results_and_streamed(start, setti
     (settings.workspace_dir / "a.txt").write_text("alpha\n")
     (settings.workspace_dir / "b.txt").write_text("beta\n")
     model = ScriptedModel([
-        ModelReply(text="<think>which files?</think>Reading both.", tool_calls=(read("a.txt", "c1"), read("b.txt", "c2"))),
+        ModelReply(text="<think>which files?</think>Reading both.",
+                   tool_calls=(read("a.txt", "c1"), read("b.txt", "c2"))),
         ModelReply(text="a says alpha, b says beta"),
     ])
     async with start(model) as h:
@@ -64,8 +65,11 @@ async def test_bad_tool_input_goes_back_to_the_model_as_a_result(start) -> None:
 
 
 async def test_iteration_cap_ends_the_turn_with_a_clear_answer(start, settings) -> None:  # type: ignore[no-untyped-def]
-    looping = FunctionModel(lambda m, t: ModelReply(tool_calls=(ToolCall(id=f"c{len(m)}", name="list_dir", arguments="{}"),)))
-    config = settings.model_copy(update={"max_tool_iterations": 3})
+    looping = FunctionModel(
+        lambda m, t: ModelReply(tool_calls=(ToolCall(id=f"c{len(m)}", name="list_dir", arguments="{}"),))
+    )
+    # No reviews: their model calls would be counted with the turn's.
+    config = settings.model_copy(update={"max_tool_iterations": 3, "review_tool_call_threshold": 100})
     async with start(looping, config=config) as h:
         final = await h.turn("loop forever")
         history = await h.runtime.sessions.history(session_key())

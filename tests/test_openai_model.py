@@ -11,7 +11,7 @@ from ember.core.messages import Message, ToolCall
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta, complete
 from ember.models.openai_compat import OpenAICompatibleModel
-from tests.modelserver import MODEL, ModelServer, Reply, model_server, tool_call  # noqa: F401 (fixture)
+from tests.modelserver import MODEL, ModelServer, Reply, tool_call
 
 HELLO = [Message.user("hello")]
 READ_FILE = ToolSpec(

@@ -7,10 +7,7 @@ log, so the tests observe the order in which things happened.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import AsyncIterator, Sequence
-
-import pytest
+from collections.abc import Sequence
 
 from ember.bus.memory import InProcessBus
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 from sqlalchemy import func, insert, inspect, select, text, update
@@ -84,7 +83,9 @@ async def test_assistant_content_is_stripped_of_thinking_at_the_storage_boundary
         Message.assistant("<thought>x</thought>Done"),
     ])
     stored = await store.history("s")
-    assert [m.content for m in stored] == ["<think>users may write this</think>kept", "Calling a tool.", "file text", "Done"]
+    assert [m.content for m in stored] == [
+        "<think>users may write this</think>kept", "Calling a tool.", "file text", "Done"
+    ]
 
 
 async def test_interrupted_after_the_user_message_reloads_valid(store: SqlSessionStore) -> None:
@@ -126,7 +127,9 @@ async def test_partial_results_get_only_the_missing_ones(db: Database, store: Sq
     await insert_raw(db, "s", 2, role="tool", content="result one", tool_call_id="c1")
     reloaded = await store.load("s")
     assert_protocol_valid(reloaded.messages)
-    assert [(m.tool_call_id, m.content) for m in reloaded.messages[2:]] == [("c1", "result one"), ("c2", INTERRUPTED_RESULT)]
+    assert [(m.tool_call_id, m.content) for m in reloaded.messages[2:]] == [
+        ("c1", "result one"), ("c2", INTERRUPTED_RESULT)
+    ]
 
 
 async def test_unparseable_row_is_quarantined_and_the_rest_kept(db: Database, store: SqlSessionStore) -> None:
@@ -209,7 +212,9 @@ async def test_migrations_are_idempotent_and_match_the_query_schema(tmp_path: Pa
         versions = (await conn.execute(text("SELECT version FROM schema_version"))).scalars().all()
         assert versions == list(range(1, SCHEMA_VERSION + 1))
         for table in schema.metadata.sorted_tables:
-            columns = await conn.run_sync(lambda sync: [c["name"] for c in inspect(sync).get_columns(table.name)])
+            columns = await conn.run_sync(
+                lambda sync, name=table.name: [c["name"] for c in inspect(sync).get_columns(name)]
+            )
             assert columns == [c.name for c in table.columns], table.name
         mode = (await conn.execute(text("PRAGMA journal_mode"))).scalar_one()
         assert mode == "wal"

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, Coroutine, TypeVar
+from typing import Any, TypeVar
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -137,7 +138,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.commit(key, [Message.user(text)], [(Role.USER, text, (), None)])
 
     @rule(key=st.sampled_from(KEYS), text=assistant_text(), step_and_order=STEP)
-    def tool_step(self, key: str, text: tuple[str, str], step_and_order: tuple[tuple[ToolCall, ...], list[int]]) -> None:
+    def tool_step(
+        self, key: str, text: tuple[str, str], step_and_order: tuple[tuple[ToolCall, ...], list[int]]
+    ) -> None:
         step, order = step_and_order
         results = [Message.tool_result(step[k].id, f"output {k}") for k in order]
         self.commit(key, [Message.assistant(text[0], tool_calls=step), *results],

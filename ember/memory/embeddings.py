@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 

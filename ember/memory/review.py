@@ -26,7 +26,8 @@ def last_turn(messages: list[Message]) -> list[Message]:
 
 
 def parse_facts(text: str) -> list[str]:
-    return [line[2:].strip() for line in strip_thinking(text).splitlines() if line.startswith("- ") and line[2:].strip()]
+    lines = strip_thinking(text).splitlines()
+    return [line[2:].strip() for line in lines if line.startswith("- ") and line[2:].strip()]
 
 
 async def load_last_turn(sessions: SessionStore, leases: SessionLeases, session_key: str) -> list[Message]:

@@ -8,8 +8,9 @@ so a stream cut mid-way is reported as a ModelError instead.
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence
+from typing import Any
 
 import openai
 from openai import AsyncOpenAI, AsyncStream
@@ -61,7 +62,8 @@ def to_openai_message(message: Message) -> dict[str, Any]:
 
 
 def to_openai_tool(spec: ToolSpec) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": spec.name, "description": spec.description, "parameters": spec.parameters}}
+    function = {"name": spec.name, "description": spec.description, "parameters": spec.parameters}
+    return {"type": "function", "function": function}
 
 
 @dataclass(slots=True)
@@ -137,7 +139,8 @@ class OpenAICompatibleModel:
                     delta = chunk.choices[0].delta if chunk.choices else None
                     if delta is None:
                         continue
-                    thought = (delta.model_extra or {}).get("reasoning_content") or (delta.model_extra or {}).get("reasoning")
+                    extra = delta.model_extra or {}
+                    thought = extra.get("reasoning_content") or extra.get("reasoning")
                     if isinstance(thought, str) and thought:
                         reasoning.append(thought)
                         yield ReasoningDelta(thought)

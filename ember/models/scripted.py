@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections import deque
-from typing import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 from ember.core.errors import ModelError
 from ember.core.messages import Message

@@ -11,10 +11,11 @@ marked failed. Nothing here can fail a turn: the turn only enqueues.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Mapping
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -95,10 +96,8 @@ class BackgroundRunner:
                     timeout = await self._sleep_for()
             except SQLAlchemyError:  # the store may be briefly locked or unavailable: try again later
                 log.warning("background runner could not read the job queue; retrying", exc_info=True)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-            except TimeoutError:
-                pass
 
     async def _hold_runner_lock(self) -> bool:
         if self._lock.held:

@@ -12,9 +12,9 @@ import asyncio
 import fcntl
 import hashlib
 import os
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
 
 POLL_START_S = 0.001
 POLL_MAX_S = 0.05

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable
+from collections.abc import Iterable
 
 
 async def stop_tasks(tasks: Iterable[asyncio.Task[None]], grace_s: float) -> None:

@@ -8,9 +8,10 @@ Reads run on a separate engine and, in WAL mode, never wait for writers.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -90,6 +91,5 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        async with self._reader.connect() as conn:
-            async with conn.begin():
-                yield conn
+        async with self._reader.connect() as conn, conn.begin():
+            yield conn

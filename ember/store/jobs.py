@@ -57,12 +57,9 @@ class SqlJobStore:
         """Move up to `limit` due jobs to running and return them."""
         j = schema.jobs
         now = time.time()
+        due = select(j).where(j.c.status == PENDING, j.c.next_run_at <= now).order_by(j.c.next_run_at).limit(limit)
         async with self._db.write() as conn:
-            rows = (
-                await conn.execute(
-                    select(j).where(j.c.status == PENDING, j.c.next_run_at <= now).order_by(j.c.next_run_at).limit(limit)
-                )
-            ).all()
+            rows = (await conn.execute(due)).all()
             claimed = []
             for row in rows:
                 done = await conn.execute(

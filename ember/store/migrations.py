@@ -77,9 +77,9 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 async def migrate(conn: AsyncConnection) -> int:
     """Bring the schema up to SCHEMA_VERSION; returns the version found before."""
-    await conn.execute(
-        text("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
-    )
+    await conn.execute(text(
+        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+    ))
     found = (await conn.execute(text("SELECT COALESCE(MAX(version), 0) FROM schema_version"))).scalar_one()
     if found > SCHEMA_VERSION:
         raise RuntimeError(

@@ -54,8 +54,8 @@ def plan_repair(window: list[Message], interrupted_text: str) -> RepairPlan:
             room = (window[j].seq or 0) - last_seq - 1 if j < len(window) else len(missing)
             if room >= len(missing):
                 plan.synthetic.extend(
-                    replace(Message.tool_result(call_id, interrupted_text, turn_id=message.turn_id), seq=last_seq + 1 + k)
-                    for k, call_id in enumerate(missing)
+                    replace(Message.tool_result(call_id, interrupted_text, turn_id=message.turn_id), seq=seq)
+                    for seq, call_id in enumerate(missing, start=last_seq + 1)
                 )
             else:
                 plan.quarantine.extend((m, "tool call chain whose results were lost") for m in window[i:j])

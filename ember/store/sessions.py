@@ -12,8 +12,9 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from sqlalchemy import Row, insert, select, update
 from sqlalchemy.exc import IntegrityError

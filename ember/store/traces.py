@@ -54,6 +54,7 @@ class SqlTraceStore:
 
     async def for_session(self, session_key: str) -> list[TurnTrace]:
         t = schema.traces
+        query = select(t.c.turn_id).where(t.c.session_key == session_key).order_by(t.c.started_at)
         async with self._db.read() as conn:
-            rows = (await conn.execute(select(t.c.turn_id).where(t.c.session_key == session_key).order_by(t.c.started_at))).all()
+            rows = (await conn.execute(query)).all()
         return [trace for row in rows if (trace := await self.get(row.turn_id)) is not None]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import enum
 import json
 import logging
-from typing import Awaitable, Callable, Generic, Protocol, Sequence, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
