@@ -47,7 +47,7 @@ class ResponseStage:
         await self._schedule_derived_work(ctx, result)
         # 5. Delivery of the final through the stream, which replaces the draft.
         sent = await ctx.stream.finalize(text) if ctx.stream is not None else False
-        # 6.
+        # 6. The loop publishes the final itself only if the stream did not.
         return ProcessResult(text, outbound_sent=sent)
 
     async def _schedule_derived_work(self, ctx: PipelineContext, result: InferenceResult) -> None:
