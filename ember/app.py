@@ -65,7 +65,8 @@ def default_tools(settings: Settings) -> ToolRegistry:
 
 @dataclass(slots=True)
 class Runtime:
-    settings: Settings
+    """The wired parts a command or a test drives."""
+
     db: Database
     sessions: SqlSessionStore
     jobs: SqlJobStore
@@ -75,7 +76,6 @@ class Runtime:
     runner: BackgroundRunner
     loop: AgentLoop
     consolidation: ConsolidationWorker
-    model: ModelClient
 
 
 def _job_handlers(memory: MemoryService, consolidation: ConsolidationWorker, memory_reviewer: MemoryReviewer,
@@ -141,7 +141,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
         response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(settings.consolidation_threshold)),
     )
     loop = AgentLoop(bus, leases, pipeline, traces)
-    return Runtime(settings, db, sessions, jobs, traces, memory, bus, runner, loop, consolidation, model)
+    return Runtime(db, sessions, jobs, traces, memory, bus, runner, loop, consolidation)
 
 
 @asynccontextmanager

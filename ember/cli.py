@@ -6,7 +6,8 @@ import asyncio
 import json
 import logging
 import sys
-from typing import Annotated
+from collections.abc import Coroutine
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -36,8 +37,18 @@ def _settings() -> Settings:
     try:
         return load_settings()
     except EmberError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from exc
+
+
+def _run(work: Coroutine[Any, Any, int]) -> None:
+    """Run a command's async body; an EmberError is one clear line, not a traceback."""
+    try:
+        code = asyncio.run(work)
+    except EmberError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from exc
+    raise typer.Exit(code)
 
 
 def _setup_logging(settings: Settings, verbose: bool) -> None:
@@ -58,7 +69,7 @@ async def _chat(settings: Settings, model: ModelClient, session: str, message: s
             if not answer.ok:
                 err.print(answer.text, markup=False)
                 return 1
-            print(answer.text)
+            print(answer.text, flush=True)  # before shutdown, which may wait for a background job
             return 0
         return await _interactive(channel, session)
 
@@ -96,9 +107,9 @@ def chat(
     try:
         model: ModelClient = demo_model() if demo else configured_model(settings)
     except EmberError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True)
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from exc
-    raise typer.Exit(asyncio.run(_chat(settings, model, session, message)))
+    _run(_chat(settings, model, session, message))
 
 
 @app.command()
@@ -117,7 +128,7 @@ def run(
         out.print(f"[yellow]No model configured: running on the scripted demo model {escape(LABEL)}. "
                   "Its answers are canned, not AI.[/yellow]")
         out.print(f"To use a real model: [bold]{CONFIGURE_MODEL_HINT}[/bold]", markup=True)
-    raise typer.Exit(asyncio.run(_chat(settings, model, session, None)))
+    _run(_chat(settings, model, session, None))
 
 
 def _resolve_session_key(known: set[str], name: str) -> str | None:
@@ -132,15 +143,16 @@ def sessions_list() -> None:
     """List sessions, most recently active first."""
     settings = _settings()
 
-    async def main() -> None:
+    async def main() -> int:
         async with open_database(settings) as db:
             rows = await SqlSessionStore(db).list_sessions()
         table = Table("session", "messages", "consolidated up to", "last active")
         for row in rows:
             table.add_row(row.key, str(row.message_count), str(row.last_consolidated), _when(row.updated_at))
         out.print(table if rows else "No sessions yet.")
+        return 0
 
-    asyncio.run(main())
+    _run(main())
 
 
 @sessions_app.command("show")
@@ -168,7 +180,7 @@ def sessions_show(
             out.print(f"{m.content} {calls}".strip(), markup=False)
         return 0
 
-    raise typer.Exit(asyncio.run(main()))
+    _run(main())
 
 
 @app.command()
@@ -177,7 +189,7 @@ def doctor() -> None:
     from ember.diagnostics import run_checks
 
     settings = _settings()
-    raise typer.Exit(asyncio.run(run_checks(settings, out)))
+    _run(run_checks(settings, out))
 
 
 @app.command()
@@ -185,7 +197,7 @@ def demo() -> None:
     """An offline walkthrough on the scripted demo model (no AI involved)."""
     from ember.demo import run_demo
 
-    raise typer.Exit(asyncio.run(run_demo(out)))
+    _run(run_demo(out))
 
 
 def _when(timestamp: float) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, insert, inspect, select, text, update
 
-from ember.core.errors import StoreConflict
+from ember.core.errors import StoreConflict, StoreError
 from ember.core.messages import Message, Role, ToolCall
 from ember.store import schema
 from ember.store.database import Database
@@ -227,7 +227,7 @@ async def test_newer_schema_is_refused_with_a_clear_error(tmp_path: Path) -> Non
     async with db.write() as conn:
         await conn.execute(text("INSERT INTO schema_version VALUES (:v, 0)"), {"v": SCHEMA_VERSION + 1})
     await db.close()
-    with pytest.raises(RuntimeError, match="newer than this Ember"):
+    with pytest.raises(StoreError, match="newer than this Ember"):
         await Database(tmp_path / "ember.db").open()
 
 

@@ -19,3 +19,7 @@ class ModelError(EmberError):
 
 class StoreConflict(EmberError):
     """A write raced with another writer of the same session."""
+
+
+class StoreError(EmberError):
+    """The store cannot be used as it is (for example, a newer schema)."""

@@ -11,6 +11,8 @@ import time
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ember.core.errors import StoreError
+
 MIGRATIONS: list[tuple[str, ...]] = [
     (
         """CREATE TABLE sessions (
@@ -82,7 +84,7 @@ async def migrate(conn: AsyncConnection) -> int:
     ))
     found = (await conn.execute(text("SELECT COALESCE(MAX(version), 0) FROM schema_version"))).scalar_one()
     if found > SCHEMA_VERSION:
-        raise RuntimeError(
+        raise StoreError(
             f"the database has schema version {found}, newer than this Ember ({SCHEMA_VERSION}); upgrade Ember"
         )
     for version in range(found + 1, SCHEMA_VERSION + 1):
