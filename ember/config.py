@@ -24,7 +24,8 @@ CONFIGURE_MODEL_HINT = (
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="EMBER_", extra="forbid", populate_by_name=True)
+    # env_ignore_empty: an empty EMBER_MODEL_API_KEY= line in an env file means "not set".
+    model_config = SettingsConfigDict(env_prefix="EMBER_", extra="forbid", env_ignore_empty=True)
 
     home: Path = Path("~/.ember")
     workspace: Path | None = None

@@ -130,6 +130,18 @@ async def test_a_stream_that_breaks_the_protocol_is_a_model_error(model_server: 
             pass
 
 
+async def test_usage_without_counts_is_not_an_error(model_server: ModelServer) -> None:
+    chunk = ('data: {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", '
+             '"choices": [{"index": 0, "delta": {"content": "fine"}}]}\n\n')
+    usage = ('data: {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [], '
+             '"usage": {"prompt_tokens": null, "completion_tokens": null, "total_tokens": null}}\n\n')
+    model_server.push(Reply(raw_events=(chunk, usage, "data: [DONE]\n\n")))
+
+    reply = await complete(client(model_server.base_url), HELLO)
+
+    assert (reply.text, reply.input_tokens, reply.output_tokens) == ("fine", 0, 0)
+
+
 async def test_unreachable_endpoint_raises_model_error() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -6,8 +6,11 @@ log, so the tests observe the order in which things happened.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
+
+import pytest
 
 from ember.bus.memory import InProcessBus
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
@@ -187,3 +190,29 @@ async def test_a_failing_review_leaves_the_answer_delivered_and_saved(start, set
     assert counts.get("failed") == 1  # the memory review gave up after its retries
     assert any("review_memory" in r.getMessage() and "review model is down" in r.getMessage() for r in caplog.records)
     assert not h.chats["c1"].of(OutboundKind.ERROR)
+
+
+class HangingScheduler(RecordingScheduler):
+    async def schedule(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
+        self._log.append(("schedule", kind))
+        await asyncio.Event().wait()
+        return True
+
+
+async def test_a_turn_cancelled_after_its_commit_delivers_the_committed_answer(db: Database) -> None:
+    rig = Rig(db, reply("committed answer"), threshold=1)
+    rig.response = ResponseStage(rig.store, HangingScheduler(rig.log), rig.response._memory, DerivedWorkPolicy(1))
+    rig.loop = AgentLoop(rig.bus, LocalLeases(db.path.parent / "locks"),
+                         Pipeline(rig.context, rig.inference, rig.response), SqlTraceStore(db))
+    turn = asyncio.create_task(
+        rig.loop._on_inbound(InboundEvent(channel="test", chat_id="c1", sender_id="u", text="q", stream=True))
+    )
+    while ("schedule", JobKind.CONSOLIDATE) not in rig.log:  # step 3 is done, step 4 hangs
+        await asyncio.sleep(0.01)
+    turn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    sent = rig.bus.drain()
+    assert [(e.kind, e.text) for e in sent if e.kind is not OutboundKind.DELTA] == [
+        (OutboundKind.FINAL, "committed answer")
+    ]

@@ -94,6 +94,9 @@ class _ToolCallBuffer:
                 call.arguments += fragment.function.arguments or ""
 
     def _call_for(self, fragment: ChoiceDeltaToolCall) -> _PartialCall:
+        names_a_call = fragment.index is not None or fragment.id or (fragment.function and fragment.function.name)
+        if not names_a_call and self._calls:
+            return self._calls[-1]  # a bare continuation of the open call
         if fragment.index is not None:
             for call in reversed(self._calls):
                 if call.index == fragment.index:
@@ -155,8 +158,8 @@ class OpenAICompatibleModel:
             text="".join(text),
             tool_calls=calls.calls(),
             reasoning="".join(reasoning) or None,
-            input_tokens=usage.prompt_tokens if usage else 0,
-            output_tokens=usage.completion_tokens if usage else 0,
+            input_tokens=(usage.prompt_tokens or 0) if usage else 0,
+            output_tokens=(usage.completion_tokens or 0) if usage else 0,
         )
 
     async def list_models(self) -> list[str]:

@@ -69,10 +69,12 @@ class BackgroundRunner:
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop claiming work; give running jobs `grace_s`, then cancel them and
         put them back in the queue for the next start."""
-        await cancel_task(self._loop_task)
-        self._loop_task = None
-        await stop_tasks(self._running, grace_s)
-        self._lock.release()
+        try:
+            await cancel_task(self._loop_task)
+            self._loop_task = None
+            await stop_tasks(self._running, grace_s)
+        finally:
+            self._lock.release()
 
     async def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Until no job is pending, running or waiting for a retry (tests, benchmarks, demo)."""
@@ -94,7 +96,7 @@ class BackgroundRunner:
                 if await self._hold_runner_lock():
                     await self._claim()
                     timeout = await self._sleep_for()
-            except SQLAlchemyError:  # the store may be briefly locked or unavailable: try again later
+            except Exception:  # the runner's edge: a locked store or a lock file error is retried, not fatal
                 log.warning("background runner could not read the job queue; retrying", exc_info=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
@@ -104,7 +106,11 @@ class BackgroundRunner:
             return True
         if not self._lock.try_acquire():
             return False
-        requeued = await self._jobs.requeue_interrupted()
+        try:
+            requeued = await self._jobs.requeue_interrupted()
+        except BaseException:
+            self._lock.release()  # so the next pass takes it again and retries the requeue
+            raise
         if requeued:
             log.info("requeued %d background job(s) left running by a process that stopped", requeued)
         return True

@@ -41,6 +41,9 @@ class HostLock:
         except BlockingIOError:
             os.close(fd)
             return False
+        except OSError:
+            os.close(fd)
+            raise
         self._fd = fd
         return True
 

@@ -25,6 +25,8 @@ from ember.bus.base import Bus
 from ember.core.errors import EmberError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.leases import SessionLeases
+from ember.core.messages import Role
+from ember.core.turn import PipelineContext
 from ember.pipeline.context import ContextStage
 from ember.pipeline.inference import InferenceStage
 from ember.pipeline.response import ResponseStage
@@ -42,7 +44,23 @@ class Pipeline:
     response: ResponseStage
 
 
-INTERRUPTED_TEXT = "Sorry, this turn was interrupted (Ember is shutting down). Your message is saved."
+INTERRUPTED_TEXT = "Sorry, this turn was interrupted before it finished (Ember is shutting down)."
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far a turn got, for a cancellation to report honestly."""
+
+    ctx: PipelineContext | None = None
+    delivered: bool = False
+
+    def undelivered_answer(self, turn_id: str) -> str | None:
+        """The turn's final answer when it was committed but not yet sent."""
+        if self.ctx is None or self.delivered or not self.ctx.session.messages:
+            return None
+        last = self.ctx.session.messages[-1]
+        final = last.role is Role.ASSISTANT and not last.tool_calls and last.turn_id == turn_id
+        return last.content if final else None
 
 
 def error_text(exc: BaseException, turn_id: str) -> str:
@@ -80,13 +98,18 @@ class AgentLoop:
     async def _on_inbound(self, event: InboundEvent) -> None:
         turn_id = uuid.uuid4().hex
         trace = TurnTrace(turn_id=turn_id, session_key=event.session_key, started_at=time.time())
+        progress = _Progress()
         try:
             async with self._leases.hold(event.session_key):
-                await self._run_turn(event, turn_id, trace)
+                await self._run_turn(event, turn_id, trace, progress)
             trace.status = "ok"
         except asyncio.CancelledError:
             trace.status, trace.error = "cancelled", "the turn was stopped before it finished"
-            await self._publish(event, turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
+            answer = progress.undelivered_answer(turn_id)
+            if answer is not None:  # committed before the cancel: deliver the record, not an error
+                await self._publish(event, turn_id, OutboundKind.FINAL, answer, stream_full_text=True)
+            elif not progress.delivered:
+                await self._publish(event, turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
             raise
         except Exception as exc:  # the loop's edge: one error response, logged once
             log.exception("turn %s of %s failed", turn_id, event.session_key)
@@ -102,11 +125,11 @@ class AgentLoop:
         except SQLAlchemyError:
             log.warning("could not record the trace of turn %s", trace.turn_id, exc_info=True)
 
-    async def _run_turn(self, event: InboundEvent, turn_id: str, trace: TurnTrace) -> None:
+    async def _run_turn(self, event: InboundEvent, turn_id: str, trace: TurnTrace, progress: _Progress) -> None:
         def open_stream(prefix: str) -> StreamPublisher:
             return StreamPublisher(self._bus, event, turn_id, prefix=prefix)
 
-        ctx = await self._pipeline.context.prepare(event, turn_id, open_stream if event.stream else None)
+        ctx = progress.ctx = await self._pipeline.context.prepare(event, turn_id, open_stream if event.stream else None)
         result = await self._pipeline.inference.run(ctx)
         trace.detail.update(
             model_calls=result.model_calls,
@@ -117,9 +140,11 @@ class AgentLoop:
         done = await self._pipeline.response.finalize(ctx, result)
         if not done.outbound_sent:
             await self._publish(event, turn_id, OutboundKind.FINAL, done.response_text)
+        progress.delivered = True
 
-    async def _publish(self, event: InboundEvent, turn_id: str, kind: OutboundKind, text: str) -> None:
+    async def _publish(self, event: InboundEvent, turn_id: str, kind: OutboundKind, text: str,
+                       *, stream_full_text: bool = False) -> None:
         await self._bus.publish_outbound(
             OutboundEvent(channel=event.channel, chat_id=event.chat_id, kind=kind, text=text,
-                          turn_id=turn_id, reply_to=event.message_id)
+                          turn_id=turn_id, reply_to=event.message_id, stream_full_text=stream_full_text)
         )

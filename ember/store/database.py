@@ -37,6 +37,8 @@ async def complete_despite_cancel(write: Awaitable[T]) -> tuple[T, bool]:
         try:
             return await asyncio.shield(task), interrupted
         except asyncio.CancelledError:
+            if task.done() and not task.cancelled():
+                return task.result(), True  # finished in the same step; raises the write's own error
             if task.done():
                 raise
             interrupted = True

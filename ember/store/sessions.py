@@ -139,9 +139,11 @@ class SqlSessionStore:
                 session.messages = messages
                 return session
             try:
-                await complete_despite_cancel(self._write_repair(session, broken, repair))
+                _, cancelled = await complete_despite_cancel(self._write_repair(session, broken, repair))
             except (StoreConflict, IntegrityError):
                 continue
+            if cancelled:
+                raise asyncio.CancelledError
         raise StoreConflict(f"session {key!r} kept changing while it was being repaired")
 
     async def append(self, session: Session, messages: Sequence[Message]) -> None:
