@@ -155,3 +155,19 @@ async def test_only_one_runner_per_home_runs_jobs_and_none_steals_a_running_job(
     await second.stop()
     assert runs[-1] == ("second", "s3")
     assert await jobs.counts() == {"done": 3}
+
+
+async def test_stop_just_after_a_wake_up_returns(db: Database) -> None:
+    """On Python 3.11, asyncio.wait_for swallows a cancel that arrives as its
+    event is set; a runner built on it hung in stop() after a schedule()."""
+    async def nothing(job: Job) -> None:
+        return None
+
+    jobs = SqlJobStore(db)
+    for i in range(5):
+        background = runner(jobs, nothing)
+        await background.start()
+        await asyncio.sleep(0.1)  # the runner is idle, waiting to be woken
+        await background.schedule("work", f"s{i}")  # sets the wake-up event as it returns
+        async with asyncio.timeout(15):  # stop() runs in this very step, as an app's shutdown would
+            await background.stop()

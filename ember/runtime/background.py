@@ -98,8 +98,11 @@ class BackgroundRunner:
                     timeout = await self._sleep_for()
             except Exception:  # the runner's edge: a locked store or a lock file error is retried, not fatal
                 log.warning("background runner could not read the job queue; retrying", exc_info=True)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
+            # cancellation that arrives as the event is set, and stop() would hang.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
 
     async def _hold_runner_lock(self) -> bool:
         if self._lock.held:
