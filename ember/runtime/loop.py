@@ -7,7 +7,9 @@
             result = InferenceStage.run(ctx)         model + tools, steps committed
             done   = ResponseStage.finalize(ctx, result)   the commit boundary
             publish the final only if not done.outbound_sent
-        on any exception, or a cancellation: publish exactly one error response
+        on an exception: publish exactly one error response
+        on a cancellation: deliver the answer if it was committed, else one
+            "interrupted" error
         record the turn's trace
 """
 
