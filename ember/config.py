@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -26,6 +26,9 @@ CONFIGURE_MODEL_HINT = (
 class Settings(BaseSettings):
     # env_ignore_empty: an empty EMBER_MODEL_API_KEY= line in an env file means "not set".
     model_config = SettingsConfigDict(env_prefix="EMBER_", extra="forbid", env_ignore_empty=True)
+
+    # Set by isolated_settings(): values from code only, no environment, no ember.toml.
+    _from_code_only: ClassVar[bool] = False
 
     home: Path = Path("~/.ember")
     workspace: Path | None = None
@@ -79,6 +82,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        if cls._from_code_only:
+            return (init_settings,)
         return (
             init_settings,
             env_settings,
@@ -99,16 +104,7 @@ class _OpenAIFallback(PydanticBaseSettingsSource):
 
 
 class _Isolated(Settings):
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
+    _from_code_only: ClassVar[bool] = True
 
 
 def isolated_settings(**values: Any) -> Settings:

@@ -25,6 +25,12 @@ def call(call_id: str, name: str = "read_file") -> ToolCall:
     return ToolCall(id=call_id, name=name, arguments='{"path": "a.txt"}')
 
 
+def tool_turn() -> list[Message]:
+    """seq 0 user, 1 assistant calling c1, 2 its result, 3 the final answer."""
+    return [Message.user("go"), Message.assistant("", tool_calls=(call("c1"),)),
+            Message.tool_result("c1", "ok"), Message.assistant("done")]
+
+
 async def row_count(db: Database, key: str) -> int:
     async with db.read() as conn:
         m = schema.messages
@@ -149,12 +155,7 @@ async def test_unparseable_row_is_quarantined_and_the_rest_kept(db: Database, st
 
 async def test_quarantined_result_leaves_room_for_a_synthetic_one(db: Database, store: SqlSessionStore) -> None:
     session = await store.load("s")
-    await store.append(session, [
-        Message.user("go"),
-        Message.assistant("", tool_calls=(call("c1"),)),
-        Message.tool_result("c1", "ok"),
-        Message.assistant("done"),
-    ])
+    await store.append(session, tool_turn())
     async with db.write() as conn:
         await conn.execute(text("UPDATE messages SET tool_calls = 'not json' WHERE seq = 1"))
     reloaded = await store.load("s")
@@ -163,8 +164,7 @@ async def test_quarantined_result_leaves_room_for_a_synthetic_one(db: Database, 
     assert {row.seq for row in await store.quarantined()} == {1, 2}
 
     other = await store.load("t")
-    await store.append(other, [Message.user("go"), Message.assistant("", tool_calls=(call("c1"),)),
-                               Message.tool_result("c1", "ok"), Message.assistant("done")])
+    await store.append(other, tool_turn())
     async with db.write() as conn:
         await conn.execute(text("UPDATE messages SET role = 'bogus' WHERE session_key = 't' AND seq = 2"))
     fixed = await store.load("t")
@@ -196,8 +196,7 @@ async def test_boundary_moves_forward_only_by_compare_and_set(store: SqlSessionS
 
 async def test_a_boundary_inside_a_tool_chain_is_refused(store: SqlSessionStore) -> None:
     session = await store.load("s")
-    await store.append(session, [Message.user("go"), Message.assistant("", tool_calls=(call("c1"),)),
-                                 Message.tool_result("c1", "ok"), Message.assistant("done")])
+    await store.append(session, tool_turn())
     with pytest.raises(ValueError, match="split a tool call"):
         await store.advance_boundary("s", expected=0, new=2, summary="x")
     assert (await store.load("s")).last_consolidated == 0

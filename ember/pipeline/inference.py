@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ember.core.errors import ModelError
 from ember.core.messages import Message, ToolCall
-from ember.core.thinking import ThinkFilter, strip_thinking
+from ember.core.thinking import ThinkFilter
 from ember.core.turn import InferenceResult, PipelineContext
 from ember.models.base import ModelClient, ModelReply, TextDelta
 from ember.store.sessions import SessionStore
@@ -64,11 +64,12 @@ class InferenceStage:
             if not reply.tool_calls:
                 return self._result(reply.text, tool_names, usage)
             assistant = Message.assistant(
-                strip_thinking(reply.text), tool_calls=reply.tool_calls, reasoning=reply.reasoning, turn_id=ctx.turn_id
+                reply.text, tool_calls=reply.tool_calls, reasoning=reply.reasoning, turn_id=ctx.turn_id
             )
-            results = await self._run_tools(ctx, reply.tool_calls)
-            await self._sessions.append(ctx.session, [assistant, *results])
-            messages += [assistant, *results]
+            step = [assistant, *await self._run_tools(ctx, reply.tool_calls)]
+            await self._sessions.append(ctx.session, step)
+            # The stored copies: the store strips reasoning tags from assistant text (I4).
+            messages += ctx.session.messages[-len(step):]
             tool_names += [call.name for call in reply.tool_calls]
         return self._result(iteration_cap_text(self._limits.max_iterations), tool_names, usage)
 
