@@ -12,7 +12,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 run: $(BIN)/.installed
-	$(BIN)/ember run
+	$(BIN)/ember serve
 
 demo: $(BIN)/.installed
 	$(BIN)/ember demo

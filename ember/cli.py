@@ -120,15 +120,52 @@ def run(
     """Start the agent on the embedded defaults (falls back to the scripted demo model)."""
     settings = _settings()
     _setup_logging(settings, verbose)
+    _run(_chat(settings, _model_or_demo(settings), session, None))
+
+
+def _model_or_demo(settings: Settings) -> ModelClient:
+    """The configured model, else the scripted demo model, said loudly."""
     if settings.model_configured:
         model: ModelClient = configured_model(settings)
         out.print(f"Ember on model [bold]{model.name}[/bold]; data in {settings.home_dir}")
-    else:
-        model = demo_model()
-        out.print(f"[yellow]No model configured: running on the scripted demo model {escape(LABEL)}. "
-                  "Its answers are canned, not AI.[/yellow]")
-        out.print(f"To use a real model: [bold]{CONFIGURE_MODEL_HINT}[/bold]", markup=True)
-    _run(_chat(settings, model, session, None))
+        return model
+    out.print(f"[yellow]No model configured: running on the scripted demo model {escape(LABEL)}. "
+              "Its answers are canned, not AI.[/yellow]")
+    out.print(f"To use a real model: [bold]{CONFIGURE_MODEL_HINT}[/bold]", markup=True)
+    return demo_model()
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to listen on [default: gateway_host, 127.0.0.1].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port [default: gateway_port, 8765].")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show logs on stderr.")] = False,
+) -> None:
+    """Run the HTTP gateway (OpenAI-compatible API, native API, web chat) with the agent."""
+    from ember.channels.gateway.server import Listening, api_keys
+    from ember.channels.gateway.server import serve as serve_gateway
+
+    settings = _settings()
+    _setup_logging(settings, verbose)
+    host = host or settings.gateway_host
+    try:
+        keys = api_keys(settings, host)
+    except EmberError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from exc
+
+    def ready(at: Listening) -> None:
+        url = f"http://{at.host}:{at.port}"
+        out.print(f"Ember gateway on [bold]{url}[/bold] — web chat at {url}/, OpenAI API at {url}/v1")
+        if at.identities:
+            out.print(f"{at.identities} API key(s) configured; every route but /healthz needs one.")
+        else:
+            out.print("[yellow]No API keys configured: anyone on this machine may use it; "
+                      "it listens on loopback only. Set EMBER_API_KEYS to require keys.[/yellow]")
+        sys.stdout.flush()
+
+    _run(serve_gateway(settings, _model_or_demo(settings), keys, host,
+                       settings.gateway_port if port is None else port, ready))
 
 
 def _resolve_session_key(known: set[str], name: str) -> str | None:

@@ -9,11 +9,17 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from ember.core.errors import ConfigError
 
@@ -56,6 +62,25 @@ class Settings(BaseSettings):
     job_backoff_base_s: float = Field(default=1.0, gt=0)
     # "FULL" survives power loss; "NORMAL" survives a process crash only.
     sqlite_synchronous: str = Field(default="FULL", pattern="^(FULL|NORMAL)$")
+
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8765, ge=0, le=65535)
+    # Each entry is one identity: "name=secret", a bare secret, or "name=sha256:<hex>" so
+    # ember.toml need not hold the secret itself. EMBER_API_KEYS takes a comma-separated list.
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    gateway_max_body_bytes: int = Field(default=1_048_576, ge=1_024)
+    # Per identity: a steady rate of requests with room for a burst.
+    gateway_rate_per_minute: float = Field(default=600, gt=0)
+    gateway_rate_burst: int = Field(default=60, ge=1)
+    # How long a stopping gateway lets open requests and turns finish.
+    gateway_shutdown_grace_s: float = Field(default=20, ge=0)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @property
     def home_dir(self) -> Path:

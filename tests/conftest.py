@@ -22,7 +22,7 @@ from ember.tools.base import Toolset
 CHANNEL = "test"
 
 # The scripted OpenAI-compatible server, as the `model_server` fixture.
-pytest_plugins = ("tests.modelserver",)
+pytest_plugins = ("tests.modelserver", "tests.gatewayproc")
 
 
 @pytest.fixture(autouse=True)

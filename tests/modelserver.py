@@ -150,6 +150,8 @@ class ModelServer:
         self.model = model
         self.requests: list[dict[str, Any]] = []
         self.chunks_sent = 0
+        # Answers requests when no scripted reply is queued (for many concurrent clients).
+        self.responder: Callable[[dict[str, Any]], Reply] | None = None
         self._script: deque[Reply] = deque()
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.bind(("127.0.0.1", 0))
@@ -186,6 +188,8 @@ class ModelServer:
         body = await request.json()
         self.requests.append(body)
         number = len(self.requests)
+        if not self._script and self.responder is not None:
+            self._script.append(self.responder(body))
         if not self._script:
             return _error(500, f"modelserver: no scripted reply left for request #{number}; "
                                "the test must push() one reply per model call")

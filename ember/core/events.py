@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from ember.core.messages import ToolCall
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InboundEvent:
@@ -42,7 +44,8 @@ class OutboundEvent:
     """Something the agent sends back to a channel.
 
     A FINAL with `stream_full_text` carries the whole answer: channels replace
-    the streamed draft with it rather than appending it.
+    the streamed draft with it rather than appending it. TOOL_CALL and
+    TOOL_RESULT events name their call in `tool_call`.
     """
 
     channel: str
@@ -52,3 +55,4 @@ class OutboundEvent:
     turn_id: str
     reply_to: str | None = None
     stream_full_text: bool = False
+    tool_call: ToolCall | None = None

@@ -29,16 +29,17 @@ class StreamPublisher:
         await self._send(OutboundKind.DELTA, text)
 
     async def tool_call(self, call: ToolCall) -> None:
-        await self._send(OutboundKind.TOOL_CALL, f"{call.name}({call.arguments})")
+        await self._send(OutboundKind.TOOL_CALL, f"{call.name}({call.arguments})", tool_call=call)
 
     async def tool_result(self, call: ToolCall, result: str) -> None:
-        await self._send(OutboundKind.TOOL_RESULT, result)
+        await self._send(OutboundKind.TOOL_RESULT, result, tool_call=call)
 
     async def finalize(self, text: str) -> bool:
         await self._send(OutboundKind.FINAL, text, stream_full_text=True)
         return True
 
-    async def _send(self, kind: OutboundKind, text: str, *, stream_full_text: bool = False) -> None:
+    async def _send(self, kind: OutboundKind, text: str, *, stream_full_text: bool = False,
+                    tool_call: ToolCall | None = None) -> None:
         await self._bus.publish_outbound(
             OutboundEvent(
                 channel=self._event.channel,
@@ -48,5 +49,6 @@ class StreamPublisher:
                 turn_id=self._turn_id,
                 reply_to=self._event.message_id,
                 stream_full_text=stream_full_text,
+                tool_call=tool_call,
             )
         )

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from sqlalchemy import Row, insert, select, update
+from sqlalchemy import Row, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -181,10 +181,15 @@ class SqlSessionStore:
             rows = (await conn.execute(select(q).order_by(q.c.created_at))).all()
         return [UnreadableRow(r.session_key, r.seq, r.reason, r.raw) for r in rows]
 
-    async def list_sessions(self) -> list[SessionSummary]:
+    async def list_sessions(self, prefix: str = "") -> list[SessionSummary]:
+        """Sessions whose key starts with `prefix`, most recently active first."""
         s = schema.sessions
+        query = select(s).order_by(s.c.updated_at.desc())
+        if prefix:
+            # Not LIKE: SQLite's LIKE ignores case, and "Alice" must not list "alice"'s sessions.
+            query = query.where(func.substr(s.c.key, 1, len(prefix)) == prefix)
         async with self._db.read() as conn:
-            rows = (await conn.execute(select(s).order_by(s.c.updated_at.desc()))).all()
+            rows = (await conn.execute(query)).all()
         return [SessionSummary(r.key, r.next_seq, r.last_consolidated, r.updated_at) for r in rows]
 
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool:

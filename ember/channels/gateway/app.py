@@ -1,0 +1,132 @@
+"""The gateway's Starlette application: routes, the identity gate, errors as JSON."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ember import __version__
+from ember.channels.gateway.auth import ApiKeys, RateLimiter
+from ember.channels.gateway.http import ApiError
+from ember.channels.gateway.metrics import GatewayMetrics
+from ember.channels.gateway.native_api import NativeApi
+from ember.channels.gateway.openai_api import OpenAIApi
+from ember.channels.gateway.schemas import openapi_document
+from ember.channels.gateway.turns import TurnRouter
+from ember.store.jobs import SqlJobStore
+from ember.store.sessions import SqlSessionStore
+
+STATIC_DIR = Path(__file__).parent / "static"
+# Open to all: liveness for supervisors, and the page that asks for a key.
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/favicon.ico"})
+PUBLIC_PREFIXES = ("/static/",)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayOptions:
+    agent_id: str
+    max_body_bytes: int
+    rate_per_minute: float
+    rate_burst: int
+
+
+class IdentityGate:
+    """Resolves the caller's identity from its bearer key and applies its rate
+    limit; the routes find it in `request.state.identity`."""
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys, limiter: RateLimiter) -> None:
+        self._app = app
+        self._keys = keys
+        self._limiter = limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
+            await self._app(scope, receive, send)
+            return
+        identity = self._keys.identify(Headers(scope=scope).get("authorization"))
+        if identity is None:
+            error = ApiError(401, "send a valid API key as 'Authorization: Bearer <key>'", code="invalid_api_key",
+                             headers={"WWW-Authenticate": "Bearer"})
+            await error.response()(scope, receive, send)
+            return
+        if wait := self._limiter.retry_after(identity):
+            error = ApiError(429, f"too many requests; retry in {wait:.1f} s", code="rate_limited",
+                             headers={"Retry-After": str(math.ceil(wait))})
+            await error.response()(scope, receive, send)
+            return
+        scope.setdefault("state", {})["identity"] = identity
+        await self._app(scope, receive, send)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+    headers = dict(exc.headers or {})
+    return ApiError(exc.status_code, message.get(exc.status_code, str(exc.detail)), headers=headers).response()
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return ApiError(500, f"internal error ({type(exc).__name__}); see the server log").response()
+
+
+def create_app(router: TurnRouter, sessions: SqlSessionStore, jobs: SqlJobStore, keys: ApiKeys,
+               options: GatewayOptions, *,
+               lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None) -> Starlette:
+    metrics = GatewayMetrics()
+    openai_api = OpenAIApi(router, metrics, agent_id=options.agent_id, max_body_bytes=options.max_body_bytes)
+    native_api = NativeApi(router, sessions, metrics, max_body_bytes=options.max_body_bytes)
+    document = openapi_document("Ember gateway", __version__)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_text(request: Request) -> Response:
+        body = metrics.render(await jobs.counts())
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
+    async def page(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    routes = [
+        Route("/", page, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics_text, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        *openai_api.routes(),
+        *native_api.routes(),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(IdentityGate, keys=keys,
+                               limiter=RateLimiter(options.rate_per_minute, options.rate_burst))],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
+        lifespan=lifespan,
+    )
+

@@ -1,0 +1,98 @@
+"""HTTP plumbing shared by the gateway's routes: errors in the OpenAI shape, bounded
+JSON bodies, Server-Sent Events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from ember.channels.gateway.schemas import SESSION_KEY_PATTERN
+from ember.core.events import OutboundEvent
+
+T = TypeVar("T", bound=BaseModel)
+
+SESSION_HEADER = "X-Ember-Session"
+KEEPALIVE_S = 15.0
+_SESSION_KEY = re.compile(SESSION_KEY_PATTERN)
+
+_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 502: "server_error",
+                500: "server_error"}
+
+
+class ApiError(Exception):
+    """An error the client caused or must know about, sent as `{"error": {...}}`."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers
+
+    def response(self) -> JSONResponse:
+        detail = {"message": self.message, "type": _ERROR_TYPES.get(self.status, "invalid_request_error"),
+                  "code": self.code, "param": self.param}
+        return JSONResponse({"error": detail}, status_code=self.status, headers=self.headers)
+
+
+async def read_json(request: Request, model: type[T], limit: int) -> T:
+    """The request body as `model`: JSON only, at most `limit` bytes, validated."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise ApiError(415, f"send the body as application/json (got {content_type or 'no content type'})",
+                       code="unsupported_media_type")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the body is {declared} bytes; the limit is {limit}", code="body_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"the body is over the limit of {limit} bytes", code="body_too_large")
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from exc
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()[:5]
+        )
+        first = exc.errors()[0]["loc"] if exc.errors() else ()
+        raise ApiError(422, f"invalid request: {problems}", code="invalid_request",
+                       param=".".join(map(str, first)) or None) from exc
+
+
+def sse(event: str | None, data: Any) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"{head}data: {payload}\n\n".encode()
+
+
+SSE_KEEPALIVE = b": keep-alive\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def next_event(queue: asyncio.Queue[OutboundEvent], wait_s: float) -> OutboundEvent | None:
+    """The next event, or None after `wait_s` (time for a keep-alive)."""
+    try:
+        async with asyncio.timeout(wait_s):
+            return await queue.get()
+    except TimeoutError:
+        return None
+
+
+def checked_key(key: str, where: str) -> str:
+    if not _SESSION_KEY.match(key):
+        raise ApiError(400, f"{where} {key[:64]!r} is not a session key: use 1-128 letters, digits and . _ @ + -",
+                       code="invalid_session_key")
+    return key

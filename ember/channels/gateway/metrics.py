@@ -1,0 +1,60 @@
+"""What the gateway counts, in Prometheus text at /metrics."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.turns = Counter("ember_turns", "Turns through the gateway, by API and outcome (final, error)",
+                             ["api", "outcome"], registry=self.registry)
+        self.turn_seconds = Histogram("ember_turn_duration_seconds", "From request to final answer",
+                                      ["api"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.first_delta_seconds = Histogram("ember_first_delta_seconds", "From request to the first streamed text",
+                                             ["api"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.deliveries = Counter("ember_deliveries", "Final answers and errors, by whether the client got them "
+                                  "(client_gone: it left; the answer stays in the history)",
+                                  ["outcome"], registry=self.registry)
+        self.jobs = Gauge("ember_background_jobs", "Background jobs by status", ["status"], registry=self.registry)
+
+    def render(self, job_counts: dict[str, int]) -> bytes:
+        for status in ("pending", "running", "done", "failed", "superseded"):
+            self.jobs.labels(status).set(job_counts.get(status, 0))
+        return generate_latest(self.registry)
+
+    def clock(self, api: str) -> TurnClock:
+        return TurnClock(self, api)
+
+
+class TurnClock:
+    """Times one turn as its client sees it."""
+
+    def __init__(self, metrics: GatewayMetrics, api: str) -> None:
+        self._metrics = metrics
+        self._api = api
+        self._start = time.perf_counter()
+        self._first_delta_seen = False
+        self._closed = False
+
+    def delta(self) -> None:
+        if not self._first_delta_seen:
+            self._first_delta_seen = True
+            self._metrics.first_delta_seconds.labels(self._api).observe(time.perf_counter() - self._start)
+
+    def closed(self, outcome: str) -> None:
+        """The turn's final or error reached the client."""
+        self._closed = True
+        self._metrics.turns.labels(self._api, outcome).inc()
+        self._metrics.turn_seconds.labels(self._api).observe(time.perf_counter() - self._start)
+        self._metrics.deliveries.labels("delivered").inc()
+
+    def abandoned(self) -> None:
+        """The client left before the final; the turn runs on and commits it."""
+        if not self._closed:
+            self._metrics.deliveries.labels("client_gone").inc()

@@ -1,0 +1,102 @@
+"""Ember's own API: sessions, their committed history, and turns streamed as typed
+Server-Sent Events (`delta`, `tool_call`, `tool_result`, `final`, `error`).
+
+Every route sees only the caller's sessions: another identity's session does
+not exist for it (404, never 403, so keys cannot be probed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ember.channels.gateway.http import (
+    KEEPALIVE_S,
+    SESSION_HEADER,
+    SSE_HEADERS,
+    SSE_KEEPALIVE,
+    ApiError,
+    checked_key,
+    next_event,
+    read_json,
+    sse,
+)
+from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
+from ember.channels.gateway.schemas import MessageRequest
+from ember.channels.gateway.turns import TurnRouter, session_key
+from ember.core.events import OutboundEvent, OutboundKind
+from ember.core.messages import Message
+from ember.store.sessions import SqlSessionStore
+
+
+def event_payload(event: OutboundEvent) -> dict[str, Any]:
+    payload: dict[str, Any] = {"turn_id": event.turn_id, "text": event.text}
+    if event.tool_call is not None:
+        payload.update(call_id=event.tool_call.id, name=event.tool_call.name)
+        if event.kind is OutboundKind.TOOL_CALL:
+            payload["arguments"] = event.tool_call.arguments
+    return payload
+
+
+def message_payload(message: Message) -> dict[str, Any]:
+    return {**message.to_json_dict(), "turn_id": message.turn_id}
+
+
+class NativeApi:
+    def __init__(self, router: TurnRouter, sessions: SqlSessionStore, metrics: GatewayMetrics, *,
+                 max_body_bytes: int) -> None:
+        self._router = router
+        self._sessions = sessions
+        self._metrics = metrics
+        self._max_body_bytes = max_body_bytes
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/api/sessions", self.list_sessions, methods=["GET"]),
+            Route("/api/sessions/{key}/messages", self.history, methods=["GET"]),
+            Route("/api/sessions/{key}/messages", self.send, methods=["POST"]),
+        ]
+
+    async def list_sessions(self, request: Request) -> Response:
+        prefix = session_key(request.state.identity, "")
+        rows = await self._sessions.list_sessions(prefix)
+        return JSONResponse({"sessions": [
+            {"key": row.key.removeprefix(prefix), "messages": row.message_count, "updated_at": row.updated_at}
+            for row in rows
+        ]})
+
+    async def history(self, request: Request) -> Response:
+        key = checked_key(request.path_params["key"], "session")
+        messages = await self._sessions.history(session_key(request.state.identity, key))
+        if not messages:
+            raise ApiError(404, f"no session {key!r}", code="session_not_found")
+        return JSONResponse({"key": key, "messages": [message_payload(m) for m in messages]})
+
+    async def send(self, request: Request) -> Response:
+        key = checked_key(request.path_params["key"], "session")
+        body = await read_json(request, MessageRequest, self._max_body_bytes)
+        if not body.text.strip():
+            raise ApiError(422, "the message is empty", code="empty_message", param="text")
+        stream = self._stream(request.state.identity, key, body.text, self._metrics.clock("native"))
+        return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, SESSION_HEADER: key})
+
+    async def _stream(self, identity: str, key: str, text: str, clock: TurnClock) -> AsyncIterator[bytes]:
+        try:
+            async with self._router.turn(identity, key, text, stream=True) as queue:
+                while True:
+                    event = await next_event(queue, KEEPALIVE_S)
+                    if event is None:
+                        yield SSE_KEEPALIVE
+                        continue
+                    if event.kind is OutboundKind.DELTA:
+                        clock.delta()
+                    yield sse(event.kind.value, event_payload(event))
+                    if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
+                        clock.closed(event.kind.value)
+                        return
+        finally:
+            clock.abandoned()

@@ -1,0 +1,146 @@
+"""The OpenAI-compatible routes: any OpenAI client can talk to an Ember agent.
+
+Ember keeps the conversation: the last user message of a request is the new
+message, and the session comes from the `X-Ember-Session` header, else the
+request's `user` field, else a new session named in the response's
+`X-Ember-Session` header.
+
+Streaming sends only visible text. The final answer reconciles the draft: what
+the deltas have not yet said of it is sent as one more delta, so the deltas of
+the answering step add up to the committed answer, and it is never sent twice.
+Text a model writes before calling a tool is streamed too, followed by a blank
+line; the tool calls themselves are not part of this protocol's output.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ember.channels.gateway.http import (
+    KEEPALIVE_S,
+    SESSION_HEADER,
+    SSE_HEADERS,
+    SSE_KEEPALIVE,
+    ApiError,
+    checked_key,
+    next_event,
+    read_json,
+    sse,
+)
+from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
+from ember.channels.gateway.schemas import ChatCompletionRequest
+from ember.channels.gateway.turns import TurnRouter
+from ember.core.events import OutboundEvent, OutboundKind
+
+
+class OpenAIApi:
+    def __init__(self, router: TurnRouter, metrics: GatewayMetrics, *, agent_id: str, max_body_bytes: int) -> None:
+        self._router = router
+        self._metrics = metrics
+        self._agent_id = agent_id
+        self._max_body_bytes = max_body_bytes
+        self._created = int(time.time())
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+        ]
+
+    async def models(self, request: Request) -> Response:
+        card = {"id": self._agent_id, "object": "model", "created": self._created, "owned_by": "ember"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = await read_json(request, ChatCompletionRequest, self._max_body_bytes)
+        users = [m for m in body.messages if m.role == "user"]
+        if not users or not users[-1].text().strip():
+            raise ApiError(400, "messages must end with a user message that has text", code="no_user_message",
+                           param="messages")
+        identity: str = request.state.identity
+        key = self._session(request, body)
+        headers = {SESSION_HEADER: key}
+        completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self._agent_id)
+        clock = self._metrics.clock("openai")
+        text = users[-1].text()
+        if body.stream:
+            stream = self._stream(identity, key, text, completion, clock)
+            return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        async with self._router.turn(identity, key, text, stream=False) as queue:
+            while (event := await queue.get()).kind not in (OutboundKind.FINAL, OutboundKind.ERROR):
+                pass
+        if event.kind is OutboundKind.ERROR:
+            clock.closed("error")
+            raise ApiError(502, event.text, code="turn_failed", headers=headers)
+        clock.closed("final")
+        return JSONResponse(completion.whole(event.text), headers=headers)
+
+    def _session(self, request: Request, body: ChatCompletionRequest) -> str:
+        if header := request.headers.get(SESSION_HEADER):
+            return checked_key(header, f"the {SESSION_HEADER} header")
+        if body.user:
+            return checked_key(body.user, "the user field")
+        return uuid.uuid4().hex
+
+    async def _stream(self, identity: str, key: str, text: str, completion: _Completion,
+                      clock: TurnClock) -> AsyncIterator[bytes]:
+        step = ""  # visible text of the current model step, as streamed
+        shown = False  # any text streamed in this turn
+        try:
+            async with self._router.turn(identity, key, text, stream=True) as queue:
+                yield completion.chunk({"role": "assistant", "content": ""})
+                while True:
+                    event = await next_event(queue, KEEPALIVE_S)
+                    if event is None:
+                        yield SSE_KEEPALIVE
+                    elif event.kind is OutboundKind.DELTA:
+                        clock.delta()
+                        piece = "\n\n" + event.text if shown and not step else event.text
+                        step += event.text
+                        shown = True
+                        yield completion.chunk({"content": piece})
+                    elif event.kind is OutboundKind.TOOL_CALL:
+                        step = ""
+                    elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
+                        for part in _closing(event, completion, step, shown):
+                            yield part
+                        clock.closed("final" if event.kind is OutboundKind.FINAL else "error")
+                        return
+        finally:
+            clock.abandoned()
+
+
+def _closing(event: OutboundEvent, completion: _Completion, step: str, shown: bool) -> list[bytes]:
+    if event.kind is OutboundKind.ERROR:
+        error = {"message": event.text, "type": "server_error", "code": "turn_failed", "param": None}
+        return [sse(None, {"error": error}), sse(None, "[DONE]")]
+    # Should the draft ever stray from the record, the record follows it whole.
+    rest = event.text[len(step):] if event.text.startswith(step) else ("\n\n" if shown else "") + event.text
+    parts = [completion.chunk({"content": rest})] if rest else []
+    return [*parts, completion.chunk({}, finish_reason="stop"), sse(None, "[DONE]")]
+
+
+class _Completion:
+    def __init__(self, completion_id: str, created: int, model: str) -> None:
+        self.id = completion_id
+        self.created = created
+        self.model = model
+
+    def chunk(self, delta: dict[str, Any], *, finish_reason: str | None = None) -> bytes:
+        return sse(None, {
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        })
+
+    def whole(self, text: str) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        }

@@ -1,0 +1,200 @@
+"""The gateway's wire shapes (pydantic at the edge) and the OpenAPI document built from them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SESSION_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$"
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "\n".join(part.text for part in self.content if part.type == "text" and part.text)
+        return self.content or ""
+
+
+class ChatCompletionRequest(BaseModel):
+    """The OpenAI request. Ember keeps the history itself: only the last user message
+    is new; sampling options are accepted and left to the configured model."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    user: str | None = None
+
+
+class MessageRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(min_length=1, description="The user's message.")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str | None = None
+    param: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop"] = "stop"
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "ember"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class SessionInfo(BaseModel):
+    key: str
+    messages: int
+    updated_at: float
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+
+
+class StoredToolCall(BaseModel):
+    id: str
+    name: str
+    arguments: str
+
+
+class StoredMessage(BaseModel):
+    seq: int
+    role: str
+    content: str
+    tool_calls: list[StoredToolCall]
+    tool_call_id: str | None
+    turn_id: str | None
+
+
+class History(BaseModel):
+    key: str
+    messages: list[StoredMessage]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+_SCHEMAS: tuple[type[BaseModel], ...] = (
+    ChatCompletionRequest, MessageRequest, ErrorBody, ChatCompletion, ModelList, SessionList, History, Health,
+)
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+_SSE = {"description": "Server-Sent Events", "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+_SESSION_PARAM = {
+    "name": "key", "in": "path", "required": True,
+    "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN},
+}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    meaning = {400: "Bad request", 401: "Missing or wrong API key", 404: "No such session", 405: "Wrong method",
+               413: "Body too large", 415: "Body is not JSON", 422: "Invalid body", 429: "Too many requests",
+               502: "The turn failed"}
+    return {str(code): _json(ErrorBody, meaning[code]) for code in codes}
+
+
+def _operation(summary: str, responses: dict[str, Any], *, body: type[BaseModel] | None = None,
+               params: list[dict[str, Any]] | None = None, public: bool = False) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": responses}
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(body)}}}
+    if params:
+        op["parameters"] = params
+    if public:
+        op["security"] = []
+    else:
+        op["responses"] = {**responses, **_errors(401, 429)}
+    return op
+
+
+def openapi_document(title: str, version: str) -> dict[str, Any]:
+    schemas: dict[str, Any] = {}
+    for model in _SCHEMAS:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    session_header = [{"name": "X-Ember-Session", "in": "header", "required": False,
+                       "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN}}]
+    body_errors = _errors(400, 413, 415, 422)
+    paths = {
+        "/v1/chat/completions": {"post": _operation(
+            "OpenAI-compatible chat completion (stream or not); the server keeps the history",
+            {"200": {"description": "A completion, or its stream of chunks",
+                     "content": {"application/json": {"schema": _ref(ChatCompletion)},
+                                 "text/event-stream": {"schema": {"type": "string"}}}},
+             **body_errors, **_errors(502)},
+            body=ChatCompletionRequest, params=session_header)},
+        "/v1/models": {"get": _operation("The agents this gateway serves", {"200": _json(ModelList, "Agents")})},
+        "/api/sessions": {"get": _operation("The caller's sessions", {"200": _json(SessionList, "Sessions")})},
+        "/api/sessions/{key}/messages": {
+            "get": _operation("A session's committed history",
+                              {"200": _json(History, "Messages"), **_errors(404)}, params=[_SESSION_PARAM]),
+            "post": _operation("Send a message; the answer streams back as Server-Sent Events",
+                               {"200": _SSE, **body_errors}, body=MessageRequest, params=[_SESSION_PARAM]),
+        },
+        "/healthz": {"get": _operation("Liveness", {"200": _json(Health, "Alive")}, public=True)},
+        "/metrics": {"get": _operation("Prometheus metrics", {"200": {
+            "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }

@@ -1,0 +1,100 @@
+"""`ember serve`: the gateway, the agent loop and the background runner in one process."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import uvicorn
+from starlette.applications import Starlette
+
+from ember.app import build_runtime, running
+from ember.channels.gateway.app import GatewayOptions, create_app
+from ember.channels.gateway.auth import ApiKeys
+from ember.channels.gateway.turns import TurnRouter
+from ember.config import Settings
+from ember.core.errors import ConfigError, EmberError
+from ember.models.base import ModelClient
+
+
+class ListenError(EmberError):
+    """The gateway cannot take its address (in use, not permitted, unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listening:
+    host: str
+    port: int
+    identities: int
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def api_keys(settings: Settings, host: str) -> ApiKeys:
+    """The configured keys, refusing an open gateway on a non-loopback address."""
+    keys = ApiKeys.parse(secret.get_secret_value() for secret in settings.api_keys)
+    if keys.open and not is_loopback(host):
+        raise ConfigError(f"no API keys are configured, so the gateway serves loopback only, not {host}. "
+                          "Set EMBER_API_KEYS=name=<long secret> to listen on other addresses.")
+    return keys
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, taken before anything else starts, so a busy port fails at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # Reuse: a restart after a crash must not wait for the old connections' TIME_WAIT.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str, port: int,
+                on_ready: Callable[[Listening], None]) -> int:
+    """Serve until SIGINT or SIGTERM; 0 after a clean stop, 1 if the start failed."""
+    sock = bind(host, port)
+    listening = Listening(host, sock.getsockname()[1], keys.count)
+    try:
+        runtime = await build_runtime(settings, model)
+        router = TurnRouter(runtime.bus)
+
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            async with running(runtime):
+                await router.start()
+                on_ready(listening)
+                try:
+                    yield
+                finally:
+                    await router.stop()
+
+        options = GatewayOptions(
+            agent_id=settings.agent_name.lower().replace(" ", "-"),
+            max_body_bytes=settings.gateway_max_body_bytes,
+            rate_per_minute=settings.gateway_rate_per_minute,
+            rate_burst=settings.gateway_rate_burst,
+        )
+        app = create_app(router, runtime.sessions, runtime.jobs, keys, options, lifespan=lifespan)
+        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)
+        server = uvicorn.Server(config)
+        await server.serve(sockets=[sock])
+    finally:
+        sock.close()
+    return 0 if server.started else 1

@@ -1,0 +1,70 @@
+"""Routes the gateway channel's outbound events to the HTTP request waiting for them.
+
+Every request sends its message with a fresh `message_id`; the agent loop
+answers with `reply_to` set to it. Events whose request has gone (the client
+disconnected) are dropped here: the turn itself runs on in the agent loop, and
+its committed answer stays in the session's history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from ember.bus.base import Bus
+from ember.core.events import InboundEvent, OutboundEvent
+from ember.runtime.tasks import cancel_task
+
+CHANNEL = "http"
+
+
+def chat_id(identity: str, key: str) -> str:
+    """Sessions are namespaced by identity: two callers' "main" are two sessions."""
+    return f"{identity}:{key}"
+
+
+def session_key(identity: str, key: str) -> str:
+    return f"{CHANNEL}:{chat_id(identity, key)}"
+
+log = logging.getLogger(__name__)
+
+
+class TurnRouter:
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+        self._waiting: dict[str, asyncio.Queue[OutboundEvent]] = {}
+        self._dispatcher: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._dispatcher = asyncio.create_task(self._dispatch(), name="ember-gateway-router")
+
+    async def stop(self) -> None:
+        await cancel_task(self._dispatcher)
+        self._dispatcher = None
+
+    @asynccontextmanager
+    async def turn(self, identity: str, key: str, text: str, *,
+                   stream: bool) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
+        """Send the message to the agent; yield the queue its answer arrives on."""
+        event = InboundEvent(channel=CHANNEL, chat_id=chat_id(identity, key), sender_id=identity, text=text,
+                             message_id=uuid.uuid4().hex, stream=stream)
+        assert event.message_id is not None
+        queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
+        self._waiting[event.message_id] = queue
+        try:
+            await self._bus.publish_inbound(event)
+            yield queue
+        finally:
+            del self._waiting[event.message_id]
+
+    async def _dispatch(self) -> None:
+        while True:
+            event = await self._bus.next_outbound(CHANNEL)
+            queue = self._waiting.get(event.reply_to or "")
+            if queue is not None:
+                queue.put_nowait(event)
+            else:
+                log.debug("no request waits for %s of turn %s; dropped", event.kind, event.turn_id)
