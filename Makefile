@@ -17,8 +17,14 @@ run: $(BIN)/.installed
 demo: $(BIN)/.installed
 	$(BIN)/ember demo
 
-test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q
+# The web page's tests drive Debian's Chromium (never a downloaded browser).
+CHROMIUM ?= /usr/bin/chromium
+
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+
+test: $(BIN)/.installed $(CHROMIUM)
+	EMBER_TEST_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check ember tests bench
