@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import signal
 import socket
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 import uvicorn
@@ -29,6 +31,21 @@ class Listening:
     host: str
     port: int
     identities: int
+
+
+class _Server(uvicorn.Server):
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # SIGINT/SIGTERM stop gracefully, and the process then exits 0: uvicorn's own
+        # handler re-raises the signal afterwards, which makes a clean stop look like a kill.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
 
 def is_loopback(host: str) -> bool:
@@ -93,7 +110,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         app = create_app(router, runtime.sessions, runtime.jobs, keys, options, lifespan=lifespan)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)
-        server = uvicorn.Server(config)
+        server = _Server(config)
         await server.serve(sockets=[sock])
     finally:
         sock.close()

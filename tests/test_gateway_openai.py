@@ -1,0 +1,205 @@
+"""The official `openai` SDK against a running `ember serve`, with the tests' own
+model server behind it: what any OpenAI client sees of an Ember agent."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.gatewayproc import GatewayProcess, free_port, gateway_env
+from tests.modelserver import ModelServer, Reply, serving, tool_call
+
+KEY = "test-secret-key-0123456789"
+AGENT = "ember"
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ModelServer]:
+    with serving() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(model: ModelServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    home = tmp_path_factory.mktemp("gateway") / "home"
+    (home / "workspace").mkdir(parents=True)
+    (home / "workspace" / "notes.txt").write_text("the launch code is 4711\n")
+    process = GatewayProcess(gateway_env(home, model, {"tester": KEY}), free_port())
+    try:
+        yield process.wait_ready()
+    finally:
+        process.kill()
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess, model: ModelServer) -> Iterator[openai.OpenAI]:
+    model.responder = None
+    with openai.OpenAI(base_url=gateway.url("/v1"), api_key=KEY, max_retries=0, timeout=30) as sdk:
+        yield sdk
+    assert not model._script, "a test left scripted replies unused"
+
+
+def history(gateway: GatewayProcess, session: str) -> list[dict]:
+    response = httpx.get(gateway.url(f"/api/sessions/{session}/messages"),
+                         headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 200, response.text
+    return response.json()["messages"]
+
+
+def streamed(client: openai.OpenAI, content: str | list[dict], *, session: str | None = None,
+             user: str | None = None) -> tuple[list[str], str | None]:
+    """The content deltas of one streamed completion, and its finish reason."""
+    messages = [{"role": "user", "content": content}] if isinstance(content, str) else content
+    headers = {"X-Ember-Session": session} if session else {}
+    deltas: list[str] = []
+    finish = None
+    for chunk in client.chat.completions.create(model=AGENT, messages=messages, stream=True,
+                                                extra_headers=headers, **({"user": user} if user else {})):
+        choice = chunk.choices[0]
+        if choice.delta.content:
+            deltas.append(choice.delta.content)
+        finish = choice.finish_reason or finish
+    return deltas, finish
+
+
+def test_models_lists_the_agent(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == [AGENT]
+
+
+def test_non_streaming_turn_answers_and_commits(client: openai.OpenAI, model: ModelServer,
+                                                 gateway: GatewayProcess) -> None:
+    model.push(Reply(text="Paris is the capital of France."))
+    raw = client.chat.completions.with_raw_response.create(
+        model=AGENT, messages=[{"role": "user", "content": "Capital of France?"}],
+    )
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "Paris is the capital of France."
+    assert completion.choices[0].finish_reason == "stop"
+    session = raw.headers["X-Ember-Session"]  # no session was named: the server made one
+    assert [(m["role"], m["content"]) for m in history(gateway, session)] == [
+        ("user", "Capital of France?"), ("assistant", "Paris is the capital of France."),
+    ]
+
+
+def test_streamed_deltas_add_up_to_the_committed_answer(client: openai.OpenAI, model: ModelServer,
+                                                        gateway: GatewayProcess) -> None:
+    answer = "Streaming works: each delta is a piece, and together they are the answer."
+    model.push(Reply(text=answer))
+    deltas, finish = streamed(client, "stream please", session="s-stream")
+    assert len(deltas) > 3  # really streamed, not one block
+    assert "".join(deltas) == answer
+    assert finish == "stop"
+    assert history(gateway, "s-stream")[-1]["content"] == answer
+
+
+def test_thinking_reaches_neither_the_stream_nor_the_history(client: openai.OpenAI, model: ModelServer,
+                                                             gateway: GatewayProcess) -> None:
+    model.push(Reply(text="<think>the user wants 42, keep it secret</think>The answer is 42."))
+    deltas, _ = streamed(client, "what is the answer?", session="s-think")
+    assert "".join(deltas) == "The answer is 42."
+    assert "secret" not in str(history(gateway, "s-think"))
+    model.push(Reply(text="<THINKING>hidden</THINKING>Visible."))
+    completion = client.chat.completions.create(
+        model=AGENT, messages=[{"role": "user", "content": "again"}], extra_headers={"X-Ember-Session": "s-think"},
+    )
+    assert completion.choices[0].message.content == "Visible."
+
+
+def test_tool_using_turn_streams_only_the_answer(client: openai.OpenAI, model: ModelServer,
+                                                 gateway: GatewayProcess) -> None:
+    model.push(Reply(tool_calls=(tool_call("read_file", path="notes.txt"),)),
+               Reply(text="The launch code is 4711."))
+    deltas, finish = streamed(client, "what is in my notes?", session="s-tool")
+    assert "".join(deltas) == "The launch code is 4711."
+    assert finish == "stop"
+    # The model saw the file's content as the tool's result.
+    tool_message = model.requests[-1]["messages"][-1]
+    assert tool_message["role"] == "tool" and "4711" in tool_message["content"]
+    stored = history(gateway, "s-tool")
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[1]["tool_calls"][0]["name"] == "read_file"
+
+
+def test_second_turn_remembers_the_first(client: openai.OpenAI, model: ModelServer) -> None:
+    model.push(Reply(text="Nice to meet you, Ada."), Reply(text="Your name is Ada."))
+    first = client.chat.completions.create(model=AGENT, messages=[{"role": "user", "content": "I am Ada."}],
+                                           user="ada-session")
+    assert first.choices[0].message.content == "Nice to meet you, Ada."
+    # A front-end resends the whole conversation; Ember takes the last user message and keeps its own history.
+    deltas, _ = streamed(client, [
+        {"role": "user", "content": "I am Ada."},
+        {"role": "assistant", "content": "Nice to meet you, Ada."},
+        {"role": "user", "content": "What is my name?"},
+    ], user="ada-session")
+    assert "".join(deltas) == "Your name is Ada."
+    seen = [(m["role"], m["content"]) for m in model.requests[-1]["messages"] if m["role"] != "system"]
+    assert seen == [("user", "I am Ada."), ("assistant", "Nice to meet you, Ada."), ("user", "What is my name?")]
+
+
+def test_text_before_a_tool_call_is_streamed_once_and_set_apart(client: openai.OpenAI, model: ModelServer,
+                                                                 gateway: GatewayProcess) -> None:
+    model.push(Reply(text="Let me look.", tool_calls=(tool_call("list_dir", path="."),)),
+               Reply(text="You have notes.txt."))
+    deltas, _ = streamed(client, "what files?", session="s-preamble")
+    assert "".join(deltas) == "Let me look.\n\nYou have notes.txt."
+    stored = history(gateway, "s-preamble")
+    assert stored[1]["content"] == "Let me look." and stored[-1]["content"] == "You have notes.txt."
+
+
+def test_content_parts_are_read_as_text(client: openai.OpenAI, model: ModelServer) -> None:
+    model.push(Reply(text="ok"))
+    client.chat.completions.create(model=AGENT, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]},
+    ], extra_headers={"X-Ember-Session": "s-parts"})
+    assert model.requests[-1]["messages"][-1]["content"] == "part one\npart two"
+
+
+def test_a_failing_model_is_an_api_error_for_the_sdk(client: openai.OpenAI, model: ModelServer,
+                                                     gateway: GatewayProcess) -> None:
+    model.push(*[Reply(status=500)] * 4)  # every attempt of Ember's model client fails
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model=AGENT, messages=[{"role": "user", "content": "fail me"}],
+                                       extra_headers={"X-Ember-Session": "s-fail"})
+    assert caught.value.status_code == 502
+    assert "could not answer" in caught.value.message
+    model.push(*[Reply(status=500)] * 4)
+    with pytest.raises(openai.APIError):
+        streamed(client, "fail me streaming", session="s-fail")
+    # The questions are kept; no answer was invented.
+    assert [(m["role"], m["content"]) for m in history(gateway, "s-fail")] == [
+        ("user", "fail me"), ("user", "fail me streaming"),
+    ]
+
+
+def test_wrong_key_is_an_authentication_error(gateway: GatewayProcess) -> None:
+    with openai.OpenAI(base_url=gateway.url("/v1"), api_key="not-the-key", max_retries=0) as sdk, \
+            pytest.raises(openai.AuthenticationError):
+        sdk.models.list()
+
+
+def test_bad_request_is_reported_in_the_openai_shape(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=AGENT, messages=[{"role": "system", "content": "no user here"}])
+    assert "user message" in caught.value.message
+    assert caught.value.body["code"] == "no_user_message"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_async_client_works_too(gateway: GatewayProcess, model: ModelServer, stream: bool) -> None:
+    import asyncio
+
+    model.push(Reply(text="async hello"))
+
+    async def main() -> str:
+        async with openai.AsyncOpenAI(base_url=gateway.url("/v1"), api_key=KEY, max_retries=0) as sdk:
+            if not stream:
+                done = await sdk.chat.completions.create(model=AGENT, messages=[{"role": "user", "content": "hi"}])
+                return done.choices[0].message.content or ""
+            parts = await sdk.chat.completions.create(model=AGENT, messages=[{"role": "user", "content": "hi"}],
+                                                      stream=True)
+            return "".join([c.choices[0].delta.content or "" async for c in parts])
+
+    assert asyncio.run(main()) == "async hello"
