@@ -23,6 +23,7 @@ from ember.models.base import ModelClient
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
+from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
 from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline
@@ -32,6 +33,7 @@ from ember.store.jobs import Job, SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
+from ember.tools.approval import ApprovalGate
 from ember.tools.base import ToolRegistry, Toolset
 from ember.tools.files import file_tools
 from ember.tools.workspace import Workspace
@@ -73,6 +75,7 @@ class Runtime:
     traces: SqlTraceStore
     memory: MemoryService
     bus: InProcessBus
+    approvals: ApprovalBroker
     runner: BackgroundRunner
     loop: AgentLoop
     consolidation: ConsolidationWorker
@@ -125,6 +128,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     await memory.open()
     leases = LocalLeases(settings.home_dir / "locks" / "sessions")
     bus = InProcessBus()
+    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s)
+    gated = ApprovalGate(tools if tools is not None else default_tools(settings), settings.tool_policy)
     consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
     runner = BackgroundRunner(
         jobs,
@@ -137,11 +142,11 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
     pipeline = Pipeline(
         context=ContextStage(sessions, memory, persona),
-        inference=InferenceStage(model, tools if tools is not None else default_tools(settings), sessions, limits),
+        inference=InferenceStage(model, gated, sessions, limits),
         response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(settings.consolidation_threshold)),
     )
-    loop = AgentLoop(bus, leases, pipeline, traces)
-    return Runtime(db, sessions, jobs, traces, memory, bus, runner, loop, consolidation)
+    loop = AgentLoop(bus, leases, pipeline, traces, approvals)
+    return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation)
 
 
 @asynccontextmanager

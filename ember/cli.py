@@ -63,7 +63,7 @@ def _setup_logging(settings: Settings, verbose: bool) -> None:
 async def _chat(settings: Settings, model: ModelClient, session: str, message: str | None) -> int:
     runtime = await build_runtime(settings, model)
     async with running(runtime):
-        channel = CliChannel(runtime.bus, out, chat_id=session)
+        channel = CliChannel(runtime.bus, runtime.approvals, out, err, chat_id=session)
         if message is not None:
             answer = await channel.send(message, stream=False)
             if not answer.ok:

@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from ember.core.errors import ConfigError
+from ember.tools.approval import ToolPolicy
 
 CONFIGURE_MODEL_HINT = (
     "export EMBER_MODEL_BASE_URL=https://api.openai.com/v1 "
@@ -31,7 +32,9 @@ CONFIGURE_MODEL_HINT = (
 
 class Settings(BaseSettings):
     # env_ignore_empty: an empty EMBER_MODEL_API_KEY= line in an env file means "not set".
-    model_config = SettingsConfigDict(env_prefix="EMBER_", extra="forbid", env_ignore_empty=True)
+    # Nested tables from the environment: EMBER_TOOL_POLICY__EXECUTE=allow.
+    model_config = SettingsConfigDict(env_prefix="EMBER_", extra="forbid", env_ignore_empty=True,
+                                      env_nested_delimiter="__")
 
     # Set by isolated_settings(): values from code only, no environment, no ember.toml.
     _from_code_only: ClassVar[bool] = False
@@ -53,6 +56,8 @@ class Settings(BaseSettings):
     model_max_attempts: int = Field(default=4, ge=1)
 
     max_tool_iterations: int = Field(default=12, ge=1)
+    # allow / ask / deny per risk class, per tool and by pattern rules (see README).
+    tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
     # A turn with at least this many tool calls triggers the background reviews.
     review_tool_call_threshold: int = Field(default=3, ge=1)
     consolidation_threshold: int = Field(default=40, ge=4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -15,6 +16,8 @@ import pytest
 from ember.app import Runtime, build_runtime, running
 from ember.config import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.journal import TurnJournal
+from ember.core.tools import Decision, ToolAction, ToolRun, Verdict
 from ember.models.base import ModelClient
 from ember.store.database import Database
 from ember.tools.base import Toolset
@@ -116,3 +119,19 @@ def start(settings: Settings):  # type: ignore[no-untyped-def]
                 await harness.close()
 
     return _start
+
+
+class FixedApprover:
+    """Answers every approval request the same way, and remembers what it was asked."""
+
+    def __init__(self, decision: Decision = Decision.DENY) -> None:
+        self.decision = decision
+        self.asked: list[ToolAction] = []
+
+    async def approve(self, action: ToolAction) -> Verdict:
+        self.asked.append(action)
+        return Verdict(self.decision, "user:tester", time.time())
+
+
+def tool_run(approver: FixedApprover | None = None) -> ToolRun:
+    return ToolRun("test:c1", "turn-1", approver or FixedApprover(), TurnJournal())

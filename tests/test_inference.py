@@ -10,7 +10,7 @@ from ember.core.messages import Role, ToolCall
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.inference import iteration_cap_text
-from tests.conftest import session_key
+from tests.conftest import session_key, tool_run
 
 
 def read(path: str, call_id: str = "c1") -> ToolCall:
@@ -122,7 +122,7 @@ async def test_workspace_tools_see_only_the_workspace(tmp_path: Path) -> None:
     tools = ToolRegistry(file_tools(Workspace(root)))
 
     async def run(name: str, **args: object) -> str:
-        return await tools.call(ToolCall(id="c", name=name, arguments=json.dumps(args)))
+        return await tools.call(ToolCall(id="c", name=name, arguments=json.dumps(args)), tool_run())
 
     assert await run("read_file", path="sub/x.txt", start_line=2, end_line=3) == "2\n3\n"
     assert (await run("list_dir", path=".")).splitlines()[1:] == ["escape", "sub/"]

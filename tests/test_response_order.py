@@ -24,6 +24,7 @@ from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
+from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.leases import LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline
 from ember.store.database import Database
@@ -101,7 +102,8 @@ class Rig:
         self.inference = InferenceStage(model, ToolRegistry(), self.store, InferenceLimits())
         self.response = ResponseStage(self.store, RecordingScheduler(self.log), memory, DerivedWorkPolicy(threshold))
         self.loop = AgentLoop(self.bus, LocalLeases(db.path.parent / "locks"),
-                              Pipeline(self.context, self.inference, self.response), SqlTraceStore(db))
+                              Pipeline(self.context, self.inference, self.response), SqlTraceStore(db),
+                              ApprovalBroker(self.bus, timeout_s=5))
 
     async def run_turn(self, text: str, *, stream: bool) -> list[OutboundEvent]:
         """One turn through the loop's own edge, `_on_inbound`; returns what the channel got."""
@@ -203,7 +205,8 @@ async def test_a_turn_cancelled_after_its_commit_delivers_the_committed_answer(d
     rig = Rig(db, reply("committed answer"), threshold=1)
     rig.response = ResponseStage(rig.store, HangingScheduler(rig.log), rig.response._memory, DerivedWorkPolicy(1))
     rig.loop = AgentLoop(rig.bus, LocalLeases(db.path.parent / "locks"),
-                         Pipeline(rig.context, rig.inference, rig.response), SqlTraceStore(db))
+                         Pipeline(rig.context, rig.inference, rig.response), SqlTraceStore(db),
+                         ApprovalBroker(rig.bus, timeout_s=5))
     turn = asyncio.create_task(
         rig.loop._on_inbound(InboundEvent(channel="test", chat_id="c1", sender_id="u", text="q", stream=True))
     )

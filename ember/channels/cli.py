@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from rich.console import Console
 
 from ember.bus.base import Bus
-from ember.core.events import InboundEvent, OutboundKind
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.tools import Decision
+from ember.runtime.approvals import ApprovalBroker, Resolution
 
 CHANNEL = "cli"
 TOOL_PREVIEW_CHARS = 200
+ANSWERS = {"y": Decision.APPROVE_ONCE, "yes": Decision.APPROVE_ONCE, "a": Decision.APPROVE_SESSION,
+           "always": Decision.APPROVE_SESSION}
+
+
+async def read_line(prompt: str) -> str:
+    """A line from stdin (a terminal or a pipe); EOF reads as an empty answer."""
+    try:
+        return await asyncio.to_thread(input, prompt)
+    except EOFError:
+        return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,18 +35,25 @@ class Answer:
 
 
 class CliChannel:
-    def __init__(self, bus: Bus, console: Console, *, chat_id: str, sender_id: str = "local-user") -> None:
+    """`console` shows the conversation; approval questions go to `prompts` and
+    are answered by `ask` (stdin by default)."""
+
+    def __init__(self, bus: Bus, approvals: ApprovalBroker, console: Console, prompts: Console, *, chat_id: str,
+                 sender_id: str = "local-user", ask: Callable[[str], Awaitable[str]] = read_line) -> None:
         self._bus = bus
+        self._approvals = approvals
         self._console = console
+        self._prompts = prompts
         self._chat_id = chat_id
         self._sender_id = sender_id
+        self._ask = ask
 
     async def send(self, text: str, *, stream: bool) -> Answer:
         """One turn. With `stream`, deltas and tool steps are printed as they come
         and the final answer is printed only where it differs from the draft."""
         await self._bus.publish_inbound(
             InboundEvent(channel=CHANNEL, chat_id=self._chat_id, sender_id=self._sender_id, text=text,
-                         message_id=uuid.uuid4().hex, stream=stream)
+                         message_id=uuid.uuid4().hex, stream=stream, can_approve=True)
         )
         draft = ""
         while True:
@@ -49,6 +70,10 @@ class CliChannel:
             elif event.kind is OutboundKind.TOOL_RESULT:
                 preview = " ".join(event.text.split())[:TOOL_PREVIEW_CHARS]
                 self._console.print(f"  ← {preview}", style="dim", markup=False, highlight=False)
+            elif event.kind is OutboundKind.APPROVAL_REQUEST:
+                self._end_line(draft)
+                draft = ""
+                await self._answer(event)
             elif event.kind is OutboundKind.FINAL:
                 if stream:
                     self._show_final(draft, event.text)
@@ -57,6 +82,19 @@ class CliChannel:
                 if stream:
                     self._end_line(draft)
                 return Answer(event.text, ok=False)
+
+    async def _answer(self, event: OutboundEvent) -> None:
+        assert event.approval is not None
+        request = event.approval
+        self._prompts.print(f"[bold yellow]?[/bold yellow] {event.text}", highlight=False)
+        self._prompts.print(f"  [y]es once, [a]lways in this session, [N]o (denied after {request.timeout_s:g} s): ",
+                            end="", markup=False, highlight=False)
+        answer = (await self._ask("")).strip().lower()
+        decision = ANSWERS.get(answer, Decision.DENY)
+        outcome = self._approvals.resolve(request.id, decision, by=self._sender_id,
+                                          scope=f"{CHANNEL}:{self._chat_id}")
+        if outcome is not Resolution.RESOLVED:
+            self._prompts.print("  too late: nobody answered in time, so it was denied", style="dim")
 
     def _show_final(self, draft: str, final: str) -> None:
         if draft == final:

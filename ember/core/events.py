@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ember.core.messages import ToolCall
+from ember.core.tools import ApprovalRequest
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -15,7 +16,8 @@ class InboundEvent:
     """A user message accepted by a channel.
 
     `message_id` is the platform's own id for the message, when it has one.
-    `stream` asks for deltas as the answer is generated.
+    `stream` asks for deltas as the answer is generated. `can_approve` says
+    the channel can put an approval request to a person and return the answer.
     """
 
     channel: str
@@ -24,6 +26,7 @@ class InboundEvent:
     text: str
     message_id: str | None = None
     stream: bool = False
+    can_approve: bool = False
     metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
@@ -35,6 +38,7 @@ class OutboundKind(enum.StrEnum):
     DELTA = "delta"
     TOOL_CALL = "tool_call"
     TOOL_RESULT = "tool_result"
+    APPROVAL_REQUEST = "approval_request"
     FINAL = "final"
     ERROR = "error"
 
@@ -45,7 +49,8 @@ class OutboundEvent:
 
     A FINAL with `stream_full_text` carries the whole answer: channels replace
     the streamed draft with it rather than appending it. TOOL_CALL and
-    TOOL_RESULT events name their call in `tool_call`.
+    TOOL_RESULT events name their call in `tool_call`; an APPROVAL_REQUEST
+    carries its request in `approval`, and a channel answers it by id.
     """
 
     channel: str
@@ -56,3 +61,4 @@ class OutboundEvent:
     reply_to: str | None = None
     stream_full_text: bool = False
     tool_call: ToolCall | None = None
+    approval: ApprovalRequest | None = None

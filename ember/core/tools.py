@@ -1,9 +1,12 @@
-"""What a model is told about a tool."""
+"""What a model is told about a tool, and what a person is asked before a risky call."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from ember.core.journal import TurnJournal
 
 
 @dataclass(frozen=True, slots=True)
@@ -11,3 +14,69 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict[str, Any]
+
+
+class Risk(enum.StrEnum):
+    READ = "read"
+    WRITE = "write"
+    EXECUTE = "execute"
+    NETWORK = "network"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolAction:
+    """A validated call as a person would judge it.
+
+    `subject` is what pattern rules match (a command, a path, a URL); `summary`
+    says in plain words what will happen.
+    """
+
+    tool: str
+    risk: Risk
+    subject: str
+    summary: str
+
+
+class Decision(enum.StrEnum):
+    APPROVE_ONCE = "approve_once"
+    APPROVE_SESSION = "approve_session"
+    DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How an approval ended: the decision, who made it and when."""
+
+    decision: Decision
+    decided_by: str  # "policy", "session-grant", "timeout", "channel", or "user:<identity>"
+    decided_at: float
+    reason: str = ""
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision is not Decision.DENY
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    id: str
+    session_key: str
+    turn_id: str
+    action: ToolAction
+    timeout_s: float
+
+
+class Approver(Protocol):
+    """Asks the person behind a turn's channel; a silence past the timeout is a denial."""
+
+    async def approve(self, action: ToolAction) -> Verdict: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRun:
+    """What a tool call may know of the turn it runs in."""
+
+    session_key: str
+    turn_id: str
+    approver: Approver
+    journal: TurnJournal

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ember.core.events import InboundEvent
 from ember.core.messages import Message, Role, Session
@@ -12,6 +12,9 @@ from ember.memory.service import MemoryService
 from ember.store.sessions import SessionStore
 
 StreamFactory = Callable[[str], StreamSink]
+
+# A tool result is stored whole; the model is shown its first characters only.
+MODEL_RESULT_CHARS = 16_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +37,15 @@ def merge_intro(intro: str, text: str) -> str:
     return f"{intro}\n\n{text}" if intro else text
 
 
+def shown_to_model(message: Message) -> Message:
+    """The message as the model sees it: long tool output cut, with a note saying so."""
+    if message.role is not Role.TOOL or len(message.content) <= MODEL_RESULT_CHARS:
+        return message
+    note = (f"\n[output truncated: showing {MODEL_RESULT_CHARS} of {len(message.content)} characters; "
+            "ask for a narrower range to see more]")
+    return replace(message, content=message.content[:MODEL_RESULT_CHARS] + note)
+
+
 class ContextStage:
     def __init__(self, sessions: SessionStore, memory: MemoryService, persona: Persona) -> None:
         self._sessions = sessions
@@ -51,7 +63,7 @@ class ContextStage:
         await self._sessions.append(session, [Message.user(event.text, turn_id=turn_id)])
         intro = self._intro(event) if is_new else ""
         prompt = [Message.system(await self._system_text(session))]
-        prompt += [message.without_reasoning() for message in session.messages]
+        prompt += [shown_to_model(message.without_reasoning()) for message in session.messages]
         return PipelineContext(
             event=event,
             turn_id=turn_id,

@@ -9,13 +9,16 @@ the stored history never holds a call without its results (I3).
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 from ember.core.errors import ModelError
 from ember.core.messages import Message, ToolCall
 from ember.core.thinking import ThinkFilter
+from ember.core.tools import ToolRun
 from ember.core.turn import InferenceResult, PipelineContext
 from ember.models.base import ModelClient, ModelReply, TextDelta
+from ember.pipeline.context import shown_to_model
 from ember.store.sessions import SessionStore
 from ember.tools.base import Toolset
 
@@ -54,22 +57,26 @@ class InferenceStage:
         self._sessions = sessions
         self._limits = limits
 
-    async def run(self, ctx: PipelineContext) -> InferenceResult:
+    async def run(self, ctx: PipelineContext, tools: ToolRun) -> InferenceResult:
+        """`tools` carries the turn's approver and journal to the tool calls."""
         messages = list(ctx.prompt)
         tool_names: list[str] = []
         usage = _Usage()
         for _ in range(self._limits.max_iterations):
+            started = time.perf_counter()
             reply = await self._model_step(ctx, messages)
+            tools.journal.model_call(self._model.name, started, input_tokens=reply.input_tokens,
+                                     output_tokens=reply.output_tokens, tool_calls=len(reply.tool_calls))
             usage.add(reply)
             if not reply.tool_calls:
                 return self._result(reply.text, tool_names, usage)
             assistant = Message.assistant(
                 reply.text, tool_calls=reply.tool_calls, reasoning=reply.reasoning, turn_id=ctx.turn_id
             )
-            step = [assistant, *await self._run_tools(ctx, reply.tool_calls)]
+            step = [assistant, *await self._run_tools(ctx, tools, reply.tool_calls)]
             await self._sessions.append(ctx.session, step)
             # The stored copies: the store strips reasoning tags from assistant text (I4).
-            messages += ctx.session.messages[-len(step):]
+            messages += [shown_to_model(m) for m in ctx.session.messages[-len(step):]]
             tool_names += [call.name for call in reply.tool_calls]
         return self._result(iteration_cap_text(self._limits.max_iterations), tool_names, usage)
 
@@ -84,15 +91,21 @@ class InferenceStage:
                 await ctx.stream.delta(visible.feed(event.text))
         raise ModelError(f"model {self._model.name} ended its stream without a reply")
 
-    async def _run_tools(self, ctx: PipelineContext, calls: tuple[ToolCall, ...]) -> list[Message]:
+    async def _run_tools(self, ctx: PipelineContext, tools: ToolRun, calls: tuple[ToolCall, ...]) -> list[Message]:
         if ctx.stream is not None:
             for call in calls:
                 await ctx.stream.tool_call(call)
-        outputs = await asyncio.gather(*(self._tools.call(call) for call in calls))
+        outputs = await asyncio.gather(*(self._call(call, tools) for call in calls))
         if ctx.stream is not None:
             for call, output in zip(calls, outputs):
                 await ctx.stream.tool_result(call, output)
         return [Message.tool_result(call.id, output, turn_id=ctx.turn_id) for call, output in zip(calls, outputs)]
+
+    async def _call(self, call: ToolCall, tools: ToolRun) -> str:
+        started = time.perf_counter()
+        output = await self._tools.call(call, tools)
+        tools.journal.tool_call(call.id, call.name, call.arguments, started, output)
+        return output
 
     def _result(self, text: str, tool_names: list[str], usage: _Usage) -> InferenceResult:
         review = len(tool_names) >= self._limits.review_tool_call_threshold

@@ -26,12 +26,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from ember.bus.base import Bus
 from ember.core.errors import EmberError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.journal import TurnJournal
 from ember.core.leases import SessionLeases
 from ember.core.messages import Role
+from ember.core.tools import ToolRun
 from ember.core.turn import PipelineContext
 from ember.pipeline.context import ContextStage
 from ember.pipeline.inference import InferenceStage
 from ember.pipeline.response import ResponseStage
+from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.streaming import StreamPublisher
 from ember.runtime.tasks import cancel_task, stop_tasks
 from ember.store.traces import SqlTraceStore, TurnTrace
@@ -72,11 +75,13 @@ def error_text(exc: BaseException, turn_id: str) -> str:
 
 
 class AgentLoop:
-    def __init__(self, bus: Bus, leases: SessionLeases, pipeline: Pipeline, traces: SqlTraceStore) -> None:
+    def __init__(self, bus: Bus, leases: SessionLeases, pipeline: Pipeline, traces: SqlTraceStore,
+                 approvals: ApprovalBroker) -> None:
         self._bus = bus
         self._leases = leases
         self._pipeline = pipeline
         self._traces = traces
+        self._approvals = approvals
         self._turns: set[asyncio.Task[None]] = set()
         self._consumer: asyncio.Task[None] | None = None
 
@@ -101,9 +106,10 @@ class AgentLoop:
         turn_id = uuid.uuid4().hex
         trace = TurnTrace(turn_id=turn_id, session_key=event.session_key, started_at=time.time())
         progress = _Progress()
+        journal = TurnJournal()
         try:
             async with self._leases.hold(event.session_key):
-                await self._run_turn(event, turn_id, trace, progress)
+                await self._run_turn(event, turn_id, journal, progress)
             trace.status = "ok"
         except asyncio.CancelledError:
             trace.status, trace.error = "cancelled", "the turn was stopped before it finished"
@@ -118,6 +124,7 @@ class AgentLoop:
             trace.status, trace.error = "failed", f"{type(exc).__name__}: {exc}"
             await self._publish(event, turn_id, OutboundKind.ERROR, error_text(exc, turn_id))
         finally:
+            trace.detail.update(journal.as_dict())
             await self._record(trace)
 
     async def _record(self, trace: TurnTrace) -> None:
@@ -127,19 +134,20 @@ class AgentLoop:
         except SQLAlchemyError:
             log.warning("could not record the trace of turn %s", trace.turn_id, exc_info=True)
 
-    async def _run_turn(self, event: InboundEvent, turn_id: str, trace: TurnTrace, progress: _Progress) -> None:
+    async def _run_turn(self, event: InboundEvent, turn_id: str, journal: TurnJournal, progress: _Progress) -> None:
         def open_stream(prefix: str) -> StreamPublisher:
             return StreamPublisher(self._bus, event, turn_id, prefix=prefix)
 
+        started = time.perf_counter()
         ctx = progress.ctx = await self._pipeline.context.prepare(event, turn_id, open_stream if event.stream else None)
-        result = await self._pipeline.inference.run(ctx)
-        trace.detail.update(
-            model_calls=result.model_calls,
-            tool_calls=list(result.tool_names),
-            input_tokens=result.input_tokens,
-            output_tokens=result.output_tokens,
-        )
+        journal.stage("context", started)
+        started = time.perf_counter()
+        tools = ToolRun(event.session_key, turn_id, self._approvals.for_turn(event, turn_id), journal)
+        result = await self._pipeline.inference.run(ctx, tools)
+        journal.stage("inference", started)
+        started = time.perf_counter()
         done = await self._pipeline.response.finalize(ctx, result)
+        journal.stage("response", started)
         if not done.outbound_sent:
             await self._publish(event, turn_id, OutboundKind.FINAL, done.response_text)
         progress.delivered = True

@@ -7,29 +7,22 @@ all come back as text starting with "Error:".
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from ember.core.messages import ToolCall
-from ember.core.tools import ToolSpec
+from ember.core.tools import Risk, ToolAction, ToolRun, ToolSpec
 
 log = logging.getLogger(__name__)
 
-MAX_RESULT_CHARS = 16_000
+# What the store keeps of one result; the model is shown less (see pipeline.prompt).
+MAX_STORED_RESULT_CHARS = 1_000_000
 
 Args = TypeVar("Args", bound=BaseModel)
-
-
-class Risk(enum.StrEnum):
-    READ = "read"
-    WRITE = "write"
-    EXECUTE = "execute"
-    NETWORK = "network"
 
 
 class ToolFailure(Exception):
@@ -40,47 +33,63 @@ class Tool(Protocol):
     @property
     def spec(self) -> ToolSpec: ...
 
-    @property
-    def risk(self) -> Risk: ...
+    def describe(self, arguments: dict[str, Any]) -> ToolAction:
+        """The call as a person would judge it; ToolFailure when the arguments are invalid."""
+        ...
 
-    async def run(self, arguments: dict[str, object]) -> str: ...
+    async def run(self, arguments: dict[str, Any]) -> str: ...
 
 
 class FunctionTool(Generic[Args]):
     """A tool from an async function taking one pydantic model: the model's JSON
-    schema is what the LLM sees, and it validates the arguments before the call."""
+    schema is what the LLM sees, and it validates the arguments before the call.
+
+    `subject` names what the call acts on (a path, a command, a URL), for
+    approval rules and prompts; `verb` says what it does ("write the file").
+    """
 
     def __init__(self, name: str, description: str, args: type[Args], fn: Callable[[Args], Awaitable[str]],
-                 *, risk: Risk) -> None:
+                 *, risk: Risk, subject: Callable[[Args], str] | None = None, verb: str | None = None) -> None:
         self._args = args
         self._fn = fn
         self._risk = risk
+        self._subject = subject
+        self._verb = verb or f"call {name} with"
         self._spec = ToolSpec(name=name, description=description, parameters=args.model_json_schema())
 
     @property
     def spec(self) -> ToolSpec:
         return self._spec
 
-    @property
-    def risk(self) -> Risk:
-        return self._risk
+    def describe(self, arguments: dict[str, Any]) -> ToolAction:
+        parsed = self._parse(arguments)
+        subject = self._subject(parsed) if self._subject else parsed.model_dump_json(exclude_defaults=True)
+        return ToolAction(tool=self._spec.name, risk=self._risk, subject=subject, summary=f"{self._verb} {subject}")
 
-    async def run(self, arguments: dict[str, object]) -> str:
+    async def run(self, arguments: dict[str, Any]) -> str:
+        return await self._fn(self._parse(arguments))
+
+    def _parse(self, arguments: dict[str, Any]) -> Args:
         try:
-            parsed = self._args.model_validate(arguments)
+            return self._args.model_validate(arguments)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
             raise ToolFailure(f"invalid arguments for {self._spec.name}: {problems}") from exc
-        return await self._fn(parsed)
 
 
 class Toolset(Protocol):
     def specs(self) -> list[ToolSpec]: ...
 
-    async def call(self, call: ToolCall) -> str: ...
+    def describe(self, call: ToolCall) -> ToolAction:
+        """The call as a person would judge it; ToolFailure for an unknown tool or invalid arguments."""
+        ...
+
+    async def call(self, call: ToolCall, run: ToolRun) -> str:
+        """Run the call; every failure is a result starting with "Error:"."""
+        ...
 
 
-def cap_result(text: str, limit: int = MAX_RESULT_CHARS) -> str:
+def cap_result(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n[output truncated: showing {limit} of {len(text)} characters]"
@@ -101,20 +110,30 @@ class ToolRegistry:
     def specs(self) -> list[ToolSpec]:
         return [tool.spec for tool in self._tools.values()]
 
-    async def call(self, call: ToolCall) -> str:
-        tool = self._tools.get(call.name)
-        if tool is None:
-            return f"Error: there is no tool named {call.name!r}. Available: {', '.join(self._tools) or 'none'}."
+    def describe(self, call: ToolCall) -> ToolAction:
+        tool, arguments = self._resolve(call)
+        return tool.describe(arguments)
+
+    async def call(self, call: ToolCall, run: ToolRun) -> str:
         try:
-            arguments = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError as exc:
-            return f"Error: the arguments for {call.name} are not valid JSON ({exc.msg} at position {exc.pos})."
-        if not isinstance(arguments, dict):
-            return f"Error: the arguments for {call.name} must be a JSON object."
-        try:
-            return cap_result(await tool.run(arguments))
+            tool, arguments = self._resolve(call)
+            return cap_result(await tool.run(arguments), MAX_STORED_RESULT_CHARS)
         except ToolFailure as exc:
             return f"Error: {exc}"
         except Exception as exc:  # a tool's own bug is the model's result, not the turn's crash
             log.warning("tool %s raised", call.name, exc_info=True)
             return f"Error: {call.name} failed unexpectedly: {type(exc).__name__}: {exc}"
+
+    def _resolve(self, call: ToolCall) -> tuple[Tool, dict[str, Any]]:
+        tool = self._tools.get(call.name)
+        if tool is None:
+            raise ToolFailure(f"there is no tool named {call.name!r}. Available: {', '.join(self._tools) or 'none'}.")
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            raise ToolFailure(
+                f"the arguments for {call.name} are not valid JSON ({exc.msg} at position {exc.pos})."
+            ) from exc
+        if not isinstance(arguments, dict):
+            raise ToolFailure(f"the arguments for {call.name} must be a JSON object.")
+        return tool, arguments

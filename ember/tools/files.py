@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from ember.tools.base import FunctionTool, Risk, ToolFailure
+from ember.core.tools import Risk
+from ember.tools.base import FunctionTool, ToolFailure
 from ember.tools.workspace import Workspace
 
 MAX_READ_BYTES = 2_000_000
@@ -59,7 +60,7 @@ def file_tools(workspace: Workspace) -> list[FunctionTool]:
 
     return [
         FunctionTool("read_file", "Read a text file from the workspace, optionally a range of lines.",
-                     ReadFileArgs, read_file, risk=Risk.READ),
+                     ReadFileArgs, read_file, risk=Risk.READ, subject=lambda a: a.path, verb="read the file"),
         FunctionTool("list_dir", "List the entries of a directory in the workspace.", ListDirArgs, list_dir,
-                     risk=Risk.READ),
+                     risk=Risk.READ, subject=lambda a: a.path, verb="list the directory"),
     ]

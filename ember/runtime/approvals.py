@@ -1,0 +1,93 @@
+"""Approval requests in flight: sent through the turn's channel, answered by id.
+
+A turn's approver publishes an APPROVAL_REQUEST to the channel the turn came
+from and waits; the channel (the terminal's prompt, the gateway's
+`POST /api/approvals/{id}`) resolves it. Silence past the timeout, or a channel
+that cannot ask, is a denial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+import uuid
+from dataclasses import dataclass
+
+from ember.bus.base import Bus
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.tools import ApprovalRequest, Decision, ToolAction, Verdict
+
+
+class Resolution(enum.Enum):
+    RESOLVED = "resolved"
+    NOT_FOUND = "not_found"  # unknown, expired, or not the caller's to answer
+    ALREADY_DECIDED = "already_decided"
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: ApprovalRequest
+    answer: asyncio.Future[Verdict]
+
+
+class ApprovalBroker:
+    def __init__(self, bus: Bus, timeout_s: float) -> None:
+        self._bus = bus
+        self._timeout_s = timeout_s
+        self._pending: dict[str, _Pending] = {}
+
+    def for_turn(self, event: InboundEvent, turn_id: str) -> TurnApprover:
+        return TurnApprover(self, event, turn_id)
+
+    def pending(self, scope: str) -> list[ApprovalRequest]:
+        return [p.request for p in self._pending.values() if _within(p.request.session_key, scope)]
+
+    def resolve(self, approval_id: str, decision: Decision, *, by: str, scope: str) -> Resolution:
+        """Answer a request if its session is within `scope` (a session key, or a
+        namespace ending in ':'): another caller's request does not exist for it."""
+        pending = self._pending.get(approval_id)
+        if pending is None or not _within(pending.request.session_key, scope):
+            return Resolution.NOT_FOUND
+        if pending.answer.done():
+            return Resolution.ALREADY_DECIDED
+        pending.answer.set_result(Verdict(decision, f"user:{by}", time.time()))
+        return Resolution.RESOLVED
+
+    async def ask(self, event: InboundEvent, turn_id: str, action: ToolAction) -> Verdict:
+        if not event.can_approve:
+            return Verdict(Decision.DENY, "channel", time.time(),
+                           f"it needs approval, and the {event.channel} channel cannot ask for it")
+        request = ApprovalRequest(id=uuid.uuid4().hex, session_key=event.session_key, turn_id=turn_id,
+                                  action=action, timeout_s=self._timeout_s)
+        pending = _Pending(request, asyncio.get_running_loop().create_future())
+        self._pending[request.id] = pending
+        try:
+            await self._bus.publish_outbound(OutboundEvent(
+                channel=event.channel, chat_id=event.chat_id, kind=OutboundKind.APPROVAL_REQUEST,
+                text=f"Allow Ember to {action.summary}? ({action.risk.value})", turn_id=turn_id,
+                reply_to=event.message_id, approval=request,
+            ))
+            async with asyncio.timeout(self._timeout_s):
+                return await pending.answer
+        except TimeoutError:
+            return Verdict(Decision.DENY, "timeout", time.time(),
+                           f"nobody answered the approval request within {self._timeout_s:g} s")
+        finally:
+            del self._pending[request.id]
+
+
+def _within(session_key: str, scope: str) -> bool:
+    return session_key == scope or (scope.endswith(":") and session_key.startswith(scope))
+
+
+class TurnApprover:
+    """The Approver of one turn: asks through the channel the turn came from."""
+
+    def __init__(self, broker: ApprovalBroker, event: InboundEvent, turn_id: str) -> None:
+        self._broker = broker
+        self._event = event
+        self._turn_id = turn_id
+
+    async def approve(self, action: ToolAction) -> Verdict:
+        return await self._broker.ask(self._event, self._turn_id, action)

@@ -1,0 +1,104 @@
+"""Permission to act: a policy per tool and risk class, and the gate that applies it.
+
+    decide(action):  the first rule whose tool and subject patterns match,
+                     else the tool's own setting, else its risk class's.
+    allow -> run;  deny -> an "Error:" result;  ask -> the turn's approver asks
+    the person behind the channel, and silence past the timeout denies.
+
+"Approve always for this session" lets that tool run unasked for the rest of
+the session. Every verdict goes into the turn's journal: who, what, when.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections import defaultdict
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ember.core.messages import ToolCall
+from ember.core.tools import Decision, Risk, ToolAction, ToolRun, ToolSpec, Verdict
+from ember.tools.base import ToolFailure, Toolset
+
+Choice = Literal["allow", "ask", "deny"]
+
+
+class Rule(BaseModel):
+    """Matches a call by tool name and subject (shell-style patterns, e.g. `pytest*`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tool: str = "*"
+    subject: str = "*"
+    decision: Choice
+
+
+class ToolPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    read: Choice = "allow"
+    write: Choice = "ask"
+    execute: Choice = "ask"
+    network: Choice = "ask"
+    # Per tool name; MCP tools are named `server__tool`, and `server__*` covers a server.
+    tools: dict[str, Choice] = Field(default_factory=dict)
+    # Checked in order before everything else; the first match decides.
+    rules: list[Rule] = Field(default_factory=list)
+    # How long an approval request waits for an answer before it counts as a denial.
+    timeout_s: float = Field(default=120.0, gt=0)
+
+    def decide(self, action: ToolAction) -> Choice:
+        for rule in self.rules:
+            if fnmatch.fnmatchcase(action.tool, rule.tool) and fnmatch.fnmatchcase(action.subject, rule.subject):
+                return rule.decision
+        for pattern, choice in self.tools.items():
+            if fnmatch.fnmatchcase(action.tool, pattern):
+                return choice
+        by_risk: dict[Risk, Choice] = {Risk.READ: self.read, Risk.WRITE: self.write, Risk.EXECUTE: self.execute,
+                                       Risk.NETWORK: self.network}
+        return by_risk[action.risk]
+
+
+def denial_text(action: ToolAction, verdict: Verdict) -> str:
+    why = verdict.reason or "the user said no"
+    return (f"Error: not permitted to {action.summary} ({why}). Do not retry it; "
+            "tell the user what you wanted to do and why.")
+
+
+class ApprovalGate:
+    """A Toolset around another that asks before the calls its policy says to ask about."""
+
+    def __init__(self, inner: Toolset, policy: ToolPolicy) -> None:
+        self._inner = inner
+        self._policy = policy
+        self._session_grants: defaultdict[str, set[str]] = defaultdict(set)
+
+    def specs(self) -> list[ToolSpec]:
+        return self._inner.specs()
+
+    def describe(self, call: ToolCall) -> ToolAction:
+        return self._inner.describe(call)
+
+    async def call(self, call: ToolCall, run: ToolRun) -> str:
+        try:
+            action = self._inner.describe(call)
+        except ToolFailure as exc:  # invalid calls are the model's to fix; nobody is asked about them
+            return f"Error: {exc}"
+        verdict = await self._verdict(action, run)
+        run.journal.approval(call.id, action.tool, action.subject, verdict.decision.value, verdict.decided_by,
+                             verdict.decided_at, verdict.reason)
+        if not verdict.allowed:
+            return denial_text(action, verdict)
+        if verdict.decision is Decision.APPROVE_SESSION:
+            self._session_grants[run.session_key].add(action.tool)
+        return await self._inner.call(call, run)
+
+    async def _verdict(self, action: ToolAction, run: ToolRun) -> Verdict:
+        choice = self._policy.decide(action)
+        if choice == "allow":
+            return Verdict(Decision.APPROVE_ONCE, "policy", time.time())
+        if choice == "deny":
+            return Verdict(Decision.DENY, "policy", time.time(), "the tool policy denies it")
+        if action.tool in self._session_grants[run.session_key]:
+            return Verdict(Decision.APPROVE_ONCE, "session-grant", time.time())
+        return await run.approver.approve(action)
