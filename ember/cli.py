@@ -21,10 +21,13 @@ from ember.core.errors import EmberError
 from ember.models.base import ModelClient
 from ember.models.demo import LABEL, demo_model
 from ember.store.sessions import SqlSessionStore
+from ember.store.traces import SqlTraceStore
 
 app = typer.Typer(help="Ember: a self-hosted AI agent runtime.", no_args_is_help=True, add_completion=False)
 sessions_app = typer.Typer(help="Inspect stored sessions.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
+trace_app = typer.Typer(help="What a turn did: stages, model calls, tool calls, approvals.", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
 
 # soft_wrap: never break a line a user may copy (the configure hint) at the terminal width.
 out = Console(highlight=False, soft_wrap=True)
@@ -215,6 +218,46 @@ def sessions_show(
             calls = " ".join(f"[{c.name}({c.arguments})]" for c in m.tool_calls)
             out.print(f"[bold]{m.seq:>5} {m.role.value:<9}[/bold]", end=" ")
             out.print(f"{m.content} {calls}".strip(), markup=False)
+        return 0
+
+    _run(main())
+
+
+@trace_app.command("list")
+def trace_list(
+    session: Annotated[str | None, typer.Option("--session", "-s", help="Only this session key.")] = None,
+    limit: Annotated[int, typer.Option(help="How many turns.")] = 20,
+) -> None:
+    """The latest turns, newest first."""
+    settings = _settings()
+
+    async def main() -> int:
+        async with open_database(settings) as db:
+            traces = await SqlTraceStore(db).recent(limit, session)
+        table = Table("turn", "session", "status", "started", "tool calls")
+        for t in traces:
+            tool_calls = len(t.detail.get("tool_calls", []))
+            table.add_row(t.turn_id, t.session_key, t.status, _when(t.started_at), str(tool_calls))
+        out.print(table if traces else "No turns recorded yet.")
+        return 0
+
+    _run(main())
+
+
+@trace_app.command("show")
+def trace_show(turn_id: Annotated[str, typer.Argument(help="A turn id (`ember trace list` shows them).")]) -> None:
+    """A turn's stages, model calls, tool calls and approval decisions."""
+    from ember.trace_view import show_trace
+
+    settings = _settings()
+
+    async def main() -> int:
+        async with open_database(settings) as db:
+            trace = await SqlTraceStore(db).get(turn_id)
+        if trace is None:
+            err.print(f"no turn {turn_id!r}; `ember trace list` shows recent ones", markup=False)
+            return 1
+        show_trace(trace, out)
         return 0
 
     _run(main())

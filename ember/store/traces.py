@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import Row, insert, select
 
 from ember.store import schema
 from ember.store.database import Database
@@ -45,16 +45,26 @@ class SqlTraceStore:
         t = schema.traces
         async with self._db.read() as conn:
             row = (await conn.execute(select(t).where(t.c.turn_id == turn_id))).first()
-        if row is None:
-            return None
-        return TurnTrace(
-            turn_id=row.turn_id, session_key=row.session_key, started_at=row.started_at,
-            finished_at=row.finished_at, status=row.status, error=row.error, detail=json.loads(row.detail),
-        )
+        return None if row is None else _trace(row)
 
     async def for_session(self, session_key: str) -> list[TurnTrace]:
         t = schema.traces
-        query = select(t.c.turn_id).where(t.c.session_key == session_key).order_by(t.c.started_at)
+        query = select(t).where(t.c.session_key == session_key).order_by(t.c.started_at)
         async with self._db.read() as conn:
-            rows = (await conn.execute(query)).all()
-        return [trace for row in rows if (trace := await self.get(row.turn_id)) is not None]
+            return [_trace(row) for row in (await conn.execute(query)).all()]
+
+    async def recent(self, limit: int, session_key: str | None = None) -> list[TurnTrace]:
+        """The latest turns, newest first."""
+        t = schema.traces
+        query = select(t).order_by(t.c.started_at.desc()).limit(limit)
+        if session_key is not None:
+            query = query.where(t.c.session_key == session_key)
+        async with self._db.read() as conn:
+            return [_trace(row) for row in (await conn.execute(query)).all()]
+
+
+def _trace(row: Row[Any]) -> TurnTrace:
+    return TurnTrace(
+        turn_id=row.turn_id, session_key=row.session_key, started_at=row.started_at,
+        finished_at=row.finished_at, status=row.status, error=row.error, detail=json.loads(row.detail),
+    )

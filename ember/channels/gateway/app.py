@@ -27,6 +27,7 @@ from ember.channels.gateway.native_api import NativeApi
 from ember.channels.gateway.openai_api import OpenAIApi
 from ember.channels.gateway.schemas import openapi_document
 from ember.channels.gateway.turns import TurnRouter
+from ember.runtime.approvals import ApprovalBroker
 from ember.store.jobs import SqlJobStore
 from ember.store.sessions import SqlSessionStore
 
@@ -92,12 +93,12 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return ApiError(500, f"internal error ({type(exc).__name__}); see the server log").response()
 
 
-def create_app(router: TurnRouter, sessions: SqlSessionStore, jobs: SqlJobStore, keys: ApiKeys,
-               options: GatewayOptions, *,
+def create_app(router: TurnRouter, sessions: SqlSessionStore, jobs: SqlJobStore, approvals: ApprovalBroker,
+               keys: ApiKeys, options: GatewayOptions, *,
                lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None) -> Starlette:
     metrics = GatewayMetrics()
     openai_api = OpenAIApi(router, metrics, agent_id=options.agent_id, max_body_bytes=options.max_body_bytes)
-    native_api = NativeApi(router, sessions, metrics, max_body_bytes=options.max_body_bytes)
+    native_api = NativeApi(router, sessions, approvals, metrics, max_body_bytes=options.max_body_bytes)
     document = openapi_document("Ember gateway", __version__)
 
     async def healthz(request: Request) -> Response:

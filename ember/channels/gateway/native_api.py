@@ -1,5 +1,6 @@
-"""Ember's own API: sessions, their committed history, and turns streamed as typed
-Server-Sent Events (`delta`, `tool_call`, `tool_result`, `final`, `error`).
+"""Ember's own API: sessions, their committed history, turns streamed as typed
+Server-Sent Events (`delta`, `tool_call`, `tool_result`, `approval_request`,
+`final`, `error`), and the answers to approval requests.
 
 Every route sees only the caller's sessions: another identity's session does
 not exist for it (404, never 403, so keys cannot be probed).
@@ -26,19 +27,30 @@ from ember.channels.gateway.http import (
     sse,
 )
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
-from ember.channels.gateway.schemas import MessageRequest
-from ember.channels.gateway.turns import TurnRouter, session_key
+from ember.channels.gateway.schemas import ApprovalAnswer, MessageRequest
+from ember.channels.gateway.turns import TurnRouter, namespace, session_key
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message
+from ember.core.tools import ApprovalRequest, Decision
+from ember.runtime.approvals import ApprovalBroker, Resolution
 from ember.store.sessions import SqlSessionStore
 
 
-def event_payload(event: OutboundEvent) -> dict[str, Any]:
+def approval_payload(request: ApprovalRequest, identity: str) -> dict[str, Any]:
+    action = request.action
+    return {"id": request.id, "session": request.session_key.removeprefix(namespace(identity)),
+            "tool": action.tool, "risk": action.risk.value, "subject": action.subject, "summary": action.summary,
+            "timeout_s": request.timeout_s}
+
+
+def event_payload(event: OutboundEvent, identity: str) -> dict[str, Any]:
     payload: dict[str, Any] = {"turn_id": event.turn_id, "text": event.text}
     if event.tool_call is not None:
         payload.update(call_id=event.tool_call.id, name=event.tool_call.name)
         if event.kind is OutboundKind.TOOL_CALL:
             payload["arguments"] = event.tool_call.arguments
+    if event.approval is not None:
+        payload.update(approval_payload(event.approval, identity))
     return payload
 
 
@@ -47,10 +59,11 @@ def message_payload(message: Message) -> dict[str, Any]:
 
 
 class NativeApi:
-    def __init__(self, router: TurnRouter, sessions: SqlSessionStore, metrics: GatewayMetrics, *,
-                 max_body_bytes: int) -> None:
+    def __init__(self, router: TurnRouter, sessions: SqlSessionStore, approvals: ApprovalBroker,
+                 metrics: GatewayMetrics, *, max_body_bytes: int) -> None:
         self._router = router
         self._sessions = sessions
+        self._approvals = approvals
         self._metrics = metrics
         self._max_body_bytes = max_body_bytes
 
@@ -59,10 +72,30 @@ class NativeApi:
             Route("/api/sessions", self.list_sessions, methods=["GET"]),
             Route("/api/sessions/{key}/messages", self.history, methods=["GET"]),
             Route("/api/sessions/{key}/messages", self.send, methods=["POST"]),
+            Route("/api/approvals", self.pending_approvals, methods=["GET"]),
+            Route("/api/approvals/{id}", self.answer_approval, methods=["POST"]),
         ]
 
+    async def pending_approvals(self, request: Request) -> Response:
+        identity = request.state.identity
+        pending = self._approvals.pending(namespace(identity))
+        return JSONResponse({"approvals": [approval_payload(r, identity) for r in pending]})
+
+    async def answer_approval(self, request: Request) -> Response:
+        identity = request.state.identity
+        body = await read_json(request, ApprovalAnswer, self._max_body_bytes)
+        approval_id = request.path_params["id"]
+        outcome = self._approvals.resolve(approval_id, Decision(body.decision), by=identity,
+                                          scope=namespace(identity))
+        if outcome is Resolution.NOT_FOUND:
+            raise ApiError(404, f"no pending approval request {approval_id[:64]!r} (it may have timed out)",
+                           code="approval_not_found")
+        if outcome is Resolution.ALREADY_DECIDED:
+            raise ApiError(409, "this approval request was already answered", code="approval_decided")
+        return JSONResponse({"id": approval_id, "decision": body.decision})
+
     async def list_sessions(self, request: Request) -> Response:
-        prefix = session_key(request.state.identity, "")
+        prefix = namespace(request.state.identity)
         rows = await self._sessions.list_sessions(prefix)
         return JSONResponse({"sessions": [
             {"key": row.key.removeprefix(prefix), "messages": row.message_count, "updated_at": row.updated_at}
@@ -86,7 +119,7 @@ class NativeApi:
 
     async def _stream(self, identity: str, key: str, text: str, clock: TurnClock) -> AsyncIterator[bytes]:
         try:
-            async with self._router.turn(identity, key, text, stream=True) as queue:
+            async with self._router.turn(identity, key, text, stream=True, can_approve=True) as queue:
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
                     if event is None:
@@ -94,7 +127,7 @@ class NativeApi:
                         continue
                     if event.kind is OutboundKind.DELTA:
                         clock.delta()
-                    yield sse(event.kind.value, event_payload(event))
+                    yield sse(event.kind.value, event_payload(event, identity))
                     if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
                         clock.closed(event.kind.value)
                         return

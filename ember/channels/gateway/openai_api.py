@@ -9,7 +9,8 @@ Streaming sends only visible text. The final answer reconciles the draft: what
 the deltas have not yet said of it is sent as one more delta, so the deltas of
 the answering step add up to the committed answer, and it is never sent twice.
 Text a model writes before calling a tool is streamed too, followed by a blank
-line; the tool calls themselves are not part of this protocol's output.
+line; the tool calls themselves are not part of this protocol's output. Its
+clients cannot answer approval requests, so calls that need one are denied.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class OpenAIApi:
         if body.stream:
             stream = self._stream(identity, key, text, completion, clock)
             return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-        async with self._router.turn(identity, key, text, stream=False) as queue:
+        # An OpenAI client cannot answer approval requests: calls that need one are denied.
+        async with self._router.turn(identity, key, text, stream=False, can_approve=False) as queue:
             while (event := await queue.get()).kind not in (OutboundKind.FINAL, OutboundKind.ERROR):
                 pass
         if event.kind is OutboundKind.ERROR:
@@ -94,7 +96,7 @@ class OpenAIApi:
         step = ""  # visible text of the current model step, as streamed
         shown = False  # any text streamed in this turn
         try:
-            async with self._router.turn(identity, key, text, stream=True) as queue:
+            async with self._router.turn(identity, key, text, stream=True, can_approve=False) as queue:
                 yield completion.chunk({"role": "assistant", "content": ""})
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)

@@ -42,6 +42,31 @@ class MessageRequest(BaseModel):
     text: str = Field(min_length=1, description="The user's message.")
 
 
+class ApprovalAnswer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    decision: Literal["approve_once", "approve_session", "deny"] = Field(
+        description="approve_once; approve_session: this tool unasked for the rest of the session; deny")
+
+
+class PendingApproval(BaseModel):
+    id: str
+    session: str
+    tool: str
+    risk: str
+    subject: str
+    summary: str
+    timeout_s: float
+
+
+class PendingApprovals(BaseModel):
+    approvals: list[PendingApproval]
+
+
+class ApprovalAnswered(BaseModel):
+    id: str
+    decision: str
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -119,7 +144,8 @@ class Health(BaseModel):
 
 
 _SCHEMAS: tuple[type[BaseModel], ...] = (
-    ChatCompletionRequest, MessageRequest, ErrorBody, ChatCompletion, ModelList, SessionList, History, Health,
+    ChatCompletionRequest, MessageRequest, ApprovalAnswer, ErrorBody, ChatCompletion, ModelList, SessionList,
+    History, Health, PendingApprovals, ApprovalAnswered,
 )
 
 
@@ -132,6 +158,7 @@ def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
 
 
 _SSE = {"description": "Server-Sent Events", "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+_APPROVAL_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
 _SESSION_PARAM = {
     "name": "key", "in": "path", "required": True,
     "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN},
@@ -139,7 +166,8 @@ _SESSION_PARAM = {
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    meaning = {400: "Bad request", 401: "Missing or wrong API key", 404: "No such session", 405: "Wrong method",
+    meaning = {400: "Bad request", 401: "Missing or wrong API key", 404: "Not found", 405: "Wrong method",
+               409: "Already answered",
                413: "Body too large", 415: "Body is not JSON", 422: "Invalid body", 429: "Too many requests",
                502: "The turn failed"}
     return {str(code): _json(ErrorBody, meaning[code]) for code in codes}
@@ -184,6 +212,12 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
             "post": _operation("Send a message; the answer streams back as Server-Sent Events",
                                {"200": _SSE, **body_errors}, body=MessageRequest, params=[_SESSION_PARAM]),
         },
+        "/api/approvals": {"get": _operation("The caller's approval requests waiting for an answer",
+                                             {"200": _json(PendingApprovals, "Pending requests")})},
+        "/api/approvals/{id}": {"post": _operation(
+            "Answer an approval request", {"200": _json(ApprovalAnswered, "Answered"), **body_errors,
+                                           **_errors(404, 409)},
+            body=ApprovalAnswer, params=[_APPROVAL_PARAM])},
         "/healthz": {"get": _operation("Liveness", {"200": _json(Health, "Alive")}, public=True)},
         "/metrics": {"get": _operation("Prometheus metrics", {"200": {
             "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})},

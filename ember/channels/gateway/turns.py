@@ -29,6 +29,11 @@ def chat_id(identity: str, key: str) -> str:
 def session_key(identity: str, key: str) -> str:
     return f"{CHANNEL}:{chat_id(identity, key)}"
 
+
+def namespace(identity: str) -> str:
+    """The prefix of every session key of `identity`."""
+    return session_key(identity, "")
+
 log = logging.getLogger(__name__)
 
 
@@ -46,11 +51,12 @@ class TurnRouter:
         self._dispatcher = None
 
     @asynccontextmanager
-    async def turn(self, identity: str, key: str, text: str, *,
-                   stream: bool) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
-        """Send the message to the agent; yield the queue its answer arrives on."""
+    async def turn(self, identity: str, key: str, text: str, *, stream: bool,
+                   can_approve: bool) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
+        """Send the message to the agent; yield the queue its answer arrives on.
+        `can_approve`: the client sees approval requests and can answer them."""
         event = InboundEvent(channel=CHANNEL, chat_id=chat_id(identity, key), sender_id=identity, text=text,
-                             message_id=uuid.uuid4().hex, stream=stream)
+                             message_id=uuid.uuid4().hex, stream=stream, can_approve=can_approve)
         assert event.message_id is not None
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
         self._waiting[event.message_id] = queue
