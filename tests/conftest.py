@@ -79,10 +79,10 @@ class Harness:
                 chat.closed.put_nowait(event)
 
     async def publish(self, text: str, *, chat: str = "c1", stream: bool = False,
-                      message_id: str | None = None) -> None:
+                      message_id: str | None = None, can_approve: bool = False) -> None:
         await self.runtime.bus.publish_inbound(
             InboundEvent(channel=CHANNEL, chat_id=chat, sender_id="tester", text=text,
-                         message_id=message_id or uuid.uuid4().hex, stream=stream)
+                         message_id=message_id or uuid.uuid4().hex, stream=stream, can_approve=can_approve)
         )
 
     async def next_closing(self, chat: str = "c1", timeout: float = 20.0) -> OutboundEvent:

@@ -1,0 +1,191 @@
+"""Permission to act: the policy's decisions, the gate around the tools, and
+approval requests travelling through a turn's channel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from ember.bus.memory import InProcessBus
+from ember.config import Settings
+from ember.core.events import InboundEvent, OutboundKind
+from ember.core.messages import ToolCall
+from ember.core.tools import Decision, Risk, ToolAction
+from ember.models.base import ModelReply
+from ember.models.scripted import ScriptedModel
+from ember.runtime.approvals import ApprovalBroker, Resolution
+from ember.tools.approval import ApprovalGate, Rule, ToolPolicy
+from ember.tools.base import FunctionTool, ToolRegistry
+from tests.conftest import FixedApprover, session_key, tool_run
+
+
+class Note(BaseModel):
+    text: str
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+def notebook(written: list[str]) -> ToolRegistry:
+    async def write_note(args: Note) -> str:
+        written.append(args.text)
+        return f"noted {args.text!r}"
+
+    async def read_notes(args: NoArgs) -> str:
+        return ", ".join(written) or "no notes"
+
+    return ToolRegistry([
+        FunctionTool("write_note", "Write a note.", Note, write_note, risk=Risk.WRITE, subject=lambda a: a.text,
+                     verb="write the note"),
+        FunctionTool("read_notes", "Read the notes.", NoArgs, read_notes, risk=Risk.READ),
+    ])
+
+
+def note_call(text: str, call_id: str = "c1") -> ToolCall:
+    return ToolCall(id=call_id, name="write_note", arguments=json.dumps({"text": text}))
+
+
+def action(tool: str, risk: Risk, subject: str = "") -> ToolAction:
+    return ToolAction(tool=tool, risk=risk, subject=subject, summary=f"{tool} {subject}")
+
+
+def test_default_policy_asks_before_write_execute_and_network() -> None:
+    policy = ToolPolicy()
+    assert [policy.decide(action("t", risk)) for risk in Risk] == ["allow", "ask", "ask", "ask"]
+
+
+def test_rules_come_first_then_tools_then_risk_classes() -> None:
+    policy = ToolPolicy(
+        execute="deny",
+        tools={"shell": "ask", "files__*": "allow"},
+        rules=[Rule(tool="shell", subject="pytest*", decision="allow"),
+               Rule(tool="shell", subject="*rm -rf*", decision="deny")],
+    )
+    assert policy.decide(action("shell", Risk.EXECUTE, "pytest -q tests/")) == "allow"
+    assert policy.decide(action("shell", Risk.EXECUTE, "cd x && rm -rf /")) == "deny"
+    assert policy.decide(action("shell", Risk.EXECUTE, "make")) == "ask"
+    assert policy.decide(action("files__delete", Risk.WRITE)) == "allow"
+    assert policy.decide(action("other", Risk.EXECUTE)) == "deny"
+
+
+def test_policy_comes_from_ember_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "home").mkdir(exist_ok=True)
+    (tmp_path / "home" / "ember.toml").write_text(
+        '[tool_policy]\nnetwork = "deny"\ntimeout_s = 30\n'
+        '[[tool_policy.rules]]\ntool = "shell"\nsubject = "pytest*"\ndecision = "allow"\n'
+    )
+    monkeypatch.setenv("EMBER_TOOL_POLICY__WRITE", "allow")
+    policy = Settings().tool_policy
+    assert (policy.network, policy.write, policy.timeout_s) == ("deny", "allow", 30)
+    assert policy.decide(action("shell", Risk.EXECUTE, "pytest -x")) == "allow"
+
+
+async def test_the_gate_runs_allowed_calls_and_refuses_denied_ones() -> None:
+    written: list[str] = []
+    approver = FixedApprover(Decision.DENY)
+    gate = ApprovalGate(notebook(written), ToolPolicy())
+    run = tool_run(approver)
+    result = await gate.call(note_call("buy milk"), run)
+    assert result.startswith("Error: not permitted to write the note buy milk")
+    assert written == []
+    assert [a.tool for a in approver.asked] == ["write_note"]
+    # Reads are allowed by default: nobody is asked.
+    assert await gate.call(ToolCall(id="c2", name="read_notes", arguments="{}"), run) == "no notes"
+    assert len(approver.asked) == 1
+    verdicts = [(a["tool"], a["decision"], a["decided_by"]) for a in run.journal.approvals]
+    assert verdicts == [("write_note", "deny", "user:tester"), ("read_notes", "approve_once", "policy")]
+
+
+async def test_approve_always_covers_the_rest_of_the_session_only() -> None:
+    written: list[str] = []
+    approver = FixedApprover(Decision.APPROVE_SESSION)
+    gate = ApprovalGate(notebook(written), ToolPolicy())
+    run = tool_run(approver)
+    await gate.call(note_call("one"), run)
+    approver.decision = Decision.DENY  # would refuse, if it were asked again
+    await gate.call(note_call("two"), run)
+    assert written == ["one", "two"]
+    assert len(approver.asked) == 1
+    assert run.journal.approvals[-1]["decided_by"] == "session-grant"
+    other_session = run.__class__("test:other", "turn-2", approver, run.journal)
+    assert (await gate.call(note_call("three"), other_session)).startswith("Error: not permitted")
+    assert written == ["one", "two"]
+
+
+async def test_invalid_calls_are_the_models_to_fix_and_nobody_is_asked() -> None:
+    approver = FixedApprover(Decision.APPROVE_ONCE)
+    gate = ApprovalGate(notebook([]), ToolPolicy())
+    result = await gate.call(ToolCall(id="c", name="write_note", arguments='{"txt": 1}'), tool_run(approver))
+    assert result.startswith("Error: invalid arguments for write_note")
+    assert approver.asked == []
+
+
+async def test_policy_deny_never_asks() -> None:
+    approver = FixedApprover(Decision.APPROVE_ONCE)
+    gate = ApprovalGate(notebook([]), ToolPolicy(tools={"write_note": "deny"}))
+    result = await gate.call(note_call("x"), tool_run(approver))
+    assert "the tool policy denies it" in result and approver.asked == []
+
+
+def event(*, can_approve: bool = True) -> InboundEvent:
+    return InboundEvent(channel="test", chat_id="c1", sender_id="u", text="hi", message_id="m1",
+                        can_approve=can_approve)
+
+
+async def test_a_request_goes_out_through_the_channel_and_its_answer_comes_back() -> None:
+    bus = InProcessBus()
+    broker = ApprovalBroker(bus, timeout_s=10)
+    asking = asyncio.create_task(broker.ask(event(), "turn-1", action("write_note", Risk.WRITE, "x")))
+    request = await asyncio.wait_for(bus.next_outbound("test"), 5)
+    assert request.kind is OutboundKind.APPROVAL_REQUEST and request.reply_to == "m1"
+    assert request.approval is not None and "write_note" in request.text
+    # Only the session's own scope can answer; an unknown id does not exist.
+    assert broker.resolve(request.approval.id, Decision.APPROVE_ONCE, by="x", scope="test:c2") is Resolution.NOT_FOUND
+    assert broker.resolve("nope", Decision.APPROVE_ONCE, by="u", scope="test:c1") is Resolution.NOT_FOUND
+    assert broker.resolve(request.approval.id, Decision.APPROVE_ONCE, by="u", scope="test:c1") is Resolution.RESOLVED
+    verdict = await asking
+    assert verdict.allowed and verdict.decided_by == "user:u"
+    assert broker.pending("test:c1") == []
+
+
+async def test_silence_past_the_timeout_is_a_denial() -> None:
+    bus = InProcessBus()
+    broker = ApprovalBroker(bus, timeout_s=0.2)
+    verdict = await broker.ask(event(), "turn-1", action("write_note", Risk.WRITE))
+    assert not verdict.allowed and verdict.decided_by == "timeout"
+    request = (await bus.next_outbound("test")).approval
+    assert request is not None
+    assert broker.resolve(request.id, Decision.APPROVE_ONCE, by="u", scope="test:c1") is Resolution.NOT_FOUND
+
+
+async def test_a_channel_that_cannot_ask_gets_a_denial_at_once() -> None:
+    broker = ApprovalBroker(InProcessBus(), timeout_s=60)
+    verdict = await broker.ask(event(can_approve=False), "turn-1", action("write_note", Risk.WRITE))
+    assert not verdict.allowed and verdict.decided_by == "channel"
+    assert "cannot ask" in verdict.reason
+
+
+async def test_a_denied_call_is_told_to_the_model_and_traced(start, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    written: list[str] = []
+    model = ScriptedModel([
+        ModelReply(tool_calls=(note_call("secret plan"),)),
+        ModelReply(text="I was not allowed to write the note."),
+    ])
+    config = settings.model_copy(update={"tool_policy": ToolPolicy(timeout_s=0.2)})
+    async with start(model, tools=notebook(written), config=config) as h:
+        await h.publish("note this", stream=True, can_approve=True)
+        final = await h.next_closing()
+        asked = h.chats["c1"].of(OutboundKind.APPROVAL_REQUEST)
+        while not (traces := await h.runtime.traces.for_session(session_key())):
+            await asyncio.sleep(0.01)  # the trace is written just after the final goes out
+    assert final.text == "I was not allowed to write the note."
+    assert written == [] and len(asked) == 1  # asked once; nobody answered
+    stored = [m for m in model.requests[-1] if m.role.value == "tool"]
+    assert "not permitted" in stored[0].content and "nobody answered" in stored[0].content
+    approval = traces[0].detail["approvals"][0]
+    assert (approval["tool"], approval["decision"], approval["decided_by"]) == ("write_note", "deny", "timeout")
