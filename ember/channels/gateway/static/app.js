@@ -1,0 +1,345 @@
+// The gateway's chat page: sign in, pick a session, stream turns over the native API.
+// Model text reaches the DOM only through renderMarkdown (which escapes first) or textContent.
+
+import { renderMarkdown } from "./markdown.js";
+
+const KEY_STORE = "ember.apiKey";
+const SESSION_KEY = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
+const $ = (id) => document.getElementById(id);
+
+const state = { key: null, open: false, session: null, view: 0, busy: false, abort: null };
+
+class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+async function api(path, options = {}) {
+  const headers = { ...options.headers };
+  if (state.key) headers.Authorization = `Bearer ${state.key}`;
+  const response = await fetch(path, { ...options, headers });
+  if (response.ok) return response;
+  let message = `HTTP ${response.status}`;
+  try {
+    message = (await response.json()).error?.message || message;
+  } catch {
+    // not JSON: keep the status
+  }
+  throw new ApiError(response.status, message);
+}
+
+const sessionPath = (key) => `/api/sessions/${encodeURIComponent(key)}/messages`;
+
+// ---- signing in ----
+
+/** True when the current key (or none) is accepted; other failures throw. */
+async function accepted() {
+  try {
+    await api("/api/sessions");
+    return true;
+  } catch (err) {
+    if (err.status === 401) return false;
+    throw err;
+  }
+}
+
+async function start() {
+  try {
+    if (await accepted()) {
+      state.open = true; // the gateway has no keys: nothing to sign in with
+      return enter();
+    }
+    state.key = localStorage.getItem(KEY_STORE);
+    if (state.key && await accepted()) return enter();
+    showSignIn(state.key ? "The saved key is no longer accepted. Sign in again." : "");
+  } catch (err) {
+    showSignIn(`The gateway did not answer: ${err.message}`);
+  }
+}
+
+function showSignIn(message) {
+  state.key = null;
+  state.view++; // a history still loading is for the signed-out view: drop it
+  $("app-view").hidden = true;
+  $("sign-out").hidden = true;
+  $("sessions").replaceChildren();
+  $("messages").replaceChildren();
+  $("sign-in-view").hidden = false;
+  $("sign-in-error").textContent = message;
+  $("sign-in-error").hidden = !message;
+  $("key-input").focus();
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  const key = $("key-input").value.trim();
+  if (!key) return;
+  state.key = key;
+  try {
+    if (!(await accepted())) return showSignIn("That key was not accepted. Check it and try again.");
+  } catch (err) {
+    return showSignIn(`Could not sign in: ${err.message}`);
+  }
+  localStorage.setItem(KEY_STORE, key);
+  $("key-input").value = "";
+  enter();
+}
+
+function signOut() {
+  state.abort?.abort();
+  localStorage.removeItem(KEY_STORE);
+  showSignIn("");
+}
+
+function enter() {
+  $("sign-in-view").hidden = true;
+  $("app-view").hidden = false;
+  $("sign-out").hidden = state.open;
+  route();
+}
+
+// ---- sessions ----
+
+function newSessionKey() {
+  const bytes = crypto.getRandomValues(new Uint8Array(6));
+  return `web-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+function hashKey() {
+  try {
+    const key = decodeURIComponent(location.hash.slice(1));
+    return SESSION_KEY.test(key) ? key : null;
+  } catch {
+    return null;
+  }
+}
+
+/** Opens the session named in the URL hash, or a new one. */
+function route() {
+  let key = hashKey();
+  if (!key) {
+    key = newSessionKey();
+    history.replaceState(null, "", `#${encodeURIComponent(key)}`);
+  }
+  openSession(key);
+}
+
+async function refreshSessions() {
+  const { sessions } = await (await api("/api/sessions")).json();
+  const keys = sessions.map((s) => s.key);
+  const items = sessions.map((s) => sessionItem(s.key, `${s.messages} messages`));
+  if (state.session && !keys.includes(state.session)) items.unshift(sessionItem(state.session, "new"));
+  $("sessions").replaceChildren(...items);
+}
+
+function sessionItem(key, detail) {
+  const link = el("a", "", key);
+  link.href = `#${encodeURIComponent(key)}`;
+  if (key === state.session) link.setAttribute("aria-current", "page");
+  const item = el("li", "session");
+  item.dataset.key = key;
+  item.append(link, el("small", "", detail));
+  return item;
+}
+
+async function openSession(key) {
+  state.abort?.abort();
+  state.session = key;
+  const view = ++state.view;
+  $("session-title").textContent = key;
+  $("messages").replaceChildren();
+  refreshSessions().catch(showFailure);
+  try {
+    const { messages } = await (await api(sessionPath(key))).json();
+    if (view === state.view) renderHistory(messages);
+  } catch (err) {
+    if (view !== state.view || err.status === 404) return; // 404: nothing said here yet
+    showFailure(err);
+  }
+  if (view === state.view) $("message-input").focus();
+}
+
+function showFailure(err) {
+  if (err.status === 401) return showSignIn("Your key is no longer accepted. Sign in again.");
+  appendMessage("error", err.message);
+}
+
+// ---- messages ----
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function appendMessage(className, text) {
+  const node = el("div", `message ${className}`, text);
+  $("messages").append(node);
+  node.scrollIntoView({ block: "end" });
+  return node;
+}
+
+function appendText(box, markdown, className = "text") {
+  const node = el("div", className);
+  node.innerHTML = renderMarkdown(markdown); // escaped before any tag is added
+  box.append(node);
+  return node;
+}
+
+/** A tool call, collapsed; its result is filled in by call id. */
+function appendTool(box, name, args) {
+  const details = el("details", "tool");
+  const summary = el("summary", "", `Tool: ${name}`);
+  const result = el("pre", "tool-result", "(running…)");
+  details.append(summary, el("div", "label", "Arguments"), el("pre", "tool-args", args || ""),
+    el("div", "label", "Result"), result);
+  box.append(details);
+  return result;
+}
+
+function renderHistory(messages) {
+  const results = new Map();
+  let box = null;
+  let turnId = null;
+  for (const m of messages) {
+    if (m.role === "user") {
+      appendMessage("user", m.content);
+      box = null;
+    } else if (m.role === "assistant") {
+      if (!box || (m.turn_id && turnId && m.turn_id !== turnId)) box = appendMessage("assistant");
+      turnId = m.turn_id;
+      if (m.content) appendText(box, m.content);
+      for (const call of m.tool_calls) results.set(call.id, appendTool(box, call.name, call.arguments));
+    } else if (m.role === "tool" && results.has(m.tool_call_id)) {
+      results.get(m.tool_call_id).textContent = m.content;
+    }
+  }
+}
+
+/** One turn as it streams: deltas grow a draft that the `final` text replaces. */
+class LiveTurn {
+  constructor(box) {
+    this.box = box;
+    this.draft = null;
+    this.draftText = "";
+    this.results = new Map();
+    this.closed = false;
+  }
+
+  on(name, data) {
+    if (name === "delta") {
+      if (!this.draft) {
+        this.draft = appendText(this.box, "", "text draft");
+        this.draftText = "";
+      }
+      this.draftText += data.text;
+      this.draft.innerHTML = renderMarkdown(this.draftText);
+    } else if (name === "tool_call") {
+      this.draft = null; // text after the call is a new model step
+      this.results.set(data.call_id, appendTool(this.box, data.name, data.arguments));
+    } else if (name === "tool_result") {
+      const result = this.results.get(data.call_id);
+      if (result) result.textContent = data.text;
+    } else if (name === "final") {
+      if (this.draft) this.draft.remove();
+      if (data.text) appendText(this.box, data.text);
+      this.close();
+    } else if (name === "error") {
+      this.fail(data.text);
+    }
+    this.box.scrollIntoView({ block: "end" });
+  }
+
+  fail(text) {
+    this.box.append(el("div", "error", text));
+    this.box.setAttribute("role", "alert");
+    this.close();
+  }
+
+  close() {
+    this.closed = true;
+    this.box.classList.remove("running");
+  }
+}
+
+/** Calls `onEvent(name, data)` for each Server-Sent Event of the response. */
+async function readEvents(response, onEvent) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer = (buffer + value).replace(/\r\n/g, "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let name = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith(":")) continue; // keep-alive
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        const fieldValue = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+        if (field === "event") name = fieldValue;
+        else if (field === "data") data.push(fieldValue);
+      }
+      if (data.length) onEvent(name, JSON.parse(data.join("\n")));
+    }
+  }
+}
+
+function setBusy(busy) {
+  state.busy = busy;
+  $("send").disabled = busy;
+  $("message-input").disabled = busy;
+}
+
+async function send(event) {
+  event.preventDefault();
+  const text = $("message-input").value;
+  if (state.busy || !text.trim()) return;
+  $("message-input").value = "";
+  setBusy(true);
+  appendMessage("user", text);
+  const turn = new LiveTurn(appendMessage("assistant running"));
+  const abort = (state.abort = new AbortController());
+  try {
+    const response = await api(sessionPath(state.session), {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ text }),
+      signal: abort.signal,
+    });
+    await readEvents(response, (name, data) => turn.on(name, data));
+    if (!turn.closed) turn.fail("The connection closed before the answer was complete.");
+  } catch (err) {
+    if (err.name === "AbortError") return;
+    if (err.status === 401) return showSignIn("Your key is no longer accepted. Sign in again.");
+    turn.fail(err instanceof ApiError ? err.message : `The request failed: ${err.message}`);
+  } finally {
+    if (state.abort === abort) state.abort = null;
+    setBusy(false);
+  }
+  refreshSessions().catch(showFailure);
+  $("message-input").focus();
+}
+
+$("sign-in-form").addEventListener("submit", signIn);
+$("sign-out").addEventListener("click", signOut);
+$("composer").addEventListener("submit", send);
+$("message-input").addEventListener("keydown", (event) => {
+  if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
+  event.preventDefault();
+  $("composer").requestSubmit();
+});
+$("new-session").addEventListener("click", () => {
+  location.hash = encodeURIComponent(newSessionKey());
+});
+window.addEventListener("hashchange", () => {
+  if (!$("app-view").hidden) route();
+});
+start();

@@ -1,0 +1,210 @@
+"""The gateway's chat page in a real browser (Debian's headless Chromium) against a
+real `ember serve` and the scripted model server: what a user sees.
+
+One gateway (and model server) serves the module's keyed tests, to keep the
+runtime short; each test is still isolated, as every browser context starts a
+session of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+
+from tests.gatewayproc import GatewayProcess, LaunchGateway, free_port, gateway_env
+from tests.modelserver import ModelServer, Reply, serving, tool_call
+
+CHROMIUM = os.environ.get("EMBER_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ALICE_KEY = "alice-secret-0123456789"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ModelServer]:
+    with serving() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(model: ModelServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """`ember serve` with one key, alice's."""
+    env = gateway_env(tmp_path_factory.mktemp("web") / "home", model, {"alice": ALICE_KEY})
+    process = GatewayProcess(env, free_port())
+    try:
+        yield process.wait_ready()
+    finally:
+        process.kill()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh profile (empty localStorage) whose uncaught script errors fail the test."""
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert errors == [], f"the page threw: {errors}"
+
+
+def sign_in(page: Page, gateway: GatewayProcess, key: str) -> None:
+    page.goto(gateway.url("/"))
+    page.locator("#key-input").fill(key)
+    page.locator("#sign-in").click()
+
+
+def send(page: Page, text: str) -> None:
+    page.locator("#message-input").fill(text)
+    page.locator("#send").click()
+
+
+def answer(page: Page) -> Locator:
+    """The committed answer text of the last turn (drafts excluded)."""
+    return page.locator(".message.assistant").last.locator(".text:not(.draft)")
+
+
+def test_sign_in_streams_the_answer_and_a_reload_shows_the_history(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    words = " ".join(f"word{i:02d}" for i in range(40))
+    model.push(Reply(text=f"Counting: {words} done.", chunk_delay_s=0.04))
+
+    sign_in(page, gateway, ALICE_KEY)
+    expect(page.locator("#app-view")).to_be_visible()
+    expect(page.locator("#sign-in-view")).to_be_hidden()
+    send(page, "count for me")
+
+    draft = page.locator(".message.assistant .draft")
+    expect(draft).to_contain_text("word03")
+    assert "done." not in draft.inner_text(), "the whole answer arrived at once: nothing was streamed"
+    expect(page.locator("#send")).to_be_disabled()
+
+    expect(answer(page)).to_have_text(f"Counting: {words} done.")
+    expect(draft).to_have_count(0)  # the final replaced the draft
+    expect(page.locator("#send")).to_be_enabled()
+    session = page.url.split("#", 1)[1]
+    assert session.startswith("web-")
+    expect(page.locator("#sessions li", has_text=session)).to_contain_text("2 messages")
+
+    page.reload()
+    expect(page.locator(".message.user")).to_have_text(["count for me"])
+    expect(page.locator(".message.assistant")).to_have_count(1)
+    expect(answer(page)).to_have_text(f"Counting: {words} done.")
+    expect(page.locator("#sign-in-view")).to_be_hidden()
+
+    page.locator("#sign-out").click()
+    expect(page.locator("#sign-in-view")).to_be_visible()
+    page.reload()
+    expect(page.locator("#key-input")).to_be_visible()
+    expect(page.locator(".message")).to_have_count(0)
+
+
+def test_a_wrong_key_shows_an_error_and_no_sessions(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    model.push(Reply(text="noted"))
+    with httpx.stream("POST", gateway.url("/api/sessions/diary/messages"), json={"text": "remember this"},
+                      headers={"Authorization": f"Bearer {ALICE_KEY}"}, timeout=20) as response:
+        assert "event: final" in response.read().decode()
+
+    sign_in(page, gateway, "not-alices-key-at-all")
+    expect(page.locator("#sign-in-error")).to_contain_text("not accepted")
+    expect(page.locator("#app-view")).to_be_hidden()
+    expect(page.locator("#sessions li")).to_have_count(0)
+    assert page.evaluate("localStorage.length") == 0
+
+    page.locator("#key-input").fill(ALICE_KEY)  # the same page, with the right key, lists it
+    page.locator("#sign-in").click()
+    expect(page.locator("#sessions li", has_text="diary")).to_be_visible()
+    expect(page.locator("#sign-in-error")).to_be_hidden()
+
+
+def test_a_tool_call_is_shown_collapsed_with_its_result(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    workspace = gateway.home / "workspace"
+    workspace.mkdir(exist_ok=True)
+    (workspace / "shopping-list.txt").write_text("eggs\n")
+    model.push(Reply(text="Let me look.", tool_calls=(tool_call("list_dir", path="."),)),
+                      Reply(text="There is one file: shopping-list.txt"))
+
+    sign_in(page, gateway, ALICE_KEY)
+    send(page, "what files do I have?")
+    expect(answer(page).last).to_have_text("There is one file: shopping-list.txt")
+
+    for attempt in ("live", "reloaded"):
+        tool = page.locator(".message.assistant details.tool")
+        expect(tool, attempt).to_have_count(1)
+        assert tool.get_attribute("open") is None, attempt
+        expect(tool.locator("summary"), attempt).to_contain_text("list_dir")
+        result = tool.locator(".tool-result")
+        expect(result, attempt).to_be_hidden()
+        tool.locator("summary").click()
+        expect(result, attempt).to_be_visible()
+        expect(result, attempt).to_contain_text("shopping-list.txt")
+        expect(tool.locator(".tool-args"), attempt).to_contain_text('"path": "."')
+        expect(page.locator(".message.assistant .text"), attempt).to_have_text(
+            ["Let me look.", "There is one file: shopping-list.txt"])
+        page.reload()
+
+
+def test_model_output_cannot_run_script(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    attacks = ['<script>window.__pwned=1</script>', '<img src=x onerror="window.__pwned=1">',
+               '[x](javascript:window.__pwned=1)']
+    model.push(Reply(text="Try these:\n\n" + "\n\n".join(attacks)))
+
+    sign_in(page, gateway, ALICE_KEY)
+    send(page, "say something nasty")
+    for attempt in ("live", "reloaded"):
+        reply = page.locator(".message.assistant")
+        for attack in attacks:
+            expect(reply, attempt).to_contain_text(attack)  # shown literally, as text
+        assert reply.locator("script, img, a, [onerror]").count() == 0, attempt
+        page.get_by_text(attacks[2]).click()
+        page.wait_for_timeout(200)
+        assert page.evaluate("typeof window.__pwned") == "undefined", attempt
+        page.reload()
+
+
+def test_markdown_renders_and_an_open_gateway_needs_no_key(
+        page: Page, model: ModelServer, launch_gateway: LaunchGateway) -> None:
+    gateway = launch_gateway(model)  # no keys: the page skips the sign-in form
+    model.push(Reply(text=(
+        "Here is **bold** and *italic*.\n\n"
+        "```\nif a < b:\n    print('<b>x</b>')\n```\n\n"
+        "Steps:\n- one\n- two\n\n"
+        "See [the docs](https://example.com/a_b?x=1&y=2)."
+    )))
+
+    page.goto(gateway.url("/"))
+    expect(page.locator("#app-view")).to_be_visible()
+    expect(page.locator("#sign-out")).to_be_hidden()
+    send(page, "format something")
+
+    reply = page.locator(".message.assistant")
+    expect(reply.locator("strong")).to_have_text("bold")
+    expect(reply.locator("em")).to_have_text("italic")
+    expect(reply.locator("pre > code")).to_have_text("if a < b:\n    print('<b>x</b>')")
+    expect(reply.locator("ul > li")).to_have_text(["one", "two"])
+    link = reply.locator("a")
+    expect(link).to_have_text("the docs")
+    expect(link).to_have_attribute("href", "https://example.com/a_b?x=1&y=2")
+    expect(link).to_have_attribute("rel", "noopener noreferrer")
+    expect(link).to_have_attribute("target", "_blank")
+    expect(reply.locator("b")).to_have_count(0)
