@@ -1,30 +1,135 @@
-"""The workspace jail: every path a tool touches resolves inside one folder."""
+"""The workspace jail: every path a tool touches resolves inside one folder.
+
+    resolve(relative)   checks the text of the path (no absolute or drive paths,
+                        no '..', no '~', no NUL), then follows every symlink and
+                        refuses a real path outside the root: a link out, a
+                        linked parent directory, a dangling link whose target
+                        would be outside, a loop.
+    open(path, flags)   opens a resolved path by walking down from the root one
+                        component at a time with O_NOFOLLOW, so a symlink
+                        swapped in after resolve fails the open instead of
+                        leading outside. Use it for every read and write.
+
+Backslashes count as separators, so a Windows-style `..\\x` is refused like
+`../x`. A hard link to a file outside cannot be told apart from a file inside;
+only someone with other means (a shell) can create one.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+import contextlib
+import errno
+import os
+import stat
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import BinaryIO
 
 from ember.tools.base import ToolFailure
+
+MAX_PATH_CHARS = 4096
 
 
 class Workspace:
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser().resolve()
 
-    def resolve(self, relative: str) -> Path:
-        """The real path of `relative` (symlinks followed), or ToolFailure if it
-        would leave the workspace."""
+    def parts(self, relative: str) -> tuple[str, ...]:
+        """The components of `relative` once its text is checked; ToolFailure when
+        it is empty, absolute, a drive or UNC path, starts with '~' or has '..'."""
+        if not relative.strip():
+            raise ToolFailure("the path is empty; use '.' for the workspace itself")
         if "\x00" in relative:
             raise ToolFailure("the path contains a NUL character")
-        candidate = PurePosixPath(relative.replace("\\", "/"))
-        if candidate.is_absolute() or Path(relative).is_absolute():
+        if len(relative) > MAX_PATH_CHARS:
+            raise ToolFailure(f"the path is longer than {MAX_PATH_CHARS} characters")
+        windows = PureWindowsPath(relative)
+        posix = PurePosixPath(relative.replace("\\", "/"))
+        if posix.is_absolute() or windows.drive or windows.root:
             raise ToolFailure(f"{relative!r} is absolute; give a path relative to the workspace")
-        if ".." in candidate.parts:
+        if ".." in posix.parts:
             raise ToolFailure(f"{relative!r} contains '..'; paths must stay inside the workspace")
-        resolved = (self.root / candidate).resolve()
-        if not resolved.is_relative_to(self.root):
+        if posix.parts and posix.parts[0].startswith("~"):
+            raise ToolFailure(f"{relative!r} starts with '~', which is not expanded; give a path relative "
+                              "to the workspace")
+        return posix.parts
+
+    def resolve(self, relative: str) -> Path:
+        """The real path of `relative` (symlinks followed), or ToolFailure if it
+        would leave the workspace. The path need not exist yet."""
+        candidate = self.root.joinpath(*self.parts(relative))
+        try:
+            resolved = candidate.resolve()
+        except RuntimeError as exc:  # a symlink loop (Python 3.11 raises RuntimeError)
+            raise ToolFailure(f"{relative!r} is a symlink loop") from exc
+        except OSError as exc:
+            raise ToolFailure(f"cannot resolve {relative!r}: {exc.strerror}") from exc
+        if not self.contains(resolved):
             raise ToolFailure(f"{relative!r} leads outside the workspace")
         return resolved
 
+    def contains(self, path: Path) -> bool:
+        """Whether a real (already resolved) path lies inside the workspace."""
+        return path.is_relative_to(self.root)
+
     def display(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix() or "."
+
+    def open(self, path: Path, flags: int, *, make_parents: bool = False) -> int:
+        """A file descriptor for `path` (a result of resolve), opened without
+        following any symlink below the root; the caller closes it.
+
+        With make_parents, missing directories are created on the way down.
+        Errors come back as ToolFailure in plain words.
+        """
+        parts = path.relative_to(self.root).parts
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ToolFailure(f"the workspace cannot be opened: {exc.strerror}") from exc
+        if not parts:
+            return fd
+        try:
+            for part in parts[:-1]:
+                if make_parents:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, dir_fd=fd)
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=fd)
+        except OSError as exc:
+            raise ToolFailure(_plain(exc, self.display(path))) from exc
+        finally:
+            os.close(fd)
+
+    def open_file(self, path: Path, flags: int, *, make_parents: bool = False) -> tuple[BinaryIO, os.stat_result]:
+        """The regular file at `path` (a result of resolve) opened through `open`,
+        binary, for reading or writing as `flags` say, with its status before use."""
+        # O_NONBLOCK: opening a FIFO must not hang; it is refused below like any non-file.
+        fd = self.open(path, flags | os.O_NONBLOCK, make_parents=make_parents)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise ToolFailure(f"{self.display(path)} is {kind}")
+        return os.fdopen(fd, "rb" if flags & os.O_ACCMODE == os.O_RDONLY else "wb"), info
+
+    def read_bytes(self, path: Path, limit: int) -> bytes:
+        """The content of the regular file at `path` (a result of resolve), at most `limit` bytes."""
+        file, info = self.open_file(path, os.O_RDONLY)
+        with file:
+            if info.st_size > limit:
+                raise ToolFailure(f"{self.display(path)} is larger than {limit} bytes")
+            return file.read(limit)
+
+
+def _plain(exc: OSError, shown: str) -> str:
+    reasons = {
+        errno.ENOENT: f"no such file or directory: {shown}",
+        errno.ENOTDIR: f"a part of {shown} is not a directory",
+        errno.EISDIR: f"{shown} is a directory",
+        errno.ELOOP: f"{shown} changed into a symlink while being opened; not following it",
+        errno.EACCES: f"permission denied: {shown}",
+        errno.ENAMETOOLONG: f"a name in {shown} is too long",
+    }
+    return reasons.get(exc.errno or 0, f"cannot open {shown}: {exc.strerror or exc}")

@@ -1,0 +1,160 @@
+"""The shell tool: exit codes, capped output, the workspace as cwd, and no process outliving its call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from ember.core.messages import ToolCall
+from ember.core.tools import Risk
+from ember.tools.approval import Rule, ToolPolicy
+from ember.tools.base import ToolRegistry
+from ember.tools.shell import shell_tool
+from ember.tools.workspace import Workspace
+from tests.conftest import tool_run
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return root
+
+
+def registry(ws: Path, *, timeout_s: float = 10.0, output_cap: int = 30_000) -> ToolRegistry:
+    return ToolRegistry([shell_tool(Workspace(ws), timeout_s=timeout_s, output_cap=output_cap)])
+
+
+async def run(tools: ToolRegistry, command: str, **args: object) -> str:
+    arguments = json.dumps({"command": command, **args})
+    return await tools.call(ToolCall(id="c", name="shell", arguments=arguments), tool_run())
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs; a zombie (exited, not yet reaped) counts as dead."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return fields.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+async def wait_dead(pids: list[int], within_s: float = 2.0) -> list[int]:
+    """The pids still alive after waiting up to `within_s`."""
+    deadline = time.monotonic() + within_s
+    while (living := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return living
+
+
+def pids(ws: Path, *names: str) -> list[int]:
+    return [int((ws / name).read_text()) for name in names]
+
+
+# The shell, a child shell, and that child's background sleep, each writing its pid down.
+FAMILY = ("echo $$ > shell.pid; sh -c 'sleep 1000 & echo $! > grandchild.pid; sleep 1000' & "
+          "echo $! > child.pid; wait")
+
+
+async def test_success_returns_exit_code_zero_and_output(ws: Path) -> None:
+    assert await run(registry(ws), "echo hello") == "exit code: 0\nhello\n"
+    assert await run(registry(ws), "printf 'caf\\303\\251 \\342\\230\\225'") == "exit code: 0\ncafé ☕"
+
+
+async def test_failure_returns_its_exit_code_with_stderr_interleaved(ws: Path) -> None:
+    result = await run(registry(ws), "echo out; echo err >&2; exit 3")
+    assert result == "exit code: 3\nout\nerr\n"
+    assert await run(registry(ws), "true >/dev/null") == "exit code: 0\n(no output)"
+
+
+async def test_the_command_runs_in_the_workspace(ws: Path) -> None:
+    assert await run(registry(ws), "pwd; echo made > here.txt") == f"exit code: 0\n{ws.resolve()}\n"
+    assert (ws / "here.txt").read_text() == "made\n"
+
+
+async def test_long_output_keeps_head_and_tail_with_a_note(ws: Path) -> None:
+    result = await run(registry(ws, output_cap=1000), "seq 1 100000")
+    lines = result.splitlines()
+    assert lines[:3] == ["exit code: 0", "1", "2"]
+    assert lines[-1] == "100000"
+    assert len(result) < 1200
+    total = len("".join(f"{i}\n" for i in range(1, 100001)))
+    assert f"characters of output cut; {total} in all" in result
+
+
+async def test_a_command_that_never_ends_is_killed_at_its_timeout(ws: Path) -> None:
+    started = time.monotonic()
+    result = await run(registry(ws), "sleep 1000", timeout_s=0.5)
+    assert time.monotonic() - started < 3
+    assert result.startswith("exit code: -15 (killed by SIGTERM)\ntimed out after 0.5 s; the process group was killed")
+
+
+async def test_a_timeout_kills_the_children_too(ws: Path) -> None:
+    result = await run(registry(ws), FAMILY, timeout_s=1)
+    assert "timed out after 1 s; the process group was killed" in result
+    family = pids(ws, "shell.pid", "child.pid", "grandchild.pid")
+    assert await wait_dead(family) == []
+
+
+async def test_a_command_ignoring_sigterm_is_killed_after_the_grace(ws: Path) -> None:
+    started = time.monotonic()
+    result = await run(registry(ws), "trap '' TERM; sleep 1000 & echo $! > child.pid; wait", timeout_s=0.5)
+    assert time.monotonic() - started < 3
+    assert result.startswith("exit code: -9 (killed by SIGKILL)\ntimed out")
+    assert await wait_dead(pids(ws, "child.pid")) == []
+
+
+async def test_the_timeout_asked_for_is_capped_by_the_configured_maximum(ws: Path) -> None:
+    result = await run(registry(ws, timeout_s=0.5), "sleep 1000", timeout_s=600)
+    assert "timed out after 0.5 s" in result
+
+
+async def test_a_background_child_left_behind_neither_blocks_nor_survives(ws: Path) -> None:
+    started = time.monotonic()
+    result = await run(registry(ws, timeout_s=5), "sleep 1000 & echo $! > child.pid; echo started")
+    assert time.monotonic() - started < 2
+    assert result == "exit code: 0\nstarted\n"
+    assert await wait_dead(pids(ws, "child.pid")) == []
+
+
+async def test_cancelling_the_call_kills_the_process_group(ws: Path) -> None:
+    call = asyncio.create_task(run(registry(ws), FAMILY))
+    deadline = time.monotonic() + 5
+    while not all((ws / name).exists() and (ws / name).read_text().strip()
+                  for name in ("shell.pid", "child.pid", "grandchild.pid")):
+        assert time.monotonic() < deadline, "the command did not start"
+        await asyncio.sleep(0.02)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert await wait_dead(pids(ws, "shell.pid", "child.pid", "grandchild.pid")) == []
+
+
+async def test_the_event_loop_keeps_running_during_a_command(ws: Path) -> None:
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    await run(registry(ws), "sleep 0.3")
+    ticker.cancel()
+    assert ticks >= 10
+
+
+def test_approval_sees_the_command_as_the_subject(ws: Path) -> None:
+    tools = registry(ws)
+    action = tools.describe(ToolCall(id="c", name="shell", arguments='{"command": "pytest -q tests"}'))
+    assert (action.risk, action.subject, action.summary) == (Risk.EXECUTE, "pytest -q tests",
+                                                            "run the shell command pytest -q tests")
+    policy = ToolPolicy(rules=[Rule(tool="shell", subject="pytest*", decision="allow")])
+    assert policy.decide(action) == "allow"
+    other = tools.describe(ToolCall(id="c", name="shell", arguments='{"command": "rm -rf /"}'))
+    assert policy.decide(other) == "ask"
