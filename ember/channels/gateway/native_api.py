@@ -57,8 +57,7 @@ class NativeApi:
     def routes(self) -> list[Route]:
         return [
             Route("/api/sessions", self.list_sessions, methods=["GET"]),
-            Route("/api/sessions/{key}/messages", self.history, methods=["GET"]),
-            Route("/api/sessions/{key}/messages", self.send, methods=["POST"]),
+            Route("/api/sessions/{key}/messages", self.messages, methods=["GET", "POST"]),
         ]
 
     async def list_sessions(self, request: Request) -> Response:
@@ -68,6 +67,10 @@ class NativeApi:
             {"key": row.key.removeprefix(prefix), "messages": row.message_count, "updated_at": row.updated_at}
             for row in rows
         ]})
+
+    async def messages(self, request: Request) -> Response:
+        # One route for both methods, so a 405 on it names both in its Allow header.
+        return await (self.send(request) if request.method == "POST" else self.history(request))
 
     async def history(self, request: Request) -> Response:
         key = checked_key(request.path_params["key"], "session")
