@@ -71,14 +71,16 @@ class IdentityGate:
             await self._app(scope, receive, send)
             return
         identity = self._keys.identify(Headers(scope=scope).get("authorization"))
+        # Failed attempts are limited per client address, so keys cannot be guessed at full speed.
+        bucket = identity if identity is not None else f"unauthenticated {(scope.get('client') or ('?',))[0]}"
+        if wait := self._limiter.retry_after(bucket):
+            error = ApiError(429, f"too many requests; retry in {wait:.1f} s", code="rate_limited",
+                             headers={"Retry-After": str(math.ceil(wait))})
+            await error.response()(scope, receive, send)
+            return
         if identity is None:
             error = ApiError(401, "send a valid API key as 'Authorization: Bearer <key>'", code="invalid_api_key",
                              headers={"WWW-Authenticate": "Bearer"})
-            await error.response()(scope, receive, send)
-            return
-        if wait := self._limiter.retry_after(identity):
-            error = ApiError(429, f"too many requests; retry in {wait:.1f} s", code="rate_limited",
-                             headers={"Retry-After": str(math.ceil(wait))})
             await error.response()(scope, receive, send)
             return
         scope.setdefault("state", {})["identity"] = identity

@@ -58,18 +58,17 @@ async def read_json(request: Request, model: type[T], limit: int) -> T:
         if len(body) > limit:
             raise ApiError(413, f"the body is over the limit of {limit} bytes", code="body_too_large")
     try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from exc
-    try:
-        return model.model_validate(data)
+        # pydantic's own parser: deep nesting and lone surrogates are errors, not crashes.
+        return model.model_validate_json(bytes(body))
     except ValidationError as exc:
+        errors = exc.errors()
+        if errors and errors[0]["type"] == "json_invalid":
+            raise ApiError(400, f"the body is not valid JSON: {errors[0]['msg']}", code="invalid_json") from exc
         problems = "; ".join(
-            f"{'.'.join(str(part) for part in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()[:5]
+            f"{'.'.join(str(part) for part in err['loc']) or 'body'}: {err['msg']}" for err in errors[:5]
         )
-        first = exc.errors()[0]["loc"] if exc.errors() else ()
-        raise ApiError(422, f"invalid request: {problems}", code="invalid_request",
-                       param=".".join(map(str, first)) or None) from exc
+        first = ".".join(map(str, errors[0]["loc"])) if errors else ""
+        raise ApiError(422, f"invalid request: {problems}", code="invalid_request", param=first or None) from exc
 
 
 def sse(event: str | None, data: Any) -> bytes:
@@ -92,7 +91,7 @@ async def next_event(queue: asyncio.Queue[OutboundEvent], wait_s: float) -> Outb
 
 
 def checked_key(key: str, where: str) -> str:
-    if not _SESSION_KEY.match(key):
+    if not _SESSION_KEY.fullmatch(key):
         raise ApiError(400, f"{where} {key[:64]!r} is not a session key: use 1-128 letters, digits and . _ @ + -",
                        code="invalid_session_key")
     return key

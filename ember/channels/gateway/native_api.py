@@ -70,8 +70,7 @@ class NativeApi:
     def routes(self) -> list[Route]:
         return [
             Route("/api/sessions", self.list_sessions, methods=["GET"]),
-            Route("/api/sessions/{key}/messages", self.history, methods=["GET"]),
-            Route("/api/sessions/{key}/messages", self.send, methods=["POST"]),
+            Route("/api/sessions/{key}/messages", self.messages, methods=["GET", "POST"]),
             Route("/api/approvals", self.pending_approvals, methods=["GET"]),
             Route("/api/approvals/{id}", self.answer_approval, methods=["POST"]),
         ]
@@ -101,6 +100,10 @@ class NativeApi:
             {"key": row.key.removeprefix(prefix), "messages": row.message_count, "updated_at": row.updated_at}
             for row in rows
         ]})
+
+    async def messages(self, request: Request) -> Response:
+        # One route for both methods, so a 405 on it names both in its Allow header.
+        return await (self.send(request) if request.method == "POST" else self.history(request))
 
     async def history(self, request: Request) -> Response:
         key = checked_key(request.path_params["key"], "session")

@@ -32,9 +32,18 @@ class ChatCompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(
+        min_length=1,
+        # Documents what the route checks: a user message with text (the last one is the new message).
+        json_schema_extra={"contains": {"type": "object", "required": ["role", "content"],
+                                        "properties": {"role": {"const": "user"},
+                                                       "content": {"anyOf": [{"type": "string", "pattern": r"\S"},
+                                                                             {"type": "array", "minItems": 1}]}}}},
+    )
     stream: bool = False
-    user: str | None = None
+    # The pattern is documented, not enforced here: the route says what is wrong with the key (400).
+    user: str | None = Field(default=None, json_schema_extra={"pattern": SESSION_KEY_PATTERN},
+                             description="The session, when no X-Ember-Session header names one")
 
 
 class MessageRequest(BaseModel):
@@ -157,7 +166,11 @@ def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": _ref(model)}}}
 
 
-_SSE = {"description": "Server-Sent Events", "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+# One Server-Sent Event: its `event` type (absent on the OpenAI stream) and its JSON `data`.
+_SSE_EVENT = {"type": "object", "required": ["data"],
+              "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+_SSE = {"description": "Server-Sent Events: delta, tool_call, tool_result, approval_request, final, error",
+        "content": {"text/event-stream": {"schema": _SSE_EVENT}}}
 _APPROVAL_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
 _SESSION_PARAM = {
     "name": "key", "in": "path", "required": True,
@@ -201,14 +214,14 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
             "OpenAI-compatible chat completion (stream or not); the server keeps the history",
             {"200": {"description": "A completion, or its stream of chunks",
                      "content": {"application/json": {"schema": _ref(ChatCompletion)},
-                                 "text/event-stream": {"schema": {"type": "string"}}}},
+                                 "text/event-stream": {"schema": _SSE_EVENT}}},
              **body_errors, **_errors(502)},
             body=ChatCompletionRequest, params=session_header)},
         "/v1/models": {"get": _operation("The agents this gateway serves", {"200": _json(ModelList, "Agents")})},
         "/api/sessions": {"get": _operation("The caller's sessions", {"200": _json(SessionList, "Sessions")})},
         "/api/sessions/{key}/messages": {
             "get": _operation("A session's committed history",
-                              {"200": _json(History, "Messages"), **_errors(404)}, params=[_SESSION_PARAM]),
+                              {"200": _json(History, "Messages"), **_errors(400, 404)}, params=[_SESSION_PARAM]),
             "post": _operation("Send a message; the answer streams back as Server-Sent Events",
                                {"200": _SSE, **body_errors}, body=MessageRequest, params=[_SESSION_PARAM]),
         },

@@ -1,0 +1,685 @@
+"""`ember serve` over real HTTP, as its clients see it: keys, isolation between
+identities, bad input, rate limits, clients that leave mid-stream, a failing
+model, metrics and the OpenAPI document.
+
+One gateway (and one scripted model server) serves the module; a second one,
+with a tiny rate limit, serves the rate-limit test. Tests that need a fresh
+session name one with `fresh()`, so they do not depend on each other's order.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.gatewayproc import GatewayProcess, free_port, gateway_env
+from tests.modelserver import ModelServer, Reply, serving, wait_until
+
+SECRETS = {
+    "alice": "alice-secret-0123456789",
+    "bob": "bob-secret-0123456789ab",
+    # Differs from "alice" only in case: another identity.
+    "Alice": "ALICE-secret-9876543210",
+    # Sends the bad requests, so its session list stays small and its own.
+    "carol": "carol-secret-0123456789",
+}
+MAX_BODY_BYTES = 2048
+ERROR_FIELDS = {"message", "type", "code", "param"}
+CHAT = "/v1/chat/completions"
+
+
+def answer_to(body: dict[str, Any]) -> Reply:
+    """The default model: echoes the newest user message."""
+    users = [m for m in body["messages"] if m["role"] == "user"]
+    return Reply(text=f"echo: {users[-1]['content']}" if users else "ok")
+
+
+def failing(body: dict[str, Any]) -> Reply:
+    return Reply(status=500)
+
+
+@pytest.fixture(scope="module")
+def model_module() -> Iterator[ModelServer]:
+    with serving() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def model(model_module: ModelServer) -> ModelServer:
+    """The module's model server, answering every call with an echo. A test that needs
+    another answer sets `responder` (not `push`: a reply left over would go to the next test)."""
+    model_module.responder = answer_to
+    return model_module
+
+
+def launch(model: ModelServer, home: Path, **extra: str) -> GatewayProcess:
+    env = gateway_env(home, model, SECRETS, EMBER_GATEWAY_MAX_BODY_BYTES=str(MAX_BODY_BYTES),
+                      EMBER_MODEL_MAX_ATTEMPTS="1", **extra)
+    return GatewayProcess(env, free_port())
+
+
+@pytest.fixture(scope="module")
+def gateways(model_module: ModelServer,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, GatewayProcess]]:
+    """The module's gateways, started side by side (each takes seconds to start): "main",
+    with no practical rate limit, and "limited": three requests at once per identity, then one a minute."""
+    started = {
+        "main": launch(model_module, tmp_path_factory.mktemp("gateway") / "home",
+                       EMBER_GATEWAY_RATE_PER_MINUTE="1000000", EMBER_GATEWAY_RATE_BURST="1000000"),
+        "limited": launch(model_module, tmp_path_factory.mktemp("limited") / "home",
+                          EMBER_GATEWAY_RATE_PER_MINUTE="1", EMBER_GATEWAY_RATE_BURST="3"),
+    }
+    try:
+        for each in started.values():
+            each.wait_ready()
+        yield started
+    finally:
+        for each in started.values():
+            each.kill()
+
+
+@pytest.fixture(scope="module")
+def gateway(gateways: dict[str, GatewayProcess]) -> GatewayProcess:
+    return gateways["main"]
+
+
+@pytest.fixture(scope="module")
+def limited_gateway(gateways: dict[str, GatewayProcess]) -> GatewayProcess:
+    return gateways["limited"]
+
+
+def auth(identity: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {SECRETS[identity]}"}
+
+
+Clients = dict[str | None, httpx.Client]
+
+
+@pytest.fixture(scope="module")
+def clients(gateway: GatewayProcess) -> Iterator[Clients]:
+    """`clients["alice"]`: an HTTP client of the main gateway holding that identity's key (None: no key).
+    Kept for the module: making one costs a TLS context."""
+    made = {identity: httpx.Client(base_url=gateway.base_url, headers=auth(identity), timeout=30)
+            for identity in SECRETS}
+    made[None] = httpx.Client(base_url=gateway.base_url, timeout=30)
+    yield made
+    for each in made.values():
+        each.close()
+
+
+@pytest.fixture
+def anonymous(clients: Clients) -> httpx.Client:
+    return clients[None]
+
+
+def fresh(prefix: str = "s") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+# --- what a client reads -------------------------------------------------------------------------
+
+
+@dataclass
+class Event:
+    name: str | None
+    data: str
+
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+def sse_events(text: str) -> list[Event]:
+    events = []
+    for block in text.split("\n\n"):
+        lines = [line for line in block.splitlines() if line and not line.startswith(":")]
+        if not lines:
+            continue
+        name = next((line.removeprefix("event: ") for line in lines if line.startswith("event: ")), None)
+        data = "\n".join(line.removeprefix("data: ") for line in lines if line.startswith("data: "))
+        events.append(Event(name, data))
+    return events
+
+
+def send(client: httpx.Client, key: str, text: str) -> list[Event]:
+    """One turn on the native API; its Server-Sent Events."""
+    response = client.post(f"/api/sessions/{key}/messages", json={"text": text})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    return sse_events(response.text)
+
+
+def final_text(events: list[Event]) -> str:
+    finals = [e for e in events if e.name == "final"]
+    assert len(finals) == 1, events
+    text: str = finals[0].json()["text"]
+    return text
+
+
+def chat(client: httpx.Client, text: str, *, session: str | None = None, stream: bool = False,
+         **extra: Any) -> httpx.Response:
+    headers = {"X-Ember-Session": session} if session else {}
+    body = {"model": "ember", "messages": [{"role": "user", "content": text}], "stream": stream, **extra}
+    return client.post(CHAT, json=body, headers=headers)
+
+
+def history(client: httpx.Client, key: str) -> list[dict[str, Any]]:
+    response = client.get(f"/api/sessions/{key}/messages")
+    assert response.status_code == 200, response.text
+    messages: list[dict[str, Any]] = response.json()["messages"]
+    return messages
+
+
+def sessions_snapshot(client: httpx.Client) -> list[dict[str, Any]]:
+    """The caller's sessions, as GET /api/sessions lists them."""
+    response = client.get("/api/sessions")
+    assert response.status_code == 200, response.text
+    rows: list[dict[str, Any]] = response.json()["sessions"]
+    return rows
+
+
+def session_keys(client: httpx.Client) -> list[str]:
+    return [row["key"] for row in sessions_snapshot(client)]
+
+
+def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    """A JSON error in the OpenAI shape, with that status (and code, if given)."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error: dict[str, Any] = body["error"]
+    assert set(error) == ERROR_FIELDS, error
+    assert isinstance(error["message"], str) and error["message"].strip()
+    assert isinstance(error["type"], str) and error["type"]
+    if code is not None:
+        assert error["code"] == code, error
+    return error
+
+
+def seen_by_model(model: ModelServer, text: str) -> str:
+    """Every message of the latest model request answering the user message `text`, as one string."""
+    for body in reversed(model.requests):
+        last = body["messages"][-1]
+        if last["role"] == "user" and last["content"] == text:
+            return json.dumps(body["messages"])
+    raise AssertionError(f"the model was never asked {text!r}")
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus text as {(sample name, sorted labels): value}."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+PROTECTED = [("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/v1/models"), ("GET", "/api/sessions"),
+             ("POST", CHAT), ("GET", "/api/sessions/main/messages"), ("POST", "/api/sessions/main/messages")]
+BAD_AUTHORIZATION = {
+    "missing": None,
+    "wrong key": "Bearer not-the-right-secret-at-all",
+    "basic scheme": f"Basic {SECRETS['alice']}",
+    "no scheme": SECRETS["alice"],
+    "bearer without a key": "Bearer",
+    "key with a suffix": f"Bearer {SECRETS['alice']}x",
+    "key in upper case": f"Bearer {SECRETS['alice'].upper()}",
+}
+
+
+@pytest.mark.parametrize(("method", "path"), PROTECTED, ids=[f"{m} {p}" for m, p in PROTECTED])
+@pytest.mark.parametrize("authorization", list(BAD_AUTHORIZATION.values()), ids=list(BAD_AUTHORIZATION))
+def test_protected_routes_refuse_a_missing_or_bad_key(anonymous: httpx.Client, model: ModelServer, method: str,
+                                                      path: str, authorization: str | None) -> None:
+    calls = len(model.requests)
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    body = {"model": "ember", "messages": [{"role": "user", "content": "hi"}], "text": "hi"}
+    response = anonymous.request(method, path, headers=headers, json=body if method == "POST" else None)
+    assert_error(response, 401, "invalid_api_key")
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert len(model.requests) == calls  # no turn ran
+
+
+def test_liveness_and_the_page_need_no_key(anonymous: httpx.Client) -> None:
+    health = anonymous.get("/healthz")
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok"}
+    page = anonymous.get("/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+
+
+def test_a_valid_key_opens_metrics_the_document_and_the_models(clients: Clients) -> None:
+    alice = clients["alice"]
+    metrics = alice.get("/metrics")
+    assert metrics.status_code == 200
+    assert metrics.headers["content-type"].startswith("text/plain")
+    document = alice.get("/openapi.json")
+    assert document.status_code == 200
+    assert document.json()["openapi"].startswith("3.")
+    models = alice.get("/v1/models")
+    assert models.status_code == 200
+    assert models.json()["object"] == "list"
+    assert [card["id"] for card in models.json()["data"]] == ["ember"]
+
+
+# --- isolation between identities (I8) -----------------------------------------------------------
+
+
+@dataclass
+class AliceSession:
+    key: str
+    secret: str
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+@pytest.fixture
+def alice_only(clients: Clients, model: ModelServer) -> AliceSession:
+    """A session of alice's, holding a text no one else may see."""
+    session = AliceSession(fresh("alice-only"), f"alice's secret {uuid.uuid4().hex}")
+    assert final_text(send(clients["alice"], session.key, session.secret)) == f"echo: {session.secret}"
+    session.messages = history(clients["alice"], session.key)
+    return session
+
+
+def test_another_identity_gets_404_for_a_session_it_does_not_own(clients: Clients,
+                                                                 alice_only: AliceSession) -> None:
+    bob = clients["bob"]
+    theirs = assert_error(bob.get(f"/api/sessions/{alice_only.key}/messages"), 404, "session_not_found")
+    # Exactly what a key that exists nowhere gets: nothing tells bob the session exists.
+    nowhere = assert_error(bob.get(f"/api/sessions/{fresh('nowhere')}/messages"), 404, "session_not_found")
+    assert theirs["type"] == nowhere["type"]
+    assert alice_only.secret not in json.dumps(theirs)
+
+
+def test_another_identity_does_not_list_a_session_it_does_not_own(clients: Clients,
+                                                                  alice_only: AliceSession) -> None:
+    assert alice_only.key in session_keys(clients["alice"])
+    assert alice_only.key not in session_keys(clients["bob"])
+
+
+def test_posting_to_another_identitys_key_makes_a_session_of_ones_own(clients: Clients,
+                                                                      model: ModelServer,
+                                                                      alice_only: AliceSession) -> None:
+    bob = clients["bob"]
+    events = send(bob, alice_only.key, "bob was here")
+    assert final_text(events) == "echo: bob was here"
+    assert alice_only.secret not in json.dumps([e.data for e in events])
+    assert alice_only.secret not in seen_by_model(model, "bob was here")
+    assert [m["content"] for m in history(bob, alice_only.key)] == ["bob was here", "echo: bob was here"]
+    assert history(clients["alice"], alice_only.key) == alice_only.messages
+
+
+@pytest.mark.parametrize("via", ["X-Ember-Session header", "user field"])
+def test_openai_route_with_another_identitys_session_sees_none_of_it(clients: Clients,
+                                                                     model: ModelServer, alice_only: AliceSession,
+                                                                     via: str) -> None:
+    bob = clients["bob"]
+    if via == "user field":
+        response = chat(bob, "what did alice say?", user=alice_only.key)
+    else:
+        response = chat(bob, "what did alice say?", session=alice_only.key)
+    assert response.status_code == 200, response.text
+    assert response.headers["X-Ember-Session"] == alice_only.key
+    assert response.json()["choices"][0]["message"]["content"] == "echo: what did alice say?"
+    assert alice_only.secret not in seen_by_model(model, "what did alice say?")
+    assert history(clients["alice"], alice_only.key) == alice_only.messages
+
+
+def test_one_session_name_used_by_two_identities_is_two_sessions(clients: Clients,
+                                                                 model: ModelServer) -> None:
+    alice, bob = clients["alice"], clients["bob"]
+    shared = fresh("shared-name")
+    send(alice, shared, "alice speaking")
+    send(bob, shared, "bob speaking")
+    assert "alice speaking" not in seen_by_model(model, "bob speaking")
+    send(alice, shared, "alice again")
+    assert "alice speaking" in seen_by_model(model, "alice again")
+    assert "bob speaking" not in seen_by_model(model, "alice again")
+    assert [m["content"] for m in history(alice, shared) if m["role"] == "user"] == ["alice speaking", "alice again"]
+    assert [m["content"] for m in history(bob, shared) if m["role"] == "user"] == ["bob speaking"]
+
+
+def test_identities_differing_only_in_case_stay_separate(clients: Clients, model: ModelServer,
+                                                         alice_only: AliceSession) -> None:
+    other = clients["Alice"]
+    assert_error(other.get(f"/api/sessions/{alice_only.key}/messages"), 404, "session_not_found")
+    assert alice_only.key not in session_keys(other)
+    send(other, alice_only.key, "capital A here")
+    assert alice_only.secret not in seen_by_model(model, "capital A here")
+    assert [m["content"] for m in history(other, alice_only.key)] == ["capital A here", "echo: capital A here"]
+    assert history(clients["alice"], alice_only.key) == alice_only.messages
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+JSON_TYPE = {"Content-Type": "application/json"}
+GOOD_CHAT = {"model": "ember", "messages": [{"role": "user", "content": "hi"}]}
+TOO_LONG = "x" * (MAX_BODY_BYTES + 100)
+
+
+def chunked(data: bytes, size: int = 256) -> Iterator[bytes]:
+    """A body without Content-Length: the limit must hold while it is read."""
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+@dataclass(frozen=True)
+class Bad:
+    method: str
+    path: str
+    status: int
+    code: str | None
+    body: Any = None  # sent as JSON
+    content: bytes | None = None  # sent as it is
+    headers: dict[str, str] = field(default_factory=dict)
+    chunks: bool = False
+
+
+BAD_REQUESTS = {
+    # the OpenAI route
+    "chat: malformed JSON": Bad("POST", CHAT, 400, "invalid_json", content=b'{"model": "ember", "messages": [',
+                                headers=JSON_TYPE),
+    "chat: empty body": Bad("POST", CHAT, 400, "invalid_json", content=b"", headers=JSON_TYPE),
+    "chat: body not UTF-8": Bad("POST", CHAT, 400, "invalid_json", content=b'{"model": "\xff\xfe"}',
+                                headers=JSON_TYPE),
+    "chat: wrong types": Bad("POST", CHAT, 422, "invalid_request", body={"model": 7, "messages": "hello"}),
+    "chat: a list, not an object": Bad("POST", CHAT, 422, "invalid_request", body=[GOOD_CHAT]),
+    "chat: missing messages": Bad("POST", CHAT, 422, "invalid_request", body={"model": "ember"}),
+    "chat: no messages": Bad("POST", CHAT, 422, "invalid_request", body={"model": "ember", "messages": []}),
+    "chat: unknown role": Bad("POST", CHAT, 422, "invalid_request",
+                              body={"model": "ember", "messages": [{"role": "robot", "content": "hi"}]}),
+    "chat: no user message": Bad("POST", CHAT, 400, "no_user_message", body={"model": "ember", "messages": [
+        {"role": "system", "content": "be brief"}, {"role": "assistant", "content": "hello"}]}),
+    "chat: blank user message": Bad("POST", CHAT, 400, "no_user_message",
+                                    body={"model": "ember", "messages": [{"role": "user", "content": "  \n "}]}),
+    "chat: text/plain": Bad("POST", CHAT, 415, "unsupported_media_type", content=json.dumps(GOOD_CHAT).encode(),
+                            headers={"Content-Type": "text/plain"}),
+    "chat: no content type": Bad("POST", CHAT, 415, "unsupported_media_type", content=json.dumps(GOOD_CHAT).encode()),
+    "chat: form": Bad("POST", CHAT, 415, "unsupported_media_type", content=b"model=ember",
+                      headers={"Content-Type": "application/x-www-form-urlencoded"}),
+    "chat: oversize": Bad("POST", CHAT, 413, "body_too_large",
+                          body={"model": "ember", "messages": [{"role": "user", "content": TOO_LONG}]}),
+    "chat: oversize, chunked": Bad("POST", CHAT, 413, "body_too_large", headers=JSON_TYPE, chunks=True,
+                                   content=json.dumps({"model": "ember", "messages": [
+                                       {"role": "user", "content": TOO_LONG}]}).encode()),
+    "chat: invalid session header": Bad("POST", CHAT, 400, "invalid_session_key", body=GOOD_CHAT,
+                                        headers={"X-Ember-Session": "no spaces allowed"}),
+    "chat: invalid user field": Bad("POST", CHAT, 400, "invalid_session_key", body={**GOOD_CHAT, "user": "a/b"}),
+    # the native API
+    "send: malformed JSON": Bad("POST", "/api/sessions/bad-input/messages", 400, "invalid_json",
+                                content=b'{"text": ', headers=JSON_TYPE),
+    "send: wrong type": Bad("POST", "/api/sessions/bad-input/messages", 422, "invalid_request", body={"text": 3}),
+    "send: missing text": Bad("POST", "/api/sessions/bad-input/messages", 422, "invalid_request", body={}),
+    "send: unknown field": Bad("POST", "/api/sessions/bad-input/messages", 422, "invalid_request",
+                               body={"text": "hi", "role": "system"}),
+    "send: empty text": Bad("POST", "/api/sessions/bad-input/messages", 422, "invalid_request", body={"text": ""}),
+    "send: blank text": Bad("POST", "/api/sessions/bad-input/messages", 422, "empty_message", body={"text": " \t"}),
+    "send: text/plain": Bad("POST", "/api/sessions/bad-input/messages", 415, "unsupported_media_type",
+                            content=b'{"text": "hi"}', headers={"Content-Type": "text/plain"}),
+    "send: oversize": Bad("POST", "/api/sessions/bad-input/messages", 413, "body_too_large", body={"text": TOO_LONG}),
+    "send: oversize, chunked": Bad("POST", "/api/sessions/bad-input/messages", 413, "body_too_large",
+                                   content=json.dumps({"text": TOO_LONG}).encode(), headers=JSON_TYPE, chunks=True),
+    "send: invalid key": Bad("POST", "/api/sessions/no spaces/messages", 400, "invalid_session_key",
+                             body={"text": "hi"}),
+    "send: key too long": Bad("POST", f"/api/sessions/{'k' * 129}/messages", 400, "invalid_session_key",
+                              body={"text": "hi"}),
+    "history: unknown session": Bad("GET", "/api/sessions/never-used/messages", 404, "session_not_found"),
+    "history: invalid key": Bad("GET", "/api/sessions/-leading-dash/messages", 400, "invalid_session_key"),
+    # routing
+    "unknown route": Bad("GET", "/v1/nothing-here", 404, None),
+    "unknown route below a session": Bad("GET", "/api/sessions/main/other", 404, None),
+    "wrong method on chat": Bad("GET", CHAT, 405, None),
+    "wrong method on sessions": Bad("DELETE", "/api/sessions", 405, None),
+    "wrong method on models": Bad("POST", "/v1/models", 405, None, body={}),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_REQUESTS.values()), ids=list(BAD_REQUESTS))
+def test_bad_requests_get_a_clear_json_error_and_change_nothing(clients: Clients,
+                                                                model: ModelServer, bad: Bad) -> None:
+    carol = clients["carol"]
+    before, calls = sessions_snapshot(carol), len(model.requests)
+    content = chunked(bad.content) if bad.chunks and bad.content is not None else bad.content
+    response = carol.request(bad.method, bad.path, json=bad.body, content=content, headers=bad.headers)
+    assert_error(response, bad.status, bad.code)
+    if bad.status == 405:
+        assert response.headers["Allow"]
+    assert sessions_snapshot(carol) == before
+    assert len(model.requests) == calls
+    # The gateway still serves a normal turn.
+    assert final_text(send(carol, fresh("after-bad-input"), "and now a good one")) == "echo: and now a good one"
+
+
+@pytest.mark.parametrize("path", [CHAT, "/api/sessions/nested/messages"])
+def test_deeply_nested_json_is_a_client_error(clients: Clients, path: str) -> None:
+    carol = clients["carol"]
+    depth = MAX_BODY_BYTES // 2 - 10  # within the size limit, deeper than Python's recursion limit
+    response = carol.post(path, content=b"[" * depth + b"]" * depth, headers=JSON_TYPE)
+    assert_error(response, 400, "invalid_json")
+
+
+@pytest.mark.parametrize("path", [
+    CHAT,
+    "/api/sessions/surrogate/messages",
+])
+def test_a_lone_surrogate_is_rejected_before_any_turn(clients: Clients, model: ModelServer,
+                                                      path: str) -> None:
+    carol = clients["carol"]
+    before, calls = sessions_snapshot(carol), len(model.requests)
+    text = r'"a lone \ud800 surrogate"'  # valid JSON; no valid UTF-8 string
+    if path == CHAT:
+        body = f'{{"model": "ember", "messages": [{{"role": "user", "content": {text}}}]}}'
+    else:
+        body = f'{{"text": {text}}}'
+    response = carol.post(path, content=body.encode(), headers=JSON_TYPE)
+    assert response.status_code in (400, 422), response.text
+    assert_error(response, response.status_code)
+    assert sessions_snapshot(carol) == before
+    assert len(model.requests) == calls
+
+
+@pytest.mark.parametrize("via", ["chat user field", "chat stream user field", "send", "history"])
+def test_a_session_key_ending_in_a_newline_is_invalid(clients: Clients, model: ModelServer,
+                                                      via: str) -> None:
+    carol = clients["carol"]
+    before, calls = sessions_snapshot(carol), len(model.requests)
+    key = fresh("newline")
+    try:
+        if via == "send":
+            response = carol.post(f"/api/sessions/{key}%0A/messages", json={"text": "hi"})
+        elif via == "history":
+            response = carol.get(f"/api/sessions/{key}%0A/messages")
+        else:
+            response = chat(carol, "hi", user=f"{key}\n", stream=via == "chat stream user field")
+    except httpx.RemoteProtocolError as exc:
+        pytest.fail(f"the gateway dropped the connection: {exc}")
+    assert_error(response, 400, "invalid_session_key")
+    assert sessions_snapshot(carol) == before
+    assert len(model.requests) == calls
+
+
+def test_405_names_every_method_of_the_route(clients: Clients) -> None:
+    response = clients["carol"].delete("/api/sessions/main/messages")
+    assert_error(response, 405)
+    allowed = {method.strip() for method in response.headers["Allow"].split(",")}
+    assert {"GET", "POST"} <= allowed
+
+
+# --- rate limit ----------------------------------------------------------------------------------
+
+
+def test_a_burst_over_the_limit_gets_429_with_retry_after_for_that_identity_only(
+        limited_gateway: GatewayProcess) -> None:
+    with httpx.Client(base_url=limited_gateway.base_url, timeout=30) as http:
+        assert [http.get("/v1/models", headers=auth("alice")).status_code for _ in range(3)] == [200] * 3
+        limited = http.get("/v1/models", headers=auth("alice"))
+        assert_error(limited, 429, "rate_limited")
+        assert 1 <= int(limited.headers["Retry-After"]) <= 60
+        assert http.get("/v1/models", headers=auth("bob")).status_code == 200
+        assert http.get("/healthz").status_code == 200
+
+
+# --- a client that leaves mid-stream ---------------------------------------------------------------
+
+SLOW_ANSWER = "This answer arrives slowly, long after the client has left; the turn commits it whole, once."
+SLOW_CHUNKS = len(SLOW_ANSWER) // 4 + 2  # the stream's events: a role chunk, the text, a finish chunk
+
+
+def is_delta(route: str, line: str) -> bool:
+    if route == "native":
+        return line == "event: delta"
+    return line.startswith("data: {") and '"content": "' in line and '"role"' not in line
+
+
+def open_and_leave(client: httpx.Client, route: str, key: str) -> None:
+    """Start a streamed turn, read two deltas, close the connection."""
+    if route == "native":
+        request = client.build_request("POST", f"/api/sessions/{key}/messages", json={"text": "take your time"})
+    else:
+        request = client.build_request("POST", CHAT, headers={"X-Ember-Session": key}, json={
+            "model": "ember", "stream": True, "messages": [{"role": "user", "content": "take your time"}]})
+    response = client.send(request, stream=True)
+    try:
+        assert response.status_code == 200
+        deltas = 0
+        for line in response.iter_lines():
+            deltas += is_delta(route, line)
+            if deltas == 2:
+                break
+        assert deltas == 2
+    finally:
+        response.close()
+
+
+@pytest.mark.parametrize("route", ["native", "openai"])
+def test_a_client_leaving_mid_stream_still_gets_the_whole_answer_committed_once(
+        clients: Clients, model: ModelServer, route: str) -> None:
+    alice = clients["alice"]
+    key = fresh(f"leaving-{route}")
+    model.responder = lambda body: Reply(text=SLOW_ANSWER, chunk_delay_s=0.05)
+    sent_before = model.chunks_sent
+    open_and_leave(alice, route, key)
+    assert model.chunks_sent - sent_before < SLOW_CHUNKS  # the model was still streaming when the client left
+    model.responder = answer_to
+
+    def answered() -> bool:
+        response = alice.get(f"/api/sessions/{key}/messages")
+        return response.status_code == 200 and any(m["role"] == "assistant" for m in response.json()["messages"])
+
+    wait_until(answered, timeout_s=20, what="the committed answer")
+    assert [(m["role"], m["content"]) for m in history(alice, key)] == [
+        ("user", "take your time"), ("assistant", SLOW_ANSWER)]
+    # The next turn works, on a history holding the whole answer once.
+    assert final_text(send(alice, key, "still there?")) == "echo: still there?"
+    assert seen_by_model(model, "still there?").count(SLOW_ANSWER) == 1
+    assert [m["role"] for m in history(alice, key)] == ["user", "assistant", "user", "assistant"]
+
+
+# --- a failing model -----------------------------------------------------------------------------
+
+
+def test_a_failing_model_is_a_502_on_the_openai_route(clients: Clients,
+                                                      model: ModelServer) -> None:
+    alice = clients["alice"]
+    key = fresh("failing-openai")
+    model.responder = failing
+    response = chat(alice, "please fail", session=key)
+    assert_error(response, 502, "turn_failed")
+    assert response.headers["X-Ember-Session"] == key
+    assert [(m["role"], m["content"]) for m in history(alice, key)] == [("user", "please fail")]
+
+
+def test_a_failing_model_ends_the_openai_stream_with_one_error(clients: Clients,
+                                                               model: ModelServer) -> None:
+    alice = clients["alice"]
+    key = fresh("failing-openai-stream")
+    model.responder = failing
+    response = chat(alice, "please fail", session=key, stream=True)
+    assert response.status_code == 200
+    events = sse_events(response.text)
+    errors = [e for e in events if e.data != "[DONE]" and "error" in e.json()]
+    assert len(errors) == 1
+    assert set(errors[0].json()["error"]) == ERROR_FIELDS
+    assert events[-1].data == "[DONE]"
+    assert [(m["role"], m["content"]) for m in history(alice, key)] == [("user", "please fail")]
+
+
+def test_a_failing_model_is_one_error_event_on_the_native_stream(clients: Clients,
+                                                                 model: ModelServer) -> None:
+    alice = clients["alice"]
+    key = fresh("failing-native")
+    model.responder = failing
+    events = send(alice, key, "please fail")
+    assert [e.name for e in events] == ["error"]
+    assert events[0].json()["text"]
+    assert [(m["role"], m["content"]) for m in history(alice, key)] == [("user", "please fail")]
+    # The session goes on: the next turn answers, and the model sees the unanswered message.
+    model.responder = answer_to
+    assert final_text(send(alice, key, "try again")) == "echo: try again"
+    assert "please fail" in seen_by_model(model, "try again")
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+def test_metrics_count_the_turns_done(clients: Clients, model: ModelServer) -> None:
+    alice = clients["alice"]
+    before = samples(alice.get("/metrics").text)
+    key = fresh("metered")
+    for text in ("one", "two"):
+        assert chat(alice, text, session=key).status_code == 200
+    assert chat(alice, "three", session=key, stream=True).status_code == 200
+    send(alice, key, "four")
+    model.responder = failing
+    send(alice, key, "five fails")
+    response = alice.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    after = samples(response.text)
+
+    def grew(name: str, **labels: str) -> float:
+        sample = (name, tuple(sorted(labels.items())))
+        return after[sample] - before.get(sample, 0.0)
+
+    assert grew("ember_turns_total", api="openai", outcome="final") == 3
+    assert grew("ember_turns_total", api="native", outcome="final") == 1
+    assert grew("ember_turns_total", api="native", outcome="error") == 1
+    assert grew("ember_turn_duration_seconds_count", api="openai") == 3
+    assert grew("ember_turn_duration_seconds_count", api="native") == 2
+    assert grew("ember_turn_duration_seconds_bucket", api="openai", le="+Inf") == 3
+    assert grew("ember_deliveries_total", outcome="delivered") == 5
+    statuses = {dict(labels)["status"] for name, labels in after if name == "ember_background_jobs"}
+    assert {"pending", "running", "done", "failed"} <= statuses
+
+
+# --- the OpenAPI document ------------------------------------------------------------------------
+
+API_OPERATIONS = {("/v1/chat/completions", "post"), ("/v1/models", "get"), ("/api/sessions", "get"),
+                  ("/api/sessions/{key}/messages", "get"), ("/api/sessions/{key}/messages", "post"),
+                  ("/healthz", "get"), ("/metrics", "get")}
+PROBED_METHODS = ("get", "post", "put", "patch", "delete")
+
+
+def test_the_openapi_document_and_the_server_have_the_same_operations(clients: Clients,
+                                                                      alice_only: AliceSession) -> None:
+    alice = clients["alice"]
+    document = alice.get("/openapi.json").json()
+    documented = {(path, method) for path, item in document["paths"].items() for method in item}
+    assert documented >= API_OPERATIONS
+    served = set()
+    for path in document["paths"]:
+        url = path.replace("{key}", alice_only.key)
+        for method in PROBED_METHODS:
+            # An empty object is not a valid body anywhere: no turn runs, whatever the route.
+            response = alice.request(method, url, json={} if method != "get" else None)
+            assert response.status_code != 404 or response.json()["error"]["code"] is not None, (method, url)
+            if response.status_code != 405:
+                served.add((path, method))
+    assert served == documented
