@@ -36,6 +36,9 @@ from ember.store.traces import SqlTraceStore
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import ToolRegistry, Toolset
 from ember.tools.files import file_tools
+from ember.tools.mcp import McpHub, start_mcp
+from ember.tools.shell import shell_tool
+from ember.tools.web import web_fetch_tool
 from ember.tools.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -59,10 +62,18 @@ def configured_model(settings: Settings) -> OpenAICompatibleModel:
     )
 
 
-def default_tools(settings: Settings) -> ToolRegistry:
+def default_tools(settings: Settings, mcp: McpHub) -> ToolRegistry:
+    """The built-in tools, and the tools of the MCP servers that started."""
     workspace_dir = settings.workspace_dir
     workspace_dir.mkdir(parents=True, exist_ok=True)
-    return ToolRegistry(file_tools(Workspace(workspace_dir)))
+    workspace = Workspace(workspace_dir)
+    return ToolRegistry([
+        *file_tools(workspace),
+        shell_tool(workspace, timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars),
+        web_fetch_tool(allow_private=settings.web_fetch_allow_private,
+                       allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
+        *mcp.tools(),
+    ])
 
 
 @dataclass(slots=True)
@@ -79,6 +90,7 @@ class Runtime:
     runner: BackgroundRunner
     loop: AgentLoop
     consolidation: ConsolidationWorker
+    mcp: McpHub
 
 
 def _job_handlers(memory: MemoryService, consolidation: ConsolidationWorker, memory_reviewer: MemoryReviewer,
@@ -129,7 +141,9 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     leases = LocalLeases(settings.home_dir / "locks" / "sessions")
     bus = InProcessBus()
     approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s)
-    gated = ApprovalGate(tools if tools is not None else default_tools(settings), settings.tool_policy)
+    # Servers that fail to start are logged and left out; given tools (tests) use no server.
+    mcp = await start_mcp(settings.mcp_servers if tools is None else {})
+    gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp), settings.tool_policy)
     consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
     runner = BackgroundRunner(
         jobs,
@@ -146,12 +160,13 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
         response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(settings.consolidation_threshold)),
     )
     loop = AgentLoop(bus, leases, pipeline, traces, approvals)
-    return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation)
+    return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp)
 
 
 @asynccontextmanager
 async def running(runtime: Runtime) -> AsyncIterator[Runtime]:
-    """Start the background runner and the loop; stop both, then close the store."""
+    """Start the background runner and the loop; stop both, then the MCP servers
+    (no turn can call them any more), then close the store."""
     await runtime.runner.start()
     await runtime.loop.start()
     try:
@@ -159,4 +174,5 @@ async def running(runtime: Runtime) -> AsyncIterator[Runtime]:
     finally:
         await runtime.loop.stop()
         await runtime.runner.stop()
+        await runtime.mcp.close()
         await runtime.db.close()

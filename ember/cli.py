@@ -280,6 +280,40 @@ def demo() -> None:
     _run(run_demo(out))
 
 
+mcp_app = typer.Typer(help="Inspect MCP servers.", no_args_is_help=True)
+app.add_typer(mcp_app, name="mcp")
+
+
+@mcp_app.command("list")
+def mcp_list() -> None:
+    """Connect to each configured MCP server and show its state and tools."""
+    from ember.tools.mcp import start_mcp
+
+    settings = _settings()
+    _setup_logging(settings, verbose=False)
+
+    async def main() -> int:
+        hub = await start_mcp(settings.mcp_servers)
+        try:
+            statuses = hub.status()
+        finally:
+            await hub.close()
+        if not statuses:
+            out.print("No MCP servers configured; add a [mcp_servers.<name>] table to ember.toml.", markup=False)
+            return 0
+        table = Table("server", "transport", "status", "risk", "tools", "error")
+        for s in statuses:
+            state = {"connected": "[green]connected[/green]", "failed": "[red]failed[/red]"}.get(s.state, s.state)
+            if not settings.mcp_servers[s.name].enabled:
+                state = "disabled"
+            table.add_row(escape(s.name), escape(f"{s.transport}: {s.target}"), state, s.risk.value,
+                          escape(", ".join(s.tools)), escape(s.error or ""))
+        out.print(table)
+        return 0
+
+    _run(main())
+
+
 def _when(timestamp: float) -> str:
     import datetime as dt
 

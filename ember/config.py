@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from ember.core.errors import ConfigError
 from ember.tools.approval import ToolPolicy
+from ember.tools.mcp import McpServers
 
 CONFIGURE_MODEL_HINT = (
     "export EMBER_MODEL_BASE_URL=https://api.openai.com/v1 "
@@ -56,8 +57,15 @@ class Settings(BaseSettings):
     model_max_attempts: int = Field(default=4, ge=1)
 
     max_tool_iterations: int = Field(default=12, ge=1)
+    # The longest a shell command may run (a call may ask for less), and how much output it keeps.
+    shell_timeout_s: float = Field(default=120, gt=0)
+    shell_output_chars: int = Field(default=30_000, ge=1_000)
+    # web_fetch refuses loopback, private and link-local addresses unless allowed here.
+    web_fetch_allow_private: bool = False
+    web_fetch_allowed_hosts: list[str] = Field(default_factory=list)
     # allow / ask / deny per risk class, per tool and by pattern rules (see README).
     tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
+    mcp_servers: McpServers = Field(default_factory=dict)
     # A turn with at least this many tool calls triggers the background reviews.
     review_tool_call_threshold: int = Field(default=3, ge=1)
     consolidation_threshold: int = Field(default=40, ge=4)

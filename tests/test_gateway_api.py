@@ -663,7 +663,8 @@ def test_metrics_count_the_turns_done(clients: Clients, model: ModelServer) -> N
 
 API_OPERATIONS = {("/v1/chat/completions", "post"), ("/v1/models", "get"), ("/api/sessions", "get"),
                   ("/api/sessions/{key}/messages", "get"), ("/api/sessions/{key}/messages", "post"),
-                  ("/healthz", "get"), ("/metrics", "get")}
+                  ("/api/approvals", "get"), ("/api/approvals/{id}", "post"), ("/healthz", "get"),
+                  ("/metrics", "get")}
 PROBED_METHODS = ("get", "post", "put", "patch", "delete")
 
 

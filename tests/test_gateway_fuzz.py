@@ -45,10 +45,11 @@ EXAMPLES = 25
 CHAT = ("POST", "/v1/chat/completions")
 HISTORY_GET = ("GET", "/api/sessions/{key}/messages")
 HISTORY_POST = ("POST", "/api/sessions/{key}/messages")
+APPROVE = ("POST", "/api/approvals/{id}")
 OPERATIONS = [CHAT, ("GET", "/v1/models"), ("GET", "/api/sessions"), HISTORY_GET, HISTORY_POST,
-              ("GET", "/healthz"), ("GET", "/metrics")]
+              ("GET", "/api/approvals"), APPROVE, ("GET", "/healthz"), ("GET", "/metrics")]
 # Operations with inputs: only they have invalid requests to generate.
-WITH_INPUTS = [CHAT, HISTORY_GET, HISTORY_POST]
+WITH_INPUTS = [CHAT, HISTORY_GET, HISTORY_POST, APPROVE]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance, negative_data_rejection, positive_data_acceptance, ignored_auth]
 

@@ -163,6 +163,29 @@ def test_a_tool_call_is_shown_collapsed_with_its_result(
         page.reload()
 
 
+def test_a_risky_call_waits_for_the_users_click(page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    model.push(Reply(tool_calls=(tool_call("write_file", path="from-the-page.txt", content="hello"),)),
+               Reply(text="Written."),
+               Reply(tool_calls=(tool_call("write_file", path="refused.txt", content="no"),)),
+               Reply(text="Not written."))
+    sign_in(page, gateway, ALICE_KEY)
+
+    send(page, "write a file")
+    request = page.locator(".approval").last
+    expect(request.locator(".approval-question")).to_have_text(
+        "Allow Ember to write the file from-the-page.txt?")
+    request.locator(".approval-approve_once").click()
+    expect(answer(page).last).to_have_text("Written.")
+    assert (gateway.home / "workspace" / "from-the-page.txt").read_text() == "hello"
+
+    send(page, "write another")
+    expect(page.locator(".approval")).to_have_count(2)
+    page.locator(".approval").last.locator(".approval-deny").click()
+    expect(answer(page).last).to_have_text("Not written.")
+    expect(page.locator(".approval").last.locator(".approval-outcome")).to_have_text("Denied.")
+    assert not (gateway.home / "workspace" / "refused.txt").exists()
+
+
 def test_model_output_cannot_run_script(
         page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
     attacks = ['<script>window.__pwned=1</script>', '<img src=x onerror="window.__pwned=1">',

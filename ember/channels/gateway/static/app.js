@@ -219,6 +219,35 @@ function renderHistory(messages) {
   }
 }
 
+const DECISIONS = [["approve_once", "Allow once"], ["approve_session", "Always in this session"], ["deny", "Deny"]];
+
+/** A request to allow a risky tool call, with its three answers. */
+function approvalBox(request) {
+  const box = el("div", "approval");
+  box.setAttribute("role", "alert");
+  box.append(el("div", "approval-question", `Allow Ember to ${request.summary}?`),
+    el("div", "approval-risk", `${request.risk} · denied if unanswered in ${request.timeout_s} s`));
+  const buttons = el("div", "approval-buttons");
+  for (const [decision, label] of DECISIONS) {
+    const button = el("button", `approval-${decision}`, label);
+    button.type = "button";
+    button.addEventListener("click", async () => {
+      for (const b of buttons.querySelectorAll("button")) b.disabled = true;
+      try {
+        await api(`/api/approvals/${encodeURIComponent(request.id)}`, {
+          method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ decision }),
+        });
+        box.append(el("div", "approval-outcome", decision === "deny" ? "Denied." : "Allowed."));
+      } catch (err) {
+        box.append(el("div", "error", err.message));
+      }
+    });
+    buttons.append(button);
+  }
+  box.append(buttons);
+  return box;
+}
+
 /** One turn as it streams: deltas grow a draft that the `final` text replaces. */
 class LiveTurn {
   constructor(box) {
@@ -243,6 +272,8 @@ class LiveTurn {
     } else if (name === "tool_result") {
       const result = this.results.get(data.call_id);
       if (result) result.textContent = data.text;
+    } else if (name === "approval_request") {
+      this.box.append(approvalBox(data));
     } else if (name === "final") {
       if (this.draft) this.draft.remove();
       if (data.text) appendText(this.box, data.text);
