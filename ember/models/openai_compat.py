@@ -14,7 +14,7 @@ from typing import Any
 
 import openai
 from openai import AsyncOpenAI, AsyncStream
-from openai.types.chat import ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
@@ -188,7 +188,12 @@ class OpenAICompatibleModel:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._client.chat.completions.create(**request)
+                    # The SDK's low-level post: `create` first walks the whole history through its
+                    # typed-dict transform, about 0.25 ms per message on the event loop.
+                    return await self._client.post(
+                        "/chat/completions", body=request, cast_to=ChatCompletion, stream=True,
+                        stream_cls=AsyncStream[ChatCompletionChunk], options={"security": {"bearer_auth": True}},
+                    )
         except openai.OpenAIError as exc:
             tried = f" after {self._max_attempts} attempts" if _retryable(exc) and self._max_attempts > 1 else ""
             raise ModelError(f"model {self.name} at {self.base_url} failed{tried}: {_describe(exc)}") from exc

@@ -71,6 +71,7 @@ class Database:
         self.path = path
         self._writer = _sqlite_engine(path, synchronous=synchronous, immediate=True)
         self._reader = _sqlite_engine(path, synchronous=synchronous, immediate=False)
+        self._write_turn = asyncio.Lock()
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,8 +88,12 @@ class Database:
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncConnection]:
-        """One write transaction: committed on success, rolled back on error."""
-        async with self._writer.begin() as conn:
+        """One write transaction: committed on success, rolled back on error.
+
+        Writers of this process queue here, in arrival order, rather than in
+        SQLite's busy handler, which polls with sleeps and lets a late writer win.
+        """
+        async with self._write_turn, self._writer.begin() as conn:
             yield conn
 
     @asynccontextmanager

@@ -69,7 +69,9 @@ def api_keys(settings: Settings, host: str) -> ApiKeys:
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, taken before anything else starts, so a busy port fails at once."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named explicitly: asyncio sets TCP_NODELAY on accepted sockets only
+    # when the listener's protocol says TCP, and streamed deltas must not wait for Nagle.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     # Reuse: a restart after a crash must not wait for the old connections' TIME_WAIT.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
