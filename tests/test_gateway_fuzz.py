@@ -20,7 +20,7 @@ import httpx
 import jsonschema_rs
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
@@ -106,6 +106,9 @@ def fuzz(schema: OpenApiSchema, operation: tuple[str, str], mode: GenerationMode
     @fuzz_settings(examples)
     @given(case=schema[path][method].as_strategy(generation_mode=mode))
     def run(case: schemathesis.Case) -> None:
+        # HTTP trims the spaces around a header value: " k " arrives as the valid "k".
+        session = (case.headers or {}).get("X-Ember-Session")
+        assume(session is None or session == session.strip(" \t"))
         response = case.call(headers=AUTH, timeout=30)
         try:
             case.validate_response(response, checks=checks, headers=AUTH)
