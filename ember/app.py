@@ -6,7 +6,7 @@ this is the one place that knows them all.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,10 +25,12 @@ from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
 from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
+from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
-from ember.runtime.loop import AgentLoop, Pipeline
+from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
 from ember.skills.review import SkillReviewer
 from ember.store.database import Database
+from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
@@ -91,6 +93,7 @@ class Runtime:
     loop: AgentLoop
     consolidation: ConsolidationWorker
     mcp: McpHub
+    deliveries: DeliveryWorker
 
 
 def _job_handlers(memory: MemoryService, consolidation: ConsolidationWorker, memory_reviewer: MemoryReviewer,
@@ -159,20 +162,30 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
         inference=InferenceStage(model, gated, sessions, limits),
         response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(settings.consolidation_threshold)),
     )
-    loop = AgentLoop(bus, leases, pipeline, traces, approvals)
-    return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp)
+    deliveries = DeliveryWorker(SqlDeliveryStore(db), bus)
+    recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
+    loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery)
+    return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries)
 
 
 @asynccontextmanager
-async def running(runtime: Runtime) -> AsyncIterator[Runtime]:
-    """Start the background runner and the loop; stop both, then the MCP servers
-    (no turn can call them any more), then close the store."""
+async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bool = False) -> AsyncIterator[Runtime]:
+    """Start the background runner, the delivery worker and the loop; stop them in
+    reverse, then the MCP servers (no turn can call them any more), then the store.
+
+    `channels`: those this process serves, whose unconfirmed answers are re-sent.
+    `recover`: pick up the turns a crash cut off (resumed or answered with a notice).
+    """
     await runtime.runner.start()
+    await runtime.deliveries.start(channels)
     await runtime.loop.start()
     try:
+        if recover:
+            await runtime.loop.recover()
         yield runtime
     finally:
         await runtime.loop.stop()
+        await runtime.deliveries.stop()
         await runtime.runner.stop()
         await runtime.mcp.close()
         await runtime.db.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     consolidation_threshold: int = Field(default=40, ge=4)
     # Messages kept out of a consolidation so the model still sees the latest exchange verbatim.
     consolidation_keep_recent: int = Field(default=10, ge=0)
+    # A message whose turn a crash cut off: finished at the next start when it is
+    # younger than resume_window_s, else answered with a notice that it was not.
+    interrupted_turns: Literal["resume", "notice"] = "resume"
+    resume_window_s: float = Field(default=600, ge=0)
     job_max_attempts: int = Field(default=5, ge=1)
     job_backoff_base_s: float = Field(default=1.0, gt=0)
     # "FULL" survives power loss; "NORMAL" survives a process crash only.

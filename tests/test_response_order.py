@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -25,9 +26,11 @@ from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
 from ember.runtime.approvals import ApprovalBroker
+from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import LocalLeases
-from ember.runtime.loop import AgentLoop, Pipeline
+from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
 from ember.store.database import Database
+from ember.store.deliveries import SqlDeliveryStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
@@ -48,11 +51,11 @@ class RecordingStore:
     async def load(self, key: str) -> Session:
         return await self.inner.load(key)
 
-    async def append(self, session: Session, messages: Sequence[Message]) -> None:
+    async def append(self, session: Session, messages: Sequence[Message], **records: Any) -> None:
         is_final = messages[-1].role is Role.ASSISTANT and not messages[-1].tool_calls
         if is_final and self._fail_final:
             raise OSError("disk full")
-        await self.inner.append(session, messages)
+        await self.inner.append(session, messages, **records)
         self._log.append(("save", messages[-1].content))
 
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool:
@@ -88,6 +91,11 @@ class RecordingBus(InProcessBus):
         return [queue.get_nowait() for _ in range(queue.qsize())]
 
 
+def loop_of(db: Database, bus: InProcessBus, store: RecordingStore, pipeline: Pipeline) -> AgentLoop:
+    return AgentLoop(bus, LocalLeases(db.path.parent / "locks"), store, pipeline, SqlTraceStore(db),
+                     ApprovalBroker(bus, timeout_s=5), DeliveryWorker(SqlDeliveryStore(db), bus), RecoveryPolicy())
+
+
 class Rig:
     """The loop assembled by hand around recording collaborators."""
 
@@ -101,9 +109,7 @@ class Rig:
         self.context = ContextStage(self.store, memory, Persona("Ember", "You are {agent_name}.", intro))
         self.inference = InferenceStage(model, ToolRegistry(), self.store, InferenceLimits())
         self.response = ResponseStage(self.store, RecordingScheduler(self.log), memory, DerivedWorkPolicy(threshold))
-        self.loop = AgentLoop(self.bus, LocalLeases(db.path.parent / "locks"),
-                              Pipeline(self.context, self.inference, self.response), SqlTraceStore(db),
-                              ApprovalBroker(self.bus, timeout_s=5))
+        self.loop = loop_of(db, self.bus, self.store, Pipeline(self.context, self.inference, self.response))
 
     async def run_turn(self, text: str, *, stream: bool) -> list[OutboundEvent]:
         """One turn through the loop's own edge, `_on_inbound`; returns what the channel got."""
@@ -204,9 +210,7 @@ class HangingScheduler(RecordingScheduler):
 async def test_a_turn_cancelled_after_its_commit_delivers_the_committed_answer(db: Database) -> None:
     rig = Rig(db, reply("committed answer"), threshold=1)
     rig.response = ResponseStage(rig.store, HangingScheduler(rig.log), rig.response._memory, DerivedWorkPolicy(1))
-    rig.loop = AgentLoop(rig.bus, LocalLeases(db.path.parent / "locks"),
-                         Pipeline(rig.context, rig.inference, rig.response), SqlTraceStore(db),
-                         ApprovalBroker(rig.bus, timeout_s=5))
+    rig.loop = loop_of(db, rig.bus, rig.store, Pipeline(rig.context, rig.inference, rig.response))
     turn = asyncio.create_task(
         rig.loop._on_inbound(InboundEvent(channel="test", chat_id="c1", sender_id="u", text="q", stream=True))
     )

@@ -51,14 +51,15 @@ class CliChannel:
     async def send(self, text: str, *, stream: bool) -> Answer:
         """One turn. With `stream`, deltas and tool steps are printed as they come
         and the final answer is printed only where it differs from the draft."""
+        message_id = uuid.uuid4().hex
         await self._bus.publish_inbound(
             InboundEvent(channel=CHANNEL, chat_id=self._chat_id, sender_id=self._sender_id, text=text,
-                         message_id=uuid.uuid4().hex, stream=stream, can_approve=True)
+                         message_id=message_id, stream=stream, can_approve=True)
         )
         draft = ""
         while True:
             event = await self._bus.next_outbound(CHANNEL)
-            if event.chat_id != self._chat_id:
+            if event.reply_to != message_id:  # e.g. an earlier process's answer, re-sent
                 continue
             if event.kind is OutboundKind.DELTA:
                 draft += event.text

@@ -23,3 +23,7 @@ class StoreConflict(EmberError):
 
 class StoreError(EmberError):
     """The store cannot be used as it is (for example, a newer schema)."""
+
+
+class DuplicateMessage(StoreError):
+    """The (channel, message_id) was already accepted: nothing was written."""

@@ -27,6 +27,8 @@ class InboundEvent:
     message_id: str | None = None
     stream: bool = False
     can_approve: bool = False
+    # Set by start-up recovery: finish the accepted message's interrupted turn, or do nothing.
+    recovery: bool = False
     metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
@@ -62,3 +64,5 @@ class OutboundEvent:
     stream_full_text: bool = False
     tool_call: ToolCall | None = None
     approval: ApprovalRequest | None = None
+    # The idempotency key of a committed answer (turn id, seq): a channel shows each once.
+    delivery_id: str | None = None

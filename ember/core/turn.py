@@ -18,8 +18,8 @@ class StreamSink(Protocol):
 
     async def tool_result(self, call: ToolCall, result: str) -> None: ...
 
-    async def finalize(self, text: str) -> bool:
-        """Send the final answer; True when it reached the channel."""
+    async def finalize(self, text: str, delivery_id: str) -> bool:
+        """Send the committed answer; True when it reached the channel."""
         ...
 
 
@@ -52,3 +52,4 @@ class InferenceResult:
 class ProcessResult:
     response_text: str
     outbound_sent: bool
+    delivery_id: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from ember.core.delivery import Receipt
 from ember.core.events import InboundEvent
 from ember.core.messages import Message, Role, Session
 from ember.core.turn import PipelineContext, StreamSink
@@ -52,15 +53,22 @@ class ContextStage:
         self._memory = memory
         self._persona = persona
 
-    async def prepare(self, event: InboundEvent, turn_id: str,
-                      open_stream: StreamFactory | None = None) -> PipelineContext:
-        """The user message is committed here, before any inference (I1)."""
+    async def prepare(self, event: InboundEvent, turn_id: str, open_stream: StreamFactory | None = None, *,
+                      resume: bool = False) -> PipelineContext:
+        """The user message is committed here, with its receipt, before any inference (I1).
+
+        `resume` picks up a turn whose message was committed before: nothing new is written.
+        """
         session = await self._sessions.load(event.session_key)
         # New until it has an answer: a first turn that failed still gets the intro next time.
         is_new = session.last_consolidated == 0 and not any(m.role is Role.ASSISTANT for m in session.messages)
         if session.next_seq == 0:
             session.metadata = {"channel": event.channel, "chat_id": event.chat_id, "sender_id": event.sender_id}
-        await self._sessions.append(session, [Message.user(event.text, turn_id=turn_id)])
+        if not resume:
+            assert event.message_id is not None
+            receipt = Receipt(channel=event.channel, message_id=event.message_id, chat_id=event.chat_id,
+                              sender_id=event.sender_id, turn_id=turn_id)
+            await self._sessions.append(session, [Message.user(event.text, turn_id=turn_id)], receipt=receipt)
         intro = self._intro(event) if is_new else ""
         prompt = [Message.system(await self._system_text(session))]
         prompt += [shown_to_model(message.without_reasoning()) for message in session.messages]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from ember.core.delivery import Delivery, delivery_id
 from ember.core.jobs import JobKind
 from ember.core.messages import Message
 from ember.core.thinking import strip_thinking
@@ -41,14 +42,17 @@ class ResponseStage:
         text = strip_thinking(result.response_text) or EMPTY_ANSWER
         # 2. The introduction is the system's, not the model's.
         text = merge_intro(ctx.intro_text, text)
-        # 3. The commit. Nothing derived starts before it returns.
-        await self._sessions.append(ctx.session, [Message.assistant(text, turn_id=ctx.turn_id)])
+        # 3. The commit, with the outbox record that owes it to the channel. Nothing derived starts before it.
+        delivery = Delivery(delivery_id=delivery_id(ctx.turn_id, ctx.session.next_seq), turn_id=ctx.turn_id,
+                            channel=ctx.event.channel, chat_id=ctx.event.chat_id, reply_to=ctx.event.message_id,
+                            kind="final", text=text)
+        await self._sessions.append(ctx.session, [Message.assistant(text, turn_id=ctx.turn_id)], delivery=delivery)
         # 4. Derived work: queued durably, run in the background, never undoing step 3.
         await self._schedule_derived_work(ctx, result)
         # 5. Delivery of the final through the stream, which replaces the draft.
-        sent = await ctx.stream.finalize(text) if ctx.stream is not None else False
+        sent = await ctx.stream.finalize(text, delivery.delivery_id) if ctx.stream is not None else False
         # 6. The loop publishes the final itself only if the stream did not.
-        return ProcessResult(text, outbound_sent=sent)
+        return ProcessResult(text, outbound_sent=sent, delivery_id=delivery.delivery_id)
 
     async def _schedule_derived_work(self, ctx: PipelineContext, result: InferenceResult) -> None:
         key = ctx.session.key

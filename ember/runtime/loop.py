@@ -3,9 +3,13 @@
     _on_inbound(event):
         hold the session lease (turns of one session run one at a time, in
         arrival order; different sessions run concurrently)
-            ctx    = ContextStage.prepare(event)     user message committed
+            the message was accepted before (a redelivery)?
+                answered:   re-send the recorded answer, same delivery id
+                unanswered: its turn was cut off: resume it, or after the
+                            freshness window answer with a notice
+            ctx    = ContextStage.prepare(event)     user message + receipt committed
             result = InferenceStage.run(ctx)         model + tools, steps committed
-            done   = ResponseStage.finalize(ctx, result)   the commit boundary
+            done   = ResponseStage.finalize(ctx, result)   answer + outbox record committed
             publish the final only if not done.outbound_sent
         on an exception: publish exactly one error response
         on a cancellation: deliver the answer if it was committed, else one
@@ -16,27 +20,32 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from ember.bus.base import Bus
+from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import EmberError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.journal import TurnJournal
 from ember.core.leases import SessionLeases
-from ember.core.messages import Role
+from ember.core.messages import Message, Role
 from ember.core.tools import ToolRun
 from ember.core.turn import PipelineContext
 from ember.pipeline.context import ContextStage
 from ember.pipeline.inference import InferenceStage
 from ember.pipeline.response import ResponseStage
 from ember.runtime.approvals import ApprovalBroker
+from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.streaming import StreamPublisher
 from ember.runtime.tasks import cancel_task, stop_tasks
+from ember.store.sessions import SessionStore
 from ember.store.traces import SqlTraceStore, TurnTrace
 
 log = logging.getLogger(__name__)
@@ -49,23 +58,41 @@ class Pipeline:
     response: ResponseStage
 
 
+@dataclass(frozen=True, slots=True)
+class RecoveryPolicy:
+    """What to do at start-up with a message whose turn a crash cut off."""
+
+    mode: Literal["resume", "notice"] = "resume"
+    # Older than this, resuming would surprise: the user gets a notice instead.
+    window_s: float = 600.0
+
+    def resumes(self, receipt: Receipt) -> bool:
+        return self.mode == "resume" and time.time() - receipt.received_at <= self.window_s
+
+
 INTERRUPTED_TEXT = "Sorry, this turn was interrupted before it finished (Ember is shutting down)."
+NOT_RESUMED_TEXT = ("Sorry, Ember stopped while working on this message and did not finish it. "
+                    "Send it again if it still matters.")
 
 
 @dataclass(slots=True)
-class _Progress:
-    """How far a turn got, for a cancellation to report honestly."""
+class _Turn:
+    """One turn as the loop tracks it, for a failure or a cancellation to report honestly."""
 
+    turn_id: str
+    journal: TurnJournal = field(default_factory=TurnJournal)
+    resume: bool = False
     ctx: PipelineContext | None = None
     delivered: bool = False
+    trace: TurnTrace | None = None
 
-    def undelivered_answer(self, turn_id: str) -> str | None:
+    def undelivered_answer(self) -> Message | None:
         """The turn's final answer when it was committed but not yet sent."""
         if self.ctx is None or self.delivered or not self.ctx.session.messages:
             return None
         last = self.ctx.session.messages[-1]
-        final = last.role is Role.ASSISTANT and not last.tool_calls and last.turn_id == turn_id
-        return last.content if final else None
+        final = last.role is Role.ASSISTANT and not last.tool_calls and last.turn_id == self.turn_id
+        return last if final else None
 
 
 def error_text(exc: BaseException, turn_id: str) -> str:
@@ -75,13 +102,17 @@ def error_text(exc: BaseException, turn_id: str) -> str:
 
 
 class AgentLoop:
-    def __init__(self, bus: Bus, leases: SessionLeases, pipeline: Pipeline, traces: SqlTraceStore,
-                 approvals: ApprovalBroker) -> None:
+    def __init__(self, bus: Bus, leases: SessionLeases, sessions: SessionStore, pipeline: Pipeline,
+                 traces: SqlTraceStore, approvals: ApprovalBroker, deliveries: DeliveryWorker,
+                 recovery: RecoveryPolicy) -> None:
         self._bus = bus
         self._leases = leases
+        self._sessions = sessions
         self._pipeline = pipeline
         self._traces = traces
         self._approvals = approvals
+        self._deliveries = deliveries
+        self._recovery = recovery
         self._turns: set[asyncio.Task[None]] = set()
         self._consumer: asyncio.Task[None] | None = None
 
@@ -95,6 +126,17 @@ class AgentLoop:
         self._consumer = None
         await stop_tasks(self._turns, grace_s)
 
+    async def recover(self) -> int:
+        """Queue every accepted message whose turn never answered (a crash cut it
+        off); each is resumed or answered with a notice, under its session's lease."""
+        pending = await self._deliveries.store.unanswered()
+        for receipt in pending:
+            await self._bus.publish_inbound(InboundEvent(
+                channel=receipt.channel, chat_id=receipt.chat_id, sender_id=receipt.sender_id, text="",
+                message_id=receipt.message_id, recovery=True,
+            ))
+        return len(pending)
+
     async def _consume(self) -> None:
         while True:
             event = await self._bus.next_inbound()
@@ -103,29 +145,80 @@ class AgentLoop:
             task.add_done_callback(self._turns.discard)
 
     async def _on_inbound(self, event: InboundEvent) -> None:
-        turn_id = uuid.uuid4().hex
-        trace = TurnTrace(turn_id=turn_id, session_key=event.session_key, started_at=time.time())
-        progress = _Progress()
-        journal = TurnJournal()
+        if event.message_id is None:  # every turn gets a receipt, so a crash cannot hide it
+            event = dataclasses.replace(event, message_id=uuid.uuid4().hex)
+        turn = _Turn(turn_id=uuid.uuid4().hex)
         try:
             async with self._leases.hold(event.session_key):
-                await self._run_turn(event, turn_id, journal, progress)
-            trace.status = "ok"
+                if await self._already_handled(event, turn):
+                    return
+                turn.trace = TurnTrace(turn_id=turn.turn_id, session_key=event.session_key, started_at=time.time())
+                await self._run_turn(event, turn)
+            turn.trace.status = "ok"
         except asyncio.CancelledError:
-            trace.status, trace.error = "cancelled", "the turn was stopped before it finished"
-            answer = progress.undelivered_answer(turn_id)
+            if turn.trace is not None:
+                turn.trace.status, turn.trace.error = "cancelled", "the turn was stopped before it finished"
+            answer = turn.undelivered_answer()
             if answer is not None:  # committed before the cancel: deliver the record, not an error
-                await self._publish(event, turn_id, OutboundKind.FINAL, answer, stream_full_text=True)
-            elif not progress.delivered:
-                await self._publish(event, turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
+                await self._send_answer(event, turn.turn_id, answer.content, delivery_id(turn.turn_id, answer.seq or 0))
+            elif not turn.delivered and not event.recovery:
+                await self._publish(event, turn.turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
             raise
         except Exception as exc:  # the loop's edge: one error response, logged once
-            log.exception("turn %s of %s failed", turn_id, event.session_key)
-            trace.status, trace.error = "failed", f"{type(exc).__name__}: {exc}"
-            await self._publish(event, turn_id, OutboundKind.ERROR, error_text(exc, turn_id))
+            log.exception("turn %s of %s failed", turn.turn_id, event.session_key)
+            if turn.trace is not None:
+                turn.trace.status, turn.trace.error = "failed", f"{type(exc).__name__}: {exc}"
+            text = error_text(exc, turn.turn_id)
+            await self._record_failure(event, turn, text)
+            await self._publish(event, turn.turn_id, OutboundKind.ERROR, text)
         finally:
-            trace.detail.update(journal.as_dict())
-            await self._record(trace)
+            if turn.trace is not None:
+                turn.trace.detail.update(turn.journal.as_dict())
+                await self._record(turn.trace)
+
+    async def _already_handled(self, event: InboundEvent, turn: _Turn) -> bool:
+        """A redelivery: re-send its answer, or pick up its cut-off turn. True when nothing is left to run."""
+        assert event.message_id is not None
+        seen = await self._deliveries.store.receipt(event.channel, event.message_id)
+        if seen is None:
+            return event.recovery
+        turn.turn_id, turn.resume = seen.turn_id, True
+        if seen.answered_at is not None:
+            if event.recovery:
+                return True
+            answer = await self._deliveries.store.answer_of(seen.turn_id)
+            if answer is not None and answer.kind == "final":
+                await self._resend(event, answer)
+                return True
+            return False  # the turn ended in an error: a redelivery is a retry
+        if event.recovery and not self._recovery.resumes(seen):
+            await self._answer_with_notice(event, seen)
+            return True
+        return False
+
+    async def _resend(self, event: InboundEvent, answer: Delivery) -> None:
+        await self._send_answer(event, answer.turn_id, answer.text, answer.delivery_id)
+
+    async def _answer_with_notice(self, event: InboundEvent, seen: Receipt) -> None:
+        session = await self._sessions.load(event.session_key)
+        notice = Message.assistant(NOT_RESUMED_TEXT, turn_id=seen.turn_id)
+        delivery = Delivery(delivery_id=delivery_id(seen.turn_id, session.next_seq), turn_id=seen.turn_id,
+                            channel=event.channel, chat_id=event.chat_id, reply_to=event.message_id, kind="final",
+                            text=NOT_RESUMED_TEXT)
+        await self._sessions.append(session, [notice], delivery=delivery)
+        await self._resend(event, delivery)
+
+    async def _record_failure(self, event: InboundEvent, turn: _Turn, text: str) -> None:
+        """The accepted message was answered, with an error: start-up recovery leaves it alone."""
+        if turn.ctx is None:
+            return  # nothing was accepted
+        delivery = Delivery(delivery_id=f"{turn.turn_id}:error:{uuid.uuid4().hex[:8]}", turn_id=turn.turn_id,
+                            channel=event.channel, chat_id=event.chat_id, reply_to=event.message_id, kind="error",
+                            text=text)
+        try:
+            await self._deliveries.store.record(event.session_key, delivery)
+        except SQLAlchemyError:
+            log.warning("could not record the failure of turn %s", turn.turn_id, exc_info=True)
 
     async def _record(self, trace: TurnTrace) -> None:
         trace.finished_at = time.time()
@@ -134,27 +227,36 @@ class AgentLoop:
         except SQLAlchemyError:
             log.warning("could not record the trace of turn %s", trace.turn_id, exc_info=True)
 
-    async def _run_turn(self, event: InboundEvent, turn_id: str, journal: TurnJournal, progress: _Progress) -> None:
+    async def _run_turn(self, event: InboundEvent, turn: _Turn) -> None:
         def open_stream(prefix: str) -> StreamPublisher:
-            return StreamPublisher(self._bus, event, turn_id, prefix=prefix)
+            return StreamPublisher(self._bus, self._deliveries, event, turn.turn_id, prefix=prefix)
 
+        journal = turn.journal
         started = time.perf_counter()
-        ctx = progress.ctx = await self._pipeline.context.prepare(event, turn_id, open_stream if event.stream else None)
+        stream = open_stream if event.stream else None
+        ctx = turn.ctx = await self._pipeline.context.prepare(event, turn.turn_id, stream, resume=turn.resume)
         journal.stage("context", started)
         started = time.perf_counter()
-        tools = ToolRun(event.session_key, turn_id, self._approvals.for_turn(event, turn_id), journal)
+        tools = ToolRun(event.session_key, turn.turn_id, self._approvals.for_turn(event, turn.turn_id), journal)
         result = await self._pipeline.inference.run(ctx, tools)
         journal.stage("inference", started)
         started = time.perf_counter()
         done = await self._pipeline.response.finalize(ctx, result)
         journal.stage("response", started)
         if not done.outbound_sent:
-            await self._publish(event, turn_id, OutboundKind.FINAL, done.response_text)
-        progress.delivered = True
+            await self._publish(event, turn.turn_id, OutboundKind.FINAL, done.response_text,
+                                delivery=done.delivery_id)
+        turn.delivered = True
+
+    async def _send_answer(self, event: InboundEvent, turn_id: str, text: str, delivery: str) -> None:
+        """A committed answer sent again: it replaces whatever draft the channel shows."""
+        await self._publish(event, turn_id, OutboundKind.FINAL, text, stream_full_text=True, delivery=delivery)
 
     async def _publish(self, event: InboundEvent, turn_id: str, kind: OutboundKind, text: str,
-                       *, stream_full_text: bool = False) -> None:
+                       *, stream_full_text: bool = False, delivery: str | None = None) -> None:
         await self._bus.publish_outbound(
-            OutboundEvent(channel=event.channel, chat_id=event.chat_id, kind=kind, text=text,
-                          turn_id=turn_id, reply_to=event.message_id, stream_full_text=stream_full_text)
+            OutboundEvent(channel=event.channel, chat_id=event.chat_id, kind=kind, text=text, turn_id=turn_id,
+                          reply_to=event.message_id, stream_full_text=stream_full_text, delivery_id=delivery)
         )
+        if delivery is not None:
+            self._deliveries.delivered(delivery)

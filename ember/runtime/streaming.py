@@ -5,6 +5,7 @@ from __future__ import annotations
 from ember.bus.base import Bus
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.messages import ToolCall
+from ember.runtime.delivery import DeliveryWorker
 
 
 class StreamPublisher:
@@ -12,11 +13,14 @@ class StreamPublisher:
 
     `prefix` (the system's introduction) goes out before the first delta, so the
     concatenated deltas of the last model step equal the final answer. The
-    final carries `stream_full_text`: channels replace their draft with it.
+    final carries `stream_full_text`: channels replace their draft with it, and
+    its delivery id, which is confirmed once the final is handed over.
     """
 
-    def __init__(self, bus: Bus, event: InboundEvent, turn_id: str, *, prefix: str = "") -> None:
+    def __init__(self, bus: Bus, deliveries: DeliveryWorker, event: InboundEvent, turn_id: str, *,
+                 prefix: str = "") -> None:
         self._bus = bus
+        self._deliveries = deliveries
         self._event = event
         self._turn_id = turn_id
         self._prefix = prefix
@@ -34,12 +38,13 @@ class StreamPublisher:
     async def tool_result(self, call: ToolCall, result: str) -> None:
         await self._send(OutboundKind.TOOL_RESULT, result, tool_call=call)
 
-    async def finalize(self, text: str) -> bool:
-        await self._send(OutboundKind.FINAL, text, stream_full_text=True)
+    async def finalize(self, text: str, delivery_id: str) -> bool:
+        await self._send(OutboundKind.FINAL, text, stream_full_text=True, delivery_id=delivery_id)
+        self._deliveries.delivered(delivery_id)
         return True
 
     async def _send(self, kind: OutboundKind, text: str, *, stream_full_text: bool = False,
-                    tool_call: ToolCall | None = None) -> None:
+                    tool_call: ToolCall | None = None, delivery_id: str | None = None) -> None:
         await self._bus.publish_outbound(
             OutboundEvent(
                 channel=self._event.channel,
@@ -50,5 +55,6 @@ class StreamPublisher:
                 reply_to=self._event.message_id,
                 stream_full_text=stream_full_text,
                 tool_call=tool_call,
+                delivery_id=delivery_id,
             )
         )

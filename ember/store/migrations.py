@@ -72,6 +72,35 @@ MIGRATIONS: list[tuple[str, ...]] = [
             started_at DOUBLE PRECISION NOT NULL,
             finished_at DOUBLE PRECISION NOT NULL)""",
     ),
+    (
+        # Every accepted message, once per (channel, message_id): a redelivery finds it here.
+        """CREATE TABLE inbox (
+            channel TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            session_key TEXT NOT NULL,
+            chat_id TEXT NOT NULL,
+            sender_id TEXT NOT NULL,
+            turn_id TEXT NOT NULL,
+            received_at DOUBLE PRECISION NOT NULL,
+            answered_at DOUBLE PRECISION,
+            PRIMARY KEY (channel, message_id))""",
+        "CREATE INDEX inbox_unanswered ON inbox (received_at) WHERE answered_at IS NULL",
+        # Every committed answer, written with it; delivered_at is set once a channel has it.
+        """CREATE TABLE outbox (
+            delivery_id TEXT PRIMARY KEY,
+            turn_id TEXT NOT NULL,
+            session_key TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            chat_id TEXT NOT NULL,
+            reply_to TEXT,
+            kind TEXT NOT NULL,
+            text TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            delivered_at DOUBLE PRECISION,
+            attempts INTEGER NOT NULL DEFAULT 0)""",
+        "CREATE INDEX outbox_by_turn ON outbox (turn_id)",
+        "CREATE INDEX outbox_undelivered ON outbox (created_at) WHERE delivered_at IS NULL",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -79,3 +79,32 @@ traces = Table(
     Column("started_at", Float, nullable=False),
     Column("finished_at", Float, nullable=False),
 )
+
+inbox = Table(
+    "inbox",
+    metadata,
+    Column("channel", Text, primary_key=True),
+    Column("message_id", Text, primary_key=True),
+    Column("session_key", Text, nullable=False),
+    Column("chat_id", Text, nullable=False),
+    Column("sender_id", Text, nullable=False),
+    Column("turn_id", Text, nullable=False),
+    Column("received_at", Float, nullable=False),
+    Column("answered_at", Float),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("delivery_id", Text, primary_key=True),
+    Column("turn_id", Text, nullable=False),
+    Column("session_key", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("chat_id", Text, nullable=False),
+    Column("reply_to", Text),
+    Column("kind", Text, nullable=False),
+    Column("text", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("delivered_at", Float),
+    Column("attempts", Integer, nullable=False),
+)

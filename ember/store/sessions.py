@@ -20,11 +20,13 @@ from sqlalchemy import Row, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ember.core.delivery import Delivery, Receipt
 from ember.core.errors import StoreConflict
 from ember.core.messages import Message, Role, Session, decode_tool_calls, encode_tool_calls
 from ember.core.thinking import strip_thinking
 from ember.store import schema
 from ember.store.database import Database, complete_despite_cancel
+from ember.store.deliveries import record_delivery, record_receipt
 from ember.store.repair import RepairPlan, plan_repair
 
 INTERRUPTED_RESULT = "[interrupted: this tool call's result was lost when the turn was cut off; it did not complete]"
@@ -54,7 +56,8 @@ class SessionStore(Protocol):
 
     async def load(self, key: str) -> Session: ...
 
-    async def append(self, session: Session, messages: Sequence[Message]) -> None: ...
+    async def append(self, session: Session, messages: Sequence[Message], *, receipt: Receipt | None = None,
+                     delivery: Delivery | None = None) -> None: ...
 
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool: ...
 
@@ -146,16 +149,20 @@ class SqlSessionStore:
                 raise asyncio.CancelledError
         raise StoreConflict(f"session {key!r} kept changing while it was being repaired")
 
-    async def append(self, session: Session, messages: Sequence[Message]) -> None:
-        """Commit `messages` at the end of the session in one transaction.
+    async def append(self, session: Session, messages: Sequence[Message], *, receipt: Receipt | None = None,
+                     delivery: Delivery | None = None) -> None:
+        """Commit `messages` at the end of the session in one transaction, with
+        the inbound `receipt` they answer to and the outbound `delivery` they owe.
 
         On success the stored copies (with their seq) are added to
         `session.messages`. Once started, the write finishes even if the turn
         is cancelled, and the cancellation is raised after it is recorded.
+        DuplicateMessage (and nothing written) when the receipt's message was
+        already accepted.
         """
         if not messages:
             return
-        stored, cancelled = await complete_despite_cancel(self._append(session, messages))
+        stored, cancelled = await complete_despite_cancel(self._append(session, messages, receipt, delivery))
         session.messages.extend(stored)
         session.next_seq += len(stored)
         if cancelled:
@@ -248,12 +255,17 @@ class SqlSessionStore:
                           metadata=json.loads(head.metadata_json))
         return session, list(rows)
 
-    async def _append(self, session: Session, messages: Sequence[Message]) -> list[Message]:
+    async def _append(self, session: Session, messages: Sequence[Message], receipt: Receipt | None,
+                      delivery: Delivery | None) -> list[Message]:
         now = time.time()
         stored = [_stored(msg, session.next_seq + i) for i, msg in enumerate(messages)]
         async with self._db.write() as conn:
             await self._claim_seqs(conn, session, len(stored), now)
             await conn.execute(insert(schema.messages), [_message_row(session.key, msg, now) for msg in stored])
+            if receipt is not None:
+                await record_receipt(conn, session.key, receipt, now)
+            if delivery is not None:
+                await record_delivery(conn, session.key, delivery, now)
         return stored
 
     async def _claim_seqs(self, conn: AsyncConnection, session: Session, count: int, now: float) -> None:

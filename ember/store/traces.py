@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Row, insert, select
+from sqlalchemy import Row, delete, insert, select
 
 from ember.store import schema
 from ember.store.database import Database
@@ -28,7 +28,10 @@ class SqlTraceStore:
         self._db = db
 
     async def record(self, trace: TurnTrace) -> None:
+        t = schema.traces
         async with self._db.write() as conn:
+            # A resumed or retried turn keeps its id: its latest run is the trace.
+            await conn.execute(delete(t).where(t.c.turn_id == trace.turn_id))
             await conn.execute(
                 insert(schema.traces).values(
                     turn_id=trace.turn_id,

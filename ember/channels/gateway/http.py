@@ -12,14 +12,16 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ember.channels.gateway.schemas import SESSION_KEY_PATTERN
+from ember.channels.gateway.schemas import CLIENT_ID_PATTERN, SESSION_KEY_PATTERN
 from ember.core.events import OutboundEvent
 
 T = TypeVar("T", bound=BaseModel)
 
 SESSION_HEADER = "X-Ember-Session"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 KEEPALIVE_S = 15.0
 _SESSION_KEY = re.compile(SESSION_KEY_PATTERN)
+_CLIENT_ID = re.compile(CLIENT_ID_PATTERN)
 
 _ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 502: "server_error",
                 500: "server_error"}
@@ -95,3 +97,10 @@ def checked_key(key: str, where: str) -> str:
         raise ApiError(400, f"{where} {key[:64]!r} is not a session key: use 1-128 letters, digits and . _ @ + -",
                        code="invalid_session_key")
     return key
+
+
+def checked_client_id(client_id: str, where: str) -> str:
+    if not _CLIENT_ID.fullmatch(client_id):
+        raise ApiError(400, f"{where} {client_id[:64]!r} is not a message id: "
+                            "use 1-128 letters, digits and . _ : @ + -", code="invalid_message_id")
+    return client_id

@@ -45,6 +45,8 @@ def approval_payload(request: ApprovalRequest, identity: str) -> dict[str, Any]:
 
 def event_payload(event: OutboundEvent, identity: str) -> dict[str, Any]:
     payload: dict[str, Any] = {"turn_id": event.turn_id, "text": event.text}
+    if event.delivery_id is not None:
+        payload["delivery_id"] = event.delivery_id
     if event.tool_call is not None:
         payload.update(call_id=event.tool_call.id, name=event.tool_call.name)
         if event.kind is OutboundKind.TOOL_CALL:
@@ -117,12 +119,17 @@ class NativeApi:
         body = await read_json(request, MessageRequest, self._max_body_bytes)
         if not body.text.strip():
             raise ApiError(422, "the message is empty", code="empty_message", param="text")
-        stream = self._stream(request.state.identity, key, body.text, self._metrics.clock("native"))
+        identity = request.state.identity
+        if self._router.in_flight(identity, body.message_id):
+            raise ApiError(409, f"the message {body.message_id!r} is being answered; retry when it is done",
+                           code="in_flight")
+        stream = self._stream(identity, key, body, self._metrics.clock("native"))
         return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, SESSION_HEADER: key})
 
-    async def _stream(self, identity: str, key: str, text: str, clock: TurnClock) -> AsyncIterator[bytes]:
+    async def _stream(self, identity: str, key: str, body: MessageRequest, clock: TurnClock) -> AsyncIterator[bytes]:
         try:
-            async with self._router.turn(identity, key, text, stream=True, can_approve=True) as queue:
+            async with self._router.turn(identity, key, body.text, stream=True, can_approve=True,
+                                         client_id=body.message_id) as queue:
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
                     if event is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -25,11 +26,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ember.channels.gateway.http import (
+    IDEMPOTENCY_HEADER,
     KEEPALIVE_S,
     SESSION_HEADER,
     SSE_HEADERS,
     SSE_KEEPALIVE,
     ApiError,
+    checked_client_id,
     checked_key,
     next_event,
     read_json,
@@ -67,15 +70,22 @@ class OpenAIApi:
                            param="messages")
         identity: str = request.state.identity
         key = self._session(request, body)
+        client_id = request.headers.get(IDEMPOTENCY_HEADER)
+        if client_id is not None:
+            checked_client_id(client_id, f"the {IDEMPOTENCY_HEADER} header")
+        if self._router.in_flight(identity, client_id):
+            raise ApiError(409, f"the message {client_id!r} is being answered; retry when it is done",
+                           code="in_flight")
         headers = {SESSION_HEADER: key}
         completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self._agent_id)
         clock = self._metrics.clock("openai")
-        text = users[-1].text()
+        message = _Message(identity, key, users[-1].text(), client_id)
         if body.stream:
-            stream = self._stream(identity, key, text, completion, clock)
+            stream = self._stream(message, completion, clock)
             return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
         # An OpenAI client cannot answer approval requests: calls that need one are denied.
-        async with self._router.turn(identity, key, text, stream=False, can_approve=False) as queue:
+        async with self._router.turn(identity, key, message.text, stream=False, can_approve=False,
+                                     client_id=client_id) as queue:
             while (event := await queue.get()).kind not in (OutboundKind.FINAL, OutboundKind.ERROR):
                 pass
         if event.kind is OutboundKind.ERROR:
@@ -91,12 +101,12 @@ class OpenAIApi:
             return checked_key(body.user, "the user field")
         return uuid.uuid4().hex
 
-    async def _stream(self, identity: str, key: str, text: str, completion: _Completion,
-                      clock: TurnClock) -> AsyncIterator[bytes]:
+    async def _stream(self, message: _Message, completion: _Completion, clock: TurnClock) -> AsyncIterator[bytes]:
         step = ""  # visible text of the current model step, as streamed
         shown = False  # any text streamed in this turn
         try:
-            async with self._router.turn(identity, key, text, stream=True, can_approve=False) as queue:
+            async with self._router.turn(message.identity, message.key, message.text, stream=True,
+                                         can_approve=False, client_id=message.client_id) as queue:
                 yield completion.chunk({"role": "assistant", "content": ""})
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
@@ -127,6 +137,14 @@ def _closing(event: OutboundEvent, completion: _Completion, step: str, shown: bo
     rest = event.text[len(step):] if event.text.startswith(step) else ("\n\n" if shown else "") + event.text
     parts = [completion.chunk({"content": rest})] if rest else []
     return [*parts, completion.chunk({}, finish_reason="stop"), sse(None, "[DONE]")]
+
+
+@dataclass(frozen=True, slots=True)
+class _Message:
+    identity: str
+    key: str
+    text: str
+    client_id: str | None
 
 
 class _Completion:

@@ -46,9 +46,16 @@ class ChatCompletionRequest(BaseModel):
                              description="The session, when no X-Ember-Session header names one")
 
 
+CLIENT_ID_PATTERN = r"^[A-Za-z0-9._:@+-]{1,128}$"
+
+
 class MessageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(min_length=1, description="The user's message.")
+    message_id: str | None = Field(
+        default=None, pattern=CLIENT_ID_PATTERN,
+        description="Your id for this message: sent again (after a timeout, say), it gets the recorded "
+                    "answer instead of a second turn")
 
 
 class ApprovalAnswer(BaseModel):
@@ -180,7 +187,7 @@ _SESSION_PARAM = {
 
 def _errors(*codes: int) -> dict[str, Any]:
     meaning = {400: "Bad request", 401: "Missing or wrong API key", 404: "Not found", 405: "Wrong method",
-               409: "Already answered",
+               409: "Already answered, or being answered",
                413: "Body too large", 415: "Body is not JSON", 422: "Invalid body", 429: "Too many requests",
                502: "The turn failed"}
     return {str(code): _json(ErrorBody, meaning[code]) for code in codes}
@@ -207,7 +214,9 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     session_header = [{"name": "X-Ember-Session", "in": "header", "required": False,
-                       "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN}}]
+                       "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN}},
+                      {"name": "Idempotency-Key", "in": "header", "required": False,
+                       "schema": {"type": "string", "pattern": CLIENT_ID_PATTERN}}]
     body_errors = _errors(400, 413, 415, 422)
     paths = {
         "/v1/chat/completions": {"post": _operation(
@@ -215,7 +224,7 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
             {"200": {"description": "A completion, or its stream of chunks",
                      "content": {"application/json": {"schema": _ref(ChatCompletion)},
                                  "text/event-stream": {"schema": _SSE_EVENT}}},
-             **body_errors, **_errors(502)},
+             **body_errors, **_errors(409, 502)},
             body=ChatCompletionRequest, params=session_header)},
         "/v1/models": {"get": _operation("The agents this gateway serves", {"200": _json(ModelList, "Agents")})},
         "/api/sessions": {"get": _operation("The caller's sessions", {"200": _json(SessionList, "Sessions")})},
@@ -223,7 +232,8 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
             "get": _operation("A session's committed history",
                               {"200": _json(History, "Messages"), **_errors(400, 404)}, params=[_SESSION_PARAM]),
             "post": _operation("Send a message; the answer streams back as Server-Sent Events",
-                               {"200": _SSE, **body_errors}, body=MessageRequest, params=[_SESSION_PARAM]),
+                               {"200": _SSE, **body_errors, **_errors(409)}, body=MessageRequest,
+                               params=[_SESSION_PARAM]),
         },
         "/api/approvals": {"get": _operation("The caller's approval requests waiting for an answer",
                                              {"200": _json(PendingApprovals, "Pending requests")})},

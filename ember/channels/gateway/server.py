@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from ember.app import build_runtime, running
 from ember.channels.gateway.app import GatewayOptions, create_app
 from ember.channels.gateway.auth import ApiKeys
-from ember.channels.gateway.turns import TurnRouter
+from ember.channels.gateway.turns import CHANNEL, TurnRouter
 from ember.config import Settings
 from ember.core.errors import ConfigError, EmberError
 from ember.models.base import ModelClient
@@ -95,7 +95,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
 
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            async with running(runtime):
+            async with running(runtime, channels=[CHANNEL], recover=True):
                 await router.start()
                 on_ready(listening)
                 try:

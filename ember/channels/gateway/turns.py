@@ -37,6 +37,10 @@ def namespace(identity: str) -> str:
 log = logging.getLogger(__name__)
 
 
+class InFlight(Exception):
+    """A message with this id is being answered right now."""
+
+
 class TurnRouter:
     def __init__(self, bus: Bus) -> None:
         self._bus = bus
@@ -50,21 +54,30 @@ class TurnRouter:
         await cancel_task(self._dispatcher)
         self._dispatcher = None
 
+    def in_flight(self, identity: str, client_id: str | None) -> bool:
+        return client_id is not None and f"{identity}:{client_id}" in self._waiting
+
     @asynccontextmanager
-    async def turn(self, identity: str, key: str, text: str, *, stream: bool,
-                   can_approve: bool) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
+    async def turn(self, identity: str, key: str, text: str, *, stream: bool, can_approve: bool,
+                   client_id: str | None = None) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
         """Send the message to the agent; yield the queue its answer arrives on.
-        `can_approve`: the client sees approval requests and can answer them."""
+
+        `can_approve`: the client sees approval requests and can answer them.
+        `client_id`: the client's own id for the message (an idempotency key): a
+        resend with the same id gets the recorded answer, not a second turn.
+        """
+        message_id = f"{identity}:{client_id}" if client_id else uuid.uuid4().hex
+        if message_id in self._waiting:
+            raise InFlight(client_id or message_id)
         event = InboundEvent(channel=CHANNEL, chat_id=chat_id(identity, key), sender_id=identity, text=text,
-                             message_id=uuid.uuid4().hex, stream=stream, can_approve=can_approve)
-        assert event.message_id is not None
+                             message_id=message_id, stream=stream, can_approve=can_approve)
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
-        self._waiting[event.message_id] = queue
+        self._waiting[message_id] = queue
         try:
             await self._bus.publish_inbound(event)
             yield queue
         finally:
-            del self._waiting[event.message_id]
+            del self._waiting[message_id]
 
     async def _dispatch(self) -> None:
         while True:

@@ -1,0 +1,38 @@
+"""The records that make delivery exactly-once: what came in, and what is owed out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Receipt:
+    """An accepted inbound message, committed with the user message it became.
+    A redelivery of (channel, message_id) finds it instead of running again."""
+
+    channel: str
+    message_id: str
+    chat_id: str
+    sender_id: str
+    turn_id: str
+    received_at: float = 0.0
+    answered_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivery:
+    """A committed answer owed to a channel, written in the same transaction as
+    the answer. `delivery_id` (turn id and the answer's seq) is the idempotency
+    key a channel dedupes by; `reply_to` is the message it answers."""
+
+    delivery_id: str
+    turn_id: str
+    channel: str
+    chat_id: str
+    reply_to: str | None
+    kind: str
+    text: str
+
+
+def delivery_id(turn_id: str, seq: int) -> str:
+    return f"{turn_id}:{seq}"

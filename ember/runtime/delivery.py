@@ -1,0 +1,94 @@
+"""Delivery of committed answers: confirmed in batches, re-sent when never confirmed.
+
+Every answer is committed with an outbox record. Whoever hands it to a
+channel (the stream's finalize, or the loop) reports `delivered(id)`; the
+worker writes those marks in batches, off the turn's path. At start, and
+every `sweep_s`, records of the channels this process serves that are still
+unconfirmed are sent again with the same delivery id, so a channel that
+dedupes shows each answer once. A crash between the commit and the send
+loses nothing; a crash between the send and the mark re-sends a duplicate
+that the delivery id lets the channel drop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Iterable
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from ember.bus.base import Bus
+from ember.core.events import OutboundEvent, OutboundKind
+from ember.runtime.tasks import cancel_task
+from ember.store.deliveries import SqlDeliveryStore
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryWorker:
+    def __init__(self, store: SqlDeliveryStore, bus: Bus, *, sweep_s: float = 30.0) -> None:
+        self.store = store
+        self._bus = bus
+        self._sweep_s = sweep_s
+        self._channels: frozenset[str] = frozenset()
+        self._marks: list[str] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def delivered(self, delivery_id: str) -> None:
+        """The answer reached its channel; recorded soon, in a batch."""
+        self._marks.append(delivery_id)
+        self._wake.set()
+
+    async def start(self, channels: Iterable[str] = ()) -> None:
+        """Start marking; re-send what the given channels are still owed (at once, then every sweep)."""
+        self._channels = frozenset(channels)
+        if self._channels:
+            await self.resend()
+        self._task = asyncio.create_task(self._run(), name="ember-delivery")
+
+    async def stop(self) -> None:
+        await cancel_task(self._task)
+        self._task = None
+        await self._flush()
+
+    async def resend(self, *, older_than_s: float = 0.0) -> int:
+        owed = await self.store.undelivered(self._channels, older_than_s=older_than_s)
+        for delivery in owed:
+            kind = OutboundKind.FINAL if delivery.kind == "final" else OutboundKind.ERROR
+            await self._bus.publish_outbound(OutboundEvent(
+                channel=delivery.channel, chat_id=delivery.chat_id, kind=kind, text=delivery.text,
+                turn_id=delivery.turn_id, reply_to=delivery.reply_to, stream_full_text=True,
+                delivery_id=delivery.delivery_id,
+            ))
+            self.delivered(delivery.delivery_id)
+        if owed:
+            log.info("re-sent %d committed answers that were never confirmed", len(owed))
+        return len(owed)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(self._sweep_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                if self._channels:
+                    await self._guarded(self.resend(older_than_s=self._sweep_s))
+            self._wake.clear()
+            await self._guarded(self._flush())
+
+    async def _flush(self) -> None:
+        marks, self._marks = self._marks, []
+        try:
+            await self.store.mark_delivered(marks)
+        except BaseException:
+            self._marks[:0] = marks  # kept for the next flush
+            raise
+
+    async def _guarded(self, work: Coroutine[Any, Any, object]) -> None:
+        try:
+            await work
+        except SQLAlchemyError:
+            log.warning("delivery bookkeeping failed; it will be retried", exc_info=True)
