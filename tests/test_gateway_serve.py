@@ -63,13 +63,19 @@ def test_kill_9_then_restart_at_once_on_the_same_port(launch_gateway: LaunchGate
             if kind == "delta":
                 gateway.kill()
                 break
+    # The question survived; the half-streamed answer was never committed. At the restart the
+    # cut-off turn is resumed (it is recent), once, and its answer committed in full.
+    model_server.push(Reply(text="The resumed answer."))
     restarted = launch_gateway(model_server, port=gateway.port)
-    # The question survived; the half-streamed answer was never committed as an answer.
-    assert [(m["role"], m["content"]) for m in history(restarted, "crash")] == [("user", "before the crash")]
+    wait_until(lambda: len(history(restarted, "crash")) == 2, what="the interrupted turn to be resumed")
+    assert [(m["role"], m["content"]) for m in history(restarted, "crash")] == [
+        ("user", "before the crash"), ("assistant", "The resumed answer."),
+    ]
     model_server.push(Reply(text="back again"))
     with httpx.stream("POST", restarted.url("/api/sessions/crash/messages"), json={"text": "hello?"}) as response:
         finals = [data["text"] for kind, data in sse_events(response.iter_lines()) if kind == "final"]
     assert finals == ["back again"]
+    assert len(history(restarted, "crash")) == 4
 
 
 def test_a_busy_port_fails_the_start_with_one_line(launch_gateway: LaunchGateway, model_server: ModelServer,
