@@ -57,8 +57,13 @@ class ResponseStage:
     async def _schedule_derived_work(self, ctx: PipelineContext, result: InferenceResult) -> None:
         key = ctx.session.key
         if self._memory.embeddings_pending:
-            await self._scheduler.schedule(JobKind.EMBED, "all")
+            # Cleared before the await: turns finishing meanwhile must not each schedule it again.
             self._memory.embeddings_scheduled()
+            try:
+                await self._scheduler.schedule(JobKind.EMBED, "all")
+            except BaseException:
+                self._memory.note_new_memory(None)
+                raise
         if should_consolidate(ctx.session, self._policy.consolidation_threshold):
             await self._scheduler.schedule(JobKind.CONSOLIDATE, key, session_key=key)
         if result.should_review_skills and result.total_tool_calls > 0:
