@@ -7,7 +7,7 @@ this is the one place that knows them all.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -176,16 +176,17 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
     `channels`: those this process serves, whose unconfirmed answers are re-sent.
     `recover`: pick up the turns a crash cut off (resumed or answered with a notice).
     """
-    await runtime.runner.start()
-    await runtime.deliveries.start(channels)
-    await runtime.loop.start()
-    try:
+    channels = list(channels)
+    async with AsyncExitStack() as stack:
+        # Each part is stopped, in reverse, if a later one fails to start.
+        stack.push_async_callback(runtime.db.close)
+        stack.push_async_callback(runtime.mcp.close)
+        await runtime.runner.start()
+        stack.push_async_callback(runtime.runner.stop)
+        await runtime.deliveries.start(channels)
+        stack.push_async_callback(runtime.deliveries.stop)
+        await runtime.loop.start()
+        stack.push_async_callback(runtime.loop.stop)
         if recover:
-            await runtime.loop.recover()
+            await runtime.loop.recover(channels)
         yield runtime
-    finally:
-        await runtime.loop.stop()
-        await runtime.deliveries.stop()
-        await runtime.runner.stop()
-        await runtime.mcp.close()
-        await runtime.db.close()

@@ -58,11 +58,16 @@ class DeliveryWorker:
         owed = await self.store.undelivered(self._channels, older_than_s=older_than_s)
         for delivery in owed:
             kind = OutboundKind.FINAL if delivery.kind == "final" else OutboundKind.ERROR
-            await self._bus.publish_outbound(OutboundEvent(
-                channel=delivery.channel, chat_id=delivery.chat_id, kind=kind, text=delivery.text,
-                turn_id=delivery.turn_id, reply_to=delivery.reply_to, stream_full_text=True,
-                delivery_id=delivery.delivery_id,
-            ))
+            try:
+                await self._bus.publish_outbound(OutboundEvent(
+                    channel=delivery.channel, chat_id=delivery.chat_id, kind=kind, text=delivery.text,
+                    turn_id=delivery.turn_id, reply_to=delivery.reply_to, stream_full_text=True,
+                    delivery_id=delivery.delivery_id,
+                ))
+            except Exception:  # the channel's edge: it stays owed, for the next sweep or start
+                log.warning("could not re-send %s to %s; it stays owed", delivery.delivery_id, delivery.channel,
+                            exc_info=True)
+                continue
             self.delivered(delivery.delivery_id)
         if owed:
             log.info("re-sent %d committed answers that were never confirmed", len(owed))

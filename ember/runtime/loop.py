@@ -24,10 +24,11 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from ember.bus.base import Bus
 from ember.core.delivery import Delivery, Receipt, delivery_id
@@ -98,6 +99,9 @@ class _Turn:
 def error_text(exc: BaseException, turn_id: str) -> str:
     if isinstance(exc, EmberError):
         return f"Sorry, I could not answer: {exc}"
+    if isinstance(exc, OperationalError) and "locked" in str(exc.orig):
+        return ("Sorry, I could not answer: Ember's database stayed busy (another process held it too long). "
+                "Send the message again.")
     return f"Sorry, something went wrong inside Ember ({type(exc).__name__}). Turn id for the logs: {turn_id}"
 
 
@@ -126,10 +130,12 @@ class AgentLoop:
         self._consumer = None
         await stop_tasks(self._turns, grace_s)
 
-    async def recover(self) -> int:
-        """Queue every accepted message whose turn never answered (a crash cut it
-        off); each is resumed or answered with a notice, under its session's lease."""
-        pending = await self._deliveries.store.unanswered()
+    async def recover(self, channels: Iterable[str]) -> int:
+        """Queue every accepted message of `channels` whose turn never answered (a crash
+        cut it off); each is resumed or answered with a notice, under its session's lease.
+        Other channels' messages are left to the process that serves them."""
+        served = set(channels)
+        pending = [r for r in await self._deliveries.store.unanswered() if r.channel in served]
         for receipt in pending:
             await self._bus.publish_inbound(InboundEvent(
                 channel=receipt.channel, chat_id=receipt.chat_id, sender_id=receipt.sender_id, text="",
@@ -169,8 +175,8 @@ class AgentLoop:
             if turn.trace is not None:
                 turn.trace.status, turn.trace.error = "failed", f"{type(exc).__name__}: {exc}"
             text = error_text(exc, turn.turn_id)
-            await self._record_failure(event, turn, text)
-            await self._publish(event, turn.turn_id, OutboundKind.ERROR, text)
+            recorded = await self._record_failure(event, turn, text)
+            await self._publish(event, turn.turn_id, OutboundKind.ERROR, text, delivery=recorded)
         finally:
             if turn.trace is not None:
                 turn.trace.detail.update(turn.journal.as_dict())
@@ -179,7 +185,7 @@ class AgentLoop:
     async def _already_handled(self, event: InboundEvent, turn: _Turn) -> bool:
         """A redelivery: re-send its answer, or pick up its cut-off turn. True when nothing is left to run."""
         assert event.message_id is not None
-        seen = await self._deliveries.store.receipt(event.channel, event.message_id)
+        seen = await self._deliveries.store.receipt(event.channel, event.chat_id, event.message_id)
         if seen is None:
             return event.recovery
         turn.turn_id, turn.resume = seen.turn_id, True
@@ -208,10 +214,11 @@ class AgentLoop:
         await self._sessions.append(session, [notice], delivery=delivery)
         await self._resend(event, delivery)
 
-    async def _record_failure(self, event: InboundEvent, turn: _Turn, text: str) -> None:
-        """The accepted message was answered, with an error: start-up recovery leaves it alone."""
+    async def _record_failure(self, event: InboundEvent, turn: _Turn, text: str) -> str | None:
+        """The accepted message was answered, with an error: start-up recovery leaves it alone.
+        Returns the error's delivery id, when it was recorded."""
         if turn.ctx is None:
-            return  # nothing was accepted
+            return None  # nothing was accepted
         delivery = Delivery(delivery_id=f"{turn.turn_id}:error:{uuid.uuid4().hex[:8]}", turn_id=turn.turn_id,
                             channel=event.channel, chat_id=event.chat_id, reply_to=event.message_id, kind="error",
                             text=text)
@@ -219,6 +226,8 @@ class AgentLoop:
             await self._deliveries.store.record(event.session_key, delivery)
         except SQLAlchemyError:
             log.warning("could not record the failure of turn %s", turn.turn_id, exc_info=True)
+            return None
+        return delivery.delivery_id
 
     async def _record(self, trace: TurnTrace) -> None:
         trace.finished_at = time.time()

@@ -50,7 +50,8 @@ async def record_delivery(conn: AsyncConnection, key: str, delivery: Delivery, n
     ))
     if delivery.reply_to is not None:
         i = schema.inbox
-        await conn.execute(update(i).where(i.c.channel == delivery.channel, i.c.message_id == delivery.reply_to)
+        await conn.execute(update(i).where(i.c.channel == delivery.channel, i.c.chat_id == delivery.chat_id,
+                                           i.c.message_id == delivery.reply_to)
                            .values(answered_at=now))
 
 
@@ -58,10 +59,12 @@ class SqlDeliveryStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def receipt(self, channel: str, message_id: str) -> Receipt | None:
+    async def receipt(self, channel: str, chat_id: str, message_id: str) -> Receipt | None:
+        """Message ids are the platform's, and platforms number messages per chat."""
         i = schema.inbox
         async with self._db.read() as conn:
-            row = (await conn.execute(select(i).where(i.c.channel == channel, i.c.message_id == message_id))).first()
+            row = (await conn.execute(select(i).where(i.c.channel == channel, i.c.chat_id == chat_id,
+                                                      i.c.message_id == message_id))).first()
         return None if row is None else _receipt(row)
 
     async def unanswered(self) -> list[Receipt]:
@@ -75,7 +78,9 @@ class SqlDeliveryStore:
         o = schema.outbox
         async with self._db.read() as conn:
             row = (await conn.execute(
-                select(o).where(o.c.turn_id == turn_id).order_by(o.c.created_at.desc()).limit(1)
+                # A committed final answers the message even if an error (its failed send) came after it.
+                select(o).where(o.c.turn_id == turn_id)
+                .order_by((o.c.kind == "final").desc(), o.c.created_at.desc()).limit(1)
             )).first()
         return None if row is None else _delivery(row)
 

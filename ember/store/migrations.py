@@ -73,7 +73,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
             finished_at DOUBLE PRECISION NOT NULL)""",
     ),
     (
-        # Every accepted message, once per (channel, message_id): a redelivery finds it here.
+        # Every accepted message, once per (channel, chat_id, message_id): a redelivery finds it here.
         """CREATE TABLE inbox (
             channel TEXT NOT NULL,
             message_id TEXT NOT NULL,
@@ -83,7 +83,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
             turn_id TEXT NOT NULL,
             received_at DOUBLE PRECISION NOT NULL,
             answered_at DOUBLE PRECISION,
-            PRIMARY KEY (channel, message_id))""",
+            PRIMARY KEY (channel, chat_id, message_id))""",
         "CREATE INDEX inbox_unanswered ON inbox (received_at) WHERE answered_at IS NULL",
         # Every committed answer, written with it; delivered_at is set once a channel has it.
         """CREATE TABLE outbox (

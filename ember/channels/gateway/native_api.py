@@ -21,6 +21,7 @@ from ember.channels.gateway.http import (
     SSE_HEADERS,
     SSE_KEEPALIVE,
     ApiError,
+    checked_client_id,
     checked_key,
     next_event,
     read_json,
@@ -28,7 +29,7 @@ from ember.channels.gateway.http import (
 )
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.schemas import ApprovalAnswer, MessageRequest
-from ember.channels.gateway.turns import TurnRouter, namespace, session_key
+from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRouter, namespace, session_key
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message
 from ember.core.tools import ApprovalRequest, Decision
@@ -119,10 +120,11 @@ class NativeApi:
         body = await read_json(request, MessageRequest, self._max_body_bytes)
         if not body.text.strip():
             raise ApiError(422, "the message is empty", code="empty_message", param="text")
+        if body.message_id is not None:
+            checked_client_id(body.message_id, "message_id")
         identity = request.state.identity
         if self._router.in_flight(identity, body.message_id):
-            raise ApiError(409, f"the message {body.message_id!r} is being answered; retry when it is done",
-                           code="in_flight")
+            raise ApiError(409, IN_FLIGHT_TEXT, code="in_flight")
         stream = self._stream(identity, key, body, self._metrics.clock("native"))
         return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, SESSION_HEADER: key})
 
@@ -141,5 +143,7 @@ class NativeApi:
                     if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
                         clock.closed(event.kind.value)
                         return
+        except InFlight:  # a twin request got in between the handler's check and here
+            yield sse(OutboundKind.ERROR.value, {"turn_id": None, "text": IN_FLIGHT_TEXT, "code": "in_flight"})
         finally:
             clock.abandoned()

@@ -40,7 +40,7 @@ from ember.channels.gateway.http import (
 )
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.schemas import ChatCompletionRequest
-from ember.channels.gateway.turns import TurnRouter
+from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRouter
 from ember.core.events import OutboundEvent, OutboundKind
 
 
@@ -74,8 +74,7 @@ class OpenAIApi:
         if client_id is not None:
             checked_client_id(client_id, f"the {IDEMPOTENCY_HEADER} header")
         if self._router.in_flight(identity, client_id):
-            raise ApiError(409, f"the message {client_id!r} is being answered; retry when it is done",
-                           code="in_flight")
+            raise ApiError(409, IN_FLIGHT_TEXT, code="in_flight")
         headers = {SESSION_HEADER: key}
         completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self._agent_id)
         clock = self._metrics.clock("openai")
@@ -84,10 +83,13 @@ class OpenAIApi:
             stream = self._stream(message, completion, clock)
             return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
         # An OpenAI client cannot answer approval requests: calls that need one are denied.
-        async with self._router.turn(identity, key, message.text, stream=False, can_approve=False,
-                                     client_id=client_id) as queue:
-            while (event := await queue.get()).kind not in (OutboundKind.FINAL, OutboundKind.ERROR):
-                pass
+        try:
+            async with self._router.turn(identity, key, message.text, stream=False, can_approve=False,
+                                         client_id=client_id) as queue:
+                while (event := await queue.get()).kind not in (OutboundKind.FINAL, OutboundKind.ERROR):
+                    pass
+        except InFlight as exc:
+            raise ApiError(409, IN_FLIGHT_TEXT, code="in_flight") from exc
         if event.kind is OutboundKind.ERROR:
             clock.closed("error")
             raise ApiError(502, event.text, code="turn_failed", headers=headers)
@@ -125,6 +127,10 @@ class OpenAIApi:
                             yield part
                         clock.closed("final" if event.kind is OutboundKind.FINAL else "error")
                         return
+        except InFlight:  # a twin request got in between the handler's check and here
+            error = {"message": IN_FLIGHT_TEXT, "type": "invalid_request_error", "code": "in_flight", "param": None}
+            yield sse(None, {"error": error})
+            yield sse(None, "[DONE]")
         finally:
             clock.abandoned()
 

@@ -52,8 +52,9 @@ CLIENT_ID_PATTERN = r"^[A-Za-z0-9._:@+-]{1,128}$"
 class MessageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(min_length=1, description="The user's message.")
+    # The pattern is documented, not enforced here: the route says what is wrong with the id (400).
     message_id: str | None = Field(
-        default=None, pattern=CLIENT_ID_PATTERN,
+        default=None, json_schema_extra={"pattern": CLIENT_ID_PATTERN},
         description="Your id for this message: sent again (after a timeout, say), it gets the recorded "
                     "answer instead of a second turn")
 

@@ -37,6 +37,9 @@ def namespace(identity: str) -> str:
 log = logging.getLogger(__name__)
 
 
+IN_FLIGHT_TEXT = "a message with this id is being answered right now; send it again when that is done"
+
+
 class InFlight(Exception):
     """A message with this id is being answered right now."""
 
