@@ -208,19 +208,37 @@ async def commit_bench(directory: Path, lengths: list[int], runs: int,
 
 
 class StatementCounter:
-    """Cursor executions and commits on the Database's two engines."""
+    """Statements and commits on both ways into the Database: the SQLAlchemy
+    engines (write()/read()) and the one-hop threads (run_write()/run_read()).
+
+    BEGIN counts as a statement, COMMIT as a commit, on both.
+    """
 
     NAMES = ("write statements", "read statements", "write commits", "read commits")
 
     def __init__(self, db: Database) -> None:
         self.counts: Counter[str] = Counter()
+        self._db = db
         for side, engine in (("write", db._writer.sync_engine), ("read", db._reader.sync_engine)):
             event.listen(engine, "before_cursor_execute", self._on(f"{side} statements"))
             event.listen(engine, "commit", self._on(f"{side} commits"))
 
+    async def attach(self) -> None:
+        """Trace the one-hop threads' connections (set on their own thread, as sqlite3 requires)."""
+        for side, direct in (("write", self._db._direct_writer), ("read", self._db._direct_reader)):
+            await direct.run(lambda conn, side=side: conn.set_trace_callback(self._traced(side)), begin="BEGIN")
+
     def _on(self, name: str) -> Callable[..., None]:
         def count(*_args: object) -> None:
             self.counts[name] += 1
+        return count
+
+    def _traced(self, side: str) -> Callable[[str], None]:
+        def count(sql: str) -> None:
+            if sql == "COMMIT":
+                self.counts[f"{side} commits"] += 1
+            elif sql != "ROLLBACK":
+                self.counts[f"{side} statements"] += 1
         return count
 
 
@@ -238,6 +256,7 @@ async def turn_bench(directory: Path, turns: int, runs: int) -> list[TurnFigures
     model = FunctionModel(lambda _messages, _tools: ModelReply(text=ANSWER), chunk_size=1 << 20)
     runtime = await build_runtime(settings, model)
     counter = StatementCounter(runtime.db)
+    await counter.attach()
     modes = (False, True)
     finals = {mode: Timing("to final") for mode in modes}
     dones = {mode: Timing("to done") for mode in modes}

@@ -3,6 +3,12 @@
 Writes take SQLite's write lock at BEGIN (BEGIN IMMEDIATE) so two writers queue
 on the busy timeout instead of failing when a read transaction upgrades.
 Reads run on a separate engine and, in WAL mode, never wait for writers.
+
+Two ways in, over the same file and settings: `write()` / `read()` yield a
+SQLAlchemy AsyncConnection (aiosqlite: each statement is a round trip to its
+thread), for anything; `run_write(work)` / `run_read(work)` send a whole
+transaction to a dedicated thread in one hop (store/direct.py), for the
+statements every turn runs.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import TypeVar
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from ember.store.direct import ThreadConnection, Work
 from ember.store.migrations import migrate
 
 BUSY_TIMEOUT_MS = 10_000
@@ -72,6 +79,10 @@ class Database:
         self._writer = _sqlite_engine(path, synchronous=synchronous, immediate=True)
         self._reader = _sqlite_engine(path, synchronous=synchronous, immediate=False)
         self._write_turn = asyncio.Lock()
+        self._direct_writer = ThreadConnection(path, synchronous=synchronous, busy_timeout_ms=BUSY_TIMEOUT_MS,
+                                               name="ember-db-writer")
+        self._direct_reader = ThreadConnection(path, synchronous=synchronous, busy_timeout_ms=BUSY_TIMEOUT_MS,
+                                               name="ember-db-reader")
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,6 +94,8 @@ class Database:
             raise
 
     async def close(self) -> None:
+        await self._direct_writer.close()
+        await self._direct_reader.close()
         await self._writer.dispose()
         await self._reader.dispose()
 
@@ -100,3 +113,22 @@ class Database:
     async def read(self) -> AsyncIterator[AsyncConnection]:
         async with self._reader.connect() as conn, conn.begin():
             yield conn
+
+    async def run_write(self, work: Work[T]) -> T:
+        """`work(conn)` as one write transaction (BEGIN IMMEDIATE ... COMMIT) on
+        the writer thread; rolled back if it raises.
+
+        It queues with `write()` on the same lock, and keeps the lock until the
+        thread is done even if the caller is cancelled: the cancellation is
+        raised after the commit, and no other writer of this process starts
+        while this one still holds SQLite's write lock.
+        """
+        async with self._write_turn:
+            result, cancelled = await complete_despite_cancel(self._direct_writer.run(work, begin="BEGIN IMMEDIATE"))
+        if cancelled:
+            raise asyncio.CancelledError
+        return result
+
+    async def run_read(self, work: Work[T]) -> T:
+        """`work(conn)` in one read transaction (one snapshot) on the reader thread."""
+        return await self._direct_reader.run(work, begin="BEGIN")

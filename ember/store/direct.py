@@ -1,0 +1,114 @@
+"""Whole transactions in one hop to a thread that owns a stdlib sqlite3 connection.
+
+Through aiosqlite every statement, BEGIN and COMMIT included, is a round trip
+between the event loop and the connection's thread; a three-statement commit
+makes about a dozen thread switches. Here the caller hands over the whole
+transaction as one synchronous function, which runs start to finish on the
+connection's own thread: one switch there, one back.
+
+Statements are built with SQLAlchemy Core, like the rest of the store, and
+compiled once at import (`compiled`); rows come back as plain tuples in the
+order of the selected columns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import ClauseElement
+
+T = TypeVar("T")
+Work = Callable[[sqlite3.Connection], T]
+
+_DIALECT = sqlite.dialect(paramstyle="named")
+
+
+def compiled(statement: ClauseElement) -> str:
+    """The SQL of a Core statement, for `sqlite3` with named parameters (`:name`).
+
+    Values given at execution are named `bindparam`s. Constants of the
+    statement itself (a status name, `limit(1)`, `attempts + 1`) are written
+    into the text as SQL literals, so no execution has to supply them.
+    """
+    done = statement.compile(dialect=_DIALECT)
+    sql = str(done)
+    for bind, name in done.bind_names.items():
+        if bind.required:
+            continue
+        value = bind.effective_value
+        if type(value) not in (int, str):
+            raise ValueError(f"constant {value!r} in a statement: only integers and strings are inlined")
+        literal = bind.type.literal_processor(_DIALECT)(value)
+        # A plain parameter, or one SQLAlchemy renders only at execution (literal_execute).
+        pattern = rf":{re.escape(name)}\b|__\[POSTCOMPILE_{re.escape(name)}\]"
+        sql = re.sub(pattern, lambda _match, text=literal: text, sql)
+    return sql
+
+
+def connect(path: Path, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
+    """A connection set up like the engines' (WAL, `synchronous`, busy timeout); no implicit transactions."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+    return conn
+
+
+class ThreadConnection:
+    """One sqlite3 connection, opened, used and closed on one dedicated thread.
+
+    `run(work, begin=...)` runs `work(conn)` between `begin` and COMMIT on that
+    thread, rolling back if it raises. sqlite3's own errors are raised as
+    SQLAlchemy's (IntegrityError, OperationalError, ...), so callers handle
+    both paths of the store alike.
+    """
+
+    def __init__(self, path: Path, *, synchronous: str, busy_timeout_ms: int, name: str) -> None:
+        self._path = path
+        self._synchronous = synchronous
+        self._busy_timeout_ms = busy_timeout_ms
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._conn: sqlite3.Connection | None = None  # touched only on the thread
+        self._closed = False
+
+    def run(self, work: Work[T], *, begin: str) -> asyncio.Future[T]:
+        """A future, not a coroutine: it can be shielded without wrapping it in a task."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, self._transaction, work, begin)
+
+    async def close(self) -> None:
+        """Close the connection on its thread and end the thread; a second close does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._close)
+        self._executor.shutdown(wait=True)
+
+    def _transaction(self, work: Work[T], begin: str) -> T:
+        if self._conn is None:
+            self._conn = connect(self._path, synchronous=self._synchronous, busy_timeout_ms=self._busy_timeout_ms)
+        conn = self._conn
+        try:
+            conn.execute(begin)
+            try:
+                result = work(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
+        return result
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
