@@ -1,16 +1,34 @@
-"""The one-hop way into the database."""
+"""The one-hop way into the database, and the session windows kept between turns."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.exc import IntegrityError
 
+from ember.core.errors import StoreConflict
+from ember.core.messages import Message
 from ember.store import schema
 from ember.store.database import Database
 from ember.store.direct import compiled
+from ember.store.sessions import SqlSessionStore
+
+
+@pytest.fixture
+async def other(tmp_path: Path, db: Database) -> AsyncIterator[SqlSessionStore]:
+    """The same file opened by a second Database: another Ember process, as far as caches can tell."""
+    second = Database(db.path)
+    await second.open()
+    yield SqlSessionStore(second)
+    await second.close()
+
+
+def contents(messages: list[Message]) -> list[str]:
+    return [m.content for m in messages]
 
 
 async def test_a_failed_write_rolls_back_and_raises_sqlalchemys_error(db: Database) -> None:
@@ -30,3 +48,66 @@ def test_constants_are_written_into_the_statement() -> None:
     assert "'final'" in sql and "attempts + 1" in sql and ":id" in sql
     assert ":kind" not in sql and ":attempts" not in sql
     assert "LIMIT 1 OFFSET 0" in compiled(select(o).limit(1))
+
+
+async def test_a_kept_window_sees_appends_made_by_another_process(db: Database, other: SqlSessionStore) -> None:
+    store = SqlSessionStore(db)
+    session = await store.load("s")
+    await store.append(session, [Message.user("one")])
+    assert contents((await store.load("s")).messages) == ["one"]
+    theirs = await other.load("s")
+    await other.append(theirs, [Message.assistant("two")])
+    mine = await store.load("s")
+    assert contents(mine.messages) == ["one", "two"] and mine.next_seq == 2
+    await store.append(mine, [Message.user("three")])
+    assert contents((await store.load("s")).messages) == ["one", "two", "three"]
+
+
+async def test_a_kept_window_follows_a_boundary_moved_by_another_process(db: Database,
+                                                                         other: SqlSessionStore) -> None:
+    store = SqlSessionStore(db)
+    session = await store.load("s")
+    await store.append(session, [Message.user(str(i)) for i in range(6)])
+    assert await other.advance_boundary("s", expected=0, new=4, summary="older")
+    loaded = await store.load("s")
+    assert loaded.last_consolidated == 4 and contents(loaded.messages) == ["4", "5"]
+
+
+async def test_a_failed_compare_and_set_drops_the_kept_window(db: Database, other: SqlSessionStore) -> None:
+    store = SqlSessionStore(db)
+    stale = await store.load("s")
+    await store.append(stale, [Message.user("one")])
+    theirs = await other.load("s")
+    await other.append(theirs, [Message.assistant("theirs")])
+    with pytest.raises(StoreConflict):
+        await store.append(stale, [Message.assistant("mine")])
+    assert contents((await store.load("s")).messages) == ["one", "theirs"]
+
+
+async def test_rows_changed_through_write_are_read_again(db: Database) -> None:
+    store = SqlSessionStore(db)
+    session = await store.load("s")
+    await store.append(session, [Message.user("before")])
+    await store.load("s")
+    async with db.write() as conn:  # the head does not move: only the epoch tells
+        await conn.execute(text("UPDATE messages SET content = 'after' WHERE seq = 0"))
+    assert contents((await store.load("s")).messages) == ["after"]
+
+
+async def test_a_session_loaded_twice_gives_independent_objects(db: Database) -> None:
+    store = SqlSessionStore(db)
+    session = await store.load("s")
+    await store.append(session, [Message.user("one")])
+    first, second = await store.load("s"), await store.load("s")
+    first.messages.append(Message.user("only in memory"))
+    first.metadata["x"] = "y"
+    assert contents(second.messages) == ["one"] and "x" not in second.metadata
+    assert contents((await store.load("s")).messages) == ["one"]
+
+
+async def test_a_write_epoch_counts_finished_write_transactions(db: Database) -> None:
+    before = db.write_epoch
+    async with db.write() as conn:
+        await conn.execute(update(schema.sessions).values(updated_at=0))
+        assert db.write_epoch == before  # not yet: what is read now may still change
+    assert db.write_epoch == before + 1

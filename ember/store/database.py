@@ -83,6 +83,13 @@ class Database:
                                                name="ember-db-writer")
         self._direct_reader = ThreadConnection(path, synchronous=synchronous, busy_timeout_ms=BUSY_TIMEOUT_MS,
                                                name="ember-db-reader")
+        self._write_epoch = 0
+
+    @property
+    def write_epoch(self) -> int:
+        """How many transactions went through `write()`. Their statements are
+        arbitrary, so whoever caches what it read must assume they changed it."""
+        return self._write_epoch
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,8 +113,12 @@ class Database:
         Writers of this process queue here, in arrival order, rather than in
         SQLite's busy handler, which polls with sleeps and lets a late writer win.
         """
-        async with self._write_turn, self._writer.begin() as conn:
-            yield conn
+        try:
+            async with self._write_turn, self._writer.begin() as conn:
+                yield conn
+        finally:
+            # Counted once it has ended, so whatever was read while it was open counts as older.
+            self._write_epoch += 1
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:

@@ -6,12 +6,14 @@ Loading returns the window since the consolidation boundary, made
 protocol-valid (I3) by a repair that is written back once, not redone per load.
 
 A turn's load and commits each go to the database in one hop (run_read,
-run_write).
+run_write), and a window read once is kept between turns while its session's
+head does not move (store/windows.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sqlite3
 import time
@@ -43,6 +45,7 @@ from ember.store.session_rows import (
     read_head,
     stored,
 )
+from ember.store.windows import Window, WindowCache
 
 INTERRUPTED_RESULT = "[interrupted: this tool call's result was lost when the turn was cut off; it did not complete]"
 REPAIR_ATTEMPTS = 3
@@ -80,6 +83,7 @@ class SessionStore(Protocol):
 class SqlSessionStore:
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._windows = WindowCache()
 
     async def load(self, key: str) -> Session:
         """The session's window since its consolidation boundary, protocol-valid.
@@ -88,15 +92,22 @@ class SqlSessionStore:
         if another writer got there first, the window is read and planned again.
         """
         for _ in range(REPAIR_ATTEMPTS):
-            head, parsed = await self._db.run_read(lambda conn: _read_window(conn, key))
+            epoch = self._db.write_epoch
+            kept = self._windows.get(key, epoch)
+            head, parsed = await self._db.run_read(functools.partial(_read_window, key=key, kept=kept))
             if head is None:
                 return Session(key=key)
             session = Session(key=key, last_consolidated=head.last_consolidated, next_seq=head.next_seq,
                               metadata=json.loads(head.metadata_json))
+            if parsed is None:
+                assert kept is not None
+                session.messages = list(kept.messages)
+                return session
             messages = [item for _, item in parsed if isinstance(item, Message)]
             broken = [(row, item) for row, item in parsed if isinstance(item, str)]
             repair = plan_repair(messages, INTERRUPTED_RESULT)
             if not broken and not repair.needed:
+                self._windows.put(key, Window(head, tuple(messages), epoch))
                 session.messages = messages
                 return session
             try:
@@ -205,15 +216,27 @@ class SqlSessionStore:
         rows = [message_row(key, msg, now) for msg in new]
         metadata_json = json.dumps(session.metadata)
 
-        def commit(conn: sqlite3.Connection) -> None:
+        def commit(conn: sqlite3.Connection) -> Head | None:
+            replaced = read_head(conn, key)
             _claim_seqs(conn, key, expected, len(new), now, metadata_json)
             conn.executemany(INSERT_MESSAGE, rows)
             if receipt is not None:
                 record_receipt(conn, key, receipt, now)
             if delivery is not None:
                 record_delivery(conn, key, delivery, now)
+            return replaced
 
-        await self._db.run_write(commit)
+        epoch = self._db.write_epoch
+        try:
+            replaced = await self._db.run_write(commit)
+        except BaseException:
+            self._windows.drop(key)
+            raise
+        if replaced is None:
+            head = Head(len(new), 0, now, metadata_json)
+        else:
+            head = Head(expected + len(new), replaced.last_consolidated, now, replaced.metadata_json)
+        self._windows.appended(key, replaced, head, new, epoch)
         return new
 
     async def _write_repair(self, session: Session, broken: list[tuple[StoredRow, str]], repair: RepairPlan) -> None:
@@ -242,14 +265,14 @@ class SqlSessionStore:
                 await conn.execute(insert(m), [message_row(session.key, msg, now) for msg in repair.synthetic])
 
 
-def _read_window(conn: sqlite3.Connection, key: str) -> tuple[Head | None, Parsed]:
-    """The session's head and its window, parsed.
+def _read_window(conn: sqlite3.Connection, key: str, kept: Window | None) -> tuple[Head | None, Parsed | None]:
+    """The session's head and its window, parsed; no window (None) when `kept` is still current.
 
     Runs on the reader thread, parsing included, so the event loop only waits.
     """
     head = read_head(conn, key)
-    if head is None:
-        return head, []
+    if head is None or (kept is not None and kept.head == head):
+        return head, None
     rows = conn.execute(WINDOW, {"key": key, "start": head.last_consolidated}).fetchall()
     return head, [(row, parse(row)) for row in rows]
 
