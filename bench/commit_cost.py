@@ -226,7 +226,7 @@ class StatementCounter:
     async def attach(self) -> None:
         """Trace the one-hop threads' connections (set on their own thread, as sqlite3 requires)."""
         for side, direct in (("write", self._db._direct_writer), ("read", self._db._direct_reader)):
-            await direct.run(lambda conn, side=side: conn.set_trace_callback(self._traced(side)), begin="BEGIN")
+            await direct.read(lambda conn, side=side: conn.set_trace_callback(self._traced(side)))
 
     def _on(self, name: str) -> Callable[..., None]:
         def count(*_args: object) -> None:

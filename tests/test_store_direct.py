@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,46 @@ async def test_a_failed_write_rolls_back_and_raises_sqlalchemys_error(db: Databa
     with pytest.raises(IntegrityError):
         await db.run_write(twice)
     assert await db.run_read(lambda conn: conn.execute("SELECT count(*) FROM traces").fetchone()[0]) == 0
+
+
+async def test_writes_queued_together_commit_together_yet_fail_alone(db: Database) -> None:
+    def trace(turn_id: str, *, then_fail: BaseException | None = None) -> Callable[[sqlite3.Connection], str]:
+        def work(conn: sqlite3.Connection) -> str:
+            conn.execute("INSERT INTO traces VALUES (?, 's', 'ok', NULL, '{}', 0, 0)", (turn_id,))
+            if then_fail is not None:
+                raise then_fail
+            return turn_id
+        return work
+
+    first = await db.run_write(trace("taken"))
+    outcomes = await asyncio.gather(
+        db.run_write(trace("a")),
+        db.run_write(trace("b", then_fail=StoreConflict("b lost a race"))),
+        db.run_write(trace("taken")),  # the primary key is taken: sqlite3's error, as SQLAlchemy's
+        db.run_write(trace("c")),
+        return_exceptions=True,
+    )
+    assert first == "taken" and outcomes[0] == "a" and outcomes[3] == "c"
+    assert isinstance(outcomes[1], StoreConflict) and isinstance(outcomes[2], IntegrityError)
+    stored = await db.run_read(lambda conn: [row[0] for row in conn.execute("SELECT turn_id FROM traces")])
+    assert sorted(stored) == ["a", "c", "taken"]
+
+
+async def test_a_queued_write_is_committed_before_its_cancellation_is_raised(db: Database) -> None:
+    def slow(conn: sqlite3.Connection) -> None:
+        time.sleep(0.05)
+        conn.execute("INSERT INTO traces VALUES ('slow', 's', 'ok', NULL, '{}', 0, 0)")
+
+    writing = asyncio.create_task(db.run_write(slow))
+    queued = asyncio.create_task(db.run_write(
+        lambda conn: conn.execute("INSERT INTO traces VALUES ('queued', 's', 'ok', NULL, '{}', 0, 0)")))
+    await asyncio.sleep(0.01)
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    await writing
+    stored = await db.run_read(lambda conn: [row[0] for row in conn.execute("SELECT turn_id FROM traces")])
+    assert sorted(stored) == ["queued", "slow"]
 
 
 def test_constants_are_written_into_the_statement() -> None:

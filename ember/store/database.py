@@ -8,7 +8,8 @@ Two ways in, over the same file and settings: `write()` / `read()` yield a
 SQLAlchemy AsyncConnection (aiosqlite: each statement is a round trip to its
 thread), for anything; `run_write(work)` / `run_read(work)` send a whole
 transaction to a dedicated thread in one hop (store/direct.py), for the
-statements every turn runs.
+statements every turn runs. Writes that queue up meanwhile are committed
+together, one fsync for all (group commit).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from ember.store.direct import ThreadConnection, Work
+from ember.store.direct import Outcome, ThreadConnection, Work
 from ember.store.migrations import migrate
 
 BUSY_TIMEOUT_MS = 10_000
@@ -84,6 +86,8 @@ class Database:
         self._direct_reader = ThreadConnection(path, synchronous=synchronous, busy_timeout_ms=BUSY_TIMEOUT_MS,
                                                name="ember-db-reader")
         self._write_epoch = 0
+        self._queued: list[_Queued] = []
+        self._committer: asyncio.Task[None] | None = None
 
     @property
     def write_epoch(self) -> int:
@@ -101,6 +105,8 @@ class Database:
             raise
 
     async def close(self) -> None:
+        if self._committer is not None:
+            await asyncio.shield(self._committer)  # the writes already queued are committed first
         await self._direct_writer.close()
         await self._direct_reader.close()
         await self._writer.dispose()
@@ -126,20 +132,60 @@ class Database:
             yield conn
 
     async def run_write(self, work: Work[T]) -> T:
-        """`work(conn)` as one write transaction (BEGIN IMMEDIATE ... COMMIT) on
-        the writer thread; rolled back if it raises.
+        """`work(conn)` as one write transaction on the writer thread, undone if it raises.
 
-        It queues with `write()` on the same lock, and keeps the lock until the
-        thread is done even if the caller is cancelled: the cancellation is
-        raised after the commit, and no other writer of this process starts
-        while this one still holds SQLite's write lock.
+        Writes queued while the thread is busy are committed together (group
+        commit): each in its own savepoint, all under one COMMIT, so they
+        share one fsync, and each caller is answered only once that COMMIT is
+        durable. Once queued, the write runs even if the caller is cancelled:
+        the cancellation is raised after the commit.
         """
-        async with self._write_turn:
-            result, cancelled = await complete_despite_cancel(self._direct_writer.run(work, begin="BEGIN IMMEDIATE"))
+        queued = _Queued(work, asyncio.get_running_loop().create_future())
+        self._queued.append(queued)
+        if self._committer is None:
+            self._committer = asyncio.create_task(self._commit_queued(), name="ember-db-commit")
+        result, cancelled = await complete_despite_cancel(queued.done)
         if cancelled:
             raise asyncio.CancelledError
         return result
 
     async def run_read(self, work: Work[T]) -> T:
         """`work(conn)` in one read transaction (one snapshot) on the reader thread."""
-        return await self._direct_reader.run(work, begin="BEGIN")
+        return await self._direct_reader.read(work)
+
+    async def _commit_queued(self) -> None:
+        """Commit the queue in batches, until it is empty. Each batch takes the
+        write lock, so it queues with `write()` in arrival order, and keeps it
+        until the thread is done, even if this task is cancelled."""
+        batch: list[_Queued] = []
+        try:
+            while self._queued:
+                async with self._write_turn:
+                    batch, self._queued = self._queued, []
+                    try:
+                        outcomes, cancelled = await complete_despite_cancel(
+                            self._direct_writer.write([queued.work for queued in batch]))
+                    except Exception as exc:  # nothing of the batch was committed
+                        outcomes, cancelled = [Outcome(error=exc)] * len(batch), False
+                for queued, outcome in zip(batch, outcomes):
+                    queued.settle(outcome)
+                if cancelled:
+                    raise asyncio.CancelledError
+        finally:
+            self._committer = None
+            for queued in [*batch, *self._queued]:  # stopped before their batch was written
+                if not queued.done.done():
+                    queued.done.cancel()
+            self._queued = []
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    work: Work[Any]
+    done: asyncio.Future[Any]
+
+    def settle(self, outcome: Outcome[Any]) -> None:
+        if outcome.error is not None:
+            self.done.set_exception(outcome.error)
+        else:
+            self.done.set_result(outcome.value)

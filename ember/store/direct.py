@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import DBAPIError
@@ -62,13 +63,26 @@ def connect(path: Path, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Co
     return conn
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """How one unit of a batch ended: its value, or the error that undid it."""
+
+    value: T | None = None
+    error: BaseException | None = None
+
+
 class ThreadConnection:
     """One sqlite3 connection, opened, used and closed on one dedicated thread.
 
-    `run(work, begin=...)` runs `work(conn)` between `begin` and COMMIT on that
-    thread, rolling back if it raises. sqlite3's own errors are raised as
-    SQLAlchemy's (IntegrityError, OperationalError, ...), so callers handle
-    both paths of the store alike.
+    `read(work)` runs `work(conn)` in one read transaction. `write(works)`
+    runs a batch of units in one write transaction, each unit in its own
+    savepoint, so a unit that raises is undone alone and the others still
+    commit, together, under one COMMIT (one fsync). sqlite3's own errors are
+    raised as SQLAlchemy's (IntegrityError, OperationalError, ...), so callers
+    handle both paths of the store alike.
+
+    Both return a future, not a coroutine: it can be shielded without
+    wrapping it in a task.
     """
 
     def __init__(self, path: Path, *, synchronous: str, busy_timeout_ms: int, name: str) -> None:
@@ -79,9 +93,12 @@ class ThreadConnection:
         self._conn: sqlite3.Connection | None = None  # touched only on the thread
         self._closed = False
 
-    def run(self, work: Work[T], *, begin: str) -> asyncio.Future[T]:
-        """A future, not a coroutine: it can be shielded without wrapping it in a task."""
-        return asyncio.get_running_loop().run_in_executor(self._executor, self._transaction, work, begin)
+    def read(self, work: Work[T]) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, self._read, work)
+
+    def write(self, works: Sequence[Work[Any]]) -> asyncio.Future[list[Outcome[Any]]]:
+        """The batch's outcomes, in order, once committed; raises when nothing of it could be."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, self._write, works)
 
     async def close(self) -> None:
         """Close the connection on its thread and end the thread; a second close does nothing."""
@@ -91,24 +108,61 @@ class ThreadConnection:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._close)
         self._executor.shutdown(wait=True)
 
-    def _transaction(self, work: Work[T], begin: str) -> T:
+    def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = connect(self._path, synchronous=self._synchronous, busy_timeout_ms=self._busy_timeout_ms)
-        conn = self._conn
+        return self._conn
+
+    def _read(self, work: Work[T]) -> T:
+        conn = self._connection()
         try:
-            conn.execute(begin)
+            conn.execute("BEGIN")
             try:
-                result = work(conn)
+                return work(conn)
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise translated(exc) from exc
+
+    def _write(self, works: Sequence[Work[Any]]) -> list[Outcome[Any]]:
+        conn = self._connection()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # A unit alone needs no savepoint: if it raises, the whole transaction is undone.
+                outcomes = [Outcome(works[0](conn))] if len(works) == 1 else [_unit(conn, work) for work in works]
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
-            raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
-        return result
+            raise translated(exc) from exc
+        return outcomes
 
     def _close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _unit(conn: sqlite3.Connection, work: Work[Any]) -> Outcome[Any]:
+    """One unit of a batch, in a savepoint: undone alone if it raises."""
+    conn.execute("SAVEPOINT unit")
+    try:
+        value = work(conn)
+    except Exception as exc:
+        if not conn.in_transaction:
+            raise  # SQLite ended the whole transaction (disk full, I/O error): nothing of the batch stands
+        conn.execute("ROLLBACK TO unit")
+        conn.execute("RELEASE unit")
+        return Outcome(error=translated(exc) if isinstance(exc, sqlite3.Error) else exc)
+    conn.execute("RELEASE unit")
+    return Outcome(value)
+
+
+def translated(exc: BaseException) -> BaseException:
+    """sqlite3's error as the SQLAlchemy error the engines would have raised."""
+    if isinstance(exc, sqlite3.Error):
+        return DBAPIError.instance(None, None, exc, sqlite3.Error)
+    return exc
