@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ember.core.delivery import Receipt
@@ -47,6 +47,16 @@ def shown_to_model(message: Message) -> Message:
     return replace(message, content=message.content[:MODEL_RESULT_CHARS] + note)
 
 
+def history_for_model(messages: Sequence[Message]) -> list[Message]:
+    """The stored history as the model sees it: no stored reasoning, long tool output cut.
+
+    It runs over the whole window on every turn, and most messages need
+    neither change: those are passed on as they are, without a call.
+    """
+    return [m if m.reasoning is None and m.role is not Role.TOOL else shown_to_model(m.without_reasoning())
+            for m in messages]
+
+
 class ContextStage:
     def __init__(self, sessions: SessionStore, memory: MemoryService, persona: Persona) -> None:
         self._sessions = sessions
@@ -71,7 +81,7 @@ class ContextStage:
             await self._sessions.append(session, [Message.user(event.text, turn_id=turn_id)], receipt=receipt)
         intro = self._intro(event) if is_new else ""
         prompt = [Message.system(await self._system_text(session))]
-        prompt += [shown_to_model(message.without_reasoning()) for message in session.messages]
+        prompt += history_for_model(session.messages)
         return PipelineContext(
             event=event,
             turn_id=turn_id,

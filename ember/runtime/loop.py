@@ -151,12 +151,15 @@ class AgentLoop:
             task.add_done_callback(self._turns.discard)
 
     async def _on_inbound(self, event: InboundEvent) -> None:
-        if event.message_id is None:  # every turn gets a receipt, so a crash cannot hide it
+        # Every turn gets a receipt, so a crash cannot hide it. An id minted
+        # here was never accepted before: there is no receipt to look up.
+        fresh = event.message_id is None and not event.recovery
+        if event.message_id is None:
             event = dataclasses.replace(event, message_id=uuid.uuid4().hex)
         turn = _Turn(turn_id=uuid.uuid4().hex)
         try:
             async with self._leases.hold(event.session_key):
-                if await self._already_handled(event, turn):
+                if not fresh and await self._already_handled(event, turn):
                     return
                 turn.trace = TurnTrace(turn_id=turn.turn_id, session_key=event.session_key, started_at=time.time())
                 await self._run_turn(event, turn)

@@ -3,6 +3,13 @@
 Writes take SQLite's write lock at BEGIN (BEGIN IMMEDIATE) so two writers queue
 on the busy timeout instead of failing when a read transaction upgrades.
 Reads run on a separate engine and, in WAL mode, never wait for writers.
+
+Two ways in, over the same file and settings: `write()` / `read()` yield a
+SQLAlchemy AsyncConnection (aiosqlite: each statement is a round trip to its
+thread), for anything; `run_write(work)` / `run_read(work)` send a whole
+transaction to a dedicated thread in one hop (store/direct.py), for the
+statements every turn runs. Writes that queue up meanwhile are committed
+together, one fsync for all (group commit).
 """
 
 from __future__ import annotations
@@ -10,12 +17,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from ember.store.direct import Outcome, ThreadConnection, Work
 from ember.store.migrations import migrate
 
 BUSY_TIMEOUT_MS = 10_000
@@ -72,6 +81,19 @@ class Database:
         self._writer = _sqlite_engine(path, synchronous=synchronous, immediate=True)
         self._reader = _sqlite_engine(path, synchronous=synchronous, immediate=False)
         self._write_turn = asyncio.Lock()
+        self._direct_writer = ThreadConnection(path, synchronous=synchronous, busy_timeout_ms=BUSY_TIMEOUT_MS,
+                                               name="ember-db-writer")
+        self._direct_reader = ThreadConnection(path, synchronous=synchronous, busy_timeout_ms=BUSY_TIMEOUT_MS,
+                                               name="ember-db-reader")
+        self._write_epoch = 0
+        self._queued: list[_Queued] = []
+        self._committer: asyncio.Task[None] | None = None
+
+    @property
+    def write_epoch(self) -> int:
+        """How many transactions went through `write()`. Their statements are
+        arbitrary, so whoever caches what it read must assume they changed it."""
+        return self._write_epoch
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,6 +105,10 @@ class Database:
             raise
 
     async def close(self) -> None:
+        if self._committer is not None:
+            await asyncio.shield(self._committer)  # the writes already queued are committed first
+        await self._direct_writer.close()
+        await self._direct_reader.close()
         await self._writer.dispose()
         await self._reader.dispose()
 
@@ -93,10 +119,73 @@ class Database:
         Writers of this process queue here, in arrival order, rather than in
         SQLite's busy handler, which polls with sleeps and lets a late writer win.
         """
-        async with self._write_turn, self._writer.begin() as conn:
-            yield conn
+        try:
+            async with self._write_turn, self._writer.begin() as conn:
+                yield conn
+        finally:
+            # Counted once it has ended, so whatever was read while it was open counts as older.
+            self._write_epoch += 1
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
         async with self._reader.connect() as conn, conn.begin():
             yield conn
+
+    async def run_write(self, work: Work[T]) -> T:
+        """`work(conn)` as one write transaction on the writer thread, undone if it raises.
+
+        Writes queued while the thread is busy are committed together (group
+        commit): each in its own savepoint, all under one COMMIT, so they
+        share one fsync, and each caller is answered only once that COMMIT is
+        durable. Once queued, the write runs even if the caller is cancelled:
+        the cancellation is raised after the commit.
+        """
+        queued = _Queued(work, asyncio.get_running_loop().create_future())
+        self._queued.append(queued)
+        if self._committer is None:
+            self._committer = asyncio.create_task(self._commit_queued(), name="ember-db-commit")
+        result, cancelled = await complete_despite_cancel(queued.done)
+        if cancelled:
+            raise asyncio.CancelledError
+        return result
+
+    async def run_read(self, work: Work[T]) -> T:
+        """`work(conn)` in one read transaction (one snapshot) on the reader thread."""
+        return await self._direct_reader.read(work)
+
+    async def _commit_queued(self) -> None:
+        """Commit the queue in batches, until it is empty. Each batch takes the
+        write lock, so it queues with `write()` in arrival order, and keeps it
+        until the thread is done, even if this task is cancelled."""
+        batch: list[_Queued] = []
+        try:
+            while self._queued:
+                async with self._write_turn:
+                    batch, self._queued = self._queued, []
+                    try:
+                        outcomes, cancelled = await complete_despite_cancel(
+                            self._direct_writer.write([queued.work for queued in batch]))
+                    except Exception as exc:  # nothing of the batch was committed
+                        outcomes, cancelled = [Outcome(error=exc)] * len(batch), False
+                for queued, outcome in zip(batch, outcomes):
+                    queued.settle(outcome)
+                if cancelled:
+                    raise asyncio.CancelledError
+        finally:
+            self._committer = None
+            for queued in [*batch, *self._queued]:  # stopped before their batch was written
+                if not queued.done.done():
+                    queued.done.cancel()
+            self._queued = []
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    work: Work[Any]
+    done: asyncio.Future[Any]
+
+    def settle(self, outcome: Outcome[Any]) -> None:
+        if outcome.error is not None:
+            self.done.set_exception(outcome.error)
+        else:
+            self.done.set_result(outcome.value)

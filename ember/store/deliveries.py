@@ -7,52 +7,68 @@ records deliveries.
 
 from __future__ import annotations
 
+import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Row, insert, select, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ember.core.delivery import Delivery, Receipt
 from ember.core.errors import DuplicateMessage
 from ember.store import schema
 from ember.store.database import Database
+from ember.store.direct import compiled
+
+_i, _o = schema.inbox, schema.outbox
+# A duplicate is not an error inside the transaction: the caller sees rowcount 0 and rolls back.
+_ACCEPT = compiled(sqlite_insert(_i).on_conflict_do_nothing(index_elements=["channel", "chat_id", "message_id"]))
+_OWE = compiled(insert(_o))
+_ANSWERED = compiled(update(_i).where(_i.c.channel == bindparam("channel"), _i.c.chat_id == bindparam("chat_id"),
+                                      _i.c.message_id == bindparam("reply_to")).values(answered_at=bindparam("now")))
+# Message ids are the platform's, and platforms number messages per chat.
+_RECEIPT = compiled(select(_i).where(_i.c.channel == bindparam("channel"), _i.c.chat_id == bindparam("chat_id"),
+                                     _i.c.message_id == bindparam("message_id")))
+# A committed final answers the message even if an error (its failed send) came after it.
+_ANSWER_OF = compiled(select(_o).where(_o.c.turn_id == bindparam("turn_id"))
+                      .order_by((_o.c.kind == "final").desc(), _o.c.created_at.desc()).limit(1))
+_MARK = compiled(update(_o).where(_o.c.delivery_id == bindparam("delivery_id"), _o.c.delivered_at.is_(None))
+                 .values(delivered_at=bindparam("now"), attempts=_o.c.attempts + 1))
 
 
-def _receipt(row: Row[Any]) -> Receipt:
-    return Receipt(channel=row.channel, message_id=row.message_id, chat_id=row.chat_id, sender_id=row.sender_id,
-                   turn_id=row.turn_id, received_at=row.received_at, answered_at=row.answered_at)
+def _receipt(row: Sequence[Any]) -> Receipt:
+    channel, message_id, _key, chat_id, sender_id, turn_id, received_at, answered_at = row
+    return Receipt(channel=channel, message_id=message_id, chat_id=chat_id, sender_id=sender_id, turn_id=turn_id,
+                   received_at=received_at, answered_at=answered_at)
 
 
-def _delivery(row: Row[Any]) -> Delivery:
-    return Delivery(delivery_id=row.delivery_id, turn_id=row.turn_id, channel=row.channel, chat_id=row.chat_id,
-                    reply_to=row.reply_to, kind=row.kind, text=row.text)
+def _delivery(row: Sequence[Any]) -> Delivery:
+    delivery_id, turn_id, _key, channel, chat_id, reply_to, kind, text, *_ = row
+    return Delivery(delivery_id=delivery_id, turn_id=turn_id, channel=channel, chat_id=chat_id, reply_to=reply_to,
+                    kind=kind, text=text)
 
 
-async def record_receipt(conn: AsyncConnection, key: str, receipt: Receipt, now: float) -> None:
-    try:
-        async with conn.begin_nested():
-            await conn.execute(insert(schema.inbox).values(
-                channel=receipt.channel, message_id=receipt.message_id, session_key=key, chat_id=receipt.chat_id,
-                sender_id=receipt.sender_id, turn_id=receipt.turn_id, received_at=now,
-            ))
-    except IntegrityError as exc:
-        raise DuplicateMessage(f"message {receipt.message_id!r} of {receipt.channel} was already accepted") from exc
+def record_receipt(conn: sqlite3.Connection, key: str, receipt: Receipt, now: float) -> None:
+    """Inside a write transaction; DuplicateMessage when the message was accepted before."""
+    accepted = conn.execute(_ACCEPT, {
+        "channel": receipt.channel, "message_id": receipt.message_id, "session_key": key, "chat_id": receipt.chat_id,
+        "sender_id": receipt.sender_id, "turn_id": receipt.turn_id, "received_at": now, "answered_at": None,
+    })
+    if accepted.rowcount != 1:
+        raise DuplicateMessage(f"message {receipt.message_id!r} of {receipt.channel} was already accepted")
 
 
-async def record_delivery(conn: AsyncConnection, key: str, delivery: Delivery, now: float) -> None:
-    await conn.execute(insert(schema.outbox).values(
-        delivery_id=delivery.delivery_id, turn_id=delivery.turn_id, session_key=key, channel=delivery.channel,
-        chat_id=delivery.chat_id, reply_to=delivery.reply_to, kind=delivery.kind, text=delivery.text,
-        created_at=now, attempts=0,
-    ))
+def record_delivery(conn: sqlite3.Connection, key: str, delivery: Delivery, now: float) -> None:
+    """Inside a write transaction: the outbox record, and its message marked answered."""
+    conn.execute(_OWE, {
+        "delivery_id": delivery.delivery_id, "turn_id": delivery.turn_id, "session_key": key,
+        "channel": delivery.channel, "chat_id": delivery.chat_id, "reply_to": delivery.reply_to,
+        "kind": delivery.kind, "text": delivery.text, "created_at": now, "delivered_at": None, "attempts": 0,
+    })
     if delivery.reply_to is not None:
-        i = schema.inbox
-        await conn.execute(update(i).where(i.c.channel == delivery.channel, i.c.chat_id == delivery.chat_id,
-                                           i.c.message_id == delivery.reply_to)
-                           .values(answered_at=now))
+        conn.execute(_ANSWERED, {"channel": delivery.channel, "chat_id": delivery.chat_id,
+                                 "reply_to": delivery.reply_to, "now": now})
 
 
 class SqlDeliveryStore:
@@ -60,47 +76,43 @@ class SqlDeliveryStore:
         self._db = db
 
     async def receipt(self, channel: str, chat_id: str, message_id: str) -> Receipt | None:
-        """Message ids are the platform's, and platforms number messages per chat."""
-        i = schema.inbox
-        async with self._db.read() as conn:
-            row = (await conn.execute(select(i).where(i.c.channel == channel, i.c.chat_id == chat_id,
-                                                      i.c.message_id == message_id))).first()
-        return None if row is None else _receipt(row)
+        def find(conn: sqlite3.Connection) -> Receipt | None:
+            row = conn.execute(_RECEIPT, {"channel": channel, "chat_id": chat_id, "message_id": message_id}).fetchone()
+            return None if row is None else _receipt(row)
+
+        return await self._db.run_read(find)
 
     async def unanswered(self) -> list[Receipt]:
         """Accepted messages whose turn never committed an answer, oldest first."""
-        i = schema.inbox
         async with self._db.read() as conn:
-            rows = (await conn.execute(select(i).where(i.c.answered_at.is_(None)).order_by(i.c.received_at))).all()
+            rows = (await conn.execute(select(_i).where(_i.c.answered_at.is_(None)).order_by(_i.c.received_at))).all()
         return [_receipt(row) for row in rows]
 
     async def answer_of(self, turn_id: str) -> Delivery | None:
-        o = schema.outbox
-        async with self._db.read() as conn:
-            row = (await conn.execute(
-                # A committed final answers the message even if an error (its failed send) came after it.
-                select(o).where(o.c.turn_id == turn_id)
-                .order_by((o.c.kind == "final").desc(), o.c.created_at.desc()).limit(1)
-            )).first()
-        return None if row is None else _delivery(row)
+        def find(conn: sqlite3.Connection) -> Delivery | None:
+            row = conn.execute(_ANSWER_OF, {"turn_id": turn_id}).fetchone()
+            return None if row is None else _delivery(row)
+
+        return await self._db.run_read(find)
 
     async def undelivered(self, channels: Iterable[str], *, older_than_s: float = 0.0) -> list[Delivery]:
-        o = schema.outbox
-        query = (select(o).where(o.c.delivered_at.is_(None), o.c.channel.in_(list(channels)),
-                                 o.c.created_at <= time.time() - older_than_s).order_by(o.c.created_at))
+        query = (select(_o).where(_o.c.delivered_at.is_(None), _o.c.channel.in_(list(channels)),
+                                  _o.c.created_at <= time.time() - older_than_s).order_by(_o.c.created_at))
         async with self._db.read() as conn:
             return [_delivery(row) for row in (await conn.execute(query)).all()]
 
     async def record(self, session_key: str, delivery: Delivery) -> None:
         """An outbound record without a message: an error a turn ended with."""
-        async with self._db.write() as conn:
-            await record_delivery(conn, session_key, delivery, time.time())
+        now = time.time()
+        await self._db.run_write(lambda conn: record_delivery(conn, session_key, delivery, now))
 
     async def mark_delivered(self, delivery_ids: Iterable[str]) -> None:
         ids = list(delivery_ids)
         if not ids:
             return
-        o = schema.outbox
-        async with self._db.write() as conn:
-            await conn.execute(update(o).where(o.c.delivery_id.in_(ids), o.c.delivered_at.is_(None))
-                               .values(delivered_at=time.time(), attempts=o.c.attempts + 1))
+        now = time.time()
+
+        def mark(conn: sqlite3.Connection) -> None:
+            conn.executemany(_MARK, [{"delivery_id": delivery_id, "now": now} for delivery_id in ids])
+
+        await self._db.run_write(mark)

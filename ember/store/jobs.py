@@ -7,21 +7,41 @@ so two runners never execute it twice.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ember.store import schema
 from ember.store.database import Database
+from ember.store.direct import compiled
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 # A job that would have been retried while an equal one was already pending:
 # the pending one covers its work.
 SUPERSEDED = "superseded"
+
+_j = schema.jobs
+_ENQUEUE = compiled(sqlite_insert(_j).on_conflict_do_nothing(index_elements=["kind", "dedupe_key"],
+                                                              index_where=_j.c.status == PENDING))
+_DUE = compiled(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts)
+                .where(_j.c.status == PENDING, _j.c.next_run_at <= bindparam("now"))
+                .order_by(_j.c.next_run_at).limit(bindparam("limit")))
+_RUNNING = compiled(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts)
+                    .where(_j.c.status == RUNNING))
+_CLAIM = compiled(update(_j).where(_j.c.id == bindparam("job_id"), _j.c.status == PENDING)
+                  .values(status=RUNNING, updated_at=bindparam("now")))
+_COVERED = compiled(select(_j.c.id).where(_j.c.kind == bindparam("kind"), _j.c.dedupe_key == bindparam("dedupe_key"),
+                                          _j.c.status == PENDING))
+_SET = compiled(update(_j).where(_j.c.id == bindparam("job_id")).values(
+    status=bindparam("status"), attempts=bindparam("attempts"), last_error=bindparam("last_error"),
+    next_run_at=func.coalesce(bindparam("next_run_at"), _j.c.next_run_at), updated_at=bindparam("now"),
+))
+_NEXT_DUE = compiled(select(func.min(_j.c.next_run_at)).where(_j.c.status == PENDING))
+_COUNTS = compiled(select(_j.c.status, func.count()).group_by(_j.c.status))
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,51 +60,36 @@ class SqlJobStore:
     async def enqueue(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
         """True when a new job was queued, False when an equal one was already pending."""
         now = time.time()
-        statement = (
-            sqlite_insert(schema.jobs)
-            .values(
-                id=uuid.uuid4().hex, kind=kind, dedupe_key=dedupe_key, session_key=session_key,
-                status=PENDING, attempts=0, next_run_at=now, created_at=now, updated_at=now,
-            )
-            .on_conflict_do_nothing(
-                index_elements=["kind", "dedupe_key"], index_where=schema.jobs.c.status == PENDING
-            )
-        )
-        async with self._db.write() as conn:
-            return (await conn.execute(statement)).rowcount == 1
+        row = {"id": uuid.uuid4().hex, "kind": kind, "dedupe_key": dedupe_key, "session_key": session_key,
+               "status": PENDING, "attempts": 0, "next_run_at": now, "last_error": None, "created_at": now,
+               "updated_at": now}
+        return await self._db.run_write(lambda conn: conn.execute(_ENQUEUE, row).rowcount == 1)
 
     async def claim_due(self, limit: int) -> list[Job]:
         """Move up to `limit` due jobs to running and return them."""
-        j = schema.jobs
         now = time.time()
-        due = select(j).where(j.c.status == PENDING, j.c.next_run_at <= now).order_by(j.c.next_run_at).limit(limit)
-        async with self._db.write() as conn:
-            rows = (await conn.execute(due)).all()
-            claimed = []
-            for row in rows:
-                done = await conn.execute(
-                    update(j).where(j.c.id == row.id, j.c.status == PENDING).values(status=RUNNING, updated_at=now)
-                )
-                if done.rowcount == 1:
-                    claimed.append(Job(row.id, row.kind, row.dedupe_key, row.session_key, row.attempts))
-        return claimed
+
+        def claim(conn: sqlite3.Connection) -> list[Job]:
+            due = [Job(*row) for row in conn.execute(_DUE, {"now": now, "limit": limit})]
+            return [job for job in due if conn.execute(_CLAIM, {"job_id": job.id, "now": now}).rowcount == 1]
+
+        return await self._db.run_write(claim)
 
     async def complete(self, job: Job) -> None:
-        await self._set(job.id, status=DONE, attempts=job.attempts + 1, last_error=None)
+        await self._db.run_write(lambda conn: _set(conn, job.id, status=DONE, attempts=job.attempts + 1))
 
     async def fail(self, job: Job, error: str, *, retry_in_s: float | None) -> None:
         """Record a failed attempt: retried after `retry_in_s`, or given up when None."""
         if retry_in_s is None:
-            await self._set(job.id, status=FAILED, attempts=job.attempts + 1, last_error=error)
+            await self._db.run_write(lambda conn: _set(conn, job.id, status=FAILED, attempts=job.attempts + 1,
+                                                       last_error=error))
             return
-        async with self._db.write() as conn:
-            await self._requeue(conn, job.id, job.kind, job.dedupe_key, delay_s=retry_in_s,
-                                attempts=job.attempts + 1, last_error=error)
+        await self._db.run_write(lambda conn: _requeue(conn, job, delay_s=retry_in_s, attempts=job.attempts + 1,
+                                                       last_error=error))
 
     async def release(self, job: Job) -> None:
         """A job stopped by a shutdown goes back to the queue, its attempt not counted."""
-        async with self._db.write() as conn:
-            await self._requeue(conn, job.id, job.kind, job.dedupe_key, delay_s=0.0, attempts=job.attempts)
+        await self._db.run_write(lambda conn: _requeue(conn, job, delay_s=0.0, attempts=job.attempts))
 
     async def requeue_interrupted(self) -> int:
         """Jobs left running by a process that died go back to the queue.
@@ -92,40 +97,31 @@ class SqlJobStore:
         Only the process holding the runner lock may call this: it proves no
         other live process is running them.
         """
-        j = schema.jobs
-        async with self._db.write() as conn:
-            rows = (await conn.execute(select(j).where(j.c.status == RUNNING))).all()
-            for row in rows:
-                await self._requeue(conn, row.id, row.kind, row.dedupe_key, delay_s=0.0, attempts=row.attempts)
-        return len(rows)
+        def requeue(conn: sqlite3.Connection) -> int:
+            running = [Job(*row) for row in conn.execute(_RUNNING)]
+            for job in running:
+                _requeue(conn, job, delay_s=0.0, attempts=job.attempts)
+            return len(running)
+
+        return await self._db.run_write(requeue)
 
     async def next_due_at(self) -> float | None:
-        j = schema.jobs
-        async with self._db.read() as conn:
-            return (await conn.execute(select(func.min(j.c.next_run_at)).where(j.c.status == PENDING))).scalar()
+        return await self._db.run_read(lambda conn: conn.execute(_NEXT_DUE).fetchone()[0])
 
     async def counts(self) -> dict[str, int]:
-        j = schema.jobs
-        async with self._db.read() as conn:
-            rows = (await conn.execute(select(j.c.status, func.count()).group_by(j.c.status))).all()
-        return {status: count for status, count in rows}
+        return await self._db.run_read(lambda conn: dict(conn.execute(_COUNTS).fetchall()))
 
-    async def _requeue(self, conn: AsyncConnection, job_id: str, kind: str, dedupe_key: str, *, delay_s: float,
-                       attempts: int, last_error: str | None = None) -> None:
-        """Back to pending, unless an equal pending job already covers the work."""
-        j = schema.jobs
-        now = time.time()
-        covered = await conn.execute(
-            select(j.c.id).where(j.c.kind == kind, j.c.dedupe_key == dedupe_key, j.c.status == PENDING)
-        )
-        status = SUPERSEDED if covered.first() is not None else PENDING
-        await conn.execute(update(j).where(j.c.id == job_id).values(
-            status=status, attempts=attempts, last_error=last_error, next_run_at=now + delay_s, updated_at=now,
-        ))
 
-    async def _set(self, job_id: str, *, status: str, attempts: int, last_error: str | None) -> None:
-        j = schema.jobs
-        async with self._db.write() as conn:
-            await conn.execute(update(j).where(j.c.id == job_id).values(
-                status=status, attempts=attempts, last_error=last_error, updated_at=time.time(),
-            ))
+def _requeue(conn: sqlite3.Connection, job: Job, *, delay_s: float, attempts: int,
+             last_error: str | None = None) -> None:
+    """Back to pending, unless an equal pending job already covers the work."""
+    covered = conn.execute(_COVERED, {"kind": job.kind, "dedupe_key": job.dedupe_key}).fetchone() is not None
+    _set(conn, job.id, status=SUPERSEDED if covered else PENDING, attempts=attempts, last_error=last_error,
+         next_run_at=time.time() + delay_s)
+
+
+def _set(conn: sqlite3.Connection, job_id: str, *, status: str, attempts: int, last_error: str | None = None,
+         next_run_at: float | None = None) -> None:
+    """A job's new state; its next run time is kept unless given."""
+    conn.execute(_SET, {"job_id": job_id, "status": status, "attempts": attempts, "last_error": last_error,
+                        "next_run_at": next_run_at, "now": time.time()})

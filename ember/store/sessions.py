@@ -4,35 +4,53 @@ A turn's commit inserts only its new rows and bumps the session's `next_seq`
 by compare-and-set, so it costs the same at message 10 and at message 100,000.
 Loading returns the window since the consolidation boundary, made
 protocol-valid (I3) by a repair that is written back once, not redone per load.
+
+A turn's load and commits each go to the database in one hop (run_read,
+run_write), and a window read once is kept between turns while its session's
+head does not move (store/windows.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import sqlite3
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
-from sqlalchemy import Row, func, insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ember.core.delivery import Delivery, Receipt
 from ember.core.errors import StoreConflict
-from ember.core.messages import Message, Role, Session, decode_tool_calls, encode_tool_calls
-from ember.core.thinking import strip_thinking
+from ember.core.messages import Message, Role, Session
 from ember.store import schema
 from ember.store.database import Database, complete_despite_cancel
 from ember.store.deliveries import record_delivery, record_receipt
 from ember.store.repair import RepairPlan, plan_repair
+from ember.store.session_rows import (
+    CLAIM,
+    CREATE,
+    INSERT_MESSAGE,
+    WINDOW,
+    Head,
+    StoredRow,
+    message_row,
+    parse,
+    raw,
+    read_head,
+    stored,
+)
+from ember.store.windows import Window, WindowCache
 
 INTERRUPTED_RESULT = "[interrupted: this tool call's result was lost when the turn was cut off; it did not complete]"
 REPAIR_ATTEMPTS = 3
 
-StoredRow = Row[Any]
+Parsed = list[tuple[StoredRow, Message | str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,69 +80,10 @@ class SessionStore(Protocol):
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool: ...
 
 
-_ROLES = {role.value: role for role in Role}
-
-
-def _row_to_message(row: StoredRow) -> Message:
-    """Parse one stored row; ValueError when it cannot be trusted (it is then quarantined).
-
-    Called for every message of the window on every turn, so it unpacks the
-    row by position rather than looking fields up by name.
-    """
-    _key, seq, role_name, content, raw_calls, tool_call_id, reasoning, turn_id, _created = row
-    role = _ROLES.get(role_name)
-    if role is None:
-        raise ValueError(f"unknown role {role_name!r}")
-    calls = decode_tool_calls(raw_calls)
-    if calls and role is not Role.ASSISTANT:
-        raise ValueError(f"a {role.value} message cannot carry tool_calls")
-    if role is Role.TOOL and not tool_call_id:
-        raise ValueError("a tool message without tool_call_id")
-    if not isinstance(content, str):
-        raise ValueError("content is not text")
-    return Message(role=role, content=content, tool_calls=calls, tool_call_id=tool_call_id,
-                   reasoning=reasoning, turn_id=turn_id, seq=seq)
-
-
-def _parse(row: StoredRow) -> Message | str:
-    """The message, or why the row cannot be read."""
-    try:
-        return _row_to_message(row)
-    except (ValueError, KeyError, TypeError) as exc:
-        return f"unreadable row: {exc}"
-
-
-def _stored(message: Message, seq: int) -> Message:
-    content = message.content
-    if message.role is Role.ASSISTANT:
-        # Storage boundary of I4: no reasoning text inside content, whoever wrote it.
-        content = strip_thinking(content)
-    return replace(message, content=content, seq=seq)
-
-
-def _message_row(key: str, message: Message, now: float) -> dict[str, Any]:
-    return {
-        "session_key": key,
-        "seq": message.seq,
-        "role": message.role.value,
-        "content": message.content,
-        "tool_calls": encode_tool_calls(message.tool_calls),
-        "tool_call_id": message.tool_call_id,
-        "reasoning": message.reasoning,
-        "turn_id": message.turn_id,
-        "created_at": now,
-    }
-
-
-def _raw(item: Message | StoredRow) -> str:
-    if isinstance(item, Message):
-        return json.dumps({**item.to_json_dict(), "reasoning": item.reasoning, "turn_id": item.turn_id})
-    return json.dumps(dict(item._mapping), default=str)
-
-
 class SqlSessionStore:
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._windows = WindowCache()
 
     async def load(self, key: str) -> Session:
         """The session's window since its consolidation boundary, protocol-valid.
@@ -133,12 +92,22 @@ class SqlSessionStore:
         if another writer got there first, the window is read and planned again.
         """
         for _ in range(REPAIR_ATTEMPTS):
-            session, rows = await self._read_window(key)
-            parsed = [(row, _parse(row)) for row in rows]
+            epoch = self._db.write_epoch
+            kept = self._windows.get(key, epoch)
+            head, parsed = await self._db.run_read(functools.partial(_read_window, key=key, kept=kept))
+            if head is None:
+                return Session(key=key)
+            session = Session(key=key, last_consolidated=head.last_consolidated, next_seq=head.next_seq,
+                              metadata=json.loads(head.metadata_json))
+            if parsed is None:
+                assert kept is not None
+                session.messages = list(kept.messages)
+                return session
             messages = [item for _, item in parsed if isinstance(item, Message)]
             broken = [(row, item) for row, item in parsed if isinstance(item, str)]
             repair = plan_repair(messages, INTERRUPTED_RESULT)
             if not broken and not repair.needed:
+                self._windows.put(key, Window(head, tuple(messages), epoch))
                 session.messages = messages
                 return session
             try:
@@ -162,23 +131,23 @@ class SqlSessionStore:
         """
         if not messages:
             return
-        stored, cancelled = await complete_despite_cancel(self._append(session, messages, receipt, delivery))
-        session.messages.extend(stored)
-        session.next_seq += len(stored)
+        new, cancelled = await complete_despite_cancel(self._append(session, messages, receipt, delivery))
+        session.messages.extend(new)
+        session.next_seq += len(new)
         if cancelled:
             raise asyncio.CancelledError
 
     async def history(self, key: str) -> list[Message]:
         """Every readable message of the session, consolidated ones included, as stored."""
         rows = await self._rows(key)
-        return [item for item in map(_parse, rows) if isinstance(item, Message)]
+        return [item for item in map(parse, rows) if isinstance(item, Message)]
 
     async def unreadable(self) -> list[UnreadableRow]:
         """Rows of any session, inside the window or before it, that cannot be parsed. Read-only."""
         return [
-            UnreadableRow(row.session_key, row.seq, item, _raw(row))
+            UnreadableRow(row.session_key, row.seq, item, raw(row))
             for row in await self._rows(None)
-            if isinstance(item := _parse(row), str)
+            if isinstance(item := parse(row), str)
         ]
 
     async def quarantined(self) -> list[UnreadableRow]:
@@ -240,55 +209,35 @@ class SqlSessionStore:
         async with self._db.read() as conn:
             return list((await conn.execute(query)).all())
 
-    async def _read_window(self, key: str) -> tuple[Session, list[StoredRow]]:
-        s, m = schema.sessions, schema.messages
-        async with self._db.read() as conn:
-            head = (await conn.execute(select(s).where(s.c.key == key))).first()
-            if head is None:
-                return Session(key=key), []
-            rows = (
-                await conn.execute(
-                    select(m).where(m.c.session_key == key, m.c.seq >= head.last_consolidated).order_by(m.c.seq)
-                )
-            ).all()
-        session = Session(key=key, last_consolidated=head.last_consolidated, next_seq=head.next_seq,
-                          metadata=json.loads(head.metadata_json))
-        return session, list(rows)
-
     async def _append(self, session: Session, messages: Sequence[Message], receipt: Receipt | None,
                       delivery: Delivery | None) -> list[Message]:
-        now = time.time()
-        stored = [_stored(msg, session.next_seq + i) for i, msg in enumerate(messages)]
-        async with self._db.write() as conn:
-            await self._claim_seqs(conn, session, len(stored), now)
-            await conn.execute(insert(schema.messages), [_message_row(session.key, msg, now) for msg in stored])
-            if receipt is not None:
-                await record_receipt(conn, session.key, receipt, now)
-            if delivery is not None:
-                await record_delivery(conn, session.key, delivery, now)
-        return stored
+        key, expected, now = session.key, session.next_seq, time.time()
+        new = [stored(msg, expected + i) for i, msg in enumerate(messages)]
+        rows = [message_row(key, msg, now) for msg in new]
+        metadata_json = json.dumps(session.metadata)
 
-    async def _claim_seqs(self, conn: AsyncConnection, session: Session, count: int, now: float) -> None:
-        """Reserve `count` seqs after `session.next_seq`, creating the session on its first write."""
-        s = schema.sessions
-        bumped = await conn.execute(
-            update(s)
-            .where(s.c.key == session.key, s.c.next_seq == session.next_seq)
-            .values(next_seq=session.next_seq + count, updated_at=now)
-        )
-        if bumped.rowcount == 1:
-            return
-        if session.next_seq == 0:
-            try:
-                async with conn.begin_nested():
-                    await conn.execute(insert(s).values(
-                        key=session.key, next_seq=count, last_consolidated=0,
-                        metadata_json=json.dumps(session.metadata), created_at=now, updated_at=now,
-                    ))
-                return
-            except IntegrityError:
-                pass
-        raise StoreConflict(f"session {session.key!r} was written by someone else since it was loaded")
+        def commit(conn: sqlite3.Connection) -> Head | None:
+            replaced = read_head(conn, key)
+            _claim_seqs(conn, key, expected, len(new), now, metadata_json)
+            conn.executemany(INSERT_MESSAGE, rows)
+            if receipt is not None:
+                record_receipt(conn, key, receipt, now)
+            if delivery is not None:
+                record_delivery(conn, key, delivery, now)
+            return replaced
+
+        epoch = self._db.write_epoch
+        try:
+            replaced = await self._db.run_write(commit)
+        except BaseException:
+            self._windows.drop(key)
+            raise
+        if replaced is None:
+            head = Head(len(new), 0, now, metadata_json)
+        else:
+            head = Head(expected + len(new), replaced.last_consolidated, now, replaced.metadata_json)
+        self._windows.appended(key, replaced, head, new, epoch)
+        return new
 
     async def _write_repair(self, session: Session, broken: list[tuple[StoredRow, str]], repair: RepairPlan) -> None:
         """Set aside what cannot be used and close interrupted tool calls, in one
@@ -306,10 +255,37 @@ class SqlSessionStore:
             if unchanged.rowcount != 1:
                 raise StoreConflict(f"session {session.key!r} changed while it was being repaired")
             for item, reason in [*broken, *repair.quarantine]:
+                seq = item.seq if isinstance(item, Message) else item[1]
                 await conn.execute(insert(schema.quarantine).values(
-                    id=uuid.uuid4().hex, session_key=session.key, seq=item.seq, raw=_raw(item),
+                    id=uuid.uuid4().hex, session_key=session.key, seq=seq, raw=raw(item),
                     reason=reason, created_at=now,
                 ))
-                await conn.execute(m.delete().where(m.c.session_key == session.key, m.c.seq == item.seq))
+                await conn.execute(m.delete().where(m.c.session_key == session.key, m.c.seq == seq))
             if repair.synthetic:
-                await conn.execute(insert(m), [_message_row(session.key, msg, now) for msg in repair.synthetic])
+                await conn.execute(insert(m), [message_row(session.key, msg, now) for msg in repair.synthetic])
+
+
+def _read_window(conn: sqlite3.Connection, key: str, kept: Window | None) -> tuple[Head | None, Parsed | None]:
+    """The session's head and its window, parsed; no window (None) when `kept` is still current.
+
+    Runs on the reader thread, parsing included, so the event loop only waits.
+    """
+    head = read_head(conn, key)
+    if head is None or (kept is not None and kept.head == head):
+        return head, None
+    rows = conn.execute(WINDOW, {"key": key, "start": head.last_consolidated}).fetchall()
+    return head, [(row, parse(row)) for row in rows]
+
+
+def _claim_seqs(conn: sqlite3.Connection, key: str, expected: int, count: int, now: float,
+                metadata_json: str) -> None:
+    """Reserve `count` seqs after `expected`, creating the session on its first write."""
+    claimed = conn.execute(CLAIM, {"key": key, "expected": expected, "claimed": expected + count, "now": now})
+    if claimed.rowcount == 1:
+        return
+    if expected == 0:
+        created = conn.execute(CREATE, {"key": key, "next_seq": count, "last_consolidated": 0,
+                                        "metadata_json": metadata_json, "created_at": now, "updated_at": now})
+        if created.rowcount == 1:
+            return
+    raise StoreConflict(f"session {key!r} was written by someone else since it was loaded")

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Row, delete, insert, select
+from sqlalchemy import Row, select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ember.store import schema
 from ember.store.database import Database
+from ember.store.direct import compiled
+
+_t = schema.traces
+_insert = sqlite_insert(_t)
+# A resumed or retried turn keeps its id: its latest run is the trace.
+_RECORD = compiled(_insert.on_conflict_do_update(
+    index_elements=["turn_id"], set_={c.name: _insert.excluded[c.name] for c in _t.c if c.name != "turn_id"},
+))
 
 
 @dataclass(slots=True, kw_only=True)
@@ -28,21 +38,14 @@ class SqlTraceStore:
         self._db = db
 
     async def record(self, trace: TurnTrace) -> None:
-        t = schema.traces
-        async with self._db.write() as conn:
-            # A resumed or retried turn keeps its id: its latest run is the trace.
-            await conn.execute(delete(t).where(t.c.turn_id == trace.turn_id))
-            await conn.execute(
-                insert(schema.traces).values(
-                    turn_id=trace.turn_id,
-                    session_key=trace.session_key,
-                    status=trace.status,
-                    error=trace.error,
-                    detail=json.dumps(trace.detail),
-                    started_at=trace.started_at,
-                    finished_at=trace.finished_at,
-                )
-            )
+        row = {"turn_id": trace.turn_id, "session_key": trace.session_key, "status": trace.status,
+               "error": trace.error, "detail": json.dumps(trace.detail), "started_at": trace.started_at,
+               "finished_at": trace.finished_at}
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(_RECORD, row)
+
+        await self._db.run_write(write)
 
     async def get(self, turn_id: str) -> TurnTrace | None:
         t = schema.traces

@@ -1,0 +1,109 @@
+"""Messages to rows and back, and the statements a turn runs on sessions.
+
+Rows are read by position, whether they come from SQLAlchemy or from sqlite3:
+every query here selects the table's columns in their declared order.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from ember.core.messages import Message, Role, decode_tool_calls, encode_tool_calls
+from ember.core.thinking import strip_thinking
+from ember.store import schema
+from ember.store.direct import compiled
+
+StoredRow = Sequence[Any]
+
+_s, _m = schema.sessions, schema.messages
+HEAD = compiled(select(_s.c.next_seq, _s.c.last_consolidated, _s.c.updated_at, _s.c.metadata_json)
+                .where(_s.c.key == bindparam("key")))
+WINDOW = compiled(select(_m).where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("start"))
+                  .order_by(_m.c.seq))
+CLAIM = compiled(update(_s).where(_s.c.key == bindparam("key"), _s.c.next_seq == bindparam("expected"))
+                 .values(next_seq=bindparam("claimed"), updated_at=bindparam("now")))
+CREATE = compiled(sqlite_insert(_s).on_conflict_do_nothing(index_elements=["key"]))
+INSERT_MESSAGE = compiled(insert(_m))
+
+_ROLES = {role.value: role for role in Role}
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A session's row, which every write of its messages moves (next_seq, and always updated_at)."""
+
+    next_seq: int
+    last_consolidated: int
+    updated_at: float
+    metadata_json: str
+
+
+def read_head(conn: sqlite3.Connection, key: str) -> Head | None:
+    row = conn.execute(HEAD, {"key": key}).fetchone()
+    return None if row is None else Head(*row)
+
+
+def row_to_message(row: StoredRow) -> Message:
+    """Parse one stored row; ValueError when it cannot be trusted (it is then quarantined).
+
+    Called for every message of a window that is read, so it unpacks the row
+    by position rather than looking fields up by name.
+    """
+    _key, seq, role_name, content, raw_calls, tool_call_id, reasoning, turn_id, _created = row
+    role = _ROLES.get(role_name)
+    if role is None:
+        raise ValueError(f"unknown role {role_name!r}")
+    calls = decode_tool_calls(raw_calls)
+    if calls and role is not Role.ASSISTANT:
+        raise ValueError(f"a {role.value} message cannot carry tool_calls")
+    if role is Role.TOOL and not tool_call_id:
+        raise ValueError("a tool message without tool_call_id")
+    if not isinstance(content, str):
+        raise ValueError("content is not text")
+    return Message(role=role, content=content, tool_calls=calls, tool_call_id=tool_call_id,
+                   reasoning=reasoning, turn_id=turn_id, seq=seq)
+
+
+def parse(row: StoredRow) -> Message | str:
+    """The message, or why the row cannot be read."""
+    try:
+        return row_to_message(row)
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"unreadable row: {exc}"
+
+
+def stored(message: Message, seq: int) -> Message:
+    """The message as it is stored at `seq`."""
+    content = message.content
+    if message.role is Role.ASSISTANT:
+        # Storage boundary of I4: no reasoning text inside content, whoever wrote it.
+        content = strip_thinking(content)
+    return replace(message, content=content, seq=seq)
+
+
+def message_row(key: str, message: Message, now: float) -> dict[str, Any]:
+    return {
+        "session_key": key,
+        "seq": message.seq,
+        "role": message.role.value,
+        "content": message.content,
+        "tool_calls": encode_tool_calls(message.tool_calls),
+        "tool_call_id": message.tool_call_id,
+        "reasoning": message.reasoning,
+        "turn_id": message.turn_id,
+        "created_at": now,
+    }
+
+
+def raw(item: Message | StoredRow) -> str:
+    """What is kept of a row set aside: enough to read it back by hand."""
+    if isinstance(item, Message):
+        return json.dumps({**item.to_json_dict(), "reasoning": item.reasoning, "turn_id": item.turn_id})
+    return json.dumps(dict(zip(_m.c.keys(), item)), default=str)

@@ -1,0 +1,73 @@
+"""Session windows kept between turns, so a load need not re-read and re-parse them.
+
+Without it every turn reads and parses each message since the consolidation
+boundary, a cost that grows with the session. A kept window is used only
+when both still hold:
+
+- the session's head row, read afresh by every load, is the one the window
+  was taken with. Every write Ember makes to a session's messages moves its
+  head (an append bumps next_seq by compare-and-set, consolidation moves
+  last_consolidated, a repair moves next_seq, and each sets updated_at), so
+  an unmoved head means unchanged rows, whichever Ember process wrote last;
+- no transaction went through `Database.write()` since: its statements are
+  arbitrary (a test or a tool editing rows), so every window is assumed
+  changed (`Database.write_epoch`).
+
+An append extends the window only if the head it replaced, read inside its
+own transaction, is the window's; any other outcome, a failed
+compare-and-set included, drops it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ember.core.messages import Message
+from ember.store.session_rows import Head
+
+# Windows of the most recently used sessions; a busy server keeps only its active ones.
+CAPACITY = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    head: Head
+    messages: tuple[Message, ...]
+    epoch: int
+
+
+class WindowCache:
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self._capacity = capacity
+        self._windows: OrderedDict[str, Window] = OrderedDict()
+
+    def get(self, key: str, epoch: int) -> Window | None:
+        """The kept window, unless a `write()` transaction ran since it was taken."""
+        window = self._windows.get(key)
+        if window is None or window.epoch != epoch:
+            return None
+        self._windows.move_to_end(key)
+        return window
+
+    def put(self, key: str, window: Window) -> None:
+        self._windows[key] = window
+        self._windows.move_to_end(key)
+        while len(self._windows) > self._capacity:
+            self._windows.popitem(last=False)
+
+    def drop(self, key: str) -> None:
+        self._windows.pop(key, None)
+
+    def appended(self, key: str, replaced: Head | None, head: Head, messages: Sequence[Message],
+                 epoch: int) -> None:
+        """An append committed `messages`, moving the head from `replaced` to `head`."""
+        if replaced is None:  # the append created the session: its window is exactly these messages
+            self.put(key, Window(head, tuple(messages), epoch))
+            return
+        window = self.get(key, epoch)
+        if window is None or window.head != replaced:
+            self.drop(key)
+            return
+        self.put(key, Window(head, window.messages + tuple(messages), epoch))
