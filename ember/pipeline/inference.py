@@ -60,7 +60,8 @@ class InferenceStage:
     async def run(self, ctx: PipelineContext, tools: ToolRun) -> InferenceResult:
         """`tools` carries the turn's approver and journal to the tool calls."""
         messages = list(ctx.prompt)
-        tool_names: list[str] = []
+        # A resumed turn counts the calls it made before the crash too: they ask for the reviews alike.
+        tool_names = [call.name for m in ctx.session.messages if m.turn_id == ctx.turn_id for call in m.tool_calls]
         usage = _Usage()
         for _ in range(self._limits.max_iterations):
             started = time.perf_counter()

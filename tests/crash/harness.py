@@ -93,12 +93,9 @@ DESCRIPTIONS = {
 # Violations that a known Ember bug explains, each pinned by a strict xfail test in tests/crash/test_crash.py.
 # They are counted and shown, apart: the crash test fails on any other violation.
 KNOWN_BUGS = {
-    "openai-rejoin": "an OpenAI stream resent while its turn still streams gets the rest of the draft, then the "
-                     "whole answer again (test_an_openai_stream_resent_mid_turn_shows_the_answer_once)",
-    "reviews-lost": "a tool-heavy turn cut off by a crash never gets its memory and skill reviews: a resumed "
-                    "turn counts only the tool calls made after the restart "
-                    "(test_a_resumed_tool_heavy_turn_still_gets_its_reviews), and a kill between the answer's "
-                    "commit and the jobs' enqueue loses them (a window of milliseconds: no targeted test)",
+    "reviews-lost": "a kill between a tool-heavy turn's answer commit and its review jobs' enqueue loses the "
+                    "memory and skill reviews (a window of milliseconds: no targeted test; the fix is to write "
+                    "the jobs in the answer's transaction)",
 }
 REVIEW_THRESHOLD = 3  # EMBER_REVIEW_TOOL_CALL_THRESHOLD: tool calls in a turn that ask for the reviews
 CHANNEL = "http"  # the gateway's channel in the inbox and the outbox
@@ -871,8 +868,7 @@ class Checker:
         for attempt in finals:
             if attempt.text != answer.content and (attempt.text or "").endswith(answer.content):
                 self.add("I2", f"{mid}: a client ({attempt.route}) was shown a draft and then the whole answer "
-                               f"again: {attempt.text!r:.160}", known="openai-rejoin" if attempt.route ==
-                         "openai-stream" else None)
+                               f"again: {attempt.text!r:.160}")
             elif attempt.text != answer.content:
                 self.add("I1", f"{mid}: a client ({attempt.route}) was shown {attempt.text!r:.80}, "
                                f"the record is {answer.content!r:.80}")

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ember.bus.base import Bus
-from ember.core.events import InboundEvent, OutboundEvent
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.runtime.tasks import cancel_task
 
 CHANNEL = "http"
@@ -48,6 +48,11 @@ class TurnRouter:
     def __init__(self, bus: Bus) -> None:
         self._bus = bus
         self._waiting: dict[str, asyncio.Queue[OutboundEvent]] = {}
+        # Messages whose turn has streamed something and not ended yet, and the requests that joined
+        # such a turn midway (a resend): they get only its final, which carries the whole text,
+        # since the part of the draft they would see has lost its beginning.
+        self._streaming: set[str] = set()
+        self._joined: set[str] = set()
         self._dispatcher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -76,16 +81,26 @@ class TurnRouter:
                              message_id=message_id, stream=stream, can_approve=can_approve)
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
         self._waiting[message_id] = queue
+        if message_id in self._streaming:
+            self._joined.add(message_id)
         try:
             await self._bus.publish_inbound(event)
             yield queue
         finally:
             del self._waiting[message_id]
+            self._joined.discard(message_id)
 
     async def _dispatch(self) -> None:
         while True:
             event = await self._bus.next_outbound(CHANNEL)
-            queue = self._waiting.get(event.reply_to or "")
+            key = event.reply_to or ""
+            if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
+                self._streaming.discard(key)
+            else:
+                self._streaming.add(key)
+                if key in self._joined and event.kind is not OutboundKind.APPROVAL_REQUEST:
+                    continue  # a draft without its beginning: the final will say it all
+            queue = self._waiting.get(key)
             if queue is not None:
                 queue.put_nowait(event)
             else:
