@@ -7,7 +7,8 @@ import os
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,21 +103,27 @@ def session_key(chat: str = "c1") -> str:
     return f"{CHANNEL}:{chat}"
 
 
+@asynccontextmanager
+async def running_harness(runtime: Runtime, *, channels: Iterable[str] = (),
+                          recover: bool = False) -> AsyncIterator[Harness]:
+    """`runtime` started as a process would start it, with the test channel reading for the block."""
+    async with running(runtime, channels=channels, recover=recover):
+        harness = Harness(runtime)
+        try:
+            yield harness
+        finally:
+            await harness.close()
+
+
 @pytest.fixture
 def start(settings: Settings):  # type: ignore[no-untyped-def]
     """`async with start(model) as h:` runs a runtime on `model` for the block."""
-    from contextlib import asynccontextmanager
 
     @asynccontextmanager
     async def _start(model: ModelClient, *, tools: Toolset | None = None,
                      config: Settings | None = None) -> AsyncIterator[Harness]:
-        runtime = await build_runtime(config or settings, model, tools=tools)
-        async with running(runtime):
-            harness = Harness(runtime)
-            try:
-                yield harness
-            finally:
-                await harness.close()
+        async with running_harness(await build_runtime(config or settings, model, tools=tools)) as harness:
+            yield harness
 
     return _start
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from ember.app import build_runtime, running
+from ember.app import build_runtime
 from ember.config import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import ModelError
@@ -33,7 +33,7 @@ from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.sessions import SqlSessionStore
 from ember.tools.base import FunctionTool, ToolRegistry
-from tests.conftest import CHANNEL, Harness, session_key
+from tests.conftest import CHANNEL, Harness, running_harness, session_key
 from tests.gatewayproc import GatewayProcess, free_port, gateway_env
 from tests.modelserver import ModelServer, Reply, serving
 
@@ -57,12 +57,8 @@ async def serving_runtime(settings: Settings, model: ModelClient, *, channels: I
                           recover: bool = False, tools: ToolRegistry | None = None) -> AsyncIterator[Harness]:
     """One "process": a runtime on `settings.home`, with a test channel reading channel "test"."""
     runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
-    async with running(runtime, channels=channels, recover=recover):
-        harness = Harness(runtime)
-        try:
-            yield harness
-        finally:
-            await harness.close()
+    async with running_harness(runtime, channels=channels, recover=recover) as harness:
+        yield harness
 
 
 class Blocking:

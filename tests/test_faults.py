@@ -22,7 +22,7 @@ import pytest
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from ember.app import Runtime, build_runtime, configured_model, running
+from ember.app import Runtime, build_runtime, configured_model
 from ember.bus.memory import InProcessBus
 from ember.config import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
@@ -54,7 +54,7 @@ from ember.store.traces import SqlTraceStore
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import FunctionTool, ToolRegistry
 from ember.tools.mcp import start_mcp
-from tests.conftest import CHANNEL, Harness, session_key
+from tests.conftest import CHANNEL, Harness, running_harness, session_key
 from tests.modelserver import ModelServer, Reply
 
 KEY = session_key()
@@ -76,21 +76,10 @@ def echo_tool(seen: list[str]) -> FunctionTool[EchoArgs]:
 
 
 @asynccontextmanager
-async def started(runtime: Runtime, *, channels: tuple[str, ...] = (), recover: bool = False
-                  ) -> AsyncIterator[Harness]:
-    async with running(runtime, channels=channels, recover=recover):
-        harness = Harness(runtime)
-        try:
-            yield harness
-        finally:
-            await harness.close()
-
-
-@asynccontextmanager
 async def served(settings: Settings, model: ModelClient, *, tools: ToolRegistry | None = None,
                  channels: tuple[str, ...] = (), recover: bool = False) -> AsyncIterator[Harness]:
     runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
-    async with started(runtime, channels=channels, recover=recover) as harness:
+    async with running_harness(runtime, channels=channels, recover=recover) as harness:
         yield harness
 
 
@@ -161,7 +150,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
 @asynccontextmanager
 async def wired(settings: Settings, model: ModelClient, *, bus: InProcessBus | None = None,
                 embed: Callable[[MemoryService], JobHandler] | None = None) -> AsyncIterator[Harness]:
-    async with started(await assemble(settings, model, bus=bus, embed=embed)) as harness:
+    async with running_harness(await assemble(settings, model, bus=bus, embed=embed)) as harness:
         yield harness
 
 
@@ -369,7 +358,7 @@ async def test_a_failing_consolidation_is_retried_and_the_boundary_waits_for_a_s
 
     runtime = await build_runtime(config, FunctionModel(model_fn), tools=ToolRegistry())
     holder.append(runtime)
-    async with started(runtime) as h:
+    async with running_harness(runtime) as h:
         await h.turn("one")
         await h.turn("two")  # 4 messages: consolidation is due
         while len(boundaries) < 3:
@@ -454,7 +443,7 @@ async def test_a_channel_still_down_at_the_next_start_does_not_fail_the_start(se
         owed = await owe_an_answer(db)
     runtime = await assemble(settings, ScriptedModel([ModelReply(text="fresh")]), bus=RefusingBus(refuse_finals=1))
     try:
-        async with started(runtime, channels=(CHANNEL,)) as h:
+        async with running_harness(runtime, channels=(CHANNEL,)) as h:
             fresh = await h.turn("a new question")
     except ConnectionError:
         await runtime.runner.stop()

@@ -958,7 +958,17 @@ class CrashRun:
         self.stop_sending = asyncio.Event()
         self.clients = [SessionClient(self, i) for i in range(config.sessions)]
         self.http: httpx.AsyncClient
-        self.supervisor: Supervisor
+        # Built here (it only prepares the home): cleanup() can always reach it.
+        self.supervisor = Supervisor(config.workdir, self.model, free_port(), {
+            "EMBER_CONSOLIDATION_THRESHOLD": str(config.consolidation_threshold),
+            "EMBER_CONSOLIDATION_KEEP_RECENT": str(config.consolidation_keep_recent),
+            "EMBER_JOB_BACKOFF_BASE_S": "0.2",
+            "EMBER_GATEWAY_RATE_PER_MINUTE": "1000000",
+            "EMBER_GATEWAY_RATE_BURST": "100000",
+            "EMBER_GATEWAY_SHUTDOWN_GRACE_S": "10",
+            "EMBER_MODEL_TIMEOUT_S": "30",
+            "EMBER_REVIEW_TOOL_CALL_THRESHOLD": str(REVIEW_THRESHOLD),
+        })
         self.final_ready_at: float | None = None
         self._model_stopped = False
         self._restarts = 0
@@ -974,16 +984,6 @@ class CrashRun:
         config = self.config
         self.model.start()
         try:
-            self.supervisor = Supervisor(config.workdir, self.model, free_port(), {
-                "EMBER_CONSOLIDATION_THRESHOLD": str(config.consolidation_threshold),
-                "EMBER_CONSOLIDATION_KEEP_RECENT": str(config.consolidation_keep_recent),
-                "EMBER_JOB_BACKOFF_BASE_S": "0.2",
-                "EMBER_GATEWAY_RATE_PER_MINUTE": "1000000",
-                "EMBER_GATEWAY_RATE_BURST": "100000",
-                "EMBER_GATEWAY_SHUTDOWN_GRACE_S": "10",
-                "EMBER_MODEL_TIMEOUT_S": "30",
-                "EMBER_REVIEW_TOOL_CALL_THRESHOLD": str(REVIEW_THRESHOLD),
-            })
             await self._ready(self.supervisor.spawn())
             limits = httpx.Limits(max_connections=config.sessions * 2 + 8)
             async with httpx.AsyncClient(base_url=self.supervisor.base_url, timeout=HTTP_TIMEOUT,
@@ -1019,8 +1019,7 @@ class CrashRun:
 
     def cleanup(self) -> None:
         """Stop every process this run started, by pid, and the model server. Idempotent."""
-        if hasattr(self, "supervisor"):
-            self.supervisor.kill_all()
+        self.supervisor.kill_all()
         if not self._model_stopped:
             self._model_stopped = True
             self.model.stop()
