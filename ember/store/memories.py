@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 
 from ember.store import schema
 from ember.store.database import Database
+from ember.store.direct import compiled
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +46,18 @@ class SqlMemoryStore:
         return len(new)
 
     async def recent(self, session_key: str | None, kinds: tuple[str, ...], limit: int) -> list[MemoryRecord]:
-        """Newest first; `session_key=None` means memories of any session."""
-        m = schema.memories
-        query = select(m).where(m.c.kind.in_(kinds))
-        if session_key is not None:
-            query = query.where(m.c.session_key == session_key)
-        async with self._db.read() as conn:
-            rows = (await conn.execute(query.order_by(m.c.created_at.desc()).limit(limit))).all()
-        return [MemoryRecord(r.id, r.session_key, r.kind, r.content, r.created_at) for r in rows]
+        """Newest first; `session_key=None` means memories of any session.
+
+        A turn's memory snapshot reads these: on the one-hop reader, so a burst
+        of new sessions does not queue for the engine's few pooled connections.
+        """
+        sql = _recent_sql(len(kinds), session_key is not None)
+        params = {"session_key": session_key, "limit": limit, **{f"kind{i}": kind for i, kind in enumerate(kinds)}}
+
+        def read(conn: sqlite3.Connection) -> list[MemoryRecord]:
+            return [MemoryRecord(*row) for row in conn.execute(sql, params)]
+
+        return await self._db.run_read(read)
 
     async def without_embedding(self, limit: int) -> list[MemoryRecord]:
         m = schema.memories
@@ -68,3 +75,13 @@ class SqlMemoryStore:
         async with self._db.write() as conn:
             for memory_id, vector in vectors.items():
                 await conn.execute(update(m).where(m.c.id == memory_id).values(embedding=json.dumps(vector)))
+
+
+@functools.cache
+def _recent_sql(kinds: int, of_session: bool) -> str:
+    m = schema.memories
+    query = select(m.c.id, m.c.session_key, m.c.kind, m.c.content, m.c.created_at).where(
+        m.c.kind.in_([bindparam(f"kind{i}") for i in range(kinds)]))
+    if of_session:
+        query = query.where(m.c.session_key == bindparam("session_key"))
+    return compiled(query.order_by(m.c.created_at.desc()).limit(bindparam("limit")))
