@@ -112,10 +112,11 @@ class ThreadConnection:
         """Close the connection on its thread and end the thread; a second close does nothing."""
         if self._closed:
             return
+        self._closed = True  # from here on, no job is taken: the close is the last one
         if self._thread is not None:
-            await self._submit(self._close, None)
+            closed = self._enqueue(self._close, None)
             self._jobs.put(None)
-        self._closed = True
+            await closed
 
     def _submit(self, fn: Callable[[Any], T], argument: Any) -> asyncio.Future[T]:
         if self._closed:
@@ -123,6 +124,9 @@ class ThreadConnection:
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
+        return self._enqueue(fn, argument)
+
+    def _enqueue(self, fn: Callable[[Any], T], argument: Any) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._jobs.put(_Job(fn, argument, future, loop))
