@@ -217,6 +217,7 @@ class SqlSessionStore:
         metadata_json = json.dumps(session.metadata)
 
         def commit(conn: sqlite3.Connection) -> Head | None:
+            # The head this write replaces tells whether a kept window is still the stored one.
             replaced = read_head(conn, key)
             _claim_seqs(conn, key, expected, len(new), now, metadata_json)
             conn.executemany(INSERT_MESSAGE, rows)
