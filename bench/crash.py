@@ -49,8 +49,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="20 kills, 8 sessions (about 2 minutes)")
     parser.add_argument("--notice-every", type=int, default=6,
                         help="every n-th restart answers cut-off turns with a notice (0: always resume)")
-    parser.add_argument("--no-openai-abandon", action="store_true",
-                        help="abandon native streams only (abandoned OpenAI streams show a known I2 bug)")
     parser.add_argument("--examples", type=int, default=10, help="examples printed per violated invariant")
     parser.add_argument("--dir", type=Path, help="where to create the temporary home (default: system temp)")
     parser.add_argument("--keep", action="store_true", help="keep the home (store, logs) after the run")
@@ -65,8 +63,6 @@ def parse_args() -> argparse.Namespace:
 def rerun_command(args: argparse.Namespace) -> str:
     argv = [sys.executable, "bench/crash.py", "--kills", str(args.kills),
             "--sessions", str(args.sessions), "--seed", str(args.seed), "--notice-every", str(args.notice_every)]
-    if args.no_openai_abandon:
-        argv.append("--no-openai-abandon")
     return f"cd {ROOT} && PYTHONPATH={ROOT} {shlex.join(argv)}"
 
 
@@ -94,7 +90,6 @@ def main() -> int:
     header(args, directory)
     config = CrashConfig(workdir=directory, kills=args.kills, sessions=args.sessions, seed=args.seed,
                          notice_every=args.notice_every, verbose=args.verbose,
-                         abandon_routes=("native",) if args.no_openai_abandon else ("native", "openai-stream"),
                          log=lambda line: print(f"  {line}", flush=True))
     run = CrashRun(config)
     started = time.perf_counter()

@@ -31,6 +31,7 @@ from ember.runtime.leases import LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
 from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
+from ember.store.jobs import SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
@@ -41,12 +42,15 @@ Log = list[tuple[str, str]]
 
 
 class RecordingStore:
-    """The real store, logging each commit; can be told to fail the final one."""
+    """The real store, logging each commit and the jobs queued in it; can be
+    told to fail the final one, or to hang once it is committed."""
 
-    def __init__(self, inner: SqlSessionStore, log: Log, *, fail_final: bool = False) -> None:
+    def __init__(self, inner: SqlSessionStore, log: Log, *, fail_final: bool = False,
+                 hang_after_final: bool = False) -> None:
         self.inner = inner
         self._log = log
         self._fail_final = fail_final
+        self._hang_after_final = hang_after_final
 
     async def load(self, key: str) -> Session:
         return await self.inner.load(key)
@@ -57,6 +61,9 @@ class RecordingStore:
             raise OSError("disk full")
         await self.inner.append(session, messages, **records)
         self._log.append(("save", messages[-1].content))
+        self._log.extend(("queue", job.kind) for job in records.get("jobs", ()))
+        if is_final and self._hang_after_final:
+            await asyncio.Event().wait()
 
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool:
         return await self.inner.advance_boundary(key, expected=expected, new=new, summary=summary)
@@ -66,9 +73,8 @@ class RecordingScheduler:
     def __init__(self, log: Log) -> None:
         self._log = log
 
-    async def schedule(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
-        self._log.append(("schedule", kind))
-        return True
+    def wake(self) -> None:
+        self._log.append(("wake", ""))
 
 
 class RecordingBus(InProcessBus):
@@ -100,11 +106,13 @@ class Rig:
     """The loop assembled by hand around recording collaborators."""
 
     def __init__(self, db: Database, model: FunctionModel, *, fail_final: bool = False,
-                 fail_delivery: bool = False, threshold: int = 1_000, intro: str = "") -> None:
+                 hang_after_final: bool = False, fail_delivery: bool = False, threshold: int = 1_000,
+                 intro: str = "") -> None:
         self.log: Log = []
         self.bus = RecordingBus(self.log, fail_final=fail_delivery)
         self.sessions = SqlSessionStore(db)
-        self.store = RecordingStore(self.sessions, self.log, fail_final=fail_final)
+        self.store = RecordingStore(self.sessions, self.log, fail_final=fail_final,
+                                    hang_after_final=hang_after_final)
         memory = MemoryService(SqlMemoryStore(db), HashingEmbedder())
         self.context = ContextStage(self.store, memory, Persona("Ember", "You are {agent_name}.", intro))
         self.inference = InferenceStage(model, ToolRegistry(), self.store, InferenceLimits())
@@ -127,8 +135,9 @@ async def test_strip_before_save_save_before_derived_work_finalize_last(db: Data
     assert rig.log == [
         ("save", "question"),
         ("save", "The answer."),          # stripped before it was saved
-        ("schedule", JobKind.CONSOLIDATE),  # derived work only after the commit
-        ("finalize", "The answer."),        # delivery after both
+        ("queue", JobKind.CONSOLIDATE),   # derived work queued in the answer's own commit
+        ("wake", ""),                     # and started only after it
+        ("finalize", "The answer."),      # delivery after both
     ]
     finals = [e for e in sent if e.kind is OutboundKind.FINAL]
     assert len(finals) == 1 and finals[0].stream_full_text
@@ -163,8 +172,9 @@ async def test_one_error_response_when_the_commit_fails(db: Database) -> None:
     sent = await rig.run_turn("q", stream=True)
     closing = [e for e in sent if e.kind in (OutboundKind.FINAL, OutboundKind.ERROR)]
     assert [e.kind for e in closing] == [OutboundKind.ERROR]
-    assert not any(kind == "schedule" for kind, _ in rig.log)  # nothing derived from a failed commit
+    assert not any(kind in ("queue", "wake") for kind, _ in rig.log)  # nothing derived from a failed commit
     assert [m.content for m in await rig.sessions.history("test:c1")] == ["q"]
+    assert await SqlJobStore(db).counts() == {}
 
 
 async def test_one_error_response_when_stream_finalize_fails(db: Database) -> None:
@@ -200,21 +210,12 @@ async def test_a_failing_review_leaves_the_answer_delivered_and_saved(start, set
     assert not h.chats["c1"].of(OutboundKind.ERROR)
 
 
-class HangingScheduler(RecordingScheduler):
-    async def schedule(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
-        self._log.append(("schedule", kind))
-        await asyncio.Event().wait()
-        return True
-
-
 async def test_a_turn_cancelled_after_its_commit_delivers_the_committed_answer(db: Database) -> None:
-    rig = Rig(db, reply("committed answer"), threshold=1)
-    rig.response = ResponseStage(rig.store, HangingScheduler(rig.log), rig.response._memory, DerivedWorkPolicy(1))
-    rig.loop = loop_of(db, rig.bus, rig.store, Pipeline(rig.context, rig.inference, rig.response))
+    rig = Rig(db, reply("committed answer"), threshold=1, hang_after_final=True)
     turn = asyncio.create_task(
         rig.loop._on_inbound(InboundEvent(channel="test", chat_id="c1", sender_id="u", text="q", stream=True))
     )
-    while ("schedule", JobKind.CONSOLIDATE) not in rig.log:  # step 3 is done, step 4 hangs
+    while ("save", "committed answer") not in rig.log:  # step 3 is done, and the turn hangs there
         await asyncio.sleep(0.01)
     turn.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -223,3 +224,6 @@ async def test_a_turn_cancelled_after_its_commit_delivers_the_committed_answer(d
     assert [(e.kind, e.text) for e in sent if e.kind is not OutboundKind.DELTA] == [
         (OutboundKind.FINAL, "committed answer")
     ]
+    # The consolidation it called for was committed with it, though step 4 never ran (I6).
+    assert ("wake", "") not in rig.log
+    assert await SqlJobStore(db).counts() == {"pending": 1}

@@ -1,6 +1,9 @@
-"""Kinds of durable background work a turn may schedule."""
+"""Kinds of durable background work a turn may schedule, and a request for one."""
+
+from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class JobKind(enum.StrEnum):
@@ -8,3 +11,14 @@ class JobKind(enum.StrEnum):
     EMBED = "embed"
     REVIEW_MEMORY = "review_memory"
     REVIEW_SKILLS = "review_skills"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """Work to queue unless an equal (kind, dedupe_key) job is already pending.
+    A turn's requests are written in its answer's transaction, so a crash can
+    never keep the answer and lose the work it owes (I6)."""
+
+    kind: str
+    dedupe_key: str
+    session_key: str | None = None

@@ -26,8 +26,9 @@ SUMMARY_INSTRUCTION = (
 )
 
 
-def should_consolidate(session: Session, threshold: int) -> bool:
-    return session.unconsolidated_count >= threshold
+def should_consolidate(unconsolidated: int, threshold: int) -> bool:
+    """Whether a session with `unconsolidated` messages past its boundary is due."""
+    return unconsolidated >= threshold
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,10 @@ class BackgroundRunner:
         self._wake.set()
         return queued
 
+    def wake(self) -> None:
+        """Jobs were queued in some other transaction (a turn's commit): claim them now."""
+        self._wake.set()
+
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._run(), name="ember-background")
 
@@ -139,7 +143,10 @@ class BackgroundRunner:
 
     async def _execute(self, job: Job) -> None:
         try:
-            await self._handlers[job.kind](job)
+            handler = self._handlers.get(job.kind)
+            if handler is None:
+                raise LookupError(f"no handler for job kind {job.kind!r} in this process")
+            await handler(job)
         except asyncio.CancelledError:
             await self._record(self._jobs.release(job), job)
             raise

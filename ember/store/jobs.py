@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from ember.core.jobs import JobRequest
 from ember.store import schema
 from ember.store.database import Database
 from ember.store.direct import compiled
@@ -59,11 +60,8 @@ class SqlJobStore:
 
     async def enqueue(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
         """True when a new job was queued, False when an equal one was already pending."""
-        now = time.time()
-        row = {"id": uuid.uuid4().hex, "kind": kind, "dedupe_key": dedupe_key, "session_key": session_key,
-               "status": PENDING, "attempts": 0, "next_run_at": now, "last_error": None, "created_at": now,
-               "updated_at": now}
-        return await self._db.run_write(lambda conn: conn.execute(_ENQUEUE, row).rowcount == 1)
+        request, now = JobRequest(kind, dedupe_key, session_key), time.time()
+        return await self._db.run_write(lambda conn: record_job(conn, request, now))
 
     async def claim_due(self, limit: int) -> list[Job]:
         """Move up to `limit` due jobs to running and return them."""
@@ -110,6 +108,14 @@ class SqlJobStore:
 
     async def counts(self) -> dict[str, int]:
         return await self._db.run_read(lambda conn: dict(conn.execute(_COUNTS).fetchall()))
+
+
+def record_job(conn: sqlite3.Connection, request: JobRequest, now: float) -> bool:
+    """Queue `request` inside the caller's transaction; False when an equal job is already pending."""
+    row = {"id": uuid.uuid4().hex, "kind": request.kind, "dedupe_key": request.dedupe_key,
+           "session_key": request.session_key, "status": PENDING, "attempts": 0, "next_run_at": now,
+           "last_error": None, "created_at": now, "updated_at": now}
+    return conn.execute(_ENQUEUE, row).rowcount == 1
 
 
 def _requeue(conn: sqlite3.Connection, job: Job, *, delay_s: float, attempts: int,

@@ -27,10 +27,12 @@ from sqlalchemy.exc import IntegrityError
 
 from ember.core.delivery import Delivery, Receipt
 from ember.core.errors import StoreConflict
+from ember.core.jobs import JobRequest
 from ember.core.messages import Message, Role, Session
 from ember.store import schema
 from ember.store.database import Database, complete_despite_cancel
 from ember.store.deliveries import record_delivery, record_receipt
+from ember.store.jobs import record_job
 from ember.store.repair import RepairPlan, plan_repair
 from ember.store.session_rows import (
     CLAIM,
@@ -75,7 +77,7 @@ class SessionStore(Protocol):
     async def load(self, key: str) -> Session: ...
 
     async def append(self, session: Session, messages: Sequence[Message], *, receipt: Receipt | None = None,
-                     delivery: Delivery | None = None) -> None: ...
+                     delivery: Delivery | None = None, jobs: Sequence[JobRequest] = ()) -> None: ...
 
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool: ...
 
@@ -119,9 +121,10 @@ class SqlSessionStore:
         raise StoreConflict(f"session {key!r} kept changing while it was being repaired")
 
     async def append(self, session: Session, messages: Sequence[Message], *, receipt: Receipt | None = None,
-                     delivery: Delivery | None = None) -> None:
+                     delivery: Delivery | None = None, jobs: Sequence[JobRequest] = ()) -> None:
         """Commit `messages` at the end of the session in one transaction, with
-        the inbound `receipt` they answer to and the outbound `delivery` they owe.
+        the inbound `receipt` they answer to, the outbound `delivery` they owe
+        and the background `jobs` they call for.
 
         On success the stored copies (with their seq) are added to
         `session.messages`. Once started, the write finishes even if the turn
@@ -131,7 +134,7 @@ class SqlSessionStore:
         """
         if not messages:
             return
-        new, cancelled = await complete_despite_cancel(self._append(session, messages, receipt, delivery))
+        new, cancelled = await complete_despite_cancel(self._append(session, messages, receipt, delivery, jobs))
         session.messages.extend(new)
         session.next_seq += len(new)
         if cancelled:
@@ -210,7 +213,7 @@ class SqlSessionStore:
             return list((await conn.execute(query)).all())
 
     async def _append(self, session: Session, messages: Sequence[Message], receipt: Receipt | None,
-                      delivery: Delivery | None) -> list[Message]:
+                      delivery: Delivery | None, jobs: Sequence[JobRequest]) -> list[Message]:
         key, expected, now = session.key, session.next_seq, time.time()
         new = [stored(msg, expected + i) for i, msg in enumerate(messages)]
         rows = [message_row(key, msg, now) for msg in new]
@@ -225,6 +228,8 @@ class SqlSessionStore:
                 record_receipt(conn, key, receipt, now)
             if delivery is not None:
                 record_delivery(conn, key, delivery, now)
+            for job in jobs:
+                record_job(conn, job, now)
             return replaced
 
         epoch = self._db.write_epoch

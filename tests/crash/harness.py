@@ -90,13 +90,6 @@ DESCRIPTIONS = {
     "I6": "derived work survives restarts: no job left running or pending after the settle, reviews ran",
     "liveness": "every message a client kept sending got its final within the bound",
 }
-# Violations that a known Ember bug explains, each pinned by a strict xfail test in tests/crash/test_crash.py.
-# They are counted and shown, apart: the crash test fails on any other violation.
-KNOWN_BUGS = {
-    "reviews-lost": "a kill between a tool-heavy turn's answer commit and its review jobs' enqueue loses the "
-                    "memory and skill reviews (a window of milliseconds: no targeted test; the fix is to write "
-                    "the jobs in the answer's transaction)",
-}
 REVIEW_THRESHOLD = 3  # EMBER_REVIEW_TOOL_CALL_THRESHOLD: tool calls in a turn that ask for the reviews
 CHANNEL = "http"  # the gateway's channel in the inbox and the outbox
 IDENTITY = "local"  # the gateway's identity when no API keys are configured
@@ -714,15 +707,10 @@ class Checker:
 
     def __init__(self) -> None:
         self.violations: dict[str, list[str]] = {name: [] for name in INVARIANTS}
-        self.known: dict[str, Counter[str]] = {name: Counter() for name in INVARIANTS}
         self._boundaries: dict[str, int] = {}
         self._jobs_by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
 
-    def add(self, invariant: str, example: str, *, known: str | None = None) -> None:
-        """`known`: the KNOWN_BUGS entry that explains this violation."""
-        if known is not None:
-            self.known[invariant][known] += 1
-            example = f"[known bug {known}] {example}"
+    def add(self, invariant: str, example: str) -> None:
         self.violations[invariant].append(example)
 
     def observe(self, view: StoreView, when: str) -> None:
@@ -854,7 +842,7 @@ class Checker:
                            and job["updated_at"] >= answer.created_at
                            for job in self._jobs_by_session[answer.session]):
                     self.add("I6", f"{mid}: turn {turn_id} made {calls} tool calls, no {kind} job ran after its "
-                                   "answer", known="reviews-lost")
+                                   "answer")
         expected_delivery = f"{turn_id}:{answer.seq}"
         for record in finals_out:
             if record["delivery_id"] != expected_delivery or record["text"] != answer.content:
@@ -892,8 +880,6 @@ class CrashConfig:
     notice_every: int = 6  # every n-th restart answers cut-off turns with a notice instead of resuming them
     openai_share: float = 0.3
     abandon_share: float = 0.03
-    # Abandoning an OpenAI stream and resending at once shows a known bug (see
-    # test_an_openai_stream_resent_mid_turn_shows_the_answer_once): the bench includes it, the test does not.
     abandon_routes: tuple[str, ...] = ("native", "openai-stream")
     resend_after_final_share: float = 0.1
     # While the kills go on, clients resend without end (a turn may be cut off again and again);
@@ -918,14 +904,8 @@ class CrashReport:
     violations: dict[str, list[str]]
     wall_s: float
 
-    known: dict[str, Counter[str]]
-
     def violation_counts(self) -> dict[str, int]:
         return {name: len(self.violations[name]) for name in INVARIANTS}
-
-    def unexplained_counts(self) -> dict[str, int]:
-        """Violations no known bug explains: what the crash test asserts is zero everywhere."""
-        return {name: len(self.violations[name]) - sum(self.known[name].values()) for name in INVARIANTS}
 
     def render(self, examples: int = 5) -> str:
         lines = [f"crash run: seed {self.config.seed}, {self.config.kills} kills, {self.config.sessions} sessions, "
@@ -936,14 +916,9 @@ class CrashReport:
         for name in INVARIANTS:
             found = self.violations[name]
             lines.append(f"  {name:<8} {len(found):>5}   {DESCRIPTIONS[name]}")
-            lines += [f"                 of which {n} from known bug {bug}" for bug, n in self.known[name].items()]
             lines += [f"           - {example}" for example in found[:examples]]
             if len(found) > examples:
                 lines.append(f"           ... and {len(found) - examples} more")
-        seen = {bug for name in INVARIANTS for bug in self.known[name]}
-        if seen:
-            lines += ["", "known bugs seen (each pinned by a strict xfail test):"]
-            lines += [f"  {bug}: {KNOWN_BUGS[bug]}" for bug in sorted(seen)]
         return "\n".join(lines)
 
 
@@ -1015,7 +990,7 @@ class CrashRun:
         wall = time.monotonic() - started
         self.counts["wall time (s)"] = round(wall, 1)
         self.counts["kills per minute"] = round(self.counts["kills"] / (wall / 60), 1)
-        return CrashReport(config, dict(self.counts), self.checker.violations, wall, self.checker.known)
+        return CrashReport(config, dict(self.counts), self.checker.violations, wall)
 
     def cleanup(self) -> None:
         """Stop every process this run started, by pid, and the model server. Idempotent."""

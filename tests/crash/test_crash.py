@@ -5,9 +5,9 @@ real `ember serve` under 12 concurrent conversations, aimed mid-stream, between
 a tool call and its result, around the commit of a final, during
 consolidation, at random, right after a restart, during a graceful stop and
 during the start itself. Every invariant of DESIGN.md §3 is counted on the
-store and on what the clients received, and must have no violation but those
-a known Ember bug explains: each of those is pinned by a strict xfail test
-below, with the smallest scenario that shows it.
+store and on what the clients received, and must have no violation. The
+scenarios the harness once found broken are pinned below, each by its
+smallest form.
 
 The seed is printed; rerun one with EMBER_CRASH_SEED=<seed>. The same harness
 with 500 kills: bench/crash.py.
@@ -51,10 +51,9 @@ def test_kill_9_at_any_moment_loses_and_duplicates_nothing(tmp_path: Path) -> No
     assert counts["consolidations (episodic summaries)"] > 0
     assert counts["exit code of the final SIGTERM stop"] == 0
     assert counts.get("gateway exits nobody asked for", 0) == 0
-    # Every message got its final, and no invariant was violated even once, but for the known
-    # bugs (KNOWN_BUGS, each pinned by a strict xfail test below), which are counted apart.
+    # Every message got its final, and no invariant was violated even once.
     assert counts["turns answered (a final reached the client)"] == counts["turns sent (distinct message ids)"]
-    assert report.unexplained_counts() == dict.fromkeys(INVARIANTS, 0), report.render(examples=20)
+    assert report.violation_counts() == dict.fromkeys(INVARIANTS, 0), report.render(examples=20)
 
 
 async def _abandon_then_resend(tmp_path: Path) -> tuple[str, str]:
