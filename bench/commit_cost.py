@@ -32,26 +32,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
-import re
-import shlex
 import shutil
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from contextlib import closing, suppress
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-import sqlalchemy
-from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine
+from common import (
+    busy_warning,
+    print_header,
+    quantile,
+    rerun_command,
+    store_versions,
+    us,
+    verdict,
+    without_user_config,
+)
+from roundtrips import RoundTrips
 
 from ember.app import Runtime, build_runtime, running
 from ember.config import Settings
@@ -71,7 +74,6 @@ WARMUP = 5
 BLOCK = 10  # commits per length before the round-robin moves on
 FLOOR_BETWEEN_TURNS = 1  # floor commits timed after each turn
 CHANNEL = "bench"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -87,7 +89,7 @@ class Timing:
 
     @property
     def p90(self) -> float:
-        return statistics.median(_p90(run) for run in self.runs if run)
+        return statistics.median(quantile(run, 0.9) for run in self.runs if run)
 
     @property
     def min(self) -> float:
@@ -96,18 +98,6 @@ class Timing:
     @property
     def flat(self) -> list[float]:
         return [s for run in self.runs for s in run]
-
-
-def _p90(samples: list[float]) -> float:
-    return statistics.quantiles(samples, n=10)[-1] if len(samples) > 1 else samples[0]
-
-
-def us(seconds: float) -> str:
-    return f"{seconds * 1e6:9.0f}"
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
 
 
 # --- 1. commit cost at several session lengths ------------------------------------------
@@ -239,105 +229,6 @@ async def commit_bench(directory: Path, lengths: list[int], runs: int,
 
 
 # --- 3. whole turns through the bus ------------------------------------------------------
-
-
-WRITE_PREFIXES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "BEGIN IMMEDIATE", "BEGIN EXCLUSIVE")
-
-
-class RoundTrips:
-    """Statements and transactions the runtime sends to its database, through
-    either way in: SQLAlchemy's engine events (every Engine, filtered to one
-    database file), and, once `attach`ed, a trace callback on the connections of
-    the threads that take a whole transaction in one hop (`run_write`, `run_read`).
-
-    A transaction is a write when it takes SQLite's write lock (BEGIN IMMEDIATE)
-    or changes a row; its statements count on the same side. Each is also
-    tallied by the asyncio task that ran it ("ember-turn", "ember-delivery", ...);
-    the bench's own reads (`ignore`) are left out.
-    """
-
-    def __init__(self, database: Path) -> None:
-        self._database = str(database)
-        self._open: dict[int, list[Any]] = {}  # connection -> [statements, is_write, task group]
-        self.statements: Counter[str] = Counter()
-        self.transactions: Counter[str] = Counter()
-        self.by_task: Counter[str] = Counter()
-        self.ignore: asyncio.Task[Any] | None = None
-        self._listeners: list[tuple[str, Callable[..., None]]] = [
-            ("before_cursor_execute", self._statement), ("commit", self._end), ("rollback", self._end),
-        ]
-        for name, fn in self._listeners:
-            event.listen(Engine, name, fn)
-
-    async def attach(self, db: Database) -> None:
-        """Trace the one-hop threads' connections; sqlite3 wants that set on their own thread.
-        Their statements run on those threads, outside any task: they count under the thread's name."""
-        for thread, direct in (("one-hop writer", db._direct_writer), ("one-hop reader", db._direct_reader)):
-            await direct.read(lambda conn, thread=thread: conn.set_trace_callback(self._traced(thread)))
-
-    def _traced(self, thread: str) -> Callable[[str], None]:
-        tally = [0, False]  # statements, is_write: one transaction at a time per thread
-
-        def count(sql: str) -> None:
-            if sql in ("COMMIT", "ROLLBACK"):
-                if tally[0]:
-                    self._count(tally[0], tally[1], thread)
-                tally[:] = [0, False]
-                return
-            tally[0] += 1
-            tally[1] = tally[1] or sql.lstrip().upper().startswith(WRITE_PREFIXES)
-        return count
-
-    def close(self) -> None:
-        for name, fn in self._listeners:
-            with suppress(Exception):
-                event.remove(Engine, name, fn)
-
-    def snapshot(self) -> Counter[str]:
-        counts = Counter({f"{side} statements": n for side, n in self.statements.items()})
-        counts.update({f"{side} transactions": n for side, n in self.transactions.items()})
-        counts.update({f"task {group}": n for group, n in self.by_task.items()})
-        return counts
-
-    def _mine(self, conn: Connection) -> bool:
-        return str(conn.engine.url.database) == self._database
-
-    def _statement(self, conn: Connection, _cursor: object, statement: str, *_args: object) -> None:
-        if not self._mine(conn):
-            return
-        task = _current_task()
-        if task is not None and task is self.ignore:
-            return
-        tally = self._open.setdefault(id(conn), [0, False, _task_group(task)])
-        tally[0] += 1
-        tally[1] = tally[1] or statement.lstrip().upper().startswith(WRITE_PREFIXES)
-
-    def _end(self, conn: Connection) -> None:
-        tally = self._open.pop(id(conn), None)
-        if tally is None or not self._mine(conn):
-            return
-        self._count(*tally)
-
-    def _count(self, statements: int, is_write: bool, group: str) -> None:
-        side = "write" if is_write else "read"
-        self.statements[side] += statements
-        self.transactions[side] += 1
-        self.by_task[group] += statements + 1  # its statements and its COMMIT
-
-
-def _current_task() -> asyncio.Task[Any] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
-
-
-def _task_group(task: asyncio.Task[Any] | None) -> str:
-    """"ember-turn-bench:plain" -> "ember-turn"."""
-    if task is None:
-        return "no task"
-    name = task.get_name()
-    return "unnamed tasks" if re.fullmatch(r"Task-\d+", name) else "-".join(name.split("-")[:2])
 
 
 class TurnEnds:
@@ -524,16 +415,11 @@ async def stage_timings(runtime: Runtime, chats: list[str]) -> dict[str, list[fl
 
 
 def header(args: argparse.Namespace, directory: Path) -> None:
-    command = shlex.join([os.path.relpath(sys.executable, ROOT), "bench/commit_cost.py", *sys.argv[1:]])
-    print("Ember commit-cost benchmark")
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"  machine : {os.cpu_count()} CPUs, {platform.platform()}, load average {load}")
-    print(f"  python  : {platform.python_version()}, sqlite {sqlite3.sqlite_version}, "
-          f"sqlalchemy {sqlalchemy.__version__}, aiosqlite {aiosqlite.__version__}")
-    print(f"  files   : {directory} (WAL, synchronous=FULL)")
-    print(f"  settings: {args.runs} runs x {args.commits} commits per length; {args.turns} turns per mode,"
-          f" a new session every {args.session_turns} turns")
-    print(f"  rerun   : cd {ROOT} && {command}")
+    print_header("Ember commit-cost benchmark", store_versions(), [
+        ("files", f"{directory} (WAL, synchronous=FULL)"),
+        ("settings", f"{args.runs} runs x {args.commits} commits per length; {args.turns} turns per mode,"
+                     f" a new session every {args.session_turns} turns"),
+    ], rerun_command(__file__))
 
 
 def report_commits(floor: Timing, lengths: list[Timing], sessions: list[PrefilledSession]) -> None:
@@ -606,15 +492,6 @@ def report_turns(bench: TurnBench) -> None:
           + "  (round trips, by the asyncio task or one-hop store thread that sent them)")
 
 
-def busy_warning(load_before: float) -> None:
-    """Other work on the machine moves the floor (its fsyncs) and the turns (the CPU) apart."""
-    load_after, cores = os.getloadavg()[0], os.cpu_count() or 1
-    print(f"  load average (1 min) at the start {load_before:.2f}, at the end {load_after:.2f}, on {cores} cores")
-    if max(load_before, load_after) > cores:
-        print("  WARNING: the machine was busy with other work: the x-floor ratios and PASS/MISS are unreliable;"
-              " rerun on a quiet machine")
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, help="runs per length and of turns (default 5, quick 3)")
@@ -637,16 +514,15 @@ async def main() -> None:
     args = parse_args()
     with tempfile.TemporaryDirectory(prefix="ember-bench-", dir=args.dir) as tmp:
         directory = Path(tmp)
-        for name in [n for n in os.environ if n.startswith(("EMBER_", "OPENAI_"))]:
-            del os.environ[name]  # no user configuration leaks into the settings
-        os.environ["EMBER_HOME"] = str(directory / "home")
+        without_user_config(os.environ, directory / "home")
         header(args, directory)
         load_before, started = os.getloadavg()[0], time.perf_counter()
         floor, lengths, sessions = await commit_bench(directory, args.lengths, args.runs, args.commits)
         report_commits(floor, lengths, sessions)
         report_turns(await turn_bench(directory, args.turns, args.runs, args.session_turns))
         print(f"\n  total {time.perf_counter() - started:.1f} s")
-        busy_warning(load_before)
+        # Other work on the machine moves the floor (its fsyncs) and the turns (the CPU) apart.
+        busy_warning(load_before, "the x-floor ratios and PASS/MISS are unreliable; rerun on a quiet machine")
 
 
 if __name__ == "__main__":

@@ -24,21 +24,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import random
-import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT, print_header, rerun_command, unwind_on_signals
+
 sys.path.insert(0, str(ROOT))  # tests.crash is not installed: run from the checkout
 
-from tests.crash.harness import INVARIANTS, CrashConfig, CrashRun  # noqa: E402
+from tests.crash.harness import INVARIANTS, CrashConfig, CrashRun
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,32 +57,25 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def rerun_command(args: argparse.Namespace) -> str:
-    argv = [sys.executable, "bench/crash.py", "--kills", str(args.kills),
-            "--sessions", str(args.sessions), "--seed", str(args.seed), "--notice-every", str(args.notice_every)]
-    return f"cd {ROOT} && PYTHONPATH={ROOT} {shlex.join(argv)}"
+def rerun(args: argparse.Namespace) -> str:
+    """The command that runs the same kills again: the same seed, every setting explicit."""
+    return rerun_command(__file__, ["--kills", str(args.kills), "--sessions", str(args.sessions),
+                                    "--seed", str(args.seed), "--notice-every", str(args.notice_every)])
 
 
 def header(args: argparse.Namespace, directory: Path) -> None:
     import uvicorn
 
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print("Ember crash benchmark: kill -9 under load, restart, resend, check the invariants")
-    print(f"  machine : {os.cpu_count()} CPUs, {platform.platform()}, load average {load}")
-    print(f"  python  : {platform.python_version()}, uvicorn {uvicorn.__version__}")
-    print(f"  run     : {args.kills} kills, {args.sessions} sessions, seed {args.seed}, "
-          f"a notice restart every {args.notice_every or 'never'}, home {directory / 'home'}")
-    print(f"  rerun   : {rerun_command(args)}", flush=True)
-
-
-def interrupted(*_: object) -> None:
-    raise KeyboardInterrupt
+    print_header("Ember crash benchmark: kill -9 under load, restart, resend, check the invariants",
+                 f"uvicorn {uvicorn.__version__}", [
+                     ("run", f"{args.kills} kills, {args.sessions} sessions, seed {args.seed}, "
+                             f"a notice restart every {args.notice_every or 'never'}, home {directory / 'home'}"),
+                 ], rerun(args))
 
 
 def main() -> int:
     args = parse_args()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, interrupted)
+    unwind_on_signals()
     directory = Path(tempfile.mkdtemp(prefix="ember-crash-bench-", dir=args.dir))
     header(args, directory)
     config = CrashConfig(workdir=directory, kills=args.kills, sessions=args.sessions, seed=args.seed,
@@ -111,7 +101,7 @@ def main() -> int:
           f"({report.wall_s / max(1, args.kills):.2f} s per kill)")
     print(f"  verdict          : {'FAIL ' + str(violated) if violated else 'PASS: no invariant violated'}"
           f" ({', '.join(INVARIANTS)})")
-    print(f"  rerun            : {rerun_command(args)}")
+    print(f"  rerun            : {rerun(args)}")
     if args.keep:
         print(f"  kept             : {directory}")
     return 1 if violated else 0

@@ -38,10 +38,7 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import re
-import shlex
-import signal
 import socket
 import statistics
 import subprocess
@@ -55,6 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import ROOT, ms, print_header, quantile, rerun_command, unwind_on_signals, verdict, without_user_config
+
 MODEL_DELAY_S = 0.050
 MODEL_NAME = "bench-model"
 ANSWER_CHUNKS = ("The build is green: ", "all 312 tests pass, ", "lint is clean, ", "and the wheel is published.")
@@ -65,7 +64,6 @@ TARGET_IDEAL = 0.9  # x ideal at 100 clients
 TARGET_ADDED_P99_S = 0.020
 TARGET_FIRST_DELTA_S = 0.005
 TURN_TIMEOUT_S = 60.0  # a turn taking longer is an error
-ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -406,9 +404,8 @@ def ember_command(profile: Path | None) -> list[str]:
 
 def start_ember(directory: Path, model_base: str, synchronous: str, command: list[str]) -> tuple[Child, str]:
     port = free_port()
-    env = {name: value for name, value in os.environ.items() if not name.startswith(("EMBER_", "OPENAI_"))}
+    env = without_user_config(dict(os.environ), directory / "home")
     env.update(
-        EMBER_HOME=str(directory / "home"),
         EMBER_MODEL_BASE_URL=f"{model_base}/v1",
         EMBER_MODEL=MODEL_NAME,
         EMBER_MODEL_API_KEY="x",
@@ -428,11 +425,6 @@ def take_model_stats(base: str) -> dict[str, Any]:
     request = urllib.request.Request(f"{base}/bench/stats", method="POST", data=b"")
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
-
-
-def quantile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass
@@ -528,34 +520,23 @@ def measure(directory: Path, label: str, mode: str, clients: int, url: str, mode
 # --- report --------------------------------------------------------------------------------
 
 
-def ms_(seconds: float, width: int = 8) -> str:
-    return f"{seconds * 1e3:{width}.1f}"
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
 def header(args: argparse.Namespace, directory: Path) -> None:
     import openai
     import starlette
     import uvicorn
 
-    command = shlex.join([os.path.relpath(sys.executable, ROOT), "bench/gateway_load.py", *sys.argv[1:]])
-    print("Ember gateway load benchmark")
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"  machine : {os.cpu_count()} CPUs, {platform.platform()}, load average {load}")
-    print(f"  python  : {platform.python_version()}, uvicorn {uvicorn.__version__}, starlette {starlette.__version__},"
-          f" openai {openai.__version__} (Ember's model client)")
+    versions = (f"uvicorn {uvicorn.__version__}, starlette {starlette.__version__},"
+                f" openai {openai.__version__} (Ember's model client)")
     client = "a minimal HTTP/1.1 client on asyncio streams" if args.http == "raw" else "httpx"
-    print(f"  clients : own process, {client}; one keep-alive connection and one Ember session per client")
-    print(f"  model   : own process (uvicorn), answers after {MODEL_DELAY_S * 1e3:.0f} ms,"
-          f" {len(ANSWER_CHUNKS)} content chunks, no further delay")
-    print(f"  ember   : `ember serve` child, home {directory / 'home'}, sqlite synchronous={args.synchronous}")
-    print(f"  settings: clients {', '.join(map(str, args.clients))}; each N direct, then through Ember: warm-up"
-          f" >= {args.warmup:g} s until every client has finished a turn (at most {args.max_warmup:g} s),"
-          f" then {args.runs} runs of {args.duration:g} s back to back")
-    print(f"  rerun   : cd {ROOT} && {command}")
+    print_header("Ember gateway load benchmark", versions, [
+        ("clients", f"own process, {client}; one keep-alive connection and one Ember session per client"),
+        ("model", f"own process (uvicorn), answers after {MODEL_DELAY_S * 1e3:.0f} ms,"
+                  f" {len(ANSWER_CHUNKS)} content chunks, no further delay"),
+        ("ember", f"`ember serve` child, home {directory / 'home'}, sqlite synchronous={args.synchronous}"),
+        ("settings", f"clients {', '.join(map(str, args.clients))}; each N direct, then through Ember: warm-up"
+                     f" >= {args.warmup:g} s until every client has finished a turn (at most {args.max_warmup:g} s),"
+                     f" then {args.runs} runs of {args.duration:g} s back to back"),
+    ], rerun_command(__file__))
 
 
 def report(results: dict[tuple[int, str], Load], args: argparse.Namespace) -> None:
@@ -579,10 +560,10 @@ def report(results: dict[tuple[int, str], Load], args: argparse.Namespace) -> No
           f" {'added p50':>9} {'p99':>8}   {'in p50':>8} {'out p50':>8}")
     for n, *loads in pairs:
         for load in loads:
-            print(f"  {n:>7} {load.mode:>6} {load.median('samples'):6.0f} {ms_(load.median('turn_p50'), 9)}"
-                  f" {ms_(load.median('turn_p99'))} {ms_(load.median('model_p50'), 6)}"
-                  f" {ms_(load.median('added_p50'), 9)} {ms_(load.median('added_p99'))}"
-                  f"   {ms_(load.median('before_p50'))} {ms_(load.median('after_p50'))}")
+            print(f"  {n:>7} {load.mode:>6} {load.median('samples'):6.0f} {ms(load.median('turn_p50'), 9)}"
+                  f" {ms(load.median('turn_p99'))} {ms(load.median('model_p50'), 6)}"
+                  f" {ms(load.median('added_p50'), 9)} {ms(load.median('added_p99'))}"
+                  f"   {ms(load.median('before_p50'))} {ms(load.median('after_p50'))}")
         p99 = loads[1].median("added_p99")
         targets.append((f"p99 added latency < {TARGET_ADDED_P99_S * 1e3:.0f} ms at {n} clients: {p99 * 1e3:.1f} ms",
                         p99 < TARGET_ADDED_P99_S))
@@ -594,8 +575,8 @@ def report(results: dict[tuple[int, str], Load], args: argparse.Namespace) -> No
     print(f"  {'clients':>7} {'mode':>6} {'first p50':>9} {'p99':>8} {'overhead p50':>12} {'p99':>8}")
     for n, *loads in pairs:
         for load in loads:
-            print(f"  {n:>7} {load.mode:>6} {ms_(load.median('first_p50'), 9)} {ms_(load.median('first_p99'))}"
-                  f" {ms_(load.median('first_ovh_p50'), 12)} {ms_(load.median('first_ovh_p99'))}")
+            print(f"  {n:>7} {load.mode:>6} {ms(load.median('first_p50'), 9)} {ms(load.median('first_p99'))}"
+                  f" {ms(load.median('first_ovh_p50'), 12)} {ms(load.median('first_ovh_p99'))}")
         p50 = loads[1].median("first_ovh_p50")
         targets.append((f"first-delta overhead median < {TARGET_FIRST_DELTA_S * 1e3:.0f} ms at {n} clients:"
                         f" {p50 * 1e3:.1f} ms", p50 < TARGET_FIRST_DELTA_S))
@@ -697,10 +678,6 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def interrupted(*_: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     args = parse_args()
     if args.role == "model":
@@ -710,8 +687,7 @@ def main() -> int:
         load_generator(json.loads(args.spec), args.out)
         return 0
     # Ctrl-C and SIGTERM unwind, so the children are stopped below (also when started with SIGINT ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, interrupted)
+    unwind_on_signals()
     children: list[Child] = []
     with tempfile.TemporaryDirectory(prefix="ember-gateway-bench-", dir=args.dir) as tmp:
         directory = Path(tmp)

@@ -18,8 +18,8 @@ It prints, per run and as the median over runs (`--runs`, default 1):
 1. throughput (turns/s from the first message to the last FINAL, and in each
    tenth of the run), wall time, turn latency (publish -> FINAL) p50 and p99,
    CPU per turn;
-2. the background queue: consolidation jobs scheduled, done and failed, the
-   other jobs the turns scheduled, the job table's final statuses, and how long
+2. the background queue: consolidation jobs queued, done and failed, the
+   other jobs the turns queued, the job table's final statuses, and how long
    the queue took to drain to zero pending + running after the last FINAL;
 3. the store round trips per turn under load (the delivery marks in batches);
 4. a check of every session's stored history: K user and K assistant messages,
@@ -38,11 +38,8 @@ import argparse
 import asyncio
 import cProfile
 import os
-import platform
 import pstats
 import re
-import shlex
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -54,22 +51,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-import sqlalchemy
-from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine
+from common import (
+    busy_warning,
+    print_header,
+    quantile,
+    rerun_command,
+    store_versions,
+    without_user_config,
+)
+from roundtrips import RoundTrips
 
 from ember.app import Runtime, build_runtime, running
 from ember.config import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.messages import Message, Role
+from ember.memory.consolidation import SUMMARY_INSTRUCTION
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
-
-try:
-    from ember.memory.consolidation import SUMMARY_INSTRUCTION
-except ImportError:  # renamed: fall back to its opening words
-    SUMMARY_INSTRUCTION = "Summarise the conversation excerpt"
 
 CHANNEL = "load"
 THRESHOLD = 20  # consolidation due every 20 messages
@@ -77,7 +75,6 @@ KEEP_RECENT = 4
 SUMMARY = "The user asked a series of short numbered questions and got a short answer to each."
 TURN_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 600.0
-ROOT = Path(__file__).resolve().parent.parent
 TAG = re.compile(r"^\[(s\d+)#(\d+)\]")
 
 
@@ -141,58 +138,6 @@ class Wrapped:
             self.active = True
 
 
-WRITE_PREFIXES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "BEGIN IMMEDIATE", "BEGIN EXCLUSIVE")
-
-
-class RoundTrips:
-    """Statements and transactions sent to one database file, from SQLAlchemy's engine
-    events; a transaction that takes the write lock or changes a row is a write.
-    Also counts transactions by the asyncio task that ran them."""
-
-    def __init__(self, database: Path) -> None:
-        self._database = str(database)
-        self._open: dict[int, list[Any]] = {}
-        self.counts: Counter[str] = Counter()
-        self._listeners: list[tuple[str, Callable[..., None]]] = [
-            ("before_cursor_execute", self._statement), ("commit", self._end), ("rollback", self._end),
-        ]
-        for name, fn in self._listeners:
-            event.listen(Engine, name, fn)
-
-    def close(self) -> None:
-        for name, fn in self._listeners:
-            with suppress(Exception):
-                event.remove(Engine, name, fn)
-
-    def _statement(self, conn: Connection, _cursor: object, statement: str, *_args: object) -> None:
-        if str(conn.engine.url.database) != self._database:
-            return
-        tally = self._open.setdefault(id(conn), [0, False, _task_group()])
-        tally[0] += 1
-        tally[1] = tally[1] or statement.lstrip().upper().startswith(WRITE_PREFIXES)
-
-    def _end(self, conn: Connection) -> None:
-        tally = self._open.pop(id(conn), None)
-        if tally is None:
-            return
-        statements, is_write, group = tally
-        side = "write" if is_write else "read"
-        self.counts[f"{side} statements"] += statements
-        self.counts[f"{side} transactions"] += 1
-        self.counts[f"transactions of {group}"] += 1
-
-
-def _task_group() -> str:
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    if task is None:
-        return "no task"
-    name = task.get_name()
-    return "unnamed tasks" if re.fullmatch(r"Task-\d+", name) else "-".join(name.split("-")[:2])
-
-
 # --- driving sessions through the bus ----------------------------------------------------
 
 
@@ -249,7 +194,7 @@ class Run:
     wrong_answers: int = 0
     unexpected: int = 0
     model_calls: Counter[str] = field(default_factory=Counter)
-    scheduled: Counter[str] = field(default_factory=Counter)
+    jobs_by_kind: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> status -> count
     consolidations: Counter[str] = field(default_factory=Counter)
     job_statuses: dict[str, int] = field(default_factory=dict)
     round_trips: Counter[str] = field(default_factory=Counter)
@@ -270,10 +215,6 @@ class Run:
         counts = Counter(min(windows - 1, int(t / width)) for t in self.finished)
         return [counts[i] / width for i in range(windows)]
 
-    def quantile(self, q: float) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
 
 async def one_run(home: Path, sessions: int, turns: int, concurrency: int, profile: cProfile.Profile | None) -> Run:
     settings = Settings(home=home, consolidation_threshold=THRESHOLD, consolidation_keep_recent=KEEP_RECENT,
@@ -281,11 +222,10 @@ async def one_run(home: Path, sessions: int, turns: int, concurrency: int, profi
     model = Model()
     runtime = await build_runtime(settings, model.client)
     run = Run(sessions, turns)
-    scheduled = Wrapped(runtime.runner, "schedule",
-                        lambda args, queued: f"{args[0]} {'queued' if queued else 'deduped'}")
     consolidated = Wrapped(runtime.consolidation, "consolidate",
                            lambda _args, moved: "done (boundary moved)" if moved else "done (nothing to move)")
     counter = RoundTrips(settings.database_path)
+    await counter.attach(runtime.db)
     gate = asyncio.Semaphore(concurrency)
     chats = [f"s{i:05d}" for i in range(sessions)]
     try:
@@ -309,23 +249,33 @@ async def one_run(home: Path, sessions: int, turns: int, concurrency: int, profi
 
             if profile is not None:
                 profile.enable()
-            before, cpu, started = counter.counts.copy(), time.process_time(), time.perf_counter()
+            before, cpu, started = counter.snapshot(), time.process_time(), time.perf_counter()
             await asyncio.gather(*(session(chat) for chat in chats))
             run.wall_s, run.cpu_s = time.perf_counter() - started, time.process_time() - cpu
             if profile is not None:
                 profile.disable()
-            run.round_trips = counter.counts - before
+            run.round_trips = counter.snapshot() - before
             run.drain_s = await drained(runtime)
             run.unexpected = channel.unexpected
             await channel.close()
             run.job_statuses = await runtime.jobs.counts()
+            run.jobs_by_kind = await jobs_by_kind(runtime)
             await verify(runtime, chats, turns, run)
     finally:
         counter.close()
     run.model_calls = model.calls
-    run.scheduled = scheduled.counts if scheduled.active else Counter()
     run.consolidations = consolidated.counts if consolidated.active else Counter()
     return run
+
+
+async def jobs_by_kind(runtime: Runtime) -> dict[str, dict[str, int]]:
+    """The job table by kind and status: every row is a job a turn queued with its answer."""
+    rows = await runtime.db.run_read(
+        lambda conn: conn.execute("SELECT kind, status, count(*) FROM jobs GROUP BY kind, status").fetchall())
+    table: dict[str, dict[str, int]] = {}
+    for kind, status, count in rows:
+        table.setdefault(kind, {})[status] = count
+    return table
 
 
 async def drained(runtime: Runtime) -> float | None:
@@ -363,51 +313,44 @@ async def verify(runtime: Runtime, chats: list[str], turns: int, run: Run) -> No
 
 
 def header(args: argparse.Namespace, directory: Path) -> None:
-    command = shlex.join([os.path.relpath(sys.executable, ROOT), "bench/sessions_load.py", *sys.argv[1:]])
-    print("Ember sessions under load (in-process, through the bus)")
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"  machine : {os.cpu_count()} cores, {platform.platform()}, load average {load}")
-    print(f"  python  : {platform.python_version()}, sqlite {sqlite3.sqlite_version}, "
-          f"sqlalchemy {sqlalchemy.__version__}, aiosqlite {aiosqlite.__version__}")
-    print(f"  files   : {directory} (WAL, synchronous=FULL)")
-    print(f"  load    : {args.sessions:,} sessions x {args.turns} turns, at most {args.concurrency} sessions in flight,"
-          f" {args.runs} run(s); consolidation_threshold={THRESHOLD}, keep_recent={KEEP_RECENT}; zero-latency model")
-    print(f"  rerun   : cd {ROOT} && {command}")
+    print_header("Ember sessions under load (in-process, through the bus)", store_versions(), [
+        ("files", f"{directory} (WAL, synchronous=FULL)"),
+        ("load", f"{args.sessions:,} sessions x {args.turns} turns, at most {args.concurrency} sessions in flight,"
+                 f" {args.runs} run(s); consolidation_threshold={THRESHOLD}, keep_recent={KEEP_RECENT};"
+                 " zero-latency model"),
+    ], rerun_command(__file__))
 
 
 def report_run(index: int, run: Run) -> None:
     drain = "NOT DRAINED" if run.drain_s is None else f"{run.drain_s:.2f} s"
     print(f"  run {index + 1}: {run.turns_total:,} turns in {run.wall_s:.1f} s = {run.throughput:.1f} turns/s;"
-          f" latency p50 {run.quantile(0.5) * 1e3:.1f} ms, p99 {run.quantile(0.99) * 1e3:.1f} ms;"
+          f" latency p50 {quantile(run.latencies, 0.5) * 1e3:.1f} ms, p99 {quantile(run.latencies, 0.99) * 1e3:.1f} ms;"
           f" CPU {run.cpu_s / max(1, run.turns_total) * 1e3:.2f} ms/turn ({run.cpu_s / run.wall_s:.2f} cores);"
           f" queue drained in {drain}")
 
 
-def report(runs: list[Run], elapsed: float) -> int:
+def report(runs: list[Run], elapsed: float, load_before: float) -> int:
     med = statistics.median
     print("\n1. Turns")
     print(f"  throughput    : {med(r.throughput for r in runs):.1f} turns/s (median of {len(runs)} run(s))")
     rates = sorted(rate for r in runs for rate in r.window_rates())
     print(f"                  per tenth of a run: min {rates[0]:.1f}, median {med(rates):.1f}, max {rates[-1]:.1f}")
     print(f"  wall time     : {med(r.wall_s for r in runs):.1f} s for {runs[0].sessions * runs[0].turns:,} turns")
-    print(f"  latency       : p50 {med(r.quantile(0.5) for r in runs) * 1e3:.1f} ms,"
-          f" p99 {med(r.quantile(0.99) for r in runs) * 1e3:.1f} ms  (publish -> FINAL)")
+    print(f"  latency       : p50 {med(quantile(r.latencies, 0.5) for r in runs) * 1e3:.1f} ms,"
+          f" p99 {med(quantile(r.latencies, 0.99) for r in runs) * 1e3:.1f} ms  (publish -> FINAL)")
     print(f"  CPU           : {med(r.cpu_s / max(1, r.turns_total) for r in runs) * 1e3:.2f} ms per turn"
           " (this process, all threads)")
 
     last = runs[-1]
     print("\n2. Background jobs (last run)")
-    consolidate = {k.split(" ", 1)[1]: v for k, v in last.scheduled.items() if k.startswith("consolidate ")}
-    others = {k: v for k, v in last.scheduled.items() if not k.startswith("consolidate ")}
-    if last.scheduled:
-        print(f"  consolidation : scheduled {consolidate.get('queued', 0):,}"
-              f" (+{consolidate.get('deduped', 0):,} deduplicated against a pending one)")
-    else:
-        print("  consolidation : scheduled n/a (the runner's schedule could not be observed)")
+    queued = last.jobs_by_kind.get("consolidate", {})
+    print(f"  consolidation : queued {sum(queued.values()):,} (a turn asking while one is pending"
+          " for its session is covered by it)")
     outcomes = ", ".join(f"{k} {v:,}" for k, v in sorted(last.consolidations.items())) or "n/a"
     print(f"                  runs: {outcomes}; summary requests to the model {last.model_calls['summary']:,}")
     failed = last.consolidations.get("raised", 0)
     print(f"                  failed attempts {failed:,}")
+    others = {kind: sum(statuses.values()) for kind, statuses in last.jobs_by_kind.items() if kind != "consolidate"}
     if others:
         print("  other jobs    : " + ", ".join(f"{k} {v:,}" for k, v in sorted(others.items())))
     print("  job table     : " + ", ".join(f"{k} {v:,}" for k, v in sorted(last.job_statuses.items())))
@@ -421,10 +364,12 @@ def report(runs: list[Run], elapsed: float) -> int:
     rt, n = last.round_trips, max(1, last.turns_total)
     print("\n3. Store round trips per turn under load (last run; delivery marks written in batches)")
     print(f"  statements    : {rt['write statements'] / n:.2f} write + {rt['read statements'] / n:.2f} read")
-    print(f"  transactions  : {rt['write transactions'] / n:.2f} write + {rt['read transactions'] / n:.2f} read")
-    groups = sorted(((k.removeprefix("transactions of "), v) for k, v in rt.items()
-                     if k.startswith("transactions of ")), key=lambda kv: -kv[1])
-    print("  by task       : " + ", ".join(f"{g} {v / n:.2f}" for g, v in groups) + "  (transactions per turn)")
+    print(f"  transactions  : {rt['write transactions'] / n:.2f} write + {rt['read transactions'] / n:.2f} read"
+          "  (one group commit carries the writes of every turn queued at the writer)")
+    senders = sorted(((k.removeprefix("task "), v) for k, v in rt.items() if k.startswith("task ")),
+                     key=lambda kv: -kv[1])
+    print("  by sender     : " + ", ".join(f"{g} {v / n:.2f}" for g, v in senders)
+          + "  (round trips per turn, by the asyncio task or one-hop store thread)")
     print("  (counted while the turns ran: consolidation work that ran meanwhile is included)")
 
     print("\n4. Checks (each must be 0)")
@@ -445,10 +390,9 @@ def report(runs: list[Run], elapsed: float) -> int:
         print(f"  {name:<{width}} : {value}")
     total = sum(checks.values())
     print(f"  {'all checks':<{width}} : {'PASS' if total == 0 else f'FAIL ({total} violations)'}")
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"\n  total {elapsed:.1f} s; load average now {load}")
-    if os.getloadavg()[1] > (os.cpu_count() or 1) + 1:  # the bench itself keeps about one core busy
-        print("  WARNING: the machine was busy with other work: throughput and latency are lower than it can do")
+    print(f"\n  total {elapsed:.1f} s")
+    busy_warning(load_before, "throughput and latency are lower than it can do",
+                 own_cores=1)  # the bench itself keeps about one core busy
     return 0 if total == 0 else 1
 
 
@@ -504,11 +448,9 @@ async def main() -> int:
     args = parse_args()
     with tempfile.TemporaryDirectory(prefix="ember-load-", dir=args.dir) as tmp:
         directory = Path(tmp)
-        for name in [n for n in os.environ if n.startswith(("EMBER_", "OPENAI_"))]:
-            del os.environ[name]  # no user configuration leaks into the settings
-        os.environ["EMBER_HOME"] = str(directory / "home")
+        without_user_config(os.environ, directory / "home")
         header(args, directory)
-        started = time.perf_counter()
+        load_before, started = os.getloadavg()[0], time.perf_counter()
         profile = cProfile.Profile() if args.profile else None
         runs = []
         print()
@@ -517,7 +459,7 @@ async def main() -> int:
                                 profile if index == 0 else None)
             report_run(index, run)
             runs.append(run)
-        status = report(runs, time.perf_counter() - started)
+        status = report(runs, time.perf_counter() - started, load_before)
         if profile is not None:
             report_profile(profile, runs[0].turns_total)
         return status
