@@ -40,7 +40,8 @@ U, A = Message.user("u"), Message.assistant("a")
 def test_threshold_counts_unconsolidated_messages() -> None:
     session = numbered([U, A] * 5, start=10)
     assert session.unconsolidated_count == 10
-    assert should_consolidate(session, 10) and not should_consolidate(session, 11)
+    assert should_consolidate(session.unconsolidated_count, 10)
+    assert not should_consolidate(session.unconsolidated_count, 11)
 
 
 def test_plain_history_keeps_the_recent_messages() -> None:
