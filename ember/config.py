@@ -23,7 +23,7 @@ from pydantic_settings import (
 
 from ember.core.errors import ConfigError
 from ember.tools.approval import ToolPolicy
-from ember.tools.mcp import McpServers
+from ember.tools.mcp.config import McpServers
 
 CONFIGURE_MODEL_HINT = (
     "export EMBER_MODEL_BASE_URL=https://api.openai.com/v1 "

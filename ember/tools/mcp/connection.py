@@ -1,7 +1,4 @@
-"""MCP servers as tools: each tool of a configured server becomes `server__tool`.
-
-The official SDK (`mcp`, 2.x) is imported only when a server is connected: it
-takes seconds to import, which commands without MCP servers should not pay.
+"""One MCP server's connection: its transport, its session, and the task that supervises them.
 
 The SDK's transports and session are anyio context managers that must be
 entered and exited in one task, so each connection attempt runs in its own
@@ -21,21 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, model_validator
 
-from ember.core.redact import REDACTED, redact_text
-from ember.core.tools import Risk, ToolAction, ToolSpec
-from ember.tools.base import Tool, ToolFailure
+from ember.tools.base import ToolFailure
+from ember.tools.mcp.config import McpServerConfig
 
 if TYPE_CHECKING:
     from mcp import types
@@ -44,79 +35,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 State = Literal["connected", "failed", "stopped"]
-# Server names become tool-name prefixes; tool names are at most 64 characters.
-McpServerName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
-MAX_TOOL_NAME = 64
 # Beyond the SDK's own per-request timeout, before a call is abandoned regardless.
 _GRACE_S = 5.0
 # How long close() lets supervisors stop their servers before cancelling them.
 _CLOSE_S = 8.0
 _STDERR_TAIL_CHARS = 600
-
-
-class McpServerConfig(BaseModel):
-    """One MCP server: a command to run over stdio, or a streamable HTTP URL."""
-
-    model_config = ConfigDict(extra="forbid")
-    command: str | None = None
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, SecretStr] = Field(default_factory=dict)
-    cwd: Path | None = None
-    url: str | None = None
-    headers: dict[str, SecretStr] = Field(default_factory=dict)
-    # The risk class of every tool of the server, for the approval policy.
-    risk: Risk = Risk.EXECUTE
-    # Per call; a call without an answer by then fails and the server is restarted.
-    timeout_s: float = Field(default=30.0, gt=0)
-    # Per request while connecting (initialize, the tool listing): a server may be slow to start.
-    startup_timeout_s: float = Field(default=30.0, gt=0)
-    enabled: bool = True
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServerConfig:
-        if (self.command is None) == (self.url is None):
-            raise ValueError("set exactly one of `command` (a stdio server) or `url` (a streamable HTTP server)")
-        if self.url is not None:
-            if urlsplit(self.url).scheme not in ("http", "https"):
-                raise ValueError(f"`url` must be an http:// or https:// URL, not {self.url!r}")
-            if self.args or self.env or self.cwd is not None:
-                raise ValueError("`args`, `env` and `cwd` apply to a `command`, not to a `url`")
-        if self.command is not None and self.headers:
-            raise ValueError("`headers` apply to a `url`, not to a `command`")
-        return self
-
-    @property
-    def transport(self) -> str:
-        return "stdio" if self.command is not None else "streamable-http"
-
-    def target(self) -> str:
-        """The command line or URL as a listing may show it: secret values hidden, names kept."""
-        if self.url is not None:
-            shown = _safe_url(self.url)
-            names = [f"{name}: {REDACTED}" for name in self.headers]
-        else:
-            shown = self.scrub(" ".join([self.command or "", *self.args]))
-            names = [f"{name}={REDACTED}" for name in self.env]
-        return f"{shown} ({', '.join(names)})" if names else shown
-
-    def scrub(self, text: str) -> str:
-        """`text` without the values of this server's env variables and headers."""
-        for secret in (*self.env.values(), *self.headers.values()):
-            value = secret.get_secret_value()
-            if len(value) >= 4:
-                text = text.replace(value, REDACTED)
-        return redact_text(text)
-
-
-McpServers = dict[McpServerName, McpServerConfig]
-
-
-def _safe_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return redact_text(url)
-    host = parts.netloc.rsplit("@", 1)[1]
-    return redact_text(urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}")))
 
 
 class _Link:
@@ -396,124 +319,3 @@ def _decoded_size(data: str) -> int:
     data = data.strip()
     return len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))
 
-
-class McpTool:
-    """One tool of an MCP server, as the model sees it: `server__tool`, the server's schema."""
-
-    def __init__(self, connection: McpConnection, remote: types.Tool, name: str) -> None:
-        self._connection = connection
-        self._remote = remote.name
-        description = remote.description or f"{remote.name} from the MCP server {connection.name}"
-        self._spec = ToolSpec(name=name, description=description, parameters=remote.input_schema)
-        self._validator = _validator(remote.input_schema, name)
-
-    @property
-    def spec(self) -> ToolSpec:
-        return self._spec
-
-    def describe(self, arguments: dict[str, Any]) -> ToolAction:
-        self._check(arguments)
-        subject = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
-        return ToolAction(tool=self._spec.name, risk=self._connection.config.risk, subject=subject,
-                          summary=f"call {self._remote} on MCP server {self._connection.name} with {subject}")
-
-    async def run(self, arguments: dict[str, Any]) -> str:
-        self._check(arguments)
-        return await self._connection.call(self._remote, arguments)
-
-    def _check(self, arguments: dict[str, Any]) -> None:
-        if not isinstance(arguments, dict):
-            raise ToolFailure(f"the arguments for {self._spec.name} must be a JSON object.")
-        if self._validator is None:
-            return  # the server validates
-        errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
-        if errors:
-            problems = "; ".join(f"{'.'.join(map(str, e.absolute_path)) or 'arguments'}: {e.message}"
-                                 for e in errors[:5])
-            raise ToolFailure(f"invalid arguments for {self._spec.name}: {problems}")
-
-
-def _validator(schema: dict[str, Any], tool: str) -> Any:
-    """A jsonschema validator for `schema`, or None (no jsonschema, or a schema it cannot read)."""
-    try:
-        import jsonschema
-    except ImportError:
-        return None
-    try:
-        cls = jsonschema.validators.validator_for(schema)
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        log.warning("MCP tool %s: its input schema is invalid (%s); the server validates its arguments",
-                    tool, exc.message)
-        return None
-    return cls(schema)
-
-
-def tool_name(server: str, tool: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_-]", "_", f"{server}__{tool}")[:MAX_TOOL_NAME]
-
-
-@dataclass(frozen=True, slots=True)
-class ServerStatus:
-    name: str
-    transport: str  # "stdio" or "streamable-http"
-    target: str  # the command line or URL, secrets hidden
-    state: State
-    error: str | None
-    risk: Risk
-    tools: tuple[str, ...]  # as the model sees them: server__tool
-
-
-class McpHub:
-    """The configured MCP servers: their tools, their state, and their shutdown."""
-
-    def __init__(self, connections: Sequence[McpConnection]) -> None:
-        self._connections = list(connections)
-        self._tools: list[McpTool] = []
-        self._names: dict[str, list[str]] = {c.name: [] for c in self._connections}
-        taken: set[str] = set()
-        for connection in self._connections:
-            for remote in connection.tools:
-                name = _unique(tool_name(connection.name, remote.name), taken)
-                self._tools.append(McpTool(connection, remote, name))
-                self._names[connection.name].append(name)
-
-    def tools(self) -> list[Tool]:
-        return list(self._tools)
-
-    def status(self) -> list[ServerStatus]:
-        return [
-            ServerStatus(c.name, c.config.transport, c.config.target(), c.state, c.error, c.config.risk,
-                         tuple(self._names[c.name]))
-            for c in self._connections
-        ]
-
-    async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self._connections))
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, n = name, 1
-    while candidate in taken:
-        n += 1
-        suffix = f"_{n}"
-        candidate = name[: MAX_TOOL_NAME - len(suffix)] + suffix
-    if candidate != name:
-        log.warning("MCP tool name %s is taken; registered as %s", name, candidate)
-    taken.add(candidate)
-    return candidate
-
-
-async def start_mcp(configs: Mapping[str, McpServerConfig]) -> McpHub:
-    """Connect every enabled server at once. A server that fails is in status() with
-    its error and has no tools; a disabled one is 'stopped'."""
-    connections = [McpConnection(name, config) for name, config in configs.items()]
-    try:
-        await asyncio.gather(*(c.connect() for c in connections if c.config.enabled))
-    except BaseException:
-        await asyncio.gather(*(c.close() for c in connections))
-        raise
-    for c in connections:
-        if c.state == "failed":
-            log.warning("MCP server %s is unavailable: %s", c.name, c.error)
-    return McpHub(connections)
