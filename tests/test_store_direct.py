@@ -147,6 +147,21 @@ async def test_a_session_loaded_twice_gives_independent_objects(db: Database) ->
     assert contents((await store.load("s")).messages) == ["one"]
 
 
+async def test_appends_extend_the_kept_window_without_copying_it(db: Database) -> None:
+    """A commit's cost must not grow with the window (bench/commit_cost.py measures it)."""
+    store = SqlSessionStore(db)
+    session = await store.load("s")
+    await store.append(session, [Message.user(str(i)) for i in range(1000)])
+    rows = store._windows.get("s", db.write_epoch).rows
+    old_view = await store.load("s")
+    for i in range(3):
+        await store.append(session, [Message.assistant(f"answer {i}")])
+    window = store._windows.get("s", db.write_epoch)
+    assert window is not None and window.rows is rows  # extended in place, not copied
+    assert len(old_view.messages) == 1000  # a session loaded before is not touched
+    assert contents((await store.load("s")).messages)[-3:] == ["answer 0", "answer 1", "answer 2"]
+
+
 async def test_a_write_epoch_counts_finished_write_transactions(db: Database) -> None:
     before = db.write_epoch
     async with db.write() as conn:

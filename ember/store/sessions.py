@@ -103,13 +103,13 @@ class SqlSessionStore:
                               metadata=json.loads(head.metadata_json))
             if parsed is None:
                 assert kept is not None
-                session.messages = list(kept.messages)
+                session.messages = kept.messages()
                 return session
             messages = [item for _, item in parsed if isinstance(item, Message)]
             broken = [(row, item) for row, item in parsed if isinstance(item, str)]
             repair = plan_repair(messages, INTERRUPTED_RESULT)
             if not broken and not repair.needed:
-                self._windows.put(key, Window(head, tuple(messages), epoch))
+                self._windows.put(key, Window.of(head, messages, epoch))
                 session.messages = messages
                 return session
             try:

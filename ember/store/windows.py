@@ -33,9 +33,21 @@ CAPACITY = 512
 
 @dataclass(frozen=True, slots=True)
 class Window:
+    """The first `length` of `rows`. An append hands `rows` on to the next window,
+    extended in place: copying it each time would make a commit's cost grow with
+    the window. Nothing else writes to it; readers take a copy (`messages()`)."""
+
     head: Head
-    messages: tuple[Message, ...]
+    rows: list[Message]
+    length: int
     epoch: int
+
+    @classmethod
+    def of(cls, head: Head, messages: Sequence[Message], epoch: int) -> Window:
+        return cls(head, list(messages), len(messages), epoch)
+
+    def messages(self) -> list[Message]:
+        return self.rows[:self.length]
 
 
 class WindowCache:
@@ -64,10 +76,12 @@ class WindowCache:
                  epoch: int) -> None:
         """An append committed `messages`, moving the head from `replaced` to `head`."""
         if replaced is None:  # the append created the session: its window is exactly these messages
-            self.put(key, Window(head, tuple(messages), epoch))
+            self.put(key, Window.of(head, messages, epoch))
             return
         window = self.get(key, epoch)
         if window is None or window.head != replaced:
             self.drop(key)
             return
-        self.put(key, Window(head, window.messages + tuple(messages), epoch))
+        rows = window.rows if len(window.rows) == window.length else window.messages()
+        rows.extend(messages)
+        self.put(key, Window(head, rows, len(rows), epoch))
