@@ -5,8 +5,9 @@
 Three kinds of process share the machine: the model server (Starlette on
 uvicorn; every streamed chat completion is answered after a fixed 50 ms with a
 short answer in a few chunks), a real `ember serve` child pointed at it, and a
-load generator: N clients, one keep-alive connection and one Ember session
-each, sending streamed turns back to back. At each N:
+load generator: N clients, one keep-alive connection each, sending streamed
+turns back to back, on a new Ember session every 20 turns (the window the
+default consolidation threshold keeps; consolidation itself is off). At each N:
 
 1. direct: the N clients stream straight from the model server, no Ember (the baseline);
 2. ember: the same N clients stream through Ember's OpenAI-compatible gateway.
@@ -55,6 +56,10 @@ from typing import Any
 from common import ROOT, ms, print_header, quantile, rerun_command, unwind_on_signals, verdict, without_user_config
 
 MODEL_DELAY_S = 0.050
+# A client moves to a new session every this many turns: the window the default consolidation
+# threshold (40 messages) keeps. Consolidation itself is off, so its model calls do not mix with
+# the turns'; without the move every history would grow for the whole run.
+SESSION_TURNS = 20
 MODEL_NAME = "bench-model"
 ANSWER_CHUNKS = ("The build is green: ", "all 312 tests pass, ", "lint is clean, ", "and the wheel is published.")
 ANSWER = "".join(ANSWER_CHUNKS)
@@ -275,7 +280,7 @@ async def _load(spec: dict[str, Any], out: Path) -> None:
                                     "messages": [{"role": "user", "content": f"[{tag}] {QUESTION}"}]}
             if not ember:
                 body["stream_options"] = {"include_usage": True}  # as Ember asks the model
-            headers = {"X-Ember-Session": f"{spec['prefix']}-{index}"} if ember else {}
+            headers = {"X-Ember-Session": f"{spec['prefix']}-{index}-s{turn // SESSION_TURNS}"} if ember else {}
             result = Turn()
             start = time.monotonic()
             try:
@@ -529,7 +534,8 @@ def header(args: argparse.Namespace, directory: Path) -> None:
                 f" openai {openai.__version__} (Ember's model client)")
     client = "a minimal HTTP/1.1 client on asyncio streams" if args.http == "raw" else "httpx"
     print_header("Ember gateway load benchmark", versions, [
-        ("clients", f"own process, {client}; one keep-alive connection and one Ember session per client"),
+        ("clients", f"own process, {client}; one keep-alive connection per client,"
+                    f" a new Ember session every {SESSION_TURNS} turns"),
         ("model", f"own process (uvicorn), answers after {MODEL_DELAY_S * 1e3:.0f} ms,"
                   f" {len(ANSWER_CHUNKS)} content chunks, no further delay"),
         ("ember", f"`ember serve` child, home {directory / 'home'}, sqlite synchronous={args.synchronous}"),
