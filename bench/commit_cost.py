@@ -54,7 +54,7 @@ from common import (
     verdict,
     without_user_config,
 )
-from roundtrips import RoundTrips
+from roundtrips import RoundTrips, per_turn
 
 from ember.app import Runtime, build_runtime, running
 from ember.config import Settings
@@ -478,18 +478,9 @@ def report_turns(bench: TurnBench) -> None:
         gap = statistics.median(d - t for d, t in zip(f.to_done.flat, f.to_final.flat))
         print(f"    {'stream' if f.stream else 'no stream'}: final -> trace recorded {gap * 1e6:.0f} µs (median)")
 
-    c, n = bench.counts, bench.turns
-    ws, rs = c["write statements"] / n, c["read statements"] / n
-    wt, rt = c["write transactions"] / n, c["read transactions"] / n
-    print(f"\n  Store round trips per turn, over all {n} timed turns (their delivery marks included):")
-    print(f"    statements  : {ws:5.2f} write + {rs:5.2f} read  (BEGIN, SAVEPOINT and RELEASE included)")
-    print(f"    transactions: {wt:5.2f} write + {rt:5.2f} read  (each ends in one COMMIT)")
-    print(f"    round trips : {ws + rs + wt + rt:5.2f}  (statements + COMMITs; through aiosqlite each is"
-          " a thread hop, through a one-hop thread a whole transaction is one)")
-    tasks = sorted(((k.removeprefix("task "), v) for k, v in c.items() if k.startswith("task ")),
-                   key=lambda kv: -kv[1])
-    print("    by sender   : " + ", ".join(f"{name} {v / n:.2f}" for name, v in tasks)
-          + "  (round trips, by the asyncio task or one-hop store thread that sent them)")
+    print(f"\n  Store round trips per turn, over all {bench.turns} timed turns (their delivery marks included):")
+    for line in per_turn(bench.counts, bench.turns):
+        print(f"    {line}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -120,3 +120,21 @@ def task_group(task: asyncio.Task[Any] | None) -> str:
         return "no task"
     name = task.get_name()
     return "unnamed tasks" if re.fullmatch(r"Task-\d+", name) else "-".join(name.split("-")[:2])
+
+
+def per_turn(counts: Counter[str], turns: int) -> list[str]:
+    """The lines that report a RoundTrips snapshot difference over `turns` turns."""
+    n = max(1, turns)
+    ws, rs = counts["write statements"] / n, counts["read statements"] / n
+    wt, rt = counts["write transactions"] / n, counts["read transactions"] / n
+    senders = sorted(((k.removeprefix("task "), v) for k, v in counts.items() if k.startswith("task ")),
+                     key=lambda kv: -kv[1])
+    return [
+        f"statements  : {ws:5.2f} write + {rs:5.2f} read  (BEGIN, SAVEPOINT and RELEASE included)",
+        f"transactions: {wt:5.2f} write + {rt:5.2f} read  (each ends in one COMMIT; under load one group"
+        " commit carries the writes of every turn queued at the writer)",
+        f"round trips : {ws + rs + wt + rt:5.2f}  (statements + COMMITs; through aiosqlite each is a thread"
+        " hop, through a one-hop thread a whole transaction is one)",
+        "by sender   : " + ", ".join(f"{name} {v / n:.2f}" for name, v in senders)
+        + "  (round trips, by the asyncio task or one-hop store thread that sent them)",
+    ]

@@ -59,7 +59,7 @@ from common import (
     store_versions,
     without_user_config,
 )
-from roundtrips import RoundTrips
+from roundtrips import RoundTrips, per_turn
 
 from ember.app import Runtime, build_runtime, running
 from ember.config import Settings
@@ -361,15 +361,9 @@ def report(runs: list[Run], elapsed: float, load_before: float) -> int:
     boundaries = ", ".join(f"seq {b}: {n:,}" for b, n in sorted(last.boundaries.items()))
     print(f"  boundaries    : sessions by last_consolidated: {boundaries}")
 
-    rt, n = last.round_trips, max(1, last.turns_total)
     print("\n3. Store round trips per turn under load (last run; delivery marks written in batches)")
-    print(f"  statements    : {rt['write statements'] / n:.2f} write + {rt['read statements'] / n:.2f} read")
-    print(f"  transactions  : {rt['write transactions'] / n:.2f} write + {rt['read transactions'] / n:.2f} read"
-          "  (one group commit carries the writes of every turn queued at the writer)")
-    senders = sorted(((k.removeprefix("task "), v) for k, v in rt.items() if k.startswith("task ")),
-                     key=lambda kv: -kv[1])
-    print("  by sender     : " + ", ".join(f"{g} {v / n:.2f}" for g, v in senders)
-          + "  (round trips per turn, by the asyncio task or one-hop store thread)")
+    for line in per_turn(last.round_trips, last.turns_total):
+        print(f"  {line}")
     print("  (counted while the turns ran: consolidation work that ran meanwhile is included)")
 
     print("\n4. Checks (each must be 0)")
