@@ -4,6 +4,12 @@ to the gateway over real HTTP.
     def test_x(launch_gateway, model_server):
         gw = launch_gateway(model_server, keys={"alice": ALICE_KEY})
         httpx.get(gw.url("/healthz"))
+
+`launch_module_gateway` is the same for a module-scoped fixture:
+
+    @pytest.fixture(scope="module")
+    def gateway(model, launch_module_gateway):
+        return launch_module_gateway(model, keys={"alice": ALICE_KEY})
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -92,18 +99,37 @@ class GatewayProcess:
 LaunchGateway = Callable[..., GatewayProcess]
 
 
-@pytest.fixture
-def launch_gateway(tmp_path: Path) -> Iterator[LaunchGateway]:
-    """Start `ember serve` processes; each is killed at the end of the test if still running."""
+@contextmanager
+def gateway_launcher(new_home: Callable[[], Path]) -> Iterator[LaunchGateway]:
+    """A `launch` that starts `ember serve` processes (in `new_home()` unless given a home);
+    each is killed at the end of the block if still running."""
     started: list[GatewayProcess] = []
 
     def launch(model_server: ModelServer | None, *, keys: dict[str, str] | None = None, port: int | None = None,
                home: Path | None = None, ready: bool = True, **extra_env: str) -> GatewayProcess:
-        env = gateway_env(home or tmp_path / "home", model_server, keys, **extra_env)
+        env = gateway_env(home or new_home(), model_server, keys, **extra_env)
         gateway = GatewayProcess(env, port or free_port())
         started.append(gateway)
         return gateway.wait_ready() if ready else gateway
 
-    yield launch
-    for gateway in started:
-        gateway.kill()
+    try:
+        yield launch
+    finally:
+        for gateway in started:
+            gateway.kill()
+
+
+@pytest.fixture
+def launch_gateway(tmp_path: Path) -> Iterator[LaunchGateway]:
+    """Start `ember serve` processes; each is killed at the end of the test if still running.
+    Without `home`, all share the test's home, so a restarted gateway finds what the first one left."""
+    with gateway_launcher(lambda: tmp_path / "home") as launch:
+        yield launch
+
+
+@pytest.fixture(scope="module")
+def launch_module_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchGateway]:
+    """`launch_gateway` for a module's gateways: a gateway takes seconds to start, so a module's
+    tests share one. Without `home`, each starts in a fresh home; all are killed at the end of the module."""
+    with gateway_launcher(lambda: tmp_path_factory.mktemp("gateway") / "home") as launch:
+        yield launch

@@ -34,7 +34,7 @@ from ember.store.deliveries import SqlDeliveryStore
 from ember.store.sessions import SqlSessionStore
 from ember.tools.base import FunctionTool, ToolRegistry
 from tests.conftest import CHANNEL, Harness, running_harness, session_key
-from tests.gatewayproc import GatewayProcess, free_port, gateway_env
+from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
 
 # --- the runtime, started and stopped as a process would -----------------------------------------
@@ -443,14 +443,8 @@ def model(model_module: ModelServer) -> Iterator[ModelServer]:
 
 
 @pytest.fixture(scope="module")
-def gateway(model_module: ModelServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    env = gateway_env(tmp_path_factory.mktemp("delivery") / "home", model_module, SECRETS,
-                      EMBER_MODEL_MAX_ATTEMPTS="1")
-    process = GatewayProcess(env, free_port())
-    try:
-        yield process.wait_ready()
-    finally:
-        process.kill()
+def gateway(model_module: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayProcess:
+    return launch_module_gateway(model_module, keys=SECRETS, EMBER_MODEL_MAX_ATTEMPTS="1")
 
 
 def native_events(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:

@@ -13,14 +13,13 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gatewayproc import GatewayProcess, free_port, gateway_env
+from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving, wait_until
 
 SECRETS = {
@@ -60,30 +59,20 @@ def model(model_module: ModelServer) -> ModelServer:
     return model_module
 
 
-def launch(model: ModelServer, home: Path, **extra: str) -> GatewayProcess:
-    env = gateway_env(home, model, SECRETS, EMBER_GATEWAY_MAX_BODY_BYTES=str(MAX_BODY_BYTES),
-                      EMBER_MODEL_MAX_ATTEMPTS="1", **extra)
-    return GatewayProcess(env, free_port())
-
-
 @pytest.fixture(scope="module")
-def gateways(model_module: ModelServer,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, GatewayProcess]]:
+def gateways(model_module: ModelServer, launch_module_gateway: LaunchGateway) -> dict[str, GatewayProcess]:
     """The module's gateways, started side by side (each takes seconds to start): "main",
     with no practical rate limit, and "limited": three requests at once per identity, then one a minute."""
-    started = {
-        "main": launch(model_module, tmp_path_factory.mktemp("gateway") / "home",
-                       EMBER_GATEWAY_RATE_PER_MINUTE="1000000", EMBER_GATEWAY_RATE_BURST="1000000"),
-        "limited": launch(model_module, tmp_path_factory.mktemp("limited") / "home",
-                          EMBER_GATEWAY_RATE_PER_MINUTE="1", EMBER_GATEWAY_RATE_BURST="3"),
-    }
-    try:
-        for each in started.values():
-            each.wait_ready()
-        yield started
-    finally:
-        for each in started.values():
-            each.kill()
+
+    def launch(per_minute: str, burst: str) -> GatewayProcess:
+        return launch_module_gateway(model_module, keys=SECRETS, ready=False,
+                                     EMBER_GATEWAY_MAX_BODY_BYTES=str(MAX_BODY_BYTES), EMBER_MODEL_MAX_ATTEMPTS="1",
+                                     EMBER_GATEWAY_RATE_PER_MINUTE=per_minute, EMBER_GATEWAY_RATE_BURST=burst)
+
+    started = {"main": launch("1000000", "1000000"), "limited": launch("1", "3")}
+    for each in started.values():
+        each.wait_ready()
+    return started
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
-from tests.gatewayproc import GatewayProcess, free_port, gateway_env
+from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
 
 SECRET = "fuzzer-secret-0123456789"
@@ -68,14 +68,9 @@ def model() -> Iterator[ModelServer]:
 
 
 @pytest.fixture(scope="module")
-def gateway(model: ModelServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    env = gateway_env(tmp_path_factory.mktemp("fuzz") / "home", model, {"fuzzer": SECRET},
-                      EMBER_GATEWAY_RATE_PER_MINUTE="1000000", EMBER_GATEWAY_RATE_BURST="1000000")
-    process = GatewayProcess(env, free_port())
-    try:
-        yield process.wait_ready()
-    finally:
-        process.kill()
+def gateway(model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayProcess:
+    return launch_module_gateway(model, keys={"fuzzer": SECRET},
+                                 EMBER_GATEWAY_RATE_PER_MINUTE="1000000", EMBER_GATEWAY_RATE_BURST="1000000")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gatewayproc import GatewayProcess, free_port, gateway_env
+from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving, tool_call
 
 KEY = "test-secret-key-0123456789"
@@ -23,15 +23,12 @@ def model() -> Iterator[ModelServer]:
 
 
 @pytest.fixture(scope="module")
-def gateway(model: ModelServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(model: ModelServer, launch_module_gateway: LaunchGateway,
+            tmp_path_factory: pytest.TempPathFactory) -> GatewayProcess:
     home = tmp_path_factory.mktemp("gateway") / "home"
     (home / "workspace").mkdir(parents=True)
     (home / "workspace" / "notes.txt").write_text("the launch code is 4711\n")
-    process = GatewayProcess(gateway_env(home, model, {"tester": KEY}), free_port())
-    try:
-        yield process.wait_ready()
-    finally:
-        process.kill()
+    return launch_module_gateway(model, keys={"tester": KEY}, home=home)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from tests.gatewayproc import GatewayProcess, LaunchGateway, free_port, gateway_env
+from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving, tool_call
 
 CHROMIUM = os.environ.get("EMBER_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -42,14 +42,9 @@ def model() -> Iterator[ModelServer]:
 
 
 @pytest.fixture(scope="module")
-def gateway(model: ModelServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayProcess:
     """`ember serve` with one key, alice's."""
-    env = gateway_env(tmp_path_factory.mktemp("web") / "home", model, {"alice": ALICE_KEY})
-    process = GatewayProcess(env, free_port())
-    try:
-        yield process.wait_ready()
-    finally:
-        process.kill()
+    return launch_module_gateway(model, keys={"alice": ALICE_KEY})
 
 
 @pytest.fixture
