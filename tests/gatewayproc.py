@@ -27,9 +27,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+import ember
 from tests.modelserver import ModelServer
 
 EMBER = str(Path(sys.executable).parent / "ember")
+EMBER_SOURCE = str(Path(ember.__file__).resolve().parents[1])
 READY_TIMEOUT_S = 30.0
 
 
@@ -43,6 +45,8 @@ def gateway_env(home: Path, model_server: ModelServer | None, keys: dict[str, st
                 **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EMBER_", "OPENAI_"))}
     env["EMBER_HOME"] = str(home)
+    # The child runs the same Ember as this process, whichever checkout the venv's install points to.
+    env["PYTHONPATH"] = os.pathsep.join([EMBER_SOURCE, *filter(None, [env.get("PYTHONPATH")])])
     if model_server is not None:
         env |= {"EMBER_MODEL_BASE_URL": model_server.base_url, "EMBER_MODEL": model_server.model,
                 "EMBER_MODEL_API_KEY": "test-key"}

@@ -51,7 +51,6 @@ import contextlib
 import hashlib
 import itertools
 import json
-import os
 import random
 import re
 import signal
@@ -73,7 +72,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-import ember
 from ember.memory.consolidation import SUMMARY_INSTRUCTION
 from ember.memory.review import REVIEW_INSTRUCTION
 from ember.runtime.loop import NOT_RESUMED_TEXT
@@ -369,12 +367,8 @@ class Supervisor:
         workspace = self.home / "workspace"
         workspace.mkdir(parents=True, exist_ok=True)
         (workspace / "notes.txt").write_text(NOTES)
-        # The child runs the same Ember as this process, whatever the venv has installed.
-        source = str(Path(ember.__file__).resolve().parents[1])
-        env = gateway_env(self.home, None, None, EMBER_MODEL_BASE_URL=model.base_url, EMBER_MODEL=MODEL,
-                          EMBER_MODEL_API_KEY="crash-key", **extra_env)
-        env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [env.get("PYTHONPATH")])])
-        self._env = env
+        self._env = gateway_env(self.home, None, None, EMBER_MODEL_BASE_URL=model.base_url, EMBER_MODEL=MODEL,
+                                EMBER_MODEL_API_KEY="crash-key", **extra_env)
 
     @property
     def db_path(self) -> Path:
