@@ -94,6 +94,7 @@ class Runtime:
     consolidation: ConsolidationWorker
     mcp: McpHub
     deliveries: DeliveryWorker
+    model: ModelClient | None = None  # closed with the runtime
 
 
 def _job_handlers(memory: MemoryService, consolidation: ConsolidationWorker, memory_reviewer: MemoryReviewer,
@@ -165,7 +166,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     deliveries = DeliveryWorker(SqlDeliveryStore(db), bus)
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery)
-    return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries)
+    return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
+                   model)
 
 
 @asynccontextmanager
@@ -180,6 +182,8 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
     async with AsyncExitStack() as stack:
         # Each part is stopped, in reverse, if a later one fails to start.
         stack.push_async_callback(runtime.db.close)
+        if runtime.model is not None:
+            stack.push_async_callback(runtime.model.aclose)
         stack.push_async_callback(runtime.mcp.close)
         await runtime.runner.start()
         stack.push_async_callback(runtime.runner.stop)

@@ -93,6 +93,8 @@ async def _check_model(settings: Settings, report: Report) -> None:
     except (EmberError, TimeoutError) as exc:
         report.fail(f"model endpoint {model.base_url}: {exc or 'no answer within the timeout'}")
         return
+    finally:
+        await model.aclose()
     if names and model.name not in names:
         report.warn(f"model endpoint {model.base_url} answers, but does not list {model.name!r}")
     else:

@@ -144,7 +144,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries,
                      RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s))
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation,
-                   await start_mcp({}), deliveries)
+                   await start_mcp({}), deliveries, model)
 
 
 @asynccontextmanager

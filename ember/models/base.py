@@ -42,6 +42,10 @@ class ModelClient(Protocol):
         """Deltas as they arrive, then exactly one ModelReply. Raises ModelError."""
         ...
 
+    async def aclose(self) -> None:
+        """Release the client's connections; it is not used afterwards."""
+        ...
+
 
 async def complete(model: ModelClient, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> ModelReply:
     """Run a stream to its end and return the reply."""

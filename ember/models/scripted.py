@@ -47,6 +47,9 @@ class FunctionModel:
             yield TextDelta(piece)
         yield reply
 
+    async def aclose(self) -> None:
+        """Nothing to release: no connection is held."""
+
 
 class ScriptedModel(FunctionModel):
     """Plays back a fixed list of replies; an Exception in the list is raised.
