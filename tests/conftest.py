@@ -13,15 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from ember.app import Runtime, build_runtime, running
 from ember.config import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.journal import TurnJournal
-from ember.core.tools import Decision, ToolAction, ToolRun, Verdict
+from ember.core.tools import Decision, Risk, ToolAction, ToolRun, Verdict
 from ember.models.base import ModelClient
 from ember.store.database import Database
-from ember.tools.base import Toolset
+from ember.tools.base import FunctionTool, ToolRegistry, Toolset
 
 CHANNEL = "test"
 
@@ -115,9 +116,20 @@ async def running_harness(runtime: Runtime, *, channels: Iterable[str] = (),
             await harness.close()
 
 
+@asynccontextmanager
+async def serving_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
+                          channels: Iterable[str] = (), recover: bool = False) -> AsyncIterator[Harness]:
+    """One "process": a runtime on `settings.home` with `tools` (none by default), the test channel
+    reading for the block; `channels` and `recover` as `running` takes them."""
+    runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
+    async with running_harness(runtime, channels=channels, recover=recover) as harness:
+        yield harness
+
+
 @pytest.fixture
 def start(settings: Settings):  # type: ignore[no-untyped-def]
-    """`async with start(model) as h:` runs a runtime on `model` for the block."""
+    """`async with start(model) as h:` runs a runtime on `model` for the block (the built-in tools
+    unless `tools` is given)."""
 
     @asynccontextmanager
     async def _start(model: ModelClient, *, tools: Toolset | None = None,
@@ -126,6 +138,20 @@ def start(settings: Settings):  # type: ignore[no-untyped-def]
             yield harness
 
     return _start
+
+
+class NoteArgs(BaseModel):
+    text: str
+
+
+def note_tool(calls: list[str], *, name: str = "note", says: str = "noted") -> FunctionTool[NoteArgs]:
+    """A read-risk tool that records each text it is given and answers `"<says> <text>"`."""
+
+    async def note(args: NoteArgs) -> str:
+        calls.append(args.text)
+        return f"{says} {args.text}"
+
+    return FunctionTool(name, "Write a note down.", NoteArgs, note, risk=Risk.READ)
 
 
 class FixedApprover:

@@ -17,48 +17,24 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import BaseModel
 
-from ember.app import build_runtime
 from ember.config import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import ModelError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.messages import Message, Role, ToolCall
-from ember.core.tools import Risk
-from ember.models.base import ModelClient, ModelReply
+from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.runtime.loop import NOT_RESUMED_TEXT
 from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.sessions import SqlSessionStore
-from ember.tools.base import FunctionTool, ToolRegistry
-from tests.conftest import CHANNEL, Harness, running_harness, session_key
+from ember.tools.base import ToolRegistry
+from tests.conftest import CHANNEL, Harness, note_tool, serving_runtime, session_key
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
 
 # --- the runtime, started and stopped as a process would -----------------------------------------
-
-
-class NoteArgs(BaseModel):
-    text: str
-
-
-def note_tool(calls: list[str]) -> FunctionTool[NoteArgs]:
-    async def note(args: NoteArgs) -> str:
-        calls.append(args.text)
-        return f"noted {args.text}"
-
-    return FunctionTool("note", "Write a note down.", NoteArgs, note, risk=Risk.READ)
-
-
-@asynccontextmanager
-async def serving_runtime(settings: Settings, model: ModelClient, *, channels: Iterable[str] = (),
-                          recover: bool = False, tools: ToolRegistry | None = None) -> AsyncIterator[Harness]:
-    """One "process": a runtime on `settings.home`, with a test channel reading channel "test"."""
-    runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
-    async with running_harness(runtime, channels=channels, recover=recover) as harness:
-        yield harness
 
 
 class Blocking:

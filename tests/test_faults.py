@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
 from sqlalchemy import func, select
 
 from ember.app import Runtime, build_runtime, configured_model
@@ -30,7 +29,6 @@ from ember.core.errors import ModelError
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.messages import Message, Role
-from ember.core.tools import Risk
 from ember.memory.consolidation import SUMMARY_INSTRUCTION, ConsolidationWorker
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.service import MemoryService
@@ -54,7 +52,7 @@ from ember.store.traces import SqlTraceStore
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import FunctionTool, ToolRegistry
 from ember.tools.mcp import start_mcp
-from tests.conftest import CHANNEL, Harness, running_harness, session_key
+from tests.conftest import CHANNEL, Harness, NoteArgs, note_tool, running_harness, serving_runtime, session_key
 from tests.modelserver import ModelServer, Reply
 
 KEY = session_key()
@@ -63,24 +61,8 @@ KEY = session_key()
 # --- runtimes ------------------------------------------------------------------------------------
 
 
-class EchoArgs(BaseModel):
-    text: str
-
-
-def echo_tool(seen: list[str]) -> FunctionTool[EchoArgs]:
-    async def echo(args: EchoArgs) -> str:
-        seen.append(args.text)
-        return f"echo: {args.text}"
-
-    return FunctionTool("echo", "Repeat a text.", EchoArgs, echo, risk=Risk.READ)
-
-
-@asynccontextmanager
-async def served(settings: Settings, model: ModelClient, *, tools: ToolRegistry | None = None,
-                 channels: tuple[str, ...] = (), recover: bool = False) -> AsyncIterator[Harness]:
-    runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
-    async with running_harness(runtime, channels=channels, recover=recover) as harness:
-        yield harness
+def echo_tool(seen: list[str]) -> FunctionTool[NoteArgs]:
+    return note_tool(seen, name="echo", says="echo:")
 
 
 def http_settings(settings: Settings, base_url: str, **changes: object) -> Settings:
@@ -184,7 +166,7 @@ async def test_a_model_failing_on_every_attempt_is_one_error_and_the_session_goe
         settings: Settings, model_server: ModelServer) -> None:
     config = http_settings(settings, model_server.base_url, model_max_attempts=2)
     model_server.push(Reply(status=500), Reply(status=503), Reply(text="back again"))
-    async with served(config, configured_model(config)) as h:
+    async with serving_runtime(config, configured_model(config)) as h:
         failed = await h.turn("first", stream=True)
         await settle()
         assert closings(h) == [failed]
@@ -201,7 +183,7 @@ async def test_a_model_failing_on_every_attempt_is_one_error_and_the_session_goe
 async def test_a_5xx_then_success_is_retried_into_one_answer(settings: Settings, model_server: ModelServer) -> None:
     config = http_settings(settings, model_server.base_url, model_max_attempts=3)
     model_server.push(Reply(status=502), Reply(text="second time lucky"))
-    async with served(config, configured_model(config)) as h:
+    async with serving_runtime(config, configured_model(config)) as h:
         final = await h.turn("question", stream=True)
         await settle()
         assert closings(h) == [final]
@@ -225,7 +207,7 @@ def silent_endpoint() -> Iterator[str]:
 async def test_a_model_that_never_answers_times_out_into_one_error(settings: Settings) -> None:
     with silent_endpoint() as base_url:
         config = http_settings(settings, base_url, model_timeout_s=0.3, model_max_attempts=2)
-        async with served(config, configured_model(config)) as h:
+        async with serving_runtime(config, configured_model(config)) as h:
             started_at = time.monotonic()
             failed = await h.turn("anyone there?")
             took = time.monotonic() - started_at
@@ -240,7 +222,7 @@ async def test_a_stream_that_stalls_past_the_timeout_is_one_clear_error(settings
                                                                           model_server: ModelServer) -> None:
     config = http_settings(settings, model_server.base_url, model_timeout_s=0.5, model_max_attempts=1)
     model_server.push(Reply(text="a slow start and then nothing", chunk_delay_s=3.0))
-    async with served(config, configured_model(config)) as h:
+    async with serving_runtime(config, configured_model(config)) as h:
         failed = await h.turn("question", stream=True)
         await settle()
         assert closings(h) == [failed]
@@ -256,7 +238,7 @@ async def test_malformed_tool_arguments_are_a_result_the_model_corrects(settings
     model_server.push(Reply(tool_calls=(("echo", '{"text": "unterminated'),)),
                       Reply(tool_calls=(("echo", '{"text": "fixed"}'),)),
                       Reply(text="Echoed it."))
-    async with served(config, configured_model(config), tools=ToolRegistry([echo_tool(seen)])) as h:
+    async with serving_runtime(config, configured_model(config), tools=ToolRegistry([echo_tool(seen)])) as h:
         final = await h.turn("echo something")
     assert final.kind is OutboundKind.FINAL and final.text == "Echoed it."
     assert seen == ["fixed"]  # the broken call never reached the tool
@@ -276,7 +258,7 @@ async def test_a_tool_call_event_that_is_not_json_is_one_model_error(settings: S
               '[{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "echo", '
               '"arguments": "{\\"text\\": \n\n')
     model_server.push(Reply(raw_events=(broken, "data: [DONE]\n\n")), Reply(text="fine now"))
-    async with served(config, configured_model(config), tools=ToolRegistry([echo_tool([])])) as h:
+    async with serving_runtime(config, configured_model(config), tools=ToolRegistry([echo_tool([])])) as h:
         failed = await h.turn("go")
         later = await h.turn("again")
     assert failed.kind is OutboundKind.ERROR and failed.text.startswith("Sorry, I could not answer")
@@ -289,7 +271,7 @@ async def test_a_stream_cut_midway_is_one_error_and_no_partial_answer(settings: 
     config = http_settings(settings, model_server.base_url, model_max_attempts=3)
     model_server.push(Reply(text="This answer never finishes streaming to the end.", cut_after_chunks=4),
                       Reply(text="whole answer"))
-    async with served(config, configured_model(config)) as h:
+    async with serving_runtime(config, configured_model(config)) as h:
         failed = await h.turn("question", stream=True)
         await settle()
         assert closings(h) == [failed]
@@ -522,7 +504,7 @@ async def lock_during(h: Harness, gated: Gated, where: str, hold_s: float) -> Ou
 @pytest.mark.parametrize("where", ["accept", "answer"])
 async def test_a_briefly_locked_store_is_waited_for(settings: Settings, where: str) -> None:
     gated = Gated("answered after the wait")
-    async with served(settings, FunctionModel(gated)) as h:
+    async with serving_runtime(settings, FunctionModel(gated)) as h:
         started_at = time.monotonic()
         final = await lock_during(h, gated, where, hold_s=0.7)
         took = time.monotonic() - started_at
@@ -549,7 +531,7 @@ async def test_a_store_locked_past_the_busy_timeout_is_one_error_and_never_half_
         settings: Settings, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 300)
     gated = Gated("the answer")
-    async with served(settings, FunctionModel(gated)) as h:
+    async with serving_runtime(settings, FunctionModel(gated)) as h:
         failed = await lock_during(h, gated, where, hold_s=1.5)
         await settle()
         assert closings(h) == [failed]
@@ -562,7 +544,7 @@ async def test_a_store_locked_past_the_busy_timeout_is_one_error_and_never_half_
     assert history == ([] if where == "accept" else [(Role.USER, "question")])
     # Nothing is lost for good: the channel's redelivery (accept) or the next start's recovery (answer) finishes it.
     retry = ScriptedModel([ModelReply(text="the answer")])
-    async with served(settings, retry, channels=(CHANNEL,), recover=True) as h:
+    async with serving_runtime(settings, retry, channels=(CHANNEL,), recover=True) as h:
         if where == "accept":
             await h.publish("question", message_id="m1")
         final = await h.next_closing()
@@ -575,7 +557,7 @@ async def test_a_store_locked_past_the_busy_timeout_says_so(settings: Settings, 
                                                            ) -> None:
     monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 300)
     gated = Gated("the answer")
-    async with served(settings, FunctionModel(gated)) as h:
+    async with serving_runtime(settings, FunctionModel(gated)) as h:
         failed = await lock_during(h, gated, "accept", hold_s=1.0)
     assert failed.kind is OutboundKind.ERROR
     assert "inside Ember" not in failed.text
