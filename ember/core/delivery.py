@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ember.core.events import InboundEvent
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +36,13 @@ class Delivery:
     reply_to: str | None
     kind: str
     text: str
+
+    @classmethod
+    def replying(cls, event: InboundEvent, *, delivery_id: str, turn_id: str, text: str,
+                 kind: str = "final") -> Delivery:
+        """The record of `text` answering `event`, owed to the channel and chat it came from."""
+        return cls(delivery_id=delivery_id, turn_id=turn_id, channel=event.channel, chat_id=event.chat_id,
+                   reply_to=event.message_id, kind=kind, text=text)
 
 
 def delivery_id(turn_id: str, seq: int) -> str:

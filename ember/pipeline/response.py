@@ -45,9 +45,8 @@ class ResponseStage:
         text = merge_intro(ctx.intro_text, text)
         # 3. The commit, with the outbox record that owes it to the channel and the
         #    derived work it calls for: a crash keeps all three or none (I6).
-        delivery = Delivery(delivery_id=delivery_id(ctx.turn_id, ctx.session.next_seq), turn_id=ctx.turn_id,
-                            channel=ctx.event.channel, chat_id=ctx.event.chat_id, reply_to=ctx.event.message_id,
-                            kind="final", text=text)
+        delivery = Delivery.replying(ctx.event, delivery_id=delivery_id(ctx.turn_id, ctx.session.next_seq),
+                                     turn_id=ctx.turn_id, text=text)
         jobs = self._derived_work(ctx, result)
         embed = self._memory.embeddings_pending
         if embed:

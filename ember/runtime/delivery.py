@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from ember.bus.base import Bus
+from ember.core.delivery import Delivery
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.runtime.tasks import cancel_task
 from ember.store.deliveries import SqlDeliveryStore
@@ -54,21 +55,24 @@ class DeliveryWorker:
         self._task = None
         await self._flush()
 
+    async def send(self, delivery: Delivery) -> None:
+        """Hand a committed record to its channel, replacing any draft shown there, and mark it delivered."""
+        kind = OutboundKind.FINAL if delivery.kind == "final" else OutboundKind.ERROR
+        await self._bus.publish_outbound(OutboundEvent(
+            channel=delivery.channel, chat_id=delivery.chat_id, kind=kind, text=delivery.text,
+            turn_id=delivery.turn_id, reply_to=delivery.reply_to, stream_full_text=True,
+            delivery_id=delivery.delivery_id,
+        ))
+        self.delivered(delivery.delivery_id)
+
     async def resend(self, *, older_than_s: float = 0.0) -> int:
         owed = await self.store.undelivered(self._channels, older_than_s=older_than_s)
         for delivery in owed:
-            kind = OutboundKind.FINAL if delivery.kind == "final" else OutboundKind.ERROR
             try:
-                await self._bus.publish_outbound(OutboundEvent(
-                    channel=delivery.channel, chat_id=delivery.chat_id, kind=kind, text=delivery.text,
-                    turn_id=delivery.turn_id, reply_to=delivery.reply_to, stream_full_text=True,
-                    delivery_id=delivery.delivery_id,
-                ))
+                await self.send(delivery)
             except Exception:  # the channel's edge: it stays owed, for the next sweep or start
                 log.warning("could not re-send %s to %s; it stays owed", delivery.delivery_id, delivery.channel,
                             exc_info=True)
-                continue
-            self.delivered(delivery.delivery_id)
         if owed:
             log.info("re-sent %d committed answers that were never confirmed", len(owed))
         return len(owed)

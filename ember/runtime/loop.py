@@ -169,7 +169,9 @@ class AgentLoop:
                 turn.trace.status, turn.trace.error = "cancelled", "the turn was stopped before it finished"
             answer = turn.undelivered_answer()
             if answer is not None:  # committed before the cancel: deliver the record, not an error
-                await self._send_answer(event, turn.turn_id, answer.content, delivery_id(turn.turn_id, answer.seq or 0))
+                await self._deliveries.send(Delivery.replying(
+                    event, delivery_id=delivery_id(turn.turn_id, answer.seq or 0), turn_id=turn.turn_id,
+                    text=answer.content))
             elif not turn.delivered and not event.recovery:
                 await self._publish(event, turn.turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
             raise
@@ -197,7 +199,7 @@ class AgentLoop:
                 return True
             answer = await self._deliveries.store.answer_of(seen.turn_id)
             if answer is not None and answer.kind == "final":
-                await self._resend(event, answer)
+                await self._deliveries.send(answer)
                 return True
             return False  # the turn ended in an error: a redelivery is a retry
         if event.recovery and not self._recovery.resumes(seen):
@@ -205,26 +207,21 @@ class AgentLoop:
             return True
         return False
 
-    async def _resend(self, event: InboundEvent, answer: Delivery) -> None:
-        await self._send_answer(event, answer.turn_id, answer.text, answer.delivery_id)
-
     async def _answer_with_notice(self, event: InboundEvent, seen: Receipt) -> None:
         session = await self._sessions.load(event.session_key)
         notice = Message.assistant(NOT_RESUMED_TEXT, turn_id=seen.turn_id)
-        delivery = Delivery(delivery_id=delivery_id(seen.turn_id, session.next_seq), turn_id=seen.turn_id,
-                            channel=event.channel, chat_id=event.chat_id, reply_to=event.message_id, kind="final",
-                            text=NOT_RESUMED_TEXT)
+        delivery = Delivery.replying(event, delivery_id=delivery_id(seen.turn_id, session.next_seq),
+                                     turn_id=seen.turn_id, text=NOT_RESUMED_TEXT)
         await self._sessions.append(session, [notice], delivery=delivery)
-        await self._resend(event, delivery)
+        await self._deliveries.send(delivery)
 
     async def _record_failure(self, event: InboundEvent, turn: _Turn, text: str) -> str | None:
         """The accepted message was answered, with an error: start-up recovery leaves it alone.
         Returns the error's delivery id, when it was recorded."""
         if turn.ctx is None:
             return None  # nothing was accepted
-        delivery = Delivery(delivery_id=f"{turn.turn_id}:error:{uuid.uuid4().hex[:8]}", turn_id=turn.turn_id,
-                            channel=event.channel, chat_id=event.chat_id, reply_to=event.message_id, kind="error",
-                            text=text)
+        delivery = Delivery.replying(event, delivery_id=f"{turn.turn_id}:error:{uuid.uuid4().hex[:8]}",
+                                     turn_id=turn.turn_id, text=text, kind="error")
         try:
             await self._deliveries.store.record(event.session_key, delivery)
         except SQLAlchemyError:
@@ -260,15 +257,11 @@ class AgentLoop:
                                 delivery=done.delivery_id)
         turn.delivered = True
 
-    async def _send_answer(self, event: InboundEvent, turn_id: str, text: str, delivery: str) -> None:
-        """A committed answer sent again: it replaces whatever draft the channel shows."""
-        await self._publish(event, turn_id, OutboundKind.FINAL, text, stream_full_text=True, delivery=delivery)
-
     async def _publish(self, event: InboundEvent, turn_id: str, kind: OutboundKind, text: str,
-                       *, stream_full_text: bool = False, delivery: str | None = None) -> None:
+                       *, delivery: str | None = None) -> None:
         await self._bus.publish_outbound(
             OutboundEvent(channel=event.channel, chat_id=event.chat_id, kind=kind, text=text, turn_id=turn_id,
-                          reply_to=event.message_id, stream_full_text=stream_full_text, delivery_id=delivery)
+                          reply_to=event.message_id, delivery_id=delivery)
         )
         if delivery is not None:
             self._deliveries.delivered(delivery)
