@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from ember.app import open_database
 from ember.config import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import ModelError
@@ -26,7 +26,6 @@ from ember.core.messages import Message, Role, ToolCall
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.runtime.loop import NOT_RESUMED_TEXT
-from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.sessions import SqlSessionStore
 from ember.tools.base import ToolRegistry
@@ -67,23 +66,13 @@ async def cut_off_turn(settings: Settings, text: str, message_id: str, *, steps:
     assert closing.kind is OutboundKind.ERROR  # "interrupted", nothing committed as an answer
 
 
-@asynccontextmanager
-async def opened(settings: Settings) -> AsyncIterator[Database]:
-    db = Database(settings.database_path)
-    await db.open()
-    try:
-        yield db
-    finally:
-        await db.close()
-
-
 async def undelivered(settings: Settings, channels: Iterable[str] = (CHANNEL,)) -> list[Delivery]:
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         return await SqlDeliveryStore(db).undelivered(channels)
 
 
 async def history(settings: Settings, key: str = session_key()) -> list[Message]:
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         return await SqlSessionStore(db).history(key)
 
 
@@ -179,7 +168,7 @@ async def test_a_message_without_an_id_is_still_accepted_once(settings: Settings
         second = await h.turn("two")
     assert first.kind is second.kind is OutboundKind.FINAL
     assert first.delivery_id != second.delivery_id
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         assert await SqlDeliveryStore(db).unanswered() == []
 
 
@@ -289,7 +278,7 @@ async def commit_unconfirmed_answer(settings: Settings, *, channel: str = CHANNE
     """The state a crash between the commit of an answer and its delivery leaves, through the store API."""
     settings.home_dir.mkdir(parents=True, exist_ok=True)
     turn_id = uuid.uuid4().hex
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         sessions = SqlSessionStore(db)
         session = await sessions.load(f"{channel}:{chat}")
         receipt = Receipt(channel=channel, message_id=message_id, chat_id=chat, sender_id="tester", turn_id=turn_id)
@@ -378,7 +367,7 @@ async def test_an_error_already_shown_is_not_sent_again_at_the_next_start(settin
 
 async def test_recovery_does_not_mark_delivered_what_no_served_channel_received(settings: Settings) -> None:
     settings.home_dir.mkdir(parents=True, exist_ok=True)
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         sessions = SqlSessionStore(db)
         session = await sessions.load("other:c9")
         receipt = Receipt(channel="other", message_id="m9", chat_id="c9", sender_id="u", turn_id="t9")
@@ -386,7 +375,7 @@ async def test_recovery_does_not_mark_delivered_what_no_served_channel_received(
     model = ScriptedModel([ModelReply(text="answer for other"), ModelReply(text="answer for other")])
     async with serving_runtime(settings, model, channels=[CHANNEL], recover=True):
         await settle()
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         deliveries = SqlDeliveryStore(db)
         left_for_its_channel = await deliveries.unanswered() != [] or await deliveries.undelivered(["other"]) != []
     assert left_for_its_channel, "answered on a channel nobody serves, and recorded as delivered"

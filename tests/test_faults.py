@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from ember.app import Runtime, build_runtime, configured_model
+from ember.app import Runtime, build_runtime, configured_model, open_database
 from ember.bus.memory import InProcessBus
 from ember.config import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
@@ -136,18 +136,8 @@ async def wired(settings: Settings, model: ModelClient, *, bus: InProcessBus | N
         yield harness
 
 
-@asynccontextmanager
-async def opened(settings: Settings) -> AsyncIterator[Database]:
-    db = Database(settings.database_path)
-    await db.open()
-    try:
-        yield db
-    finally:
-        await db.close()
-
-
 async def stored(settings: Settings) -> list[tuple[Role, str]]:
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         return [(m.role, m.content) for m in await SqlSessionStore(db).history(KEY)]
 
 
@@ -283,7 +273,7 @@ async def test_a_stream_cut_midway_is_one_error_and_no_partial_answer(settings: 
     assert later.text == "whole answer"
     # ...and no part of it was committed.
     assert await stored(config) == [(Role.USER, "question"), (Role.USER, "again"), (Role.ASSISTANT, "whole answer")]
-    async with opened(config) as db:
+    async with open_database(config) as db:
         owed = await SqlDeliveryStore(db).undelivered([CHANNEL])
     assert [d.text for d in owed if d.kind == "final"] == []
 
@@ -376,7 +366,7 @@ async def test_a_failed_send_keeps_the_answer_owed_and_the_next_start_resends_it
     [refused] = bus.refused
     history = await stored(settings)
     assert history == [(Role.USER, "question"), (Role.ASSISTANT, "committed answer")]
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         [answer] = [m for m in await SqlSessionStore(db).history(KEY) if m.role is Role.ASSISTANT]
         owed = [d for d in await SqlDeliveryStore(db).undelivered([CHANNEL]) if d.kind == "final"]
         assert [(d.delivery_id, d.text) for d in owed] == [(refused.delivery_id, "committed answer")]
@@ -421,7 +411,7 @@ async def owe_an_answer(db: Database, text: str = "owed answer") -> Delivery:
 
 async def test_a_channel_still_down_at_the_next_start_does_not_fail_the_start(settings: Settings) -> None:
     settings.home_dir.mkdir(parents=True, exist_ok=True)
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         owed = await owe_an_answer(db)
     runtime = await assemble(settings, ScriptedModel([ModelReply(text="fresh")]), bus=RefusingBus(refuse_finals=1))
     try:
@@ -432,13 +422,13 @@ async def test_a_channel_still_down_at_the_next_start_does_not_fail_the_start(se
         await runtime.db.close()
         raise
     assert fresh.text == "fresh"
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         assert [d.delivery_id for d in await SqlDeliveryStore(db).undelivered([CHANNEL])] == [owed.delivery_id]
 
 
 async def test_a_resend_refused_by_the_channel_is_tried_again_at_the_next_sweep(settings: Settings) -> None:
     settings.home_dir.mkdir(parents=True, exist_ok=True)
-    async with opened(settings) as db:
+    async with open_database(settings) as db:
         bus = RefusingBus(refuse_finals=1)
         worker = DeliveryWorker(SqlDeliveryStore(db), bus, sweep_s=0.1)
         await worker.start([CHANNEL])
@@ -518,7 +508,7 @@ async def test_a_briefly_locked_store_is_waited_for(settings: Settings, where: s
 async def inbox_and_outbox(settings: Settings) -> tuple[int, int]:
     """How many receipts of message m1, and how many final answers owed or sent for it."""
     i, o = schema.inbox, schema.outbox
-    async with opened(settings) as db, db.read() as conn:
+    async with open_database(settings) as db, db.read() as conn:
         receipts = (await conn.execute(select(func.count()).where(i.c.channel == CHANNEL, i.c.message_id == "m1")
                                        )).scalar_one()
         finals = (await conn.execute(select(func.count()).where(o.c.reply_to == "m1", o.c.kind == "final")
