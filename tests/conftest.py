@@ -167,4 +167,4 @@ class FixedApprover:
 
 
 def tool_run(approver: FixedApprover | None = None) -> ToolRun:
-    return ToolRun("test:c1", "turn-1", approver or FixedApprover(), TurnJournal())
+    return ToolRun("test:c1", "turn-1", approver or FixedApprover(), TurnJournal(), "local")

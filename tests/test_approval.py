@@ -112,7 +112,7 @@ async def test_approve_always_covers_the_rest_of_the_session_only() -> None:
     assert written == ["one", "two"]
     assert len(approver.asked) == 1
     assert run.journal.approvals[-1]["decided_by"] == "session-grant"
-    other_session = run.__class__("test:other", "turn-2", approver, run.journal)
+    other_session = run.__class__("test:other", "turn-2", approver, run.journal, "local")
     assert (await gate.call(note_call("three"), other_session)).startswith("Error: not permitted")
     assert written == ["one", "two"]
 

@@ -92,4 +92,4 @@ def test_demo_runs_offline_and_says_so() -> None:
     assert "scripted demo model" in done.stdout and "no AI involved" in done.stdout
     assert "list_dir" in done.stdout and "notes.md" in done.stdout
     assert "reasoning stored: False" in done.stdout
-    assert "Earlier in this conversation" in done.stdout
+    assert "are now an episodic memory" in done.stdout

@@ -27,3 +27,11 @@ class StoreError(EmberError):
 
 class DuplicateMessage(StoreError):
     """The (channel, message_id) was already accepted: nothing was written."""
+
+
+class MemoryInputError(EmberError):
+    """Memory content, a query or an id a person must correct; the message says how."""
+
+
+class MemoryNotFound(MemoryInputError):
+    """No memory of this identity has the id (another identity's memory does not exist for it)."""

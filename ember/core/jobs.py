@@ -11,6 +11,8 @@ class JobKind(enum.StrEnum):
     EMBED = "embed"
     REVIEW_MEMORY = "review_memory"
     REVIEW_SKILLS = "review_skills"
+    ARCHIVE = "archive_messages"  # copy a session's new messages into the archival memory tier
+    MEMORY_UPKEEP = "memory_upkeep"  # write recall counts, archive what faded
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,3 +80,4 @@ class ToolRun:
     turn_id: str
     approver: Approver
     journal: TurnJournal
+    identity: str  # the person the turn is for: memory tools act on theirs only

@@ -30,6 +30,7 @@ class PipelineContext:
 
     event: InboundEvent
     turn_id: str
+    identity: str  # whose memory the turn reads and writes
     session: Session
     prompt: list[Message]
     intro_text: str = ""

@@ -8,12 +8,15 @@ only, by compare-and-set, never into the middle of a tool-call chain.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
+from pydantic import BaseModel, Field, ValidationError
+
 from ember.core.leases import SessionLeases
+from ember.core.memory import MAX_CONTENT_CHARS, NewMemory, SourceRank, session_identity
 from ember.core.messages import Message, Role, Session
 from ember.core.thinking import strip_thinking
-from ember.memory.service import MemoryService
 from ember.memory.transcript import render_transcript
 from ember.models.base import ModelClient, complete
 from ember.store.sessions import SessionStore
@@ -21,9 +24,39 @@ from ember.store.sessions import SessionStore
 log = logging.getLogger(__name__)
 
 SUMMARY_INSTRUCTION = (
-    "Summarise the conversation excerpt below for your own future reference. Keep facts, "
-    "decisions, names, numbers and open tasks; drop small talk. Answer with the summary only."
+    "Summarise the conversation excerpt below for your own future reference. Keep facts, decisions, names, "
+    "numbers and open tasks; drop small talk. Also list the durable facts about the user it states (not "
+    "guesses, not what tools printed). Answer with JSON only, in this form:\n"
+    '{"summary": "...", "facts": [{"subject": "user", "key": "home_city", "content": "The user lives in Lyon."}]}\n'
+    "`key` names the attribute so a later fact about it replaces this one; facts may be an empty list."
 )
+
+
+class ExtractedFact(BaseModel):
+    subject: str | None = Field(default=None, max_length=200)
+    key: str | None = Field(default=None, max_length=200)
+    content: str = Field(min_length=1, max_length=MAX_CONTENT_CHARS)
+
+
+class Consolidated(BaseModel):
+    summary: str = Field(min_length=1)
+    facts: list[ExtractedFact] = Field(default_factory=list, max_length=50)
+
+
+def parse_consolidation(reply: str) -> Consolidated:
+    """The model's JSON answer; a model that answers in prose gives a summary without facts."""
+    text = strip_thinking(reply).strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.DOTALL)
+    candidate = fenced.group(1) if fenced else text
+    if candidate.startswith("{"):
+        try:
+            return Consolidated.model_validate_json(candidate)
+        except ValidationError as exc:
+            log.warning("consolidation answer is not the JSON asked for (%s); keeping it as a summary",
+                        exc.errors()[0]["msg"])
+    if not text:
+        raise ValueError("the model returned an empty summary")
+    return Consolidated(summary=text)
 
 
 def should_consolidate(unconsolidated: int, threshold: int) -> bool:
@@ -58,12 +91,11 @@ def plan_chunk(session: Session, keep_recent: int) -> Chunk | None:
 
 
 class ConsolidationWorker:
-    def __init__(self, sessions: SessionStore, leases: SessionLeases, model: ModelClient,
-                 memory: MemoryService, *, keep_recent: int) -> None:
+    def __init__(self, sessions: SessionStore, leases: SessionLeases, model: ModelClient, *,
+                 keep_recent: int) -> None:
         self._sessions = sessions
         self._leases = leases
         self._model = model
-        self._memory = memory
         self._keep_recent = keep_recent
 
     async def consolidate(self, session_key: str) -> bool:
@@ -74,24 +106,25 @@ class ConsolidationWorker:
         chunk = plan_chunk(session, self._keep_recent)
         if chunk is None:
             return False
-        summary = await self.summarize(chunk.messages)
+        done = await self.summarize(chunk.messages)
+        identity = session_identity(session.key, session.metadata)
+        facts = [] if session.metadata.get("evaluation") else [
+            NewMemory(identity=identity, content=fact.content, subject=fact.subject, key=fact.key,
+                      source=f"consolidation of session {session_key}, messages {chunk.start}–{chunk.end - 1}",
+                      source_rank=SourceRank.CONSOLIDATED, session_key=session_key,
+                      seq_start=chunk.start, seq_end=chunk.end)
+            for fact in done.facts]
         async with self._leases.hold(session_key):
             moved = await self._sessions.advance_boundary(
-                session_key, expected=chunk.start, new=chunk.end, summary=summary
+                session_key, expected=chunk.start, new=chunk.end, summary=done.summary, facts=facts
             )
-        if moved:
-            self._memory.note_new_memory(session_key)
-        else:
+        if not moved:
             log.info("consolidation of %s skipped: the boundary moved since %d", session_key, chunk.start)
-        self._memory.clear_snapshot(session_key)
         return moved
 
-    async def summarize(self, messages: tuple[Message, ...]) -> str:
+    async def summarize(self, messages: tuple[Message, ...]) -> Consolidated:
         reply = await complete(
             self._model,
             [Message.system(SUMMARY_INSTRUCTION), Message.user(render_transcript(messages))],
         )
-        summary = strip_thinking(reply.text).strip()
-        if not summary:
-            raise ValueError("the model returned an empty summary")
-        return summary
+        return parse_consolidation(reply.text)

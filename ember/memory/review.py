@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ember.core.leases import SessionLeases
-from ember.core.messages import Message, Role
+from ember.core.memory import NewMemory, SourceRank, session_identity
+from ember.core.messages import Message, Role, Session
 from ember.core.thinking import strip_thinking
 from ember.memory.service import MemoryService
 from ember.memory.transcript import render_transcript
@@ -30,10 +31,12 @@ def parse_facts(text: str) -> list[str]:
     return [line[2:].strip() for line in lines if line.startswith("- ") and line[2:].strip()]
 
 
-async def load_last_turn(sessions: SessionStore, leases: SessionLeases, session_key: str) -> list[Message]:
+async def load_last_turn(sessions: SessionStore, leases: SessionLeases,
+                         session_key: str) -> tuple[Session, list[Message]]:
     """Under the lease: a load may write a repair, which must not race a turn."""
     async with leases.hold(session_key):
-        return last_turn((await sessions.load(session_key)).messages)
+        session = await sessions.load(session_key)
+    return session, last_turn(session.messages)
 
 
 class MemoryReviewer:
@@ -46,8 +49,13 @@ class MemoryReviewer:
 
     async def review(self, session_key: str) -> int:
         """Store the new facts of the session's last turn; returns how many."""
-        turn = await load_last_turn(self._sessions, self._leases, session_key)
-        if not turn:
+        session, turn = await load_last_turn(self._sessions, self._leases, session_key)
+        if not turn or session.metadata.get("evaluation"):
             return 0
         reply = await complete(self._model, [Message.system(REVIEW_INSTRUCTION), Message.user(render_transcript(turn))])
-        return await self._memory.remember("fact", parse_facts(reply.text), session_key=session_key)
+        identity = session_identity(session.key, session.metadata)
+        outcomes = await self._memory.remember_many([
+            NewMemory(identity=identity, content=fact, source=f"review of session {session_key}",
+                      source_rank=SourceRank.CONSOLIDATED, session_key=session_key)
+            for fact in parse_facts(reply.text)])
+        return sum(outcome.created for outcome in outcomes)

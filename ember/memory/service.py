@@ -1,81 +1,221 @@
-"""What the agent remembers about a session, as the prompt sees it."""
+"""The memory service: write, search, recall for the prompt, forget.
+
+Search is hybrid: the identity's full-text matches (BM25) and its nearest
+vectors are fused by reciprocal rank, then weighed by strength. No model is
+asked at query time. While vectors are pending (the embedding job has not run
+yet) search is lexical, and nothing is lost.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
+
+from ember.core.errors import MemoryInputError
+from ember.core.memory import (
+    MemoryKind,
+    MemoryRecord,
+    MemoryStatus,
+    NewMemory,
+    Recalled,
+    SourceRank,
+    session_identity,
+)
 from ember.core.messages import Session
 from ember.memory.embeddings import Embedder
-from ember.store.memories import SqlMemoryStore
+from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
+from ember.memory.retrieval import Candidates, Reranker, fuse
+from ember.memory.vectors import VectorIndex
+from ember.store.memories import SqlMemoryStore, WriteOutcome
+from ember.store.segment import match_expression
 
-EPISODES_IN_SNAPSHOT = 5
-FACTS_IN_SNAPSHOT = 20
-EMBED_BATCH = 64
+log = logging.getLogger(__name__)
+
+EMBED_BATCH = 32
+MAX_LIMIT = 100
+# How many of each list are fused: deeper than any result page, so fusion has room.
+CANDIDATES = 60
+
+
+# Skills reach the prompt through their own index, not as recalled memories.
+RECALLED_KINDS = (MemoryKind.FACT, MemoryKind.EPISODIC, MemoryKind.ARCHIVAL)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptMemory:
+    """What a turn's prompt carries: stable profile facts, then what the message recalled."""
+
+    profile: tuple[MemoryRecord, ...] = ()
+    recalled: tuple[MemoryRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RecallBudget:
+    profile_facts: int = 30
+    recalled_tokens: int = 800
+    recalled_max: int = 8
+
+
+def approx_tokens(text: str) -> int:
+    return max(1, len(text) // 4)
 
 
 class MemoryService:
-    """Caches each session's memory snapshot until something new is learned.
-
-    A stable snapshot keeps the system prompt byte-identical across turns
-    (providers cache such prefixes). It is rebuilt when consolidation or a
-    review in this process clears it, and whenever the session's boundary
-    moved, which also catches a consolidation run by another process.
-    """
-
-    def __init__(self, memories: SqlMemoryStore, embedder: Embedder) -> None:
-        self._memories = memories
+    def __init__(self, store: SqlMemoryStore, embedder: Embedder | None, *,
+                 forgetting: ForgettingPolicy | None = None, reranker: Reranker | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store = store
         self._embedder = embedder
-        self._snapshots: dict[str, tuple[int, str]] = {}
-        self._embeddings_pending = False
-
-    async def open(self) -> None:
-        self._embeddings_pending = await self._memories.count_without_embedding() > 0
-
-    async def snapshot(self, session: Session) -> str:
-        cached = self._snapshots.get(session.key)
-        if cached is None or cached[0] != session.last_consolidated:
-            cached = self._snapshots[session.key] = (session.last_consolidated, await self._build(session.key))
-        return cached[1]
-
-    def clear_snapshot(self, session_key: str) -> None:
-        self._snapshots.pop(session_key, None)
-
-    def note_new_memory(self, session_key: str | None) -> None:
-        self._embeddings_pending = True
-        if session_key is not None:
-            self.clear_snapshot(session_key)
+        self._forgetting = forgetting or ForgettingPolicy()
+        self._reranker = reranker
+        self._clock = clock
+        self._vectors = VectorIndex(store, embedder.name, embedder.dimensions) if embedder else None
+        # Recalls not yet written: (identity, id) -> (times, last time). The upkeep job writes them,
+        # off the commit path; a crash loses only these counts.
+        self._recalls: dict[tuple[str, str], tuple[int, float]] = {}
 
     @property
-    def embeddings_pending(self) -> bool:
-        """New memories arrived since the last flush was scheduled."""
-        return self._embeddings_pending
+    def store(self) -> SqlMemoryStore:
+        return self._store
 
-    def embeddings_scheduled(self) -> None:
-        self._embeddings_pending = False
+    async def open(self) -> None:
+        """A change of embedding model queues every memory for a new vector."""
+        if self._embedder is not None:
+            requeued = await self._store.forget_other_models(self._embedder.name)
+            if requeued:
+                log.info("embedding model is now %s: %d memories queued for new vectors", self._embedder.name,
+                         requeued)
 
-    async def remember(self, kind: str, contents: list[str], *, session_key: str) -> int:
-        """Store new memories in one transaction, skipping ones already known,
-        so a retried review adds nothing twice. Returns how many were new."""
-        added = await self._memories.add_new(kind, contents, session_key=session_key)
-        if added:
-            self.note_new_memory(session_key)
-        return added
+    # -- writing -------------------------------------------------------------------
+
+    async def remember(self, identity: str, content: str, *, subject: str | None = None, key: str | None = None,
+                       source: str | None = None, source_rank: SourceRank = SourceRank.USER_STATED,
+                       kind: MemoryKind = MemoryKind.FACT, session_key: str | None = None,
+                       created_at: float | None = None) -> WriteOutcome:
+        return await self._store.write(NewMemory(
+            identity=identity, content=content, kind=kind, subject=subject, key=key, source=source,
+            source_rank=source_rank, session_key=session_key, created_at=created_at))
+
+    async def remember_many(self, memories: Sequence[NewMemory]) -> list[WriteOutcome]:
+        return await self._store.write_many(memories)
+
+    async def forget(self, identity: str, memory_id: str) -> MemoryRecord:
+        """Archive: never injected again, still found with --all. Only purge deletes."""
+        return await self._store.set_status(identity, memory_id, MemoryStatus.ARCHIVED)
+
+    # -- searching -----------------------------------------------------------------
+
+    async def search(self, identity: str, query: str, *, limit: int = 10, include_inactive: bool = False,
+                     kinds: Sequence[MemoryKind] = ()) -> list[Recalled]:
+        """The identity's memories best matching `query`, best first."""
+        if not 1 <= limit <= MAX_LIMIT:
+            raise MemoryInputError(f"limit must be between 1 and {MAX_LIMIT}; it was {limit}")
+        expression = match_expression(query)
+        if expression is None:
+            raise MemoryInputError("the query has no words to search for")
+        depth = max(CANDIDATES, 3 * limit)
+        lexical = await self._store.lexical(identity, expression, depth, include_inactive=include_inactive)
+        dense = await self._dense(identity, query, depth)
+        records = await self._store.by_nums(identity, list({num for num, _ in [*lexical, *dense]}))
+        wanted = {
+            num: record for num, record in records.items()
+            if (include_inactive or record.status is MemoryStatus.ACTIVE) and (not kinds or record.kind in kinds)
+        }
+        now = self._clock()
+        ranked = fuse(Candidates(lexical, dense), wanted, lambda r: self._forgetting.strength(r, now))
+        if self._reranker is not None:
+            ranked = self._reranker.rerank(query, ranked)
+        return ranked[:limit]
+
+    async def _dense(self, identity: str, query: str, depth: int) -> list[tuple[int, float]]:
+        if self._embedder is None or self._vectors is None:
+            return []
+        vector = (await asyncio.to_thread(self._embedder.embed_queries, [query]))[0]
+        return await self._vectors.nearest(identity, vector, depth)
+
+    async def for_prompt(self, identity: str, message: str, *, budget: RecallBudget,
+                         exclude: Callable[[MemoryRecord], bool] = lambda _: False) -> PromptMemory:
+        """Profile facts (stable order, so the prompt prefix stays cacheable), then
+        the memories the message recalls, within the budget. Each recall is counted."""
+        profile = tuple(await self._store.list(identity, kinds=(MemoryKind.FACT,), limit=budget.profile_facts,
+                                               subject_first=True))
+        shown = {record.id for record in profile}
+        recalled: list[MemoryRecord] = []
+        used_ids: list[str] = []
+        if match_expression(message) is not None:
+            used = 0
+            for hit in await self.search(identity, message, limit=budget.recalled_max * 2, kinds=RECALLED_KINDS):
+                record = hit.record
+                if record.id in shown:
+                    used_ids.append(record.id)
+                    continue
+                if exclude(record):
+                    continue
+                cost = approx_tokens(record.content)
+                if used + cost > budget.recalled_tokens or len(recalled) >= budget.recalled_max:
+                    break
+                recalled.append(record)
+                used_ids.append(record.id)
+                used += cost
+        self._note_recalled(identity, used_ids)
+        return PromptMemory(profile, tuple(recalled))
+
+    async def episodes(self, identity: str, session_key: str, limit: int) -> list[MemoryRecord]:
+        """The session's latest consolidation summaries, oldest first."""
+        found = await self._store.list(identity, kinds=(MemoryKind.EPISODIC,), limit=limit, session_key=session_key)
+        return found[::-1]
+
+    def _note_recalled(self, identity: str, ids: Sequence[str]) -> None:
+        now = self._clock()
+        for id_ in ids:
+            times, _ = self._recalls.get((identity, id_), (0, now))
+            self._recalls[(identity, id_)] = (times + 1, now)
+
+    @property
+    def recalls_pending(self) -> bool:
+        return bool(self._recalls)
+
+    # -- background jobs -------------------------------------------------------------
+
+    async def archive_session(self, session: Session) -> int:
+        """Copy the session's new messages into the archival tier (the searchable history)."""
+        if session.metadata.get("evaluation"):
+            return 0
+        return await self._store.archive_session(session.key, session_identity(session.key, session.metadata))
 
     async def flush_embeddings(self) -> int:
-        """Embed every memory still without a vector; returns how many."""
+        """Embed every memory still without a vector, in batches; returns how many."""
+        if self._embedder is None:
+            return 0
         done = 0
-        while batch := await self._memories.without_embedding(EMBED_BATCH):
-            vectors = await asyncio.to_thread(self._embedder.embed, [record.content for record in batch])
-            await self._memories.set_embeddings({r.id: v for r, v in zip(batch, vectors)})
+        while batch := await self._store.unembedded(EMBED_BATCH):
+            vectors = await asyncio.to_thread(self._embedder.embed_passages, [content for _, _, content in batch])
+            await self._store.set_vectors(self._embedder.name, [
+                (num, identity, np.ascontiguousarray(vector, dtype=np.float32).tobytes())
+                for (num, identity, _), vector in zip(batch, vectors)])
             done += len(batch)
         return done
 
-    async def _build(self, session_key: str) -> str:
-        episodes = await self._memories.recent(session_key, ("episodic",), EPISODES_IN_SNAPSHOT)
-        facts = await self._memories.recent(session_key, ("fact",), FACTS_IN_SNAPSHOT)
-        parts = []
-        if episodes:
-            parts.append("Earlier in this conversation:\n" + "\n".join(f"- {e.content}" for e in reversed(episodes)))
-        if facts:
-            parts.append("What you know about the user:\n" + "\n".join(f"- {f.content}" for f in reversed(facts)))
-        return "\n\n".join(parts)
+    async def upkeep(self) -> tuple[int, int]:
+        """Write the recalls counted since the last run (each strengthens its
+        memory), then archive what faded below the threshold. Returns (recalls, archived)."""
+        recalls, self._recalls = self._recalls, {}
+        if recalls:
+            try:
+                await self._store.note_recalls(recalls)
+            except BaseException:
+                for key, (times, last) in recalls.items():  # counted again by the next run
+                    earlier, _ = self._recalls.get(key, (0, last))
+                    self._recalls[key] = (earlier + times, last)
+                raise
+        now = self._clock()
+        candidates = await self._store.decay_candidates(FADING_KINDS)
+        faded = [r.id for r in candidates if self._forgetting.fades_out(r, now)]
+        strengths_by_id = {r.id: round(self._forgetting.strength(r, now), 4) for r in candidates}
+        await self._store.set_strengths(strengths_by_id, faded)
+        return len(recalls), len(faded)

@@ -7,9 +7,11 @@ from dataclasses import dataclass, replace
 
 from ember.core.delivery import Receipt
 from ember.core.events import InboundEvent
+from ember.core.memory import MemoryKind, MemoryRecord
 from ember.core.messages import Message, Role, Session
 from ember.core.turn import PipelineContext, StreamSink
-from ember.memory.service import MemoryService
+from ember.memory.identity import Identities
+from ember.memory.service import MemoryService, PromptMemory, RecallBudget
 from ember.store.sessions import SessionStore
 
 StreamFactory = Callable[[str], StreamSink]
@@ -57,11 +59,42 @@ def history_for_model(messages: Sequence[Message]) -> list[Message]:
             for m in messages]
 
 
+EPISODES_IN_PROMPT = 5
+PROFILE_HEADING = "What you know about the person you are talking with:"
+RECALLED_HEADING = ("Memories from earlier conversations that may bear on the latest message (they may be outdated; "
+                    "use them only where they help):")
+
+
+def _dated(record: MemoryRecord) -> str:
+    import datetime as dt
+
+    day = dt.datetime.fromtimestamp(record.created_at, dt.UTC).strftime("%Y-%m-%d")
+    return f"- [{day}] {record.content}"
+
+
+def _in_window(session: Session) -> Callable[[MemoryRecord], bool]:
+    """Memories the prompt carries anyway: this session's episodes and its messages since the boundary."""
+    def carried(record: MemoryRecord) -> bool:
+        if record.session_key != session.key:
+            return False
+        return record.kind is MemoryKind.EPISODIC or (
+            record.kind is MemoryKind.ARCHIVAL and (record.seq_start or 0) >= session.last_consolidated)
+    return carried
+
+
 class ContextStage:
-    def __init__(self, sessions: SessionStore, memory: MemoryService, persona: Persona) -> None:
+    """The prompt is built from sections, most stable first, so providers can
+    cache its prefix: the system text, the person's profile facts, this
+    session's episodes, the history; then, just before the newest message,
+    the memories it recalls (they change every turn)."""
+
+    def __init__(self, sessions: SessionStore, memory: MemoryService, persona: Persona, identities: Identities,
+                 budget: RecallBudget) -> None:
         self._sessions = sessions
         self._memory = memory
         self._persona = persona
+        self._identities = identities
+        self._budget = budget
 
     async def prepare(self, event: InboundEvent, turn_id: str, open_stream: StreamFactory | None = None, *,
                       resume: bool = False) -> PipelineContext:
@@ -73,18 +106,27 @@ class ContextStage:
         # New until it has an answer: a first turn that failed still gets the intro next time.
         is_new = session.last_consolidated == 0 and not any(m.role is Role.ASSISTANT for m in session.messages)
         if session.next_seq == 0:
-            session.metadata = {"channel": event.channel, "chat_id": event.chat_id, "sender_id": event.sender_id}
+            session.metadata = {"channel": event.channel, "chat_id": event.chat_id, "sender_id": event.sender_id,
+                                "identity": self._identities.resolve(event.channel, event.sender_id)}
+        identity = self._identities.of_session(session)
         if not resume:
             assert event.message_id is not None
             receipt = Receipt(channel=event.channel, message_id=event.message_id, chat_id=event.chat_id,
                               sender_id=event.sender_id, turn_id=turn_id)
             await self._sessions.append(session, [Message.user(event.text, turn_id=turn_id)], receipt=receipt)
         intro = self._intro(event) if is_new else ""
-        prompt = [Message.system(await self._system_text(session))]
+        memory = await self._memory.for_prompt(identity, event.text, budget=self._budget,
+                                               exclude=_in_window(session))
+        prompt = [Message.system(await self._system_text(session, identity, memory))]
         prompt += history_for_model(session.messages)
+        if memory.recalled:
+            recalled = Message.system(RECALLED_HEADING + "\n" + "\n".join(map(_dated, memory.recalled)))
+            last_user = max((i for i, m in enumerate(prompt) if m.role is Role.USER), default=len(prompt))
+            prompt.insert(last_user, recalled)
         return PipelineContext(
             event=event,
             turn_id=turn_id,
+            identity=identity,
             session=session,
             prompt=prompt,
             intro_text=intro,
@@ -94,9 +136,11 @@ class ContextStage:
     def _intro(self, event: InboundEvent) -> str:
         return fill(self._persona.intro_template, agent_name=self._persona.agent_name, channel=event.channel)
 
-    async def _system_text(self, session: Session) -> str:
+    async def _system_text(self, session: Session, identity: str, memory: PromptMemory) -> str:
         parts = [fill(self._persona.system_prompt, agent_name=self._persona.agent_name)]
-        snapshot = await self._memory.snapshot(session)
-        if snapshot:
-            parts.append(snapshot)
+        if memory.profile:
+            parts.append(PROFILE_HEADING + "\n" + "\n".join(f"- {r.content}" for r in memory.profile))
+        episodes = await self._memory.episodes(identity, session.key, EPISODES_IN_PROMPT)
+        if episodes:
+            parts.append("Earlier in this conversation:\n" + "\n".join(f"- {e.content}" for e in episodes))
         return "\n\n".join(parts)

@@ -48,18 +48,8 @@ class ResponseStage:
         delivery = Delivery.replying(ctx.event, delivery_id=delivery_id(ctx.turn_id, ctx.session.next_seq),
                                      turn_id=ctx.turn_id, text=text)
         jobs = self._derived_work(ctx, result)
-        embed = self._memory.embeddings_pending
-        if embed:
-            # Cleared before the await: turns finishing meanwhile must not each queue it again.
-            self._memory.embeddings_scheduled()
-            jobs.append(JobRequest(JobKind.EMBED, "all"))
-        try:
-            await self._sessions.append(ctx.session, [Message.assistant(text, turn_id=ctx.turn_id)],
-                                        delivery=delivery, jobs=jobs)
-        except BaseException:
-            if embed:
-                self._memory.note_new_memory(None)
-            raise
+        await self._sessions.append(ctx.session, [Message.assistant(text, turn_id=ctx.turn_id)],
+                                    delivery=delivery, jobs=jobs)
         # 4. Derived work runs in the background and never undoes step 3.
         if jobs:
             self._scheduler.wake()
@@ -70,6 +60,11 @@ class ResponseStage:
 
     def _derived_work(self, ctx: PipelineContext, result: InferenceResult) -> list[JobRequest]:
         key, jobs = ctx.session.key, []
+        if not ctx.session.metadata.get("evaluation"):
+            # The question and its answer join the searchable history.
+            jobs.append(JobRequest(JobKind.ARCHIVE, key, key))
+        if self._memory.recalls_pending:
+            jobs.append(JobRequest(JobKind.MEMORY_UPKEEP, "all"))
         # The answer about to be committed counts toward the threshold.
         if should_consolidate(ctx.session.unconsolidated_count + 1, self._policy.consolidation_threshold):
             jobs.append(JobRequest(JobKind.CONSOLIDATE, key, key))

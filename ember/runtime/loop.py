@@ -246,7 +246,8 @@ class AgentLoop:
         ctx = turn.ctx = await self._pipeline.context.prepare(event, turn.turn_id, stream, resume=turn.resume)
         journal.stage("context", started)
         started = time.perf_counter()
-        tools = ToolRun(event.session_key, turn.turn_id, self._approvals.for_turn(event, turn.turn_id), journal)
+        tools = ToolRun(event.session_key, turn.turn_id, self._approvals.for_turn(event, turn.turn_id), journal,
+                        ctx.identity)
         result = await self._pipeline.inference.run(ctx, tools)
         journal.stage("inference", started)
         started = time.perf_counter()

@@ -1,87 +1,399 @@
-"""Memory rows: episodic summaries, reviewed facts and skill notes."""
+"""Memory rows, their full-text index and their vectors, always written together.
+
+Every write of a memory row writes its full-text row in the same transaction,
+and queues the embedding job there too (I6): a crash keeps all or none. Every
+statement that reads or changes a memory names its identity, so no code path
+can reach another person's memory.
+"""
 
 from __future__ import annotations
 
-import functools
-import json
 import sqlite3
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
-
-from ember.store import schema
+from ember.core.errors import MemoryNotFound
+from ember.core.jobs import JobKind, JobRequest
+from ember.core.memory import (
+    MemoryKind,
+    MemoryRecord,
+    MemoryStatus,
+    NewMemory,
+    SourceRank,
+    check_content,
+    content_hash,
+    normalized_key,
+)
 from ember.store.database import Database
-from ember.store.direct import compiled
+from ember.store.jobs import record_job
+from ember.store.segment import index_text, owner_token
+
+_COLUMNS = ("num, id, identity, kind, status, content, subject, fact_key, source, source_rank, session_key, "
+            "seq_start, seq_end, created_at, valid_from, invalid_at, superseded_by, recall_count, "
+            "last_recalled_at, strength")
+_SELECT = f"SELECT {_COLUMNS} FROM memory_items"
+_INSERT = (
+    "INSERT INTO memory_items (id, identity, kind, status, content, content_hash, subject, fact_key, source, "
+    "source_rank, session_key, seq_start, seq_end, valid_from, recall_count, strength, created_at, updated_at) "
+    "VALUES (:id, :identity, :kind, :status, :content, :hash, :subject, :key, :source, :rank, :session_key, "
+    ":seq_start, :seq_end, :created_at, 0, 1.0, :created_at, :now)"
+)
+_INSERT_TEXT = "INSERT INTO memory_fts (rowid, owner, body) VALUES (?, ?, ?)"
+EMBED_JOB = JobRequest(JobKind.EMBED, "all")
+
+Row = Sequence[Any]
+
+
+def record_of(row: Row) -> tuple[int, MemoryRecord]:
+    (num, id_, identity, kind, status, content, subject, key, source, rank, session_key, seq_start, seq_end,
+     created_at, valid_from, invalid_at, superseded_by, recall_count, last_recalled_at, strength) = row
+    return num, MemoryRecord(
+        id=id_, identity=identity, kind=MemoryKind(kind), status=MemoryStatus(status), content=content,
+        subject=subject, key=key, source=source, source_rank=SourceRank(rank), session_key=session_key,
+        seq_start=seq_start, seq_end=seq_end, created_at=created_at, valid_from=valid_from, invalid_at=invalid_at,
+        superseded_by=superseded_by, recall_count=recall_count, last_recalled_at=last_recalled_at,
+        strength=strength,
+    )
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def insert_memory(conn: sqlite3.Connection, memory: NewMemory, now: float, *,
+                  status: MemoryStatus = MemoryStatus.ACTIVE) -> tuple[int, str]:
+    """Write one memory row, its text index row and the embedding job, in the caller's transaction."""
+    content = check_content(memory.content)
+    id_ = new_id()
+    cursor = conn.execute(_INSERT, {
+        "id": id_, "identity": memory.identity, "kind": memory.kind.value, "status": status.value,
+        "content": content, "hash": content_hash(content), "subject": normalized_key(memory.subject),
+        "key": normalized_key(memory.key), "source": memory.source, "rank": int(memory.source_rank),
+        "session_key": memory.session_key, "seq_start": memory.seq_start, "seq_end": memory.seq_end,
+        "created_at": memory.created_at if memory.created_at is not None else now, "now": now,
+    })
+    num = cursor.lastrowid
+    assert num is not None
+    conn.execute(_INSERT_TEXT, (num, owner_token(memory.identity), index_text(content)))
+    record_job(conn, EMBED_JOB, now)
+    return num, id_
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryRecord:
-    id: str
-    session_key: str | None
-    kind: str
-    content: str
-    created_at: float
+class WriteOutcome:
+    """What a write did: the record now standing for the content, whether it is
+    new, and the facts it superseded."""
+
+    record: MemoryRecord
+    created: bool
+    superseded: tuple[str, ...] = ()
+
+
+def write_memory(conn: sqlite3.Connection, memory: NewMemory, now: float) -> WriteOutcome:
+    """Add a memory unless its content is already active for this identity.
+
+    A fact with a subject and key supersedes the active fact of the same
+    subject and key at once, unless that one has a better source: then the
+    new fact is parked as pending (needs confirmation) and nothing changes.
+    """
+    content = check_content(memory.content)
+    existing = conn.execute(
+        f"{_SELECT} WHERE identity = ? AND content_hash = ? AND kind = ? AND status IN ('active', 'pending') "
+        "LIMIT 1", (memory.identity, content_hash(content), memory.kind.value)).fetchone()
+    if existing is not None:
+        return WriteOutcome(record_of(existing)[1], created=False)
+    subject, key = normalized_key(memory.subject), normalized_key(memory.key)
+    current: list[tuple[int, MemoryRecord]] = []
+    if key is not None:
+        current = [record_of(row) for row in conn.execute(
+            f"{_SELECT} WHERE identity = ? AND subject IS ? AND fact_key = ? AND status = 'active'",
+            (memory.identity, subject, key))]
+    if any(record.source_rank > memory.source_rank for _, record in current):
+        num, _ = insert_memory(conn, memory, now, status=MemoryStatus.PENDING)
+        return WriteOutcome(_get_num(conn, num), created=True)
+    num, id_ = insert_memory(conn, memory, now)
+    for old_num, _ in current:
+        supersede(conn, old_num, id_, now)
+    return WriteOutcome(_get_num(conn, num), created=True, superseded=tuple(r.id for _, r in current))
+
+
+def supersede(conn: sqlite3.Connection, num: int, by_id: str, now: float) -> None:
+    conn.execute("UPDATE memory_items SET status = 'superseded', superseded_by = ?, invalid_at = ?, updated_at = ? "
+                 "WHERE num = ?", (by_id, now, now, num))
+
+
+def _get_num(conn: sqlite3.Connection, num: int) -> MemoryRecord:
+    return record_of(conn.execute(f"{_SELECT} WHERE num = ?", (num,)).fetchone())[1]
+
+
+def _statuses(include_inactive: bool) -> str:
+    return "" if include_inactive else " AND status = 'active'"
 
 
 class SqlMemoryStore:
+    """The embedded default: SQLite rows, FTS5 BM25 and vectors as float32 blobs."""
+
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def add_new(self, kind: str, contents: list[str], *, session_key: str) -> int:
-        """Insert the contents this session does not already have, in one transaction."""
-        m = schema.memories
+    async def write(self, memory: NewMemory) -> WriteOutcome:
         now = time.time()
-        async with self._db.write() as conn:
-            known = set((await conn.execute(
-                select(m.c.content).where(m.c.session_key == session_key, m.c.kind == kind, m.c.content.in_(contents))
-            )).scalars())
-            new = list(dict.fromkeys(c for c in contents if c not in known))
-            if new:
-                await conn.execute(insert(m), [
-                    {"id": uuid.uuid4().hex, "session_key": session_key, "kind": kind, "content": c, "created_at": now}
-                    for c in new
-                ])
-        return len(new)
+        return await self._db.run_write(lambda conn: write_memory(conn, memory, now))
 
-    async def recent(self, session_key: str | None, kinds: tuple[str, ...], limit: int) -> list[MemoryRecord]:
-        """Newest first; `session_key=None` means memories of any session.
+    async def write_many(self, memories: Sequence[NewMemory]) -> list[WriteOutcome]:
+        """One transaction for the batch (imports)."""
+        now = time.time()
+        return await self._db.run_write(lambda conn: [write_memory(conn, m, now) for m in memories])
 
-        A turn's memory snapshot reads these: on the one-hop reader, so a burst
-        of new sessions does not queue for the engine's few pooled connections.
-        """
-        sql = _recent_sql(len(kinds), session_key is not None)
-        params = {"session_key": session_key, "limit": limit, **{f"kind{i}": kind for i, kind in enumerate(kinds)}}
+    async def get(self, identity: str, memory_id: str) -> MemoryRecord:
+        row = await self._db.run_read(lambda conn: conn.execute(
+            f"{_SELECT} WHERE identity = ? AND id = ?", (identity, memory_id)).fetchone())
+        if row is None:
+            raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
+        return record_of(row)[1]
 
-        def read(conn: sqlite3.Connection) -> list[MemoryRecord]:
-            return [MemoryRecord(*row) for row in conn.execute(sql, params)]
+    async def by_nums(self, identity: str, nums: Sequence[int]) -> dict[int, MemoryRecord]:
+        if not nums:
+            return {}
+
+        def read(conn: sqlite3.Connection) -> dict[int, MemoryRecord]:
+            marks = ",".join("?" * len(nums))
+            rows = conn.execute(f"{_SELECT} WHERE identity = ? AND num IN ({marks})", (identity, *nums))
+            return dict(record_of(row) for row in rows)
 
         return await self._db.run_read(read)
 
-    async def without_embedding(self, limit: int) -> list[MemoryRecord]:
-        m = schema.memories
-        async with self._db.read() as conn:
-            rows = (await conn.execute(select(m).where(m.c.embedding.is_(None)).limit(limit))).all()
-        return [MemoryRecord(r.id, r.session_key, r.kind, r.content, r.created_at) for r in rows]
+    async def list(self, identity: str, *, kinds: Sequence[MemoryKind] = (), include_inactive: bool = False,
+                   limit: int = 100, subject_first: bool = False,
+                   session_key: str | None = None) -> list[MemoryRecord]:
+        """Newest first; `subject_first` orders by subject then key (the prompt's profile)."""
+        where = f"identity = ?{_statuses(include_inactive)}"
+        params: list[Any] = [identity]
+        if session_key is not None:
+            where += " AND session_key = ?"
+            params.append(session_key)
+        if kinds:
+            where += f" AND kind IN ({','.join('?' * len(kinds))})"
+            params += [k.value for k in kinds]
+        order = "subject, fact_key, created_at" if subject_first else "created_at DESC, num DESC"
+        sql = f"{_SELECT} WHERE {where} ORDER BY {order} LIMIT ?"
+        rows = await self._db.run_read(lambda conn: conn.execute(sql, (*params, limit)).fetchall())
+        return [record_of(row)[1] for row in rows]
 
-    async def count_without_embedding(self) -> int:
-        m = schema.memories
-        async with self._db.read() as conn:
-            return (await conn.execute(select(func.count()).where(m.c.embedding.is_(None)))).scalar_one()
+    async def lexical(self, identity: str, expression: str, limit: int, *,
+                      include_inactive: bool = False) -> list[tuple[int, float]]:
+        """(num, BM25 score; higher is better) of the identity's memories matching an FTS5 expression."""
+        sql = (
+            "SELECT f.rowid, -bm25(memory_fts) AS score FROM memory_fts f JOIN memory_items m ON m.num = f.rowid "
+            f"WHERE memory_fts MATCH ? AND m.identity = ?{_statuses(include_inactive).replace('status', 'm.status')} "
+            "ORDER BY bm25(memory_fts) LIMIT ?"
+        )
+        match = f"owner:{owner_token(identity)} AND body:({expression})"
+        return await self._db.run_read(lambda conn: conn.execute(sql, (match, identity, limit)).fetchall())
 
-    async def set_embeddings(self, vectors: dict[str, list[float]]) -> None:
-        m = schema.memories
-        async with self._db.write() as conn:
-            for memory_id, vector in vectors.items():
-                await conn.execute(update(m).where(m.c.id == memory_id).values(embedding=json.dumps(vector)))
+    async def history(self, identity: str, memory_id: str) -> list[MemoryRecord]:
+        """The supersession chain through a fact, oldest first."""
+        def read(conn: sqlite3.Connection) -> list[MemoryRecord]:
+            found = conn.execute(f"{_SELECT} WHERE identity = ? AND id = ?", (identity, memory_id)).fetchone()
+            if found is None:
+                raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
+            chain = [record_of(found)[1]]
+            while (older := conn.execute(f"{_SELECT} WHERE identity = ? AND superseded_by = ?",
+                                         (identity, chain[0].id)).fetchone()) is not None:
+                chain.insert(0, record_of(older)[1])
+            while chain[-1].superseded_by and (newer := conn.execute(
+                    f"{_SELECT} WHERE identity = ? AND id = ?", (identity, chain[-1].superseded_by)).fetchone()):
+                chain.append(record_of(newer)[1])
+            return chain
 
+        return await self._db.run_read(read)
 
-@functools.cache
-def _recent_sql(kinds: int, of_session: bool) -> str:
-    m = schema.memories
-    query = select(m.c.id, m.c.session_key, m.c.kind, m.c.content, m.c.created_at).where(
-        m.c.kind.in_([bindparam(f"kind{i}") for i in range(kinds)]))
-    if of_session:
-        query = query.where(m.c.session_key == bindparam("session_key"))
-    return compiled(query.order_by(m.c.created_at.desc()).limit(bindparam("limit")))
+    async def set_status(self, identity: str, memory_id: str, status: MemoryStatus) -> MemoryRecord:
+        now = time.time()
+
+        def change(conn: sqlite3.Connection) -> MemoryRecord:
+            done = conn.execute("UPDATE memory_items SET status = ?, updated_at = ?, "
+                                "invalid_at = COALESCE(invalid_at, ?) WHERE identity = ? AND id = ?",
+                                (status.value, now, now if status is not MemoryStatus.ACTIVE else None,
+                                 identity, memory_id))
+            if done.rowcount != 1:
+                raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
+            return record_of(conn.execute(f"{_SELECT} WHERE identity = ? AND id = ?",
+                                          (identity, memory_id)).fetchone())[1]
+
+        return await self._db.run_write(change)
+
+    async def purge(self, identity: str, memory_id: str) -> None:
+        """Delete for real: the row, its text index row and its vector."""
+        def delete(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT num FROM memory_items WHERE identity = ? AND id = ?",
+                               (identity, memory_id)).fetchone()
+            if row is None:
+                raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
+            conn.execute("DELETE FROM memory_fts WHERE rowid = ?", row)
+            conn.execute("DELETE FROM memory_vectors WHERE num = ?", row)
+            conn.execute("UPDATE memory_items SET superseded_by = NULL WHERE identity = ? AND superseded_by = ?",
+                         (identity, memory_id))
+            conn.execute("DELETE FROM memory_items WHERE num = ?", row)
+
+        await self._db.run_write(delete)
+
+    # -- vectors ---------------------------------------------------------------
+
+    async def unembedded(self, limit: int) -> list[tuple[int, str, str]]:
+        """(num, identity, content) of memories with no vector yet, of any identity (the embedding job's)."""
+        return await self._db.run_read(lambda conn: conn.execute(
+            "SELECT num, identity, content FROM memory_items WHERE embedding_model IS NULL ORDER BY num LIMIT ?",
+            (limit,)).fetchall())
+
+    async def count_unembedded(self) -> int:
+        return await self._db.run_read(lambda conn: conn.execute(
+            "SELECT COUNT(*) FROM memory_items WHERE embedding_model IS NULL").fetchone()[0])
+
+    async def set_vectors(self, model: str, vectors: Iterable[tuple[int, str, bytes]]) -> None:
+        """Store (num, identity, float32 bytes) and stamp the rows with the model that made them."""
+        rows = list(vectors)
+
+        def store(conn: sqlite3.Connection) -> None:
+            conn.executemany("INSERT OR REPLACE INTO memory_vectors (num, identity, model, vector) VALUES (?, ?, ?, ?)",
+                             [(num, identity, model, blob) for num, identity, blob in rows])
+            conn.executemany("UPDATE memory_items SET embedding_model = ? WHERE num = ?",
+                             [(model, num) for num, _, _ in rows])
+
+        await self._db.run_write(store)
+
+    async def vector_state(self, identity: str, model: str) -> tuple[int, int]:
+        """(count, highest num) of the identity's vectors by `model`: what a cached matrix checks against."""
+        return await self._db.run_read(lambda conn: tuple(conn.execute(
+            "SELECT COUNT(*), COALESCE(MAX(num), 0) FROM memory_vectors WHERE identity = ? AND model = ?",
+            (identity, model)).fetchone()))
+
+    async def vectors_after(self, identity: str, model: str, after: int) -> list[tuple[int, bytes]]:
+        return await self._db.run_read(lambda conn: conn.execute(
+            "SELECT num, vector FROM memory_vectors WHERE identity = ? AND model = ? AND num > ? ORDER BY num",
+            (identity, model, after)).fetchall())
+
+    async def quarantine_vector(self, num: int) -> None:
+        """A vector that cannot be read is dropped and its memory queued for embedding again."""
+        now = time.time()
+
+        def drop(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM memory_vectors WHERE num = ?", (num,))
+            conn.execute("UPDATE memory_items SET embedding_model = NULL WHERE num = ?", (num,))
+            record_job(conn, EMBED_JOB, now)
+
+        await self._db.run_write(drop)
+
+    async def forget_other_models(self, model: str) -> int:
+        """Queue every memory embedded by another model for a new embedding; returns how many."""
+        now = time.time()
+
+        def requeue(conn: sqlite3.Connection) -> int:
+            changed = conn.execute("UPDATE memory_items SET embedding_model = NULL "
+                                   "WHERE embedding_model IS NOT NULL AND embedding_model != ?", (model,)).rowcount
+            conn.execute("DELETE FROM memory_vectors WHERE model != ?", (model,))
+            if changed:
+                record_job(conn, EMBED_JOB, now)
+            return changed
+
+        return await self._db.run_write(requeue)
+
+    # -- recall and forgetting ---------------------------------------------------
+
+    async def note_recalls(self, recalls: dict[tuple[str, str], tuple[int, float]]) -> None:
+        """Add recall counts ((identity, id) -> (times, last time)) in one write; a recall restores full strength."""
+        def store(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "UPDATE memory_items SET recall_count = recall_count + ?, strength = 1.0, "
+                "last_recalled_at = MAX(COALESCE(last_recalled_at, 0), ?) WHERE identity = ? AND id = ?",
+                [(times, last, identity, id_) for (identity, id_), (times, last) in recalls.items()])
+
+        await self._db.run_write(store)
+
+    async def decay_candidates(self, kinds: Sequence[MemoryKind]) -> list[MemoryRecord]:
+        marks = ",".join("?" * len(kinds))
+        rows = await self._db.run_read(lambda conn: conn.execute(
+            f"{_SELECT} WHERE status = 'active' AND kind IN ({marks})", [k.value for k in kinds]).fetchall())
+        return [record_of(row)[1] for row in rows]
+
+    async def set_strengths(self, strengths: dict[str, float], archive: Sequence[str]) -> None:
+        now = time.time()
+
+        def store(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE memory_items SET strength = ? WHERE id = ?",
+                             [(value, id_) for id_, value in strengths.items()])
+            conn.executemany("UPDATE memory_items SET status = 'archived', invalid_at = ?, updated_at = ? "
+                             "WHERE id = ? AND status = 'active'", [(now, now, id_) for id_ in archive])
+
+        await self._db.run_write(store)
+
+    # -- archival tier -----------------------------------------------------------
+
+    async def archive_session(self, session_key: str, identity: str) -> int:
+        """Copy the session's committed user and assistant messages not yet archived
+        into the archival tier, in one transaction; returns how many."""
+        now = time.time()
+
+        def copy(conn: sqlite3.Connection) -> int:
+            mark = conn.execute("SELECT next_seq FROM memory_archive_marks WHERE session_key = ?",
+                                (session_key,)).fetchone()
+            start = mark[0] if mark else 0
+            rows = conn.execute(
+                "SELECT seq, role, content, created_at FROM messages WHERE session_key = ? AND seq >= ? "
+                "AND role IN ('user', 'assistant') ORDER BY seq", (session_key, start)).fetchall()
+            high = conn.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_key = ?",
+                                (session_key,)).fetchone()[0]
+            added = 0
+            for seq, role, content, created_at in rows:
+                text = content.strip()
+                if not text:
+                    continue
+                exists = conn.execute("SELECT 1 FROM memory_items WHERE session_key = ? AND seq_start = ? "
+                                      "AND kind = 'archival'", (session_key, seq)).fetchone()
+                if exists:
+                    continue
+                insert_memory(conn, NewMemory(
+                    identity=identity, content=f"{role}: {text}"[:8_000], kind=MemoryKind.ARCHIVAL,
+                    source=f"session {session_key}", source_rank=SourceRank.USER_STATED if role == "user"
+                    else SourceRank.INFERRED, session_key=session_key, seq_start=seq, seq_end=seq + 1,
+                    created_at=created_at), now)
+                added += 1
+            conn.execute("INSERT INTO memory_archive_marks (session_key, next_seq) VALUES (?, ?) "
+                         "ON CONFLICT (session_key) DO UPDATE SET next_seq = excluded.next_seq",
+                         (session_key, high + 1))
+            return added
+
+        return await self._db.run_write(copy)
+
+    # -- upkeep --------------------------------------------------------------------
+
+    async def reindex_text(self) -> int:
+        """Rebuild the text index from the rows; returns how many rows it holds."""
+        def rebuild(conn: sqlite3.Connection) -> int:
+            conn.execute("DELETE FROM memory_fts")
+            rows = conn.execute("SELECT num, identity, content FROM memory_items").fetchall()
+            conn.executemany(_INSERT_TEXT, [(num, owner_token(identity), index_text(content))
+                                            for num, identity, content in rows])
+            return len(rows)
+
+        return await self._db.run_write(rebuild)
+
+    async def consistency(self) -> dict[str, int]:
+        """Counts that must agree: rows against text index rows, vectors without a row."""
+        def count(conn: sqlite3.Connection) -> dict[str, int]:
+            def one(sql: str) -> int:
+                return conn.execute(sql).fetchone()[0]
+            return {
+                "rows": one("SELECT COUNT(*) FROM memory_items"),
+                "text_rows": one("SELECT COUNT(*) FROM memory_fts"),
+                "rows_without_text": one("SELECT COUNT(*) FROM memory_items m WHERE NOT EXISTS "
+                                         "(SELECT 1 FROM memory_fts f WHERE f.rowid = m.num)"),
+                "orphan_vectors": one("SELECT COUNT(*) FROM memory_vectors v WHERE NOT EXISTS "
+                                      "(SELECT 1 FROM memory_items m WHERE m.num = v.num)"),
+                "unembedded": one("SELECT COUNT(*) FROM memory_items WHERE embedding_model IS NULL"),
+            }
+
+        return await self._db.run_read(count)

@@ -1,19 +1,49 @@
 """Append-only list of schema migrations, applied in order and recorded.
 
-Never edit a migration that has shipped: add a new one. The SQL is written to
-run unchanged on SQLite and PostgreSQL.
+Never edit a migration that has shipped: add a new one. A step is SQL text,
+or a function for data that SQL alone cannot move. The tables are written to
+run unchanged on SQLite and PostgreSQL; the memory's full-text index is an
+SQLite FTS5 table (PostgreSQL gets its own index with its store).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ember.core.errors import StoreError
 
-MIGRATIONS: list[tuple[str, ...]] = [
+Step = str | Callable[[AsyncConnection], Awaitable[None]]
+
+
+async def _move_old_memories(conn: AsyncConnection) -> None:
+    """Memories were a session's; now they are a person's, with an id the CLI can name."""
+    from ember.core.memory import content_hash, default_identity
+    from ember.store.segment import index_text, owner_token
+
+    rows = (await conn.execute(text("SELECT id, session_key, kind, content, source_start, source_end, created_at "
+                                    "FROM memories ORDER BY created_at"))).all()
+    kinds = {"episodic": ("episodic", 2), "fact": ("fact", 1), "skill_note": ("procedural", 1)}
+    for id_, session_key, kind, content, start, end, created_at in rows:
+        new_kind, rank = kinds.get(kind, ("fact", 1))
+        await conn.execute(text(
+            "INSERT INTO memory_items (id, identity, kind, status, content, content_hash, source, source_rank, "
+            "session_key, seq_start, seq_end, valid_from, recall_count, strength, created_at, updated_at) "
+            "VALUES (:id, :identity, :kind, 'active', :content, :hash, :source, :rank, :session_key, :start, :end, "
+            ":t, 0, 1.0, :t, :t)"), {
+            "id": id_[:12], "identity": default_identity(session_key or ""), "kind": new_kind, "content": content,
+            "hash": content_hash(content), "source": f"session {session_key}" if session_key else None,
+            "rank": rank, "session_key": session_key, "start": start, "end": end, "t": created_at})
+    for num, identity, content in (await conn.execute(text("SELECT num, identity, content FROM memory_items"))).all():
+        await conn.execute(text("INSERT INTO memory_fts (rowid, owner, body) VALUES (:num, :owner, :body)"),
+                           {"num": num, "owner": owner_token(identity), "body": index_text(content)})
+    await conn.execute(text("DROP TABLE memories"))
+
+
+MIGRATIONS: list[tuple[Step, ...]] = [
     (
         """CREATE TABLE sessions (
             key TEXT PRIMARY KEY,
@@ -101,6 +131,50 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX outbox_by_turn ON outbox (turn_id)",
         "CREATE INDEX outbox_undelivered ON outbox (created_at) WHERE delivered_at IS NULL",
     ),
+    (
+        # Long-term memory, owned by identities (people), in tiers (ember/core/memory.py).
+        """CREATE TABLE memory_items (
+            num INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            identity TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            status TEXT NOT NULL,
+            content TEXT NOT NULL,
+            content_hash TEXT NOT NULL,
+            subject TEXT,
+            fact_key TEXT,
+            source TEXT,
+            source_rank INTEGER NOT NULL,
+            session_key TEXT,
+            seq_start BIGINT,
+            seq_end BIGINT,
+            valid_from DOUBLE PRECISION NOT NULL,
+            invalid_at DOUBLE PRECISION,
+            superseded_by TEXT,
+            recall_count INTEGER NOT NULL DEFAULT 0,
+            last_recalled_at DOUBLE PRECISION,
+            strength DOUBLE PRECISION NOT NULL DEFAULT 1.0,
+            embedding_model TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX memory_by_owner ON memory_items (identity, status, kind, created_at)",
+        "CREATE INDEX memory_by_fact ON memory_items (identity, subject, fact_key, status)",
+        "CREATE INDEX memory_by_hash ON memory_items (identity, content_hash)",
+        # An archived message is indexed once, however often its indexing job runs.
+        "CREATE UNIQUE INDEX memory_archive_once ON memory_items (session_key, seq_start) WHERE kind = 'archival'",
+        "CREATE INDEX memory_unembedded ON memory_items (num) WHERE embedding_model IS NULL",
+        # The owner column holds the identity, so a search matches within one person's memories only.
+        "CREATE VIRTUAL TABLE memory_fts USING fts5(owner, body, tokenize='porter unicode61 remove_diacritics 2')",
+        """CREATE TABLE memory_vectors (
+            num INTEGER PRIMARY KEY,
+            identity TEXT NOT NULL,
+            model TEXT NOT NULL,
+            vector BLOB NOT NULL)""",
+        "CREATE INDEX memory_vectors_by_owner ON memory_vectors (identity, model, num)",
+        # Per session, the first message not yet copied into the archival tier.
+        "CREATE TABLE memory_archive_marks (session_key TEXT PRIMARY KEY, next_seq BIGINT NOT NULL)",
+        _move_old_memories,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -117,8 +191,11 @@ async def migrate(conn: AsyncConnection) -> int:
             f"the database has schema version {found}, newer than this Ember ({SCHEMA_VERSION}); upgrade Ember"
         )
     for version in range(found + 1, SCHEMA_VERSION + 1):
-        for statement in MIGRATIONS[version - 1]:
-            await conn.execute(text(statement))
+        for step in MIGRATIONS[version - 1]:
+            if isinstance(step, str):
+                await conn.execute(text(step))
+            else:
+                await step(conn)
         await conn.execute(
             text("INSERT INTO schema_version (version, applied_at) VALUES (:v, :t)"), {"v": version, "t": time.time()}
         )

@@ -1,6 +1,6 @@
 """The current tables, for building queries. migrations.py creates them."""
 
-from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, Table, Text
+from sqlalchemy import BigInteger, Column, Float, Integer, LargeBinary, MetaData, Table, Text
 
 metadata = MetaData()
 
@@ -55,19 +55,6 @@ jobs = Table(
     Column("updated_at", Float, nullable=False),
 )
 
-memories = Table(
-    "memories",
-    metadata,
-    Column("id", Text, primary_key=True),
-    Column("session_key", Text),
-    Column("kind", Text, nullable=False),
-    Column("content", Text, nullable=False),
-    Column("source_start", BigInteger),
-    Column("source_end", BigInteger),
-    Column("embedding", Text),
-    Column("created_at", Float, nullable=False),
-)
-
 traces = Table(
     "traces",
     metadata,
@@ -107,4 +94,48 @@ outbox = Table(
     Column("created_at", Float, nullable=False),
     Column("delivered_at", Float),
     Column("attempts", Integer, nullable=False),
+)
+
+memory_items = Table(
+    "memory_items",
+    metadata,
+    Column("num", Integer, primary_key=True),  # the rowid the text index and vectors refer to
+    Column("id", Text, nullable=False, unique=True),
+    Column("identity", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("content", Text, nullable=False),
+    Column("content_hash", Text, nullable=False),
+    Column("subject", Text),
+    Column("fact_key", Text),
+    Column("source", Text),
+    Column("source_rank", Integer, nullable=False),
+    Column("session_key", Text),
+    Column("seq_start", BigInteger),
+    Column("seq_end", BigInteger),
+    Column("valid_from", Float, nullable=False),
+    Column("invalid_at", Float),
+    Column("superseded_by", Text),
+    Column("recall_count", Integer, nullable=False),
+    Column("last_recalled_at", Float),
+    Column("strength", Float, nullable=False),
+    Column("embedding_model", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+memory_vectors = Table(
+    "memory_vectors",
+    metadata,
+    Column("num", Integer, primary_key=True),
+    Column("identity", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("vector", LargeBinary, nullable=False),
+)
+
+memory_archive_marks = Table(
+    "memory_archive_marks",
+    metadata,
+    Column("session_key", Text, primary_key=True),
+    Column("next_seq", BigInteger, nullable=False),
 )

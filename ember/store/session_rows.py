@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ember.core.messages import Message, Role, decode_tool_calls, encode_tool_calls
@@ -31,6 +31,14 @@ CLAIM = compiled(update(_s).where(_s.c.key == bindparam("key"), _s.c.next_seq ==
                  .values(next_seq=bindparam("claimed"), updated_at=bindparam("now")))
 CREATE = compiled(sqlite_insert(_s).on_conflict_do_nothing(index_elements=["key"]))
 INSERT_MESSAGE = compiled(insert(_m))
+FIRST_ROLE_FROM = compiled(select(_m.c.role).where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("seq"))
+                           .order_by(_m.c.seq).limit(1))
+ADVANCE = compiled(update(_s).where(_s.c.key == bindparam("key"), _s.c.last_consolidated == bindparam("expected"),
+                                    _s.c.next_seq >= bindparam("new"))
+                   .values(last_consolidated=bindparam("new"), updated_at=bindparam("now")))
+SPAN = compiled(select(func.min(_m.c.created_at), func.max(_m.c.created_at))
+                .where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("start"),
+                       _m.c.seq < bindparam("end")))
 
 _ROLES = {role.value: role for role in Role}
 

@@ -28,16 +28,21 @@ from sqlalchemy.exc import IntegrityError
 from ember.core.delivery import Delivery, Receipt
 from ember.core.errors import StoreConflict
 from ember.core.jobs import JobRequest
+from ember.core.memory import MemoryKind, NewMemory, SourceRank, session_identity
 from ember.core.messages import Message, Role, Session
 from ember.store import schema
 from ember.store.database import Database, complete_despite_cancel
 from ember.store.deliveries import record_delivery, record_receipt
 from ember.store.jobs import record_job
+from ember.store.memories import write_memory
 from ember.store.repair import RepairPlan, plan_repair
 from ember.store.session_rows import (
+    ADVANCE,
     CLAIM,
     CREATE,
+    FIRST_ROLE_FROM,
     INSERT_MESSAGE,
+    SPAN,
     WINDOW,
     Head,
     StoredRow,
@@ -79,7 +84,8 @@ class SessionStore(Protocol):
     async def append(self, session: Session, messages: Sequence[Message], *, receipt: Receipt | None = None,
                      delivery: Delivery | None = None, jobs: Sequence[JobRequest] = ()) -> None: ...
 
-    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool: ...
+    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str,
+                               facts: Sequence[NewMemory] = ()) -> bool: ...
 
 
 class SqlSessionStore:
@@ -171,9 +177,11 @@ class SqlSessionStore:
             rows = (await conn.execute(query)).all()
         return [SessionSummary(r.key, r.next_seq, r.last_consolidated, r.updated_at) for r in rows]
 
-    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool:
+    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str,
+                               facts: Sequence[NewMemory] = ()) -> bool:
         """Move `last_consolidated` from `expected` forward to `new` and record
-        the summary of the messages in between, atomically (I5).
+        the summary of the messages in between, with the facts drawn from them,
+        atomically (I5): a retried consolidation can add nothing twice.
 
         False (and nothing written) when another consolidation moved it first;
         ValueError for a boundary inside a tool-call chain (I5).
@@ -181,28 +189,27 @@ class SqlSessionStore:
         if new <= expected:
             return False
         now = time.time()
-        s, m = schema.sessions, schema.messages
-        async with self._db.write() as conn:
-            first_kept = (await conn.execute(
-                select(m.c.role).where(m.c.session_key == key, m.c.seq >= new).order_by(m.c.seq).limit(1)
-            )).scalar()
-            if first_kept == Role.TOOL.value:
+
+        def commit(conn: sqlite3.Connection) -> bool:
+            first_kept = conn.execute(FIRST_ROLE_FROM, {"key": key, "seq": new}).fetchone()
+            if first_kept is not None and first_kept[0] == Role.TOOL.value:
                 # The next load would find a result without its call and set it aside: a lost row.
                 raise ValueError(f"boundary {new} of {key!r} would split a tool call from its results")
-            moved = await conn.execute(
-                update(s)
-                .where(s.c.key == key, s.c.last_consolidated == expected, s.c.next_seq >= new)
-                .values(last_consolidated=new, updated_at=now)
-            )
-            if moved.rowcount != 1:
+            head = read_head(conn, key)
+            moved = conn.execute(ADVANCE, {"key": key, "expected": expected, "new": new, "now": now})
+            if head is None or moved.rowcount != 1:
                 return False
-            await conn.execute(
-                insert(schema.memories).values(
-                    id=uuid.uuid4().hex, session_key=key, kind="episodic", content=summary,
-                    source_start=expected, source_end=new, created_at=now,
-                )
-            )
-        return True
+            first, _last = conn.execute(SPAN, {"key": key, "start": expected, "end": new}).fetchone()
+            identity = session_identity(key, json.loads(head.metadata_json))
+            span = f"session {key}, messages {expected}–{new - 1}"
+            write_memory(conn, NewMemory(identity=identity, content=summary, kind=MemoryKind.EPISODIC,
+                                         source=span, source_rank=SourceRank.CONSOLIDATED, session_key=key,
+                                         seq_start=expected, seq_end=new, created_at=first or now), now)
+            for fact in facts:
+                write_memory(conn, fact, now)
+            return True
+
+        return await self._db.run_write(commit)
 
     async def _rows(self, key: str | None) -> list[StoredRow]:
         m = schema.messages

@@ -37,7 +37,7 @@ class Tool(Protocol):
         """The call as a person would judge it; ToolFailure when the arguments are invalid."""
         ...
 
-    async def run(self, arguments: dict[str, Any]) -> str: ...
+    async def run(self, arguments: dict[str, Any], run: ToolRun) -> str: ...
 
 
 class FunctionTool(Generic[Args]):
@@ -66,7 +66,7 @@ class FunctionTool(Generic[Args]):
         subject = self._subject(parsed) if self._subject else parsed.model_dump_json(exclude_defaults=True)
         return ToolAction(tool=self._spec.name, risk=self._risk, subject=subject, summary=f"{self._verb} {subject}")
 
-    async def run(self, arguments: dict[str, Any]) -> str:
+    async def run(self, arguments: dict[str, Any], run: ToolRun) -> str:
         return await self._fn(self._parse(arguments))
 
     def _parse(self, arguments: dict[str, Any]) -> Args:
@@ -75,6 +75,22 @@ class FunctionTool(Generic[Args]):
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
             raise ToolFailure(f"invalid arguments for {self._spec.name}: {problems}") from exc
+
+
+class TurnTool(FunctionTool[Args]):
+    """A FunctionTool whose function also sees the turn it runs in (whose memory, say)."""
+
+    def __init__(self, name: str, description: str, args: type[Args],
+                 fn: Callable[[Args, ToolRun], Awaitable[str]], *, risk: Risk,
+                 subject: Callable[[Args], str] | None = None, verb: str | None = None) -> None:
+        async def without_turn(_: Args) -> str:
+            raise AssertionError(f"{name} needs its turn")
+
+        super().__init__(name, description, args, without_turn, risk=risk, subject=subject, verb=verb)
+        self._turn_fn = fn
+
+    async def run(self, arguments: dict[str, Any], run: ToolRun) -> str:
+        return await self._turn_fn(self._parse(arguments), run)
 
 
 class Toolset(Protocol):
@@ -117,7 +133,7 @@ class ToolRegistry:
     async def call(self, call: ToolCall, run: ToolRun) -> str:
         try:
             tool, arguments = self._resolve(call)
-            return cap_result(await tool.run(arguments), MAX_STORED_RESULT_CHARS)
+            return cap_result(await tool.run(arguments, run), MAX_STORED_RESULT_CHARS)
         except ToolFailure as exc:
             return f"Error: {exc}"
         except Exception as exc:  # a tool's own bug is the model's result, not the turn's crash

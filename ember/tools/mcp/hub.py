@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ember.core.tools import Risk, ToolAction, ToolSpec
+from ember.core.tools import Risk, ToolAction, ToolRun, ToolSpec
 from ember.tools.base import Tool, ToolFailure
 from ember.tools.mcp.config import McpServerConfig
 from ember.tools.mcp.connection import McpConnection, State
@@ -43,7 +43,7 @@ class McpTool:
         return ToolAction(tool=self._spec.name, risk=self._connection.config.risk, subject=subject,
                           summary=f"call {self._remote} on MCP server {self._connection.name} with {subject}")
 
-    async def run(self, arguments: dict[str, Any]) -> str:
+    async def run(self, arguments: dict[str, Any], run: ToolRun) -> str:
         self._check(arguments)
         return await self._connection.call(self._remote, arguments)
 

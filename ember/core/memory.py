@@ -1,0 +1,156 @@
+"""Long-term memory as plain data: tiers, states, sources, records. No I/O.
+
+A memory belongs to an identity (a person), never to a session. Facts carry
+their history: an update supersedes the old fact instead of deleting it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
+
+from ember.core.errors import MemoryInputError
+
+LOCAL_IDENTITY = "local"  # the terminal's person
+
+# Longer content is refused: a memory is a fact or a summary, not a document.
+MAX_CONTENT_CHARS = 8_000
+
+
+class MemoryKind(enum.StrEnum):
+    """The tiers. The working tier is the session window itself and has no rows."""
+
+    EPISODIC = "episodic"  # consolidation summaries, with their source span
+    FACT = "fact"  # semantic facts: subject, key, value
+    ARCHIVAL = "archival"  # every committed user/assistant message
+    PROCEDURAL = "procedural"  # skills
+
+
+class MemoryStatus(enum.StrEnum):
+    ACTIVE = "active"
+    SUPERSEDED = "superseded"  # replaced by a newer fact; kept with its history
+    ARCHIVED = "archived"  # forgotten: never injected, still found with --all
+    PENDING = "pending"  # contradicts a better-sourced fact: needs confirmation
+
+
+class SourceRank(enum.IntEnum):
+    """Who vouches for a memory; a lower rank never overrides a higher one."""
+
+    INFERRED = 1  # the model concluded it
+    CONSOLIDATED = 2  # extracted from a conversation by consolidation
+    USER_STATED = 3  # the person said it, or added it themselves
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryRecord:
+    id: str
+    identity: str
+    kind: MemoryKind
+    status: MemoryStatus
+    content: str
+    subject: str | None = None
+    key: str | None = None
+    source: str | None = None
+    source_rank: SourceRank = SourceRank.USER_STATED
+    session_key: str | None = None
+    seq_start: int | None = None
+    seq_end: int | None = None
+    created_at: float
+    valid_from: float
+    invalid_at: float | None = None
+    superseded_by: str | None = None
+    recall_count: int = 0
+    last_recalled_at: float | None = None
+    strength: float = 1.0
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id, "content": self.content, "kind": self.kind.value, "subject": self.subject,
+            "key": self.key, "status": self.status.value, "created_at": self.created_at, "source": self.source,
+            "source_rank": self.source_rank.name.lower(), "session_key": self.session_key,
+            "seq_start": self.seq_start, "seq_end": self.seq_end, "valid_from": self.valid_from,
+            "invalid_at": self.invalid_at, "superseded_by": self.superseded_by,
+            "recall_count": self.recall_count, "last_recalled_at": self.last_recalled_at,
+            "strength": round(self.strength, 4),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewMemory:
+    """A memory to write. `created_at` None means now."""
+
+    identity: str
+    content: str
+    kind: MemoryKind = MemoryKind.FACT
+    subject: str | None = None
+    key: str | None = None
+    source: str | None = None
+    source_rank: SourceRank = SourceRank.USER_STATED
+    session_key: str | None = None
+    seq_start: int | None = None
+    seq_end: int | None = None
+    created_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """A search hit: the record and its fused score (higher is better)."""
+
+    record: MemoryRecord
+    score: float
+
+
+_SPACE = re.compile(r"\s+")
+_EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
+
+
+def normalized(content: str) -> str:
+    """The form duplicates are recognised by: NFKC, case-folded, spaces collapsed, edge punctuation off."""
+    text = _SPACE.sub(" ", unicodedata.normalize("NFKC", content).casefold()).strip()
+    return _EDGE_PUNCT.sub("", text)
+
+
+def content_hash(content: str) -> str:
+    return hashlib.sha256(normalized(content).encode()).hexdigest()[:32]
+
+
+def normalized_key(value: str | None) -> str | None:
+    """Subjects and keys compare case- and space-insensitively ("Favourite Color" = "favourite_color")."""
+    if value is None:
+        return None
+    text = _SPACE.sub("_", unicodedata.normalize("NFKC", value).casefold().strip())
+    return text or None
+
+
+def check_content(content: str) -> str:
+    text = content.strip()
+    if not text:
+        raise MemoryInputError("a memory needs some content; it was empty")
+    if len(text) > MAX_CONTENT_CHARS:
+        raise MemoryInputError(f"a memory is at most {MAX_CONTENT_CHARS} characters; this one has {len(text)}")
+    return text
+
+
+def default_identity(principal_or_session: str) -> str:
+    """The identity of a principal, or of a session key (`http:alice:work` -> alice), with no bindings."""
+    channel, _, rest = principal_or_session.partition(":")
+    if channel == "cli" or not rest:
+        return LOCAL_IDENTITY
+    if channel == "http":
+        return rest.partition(":")[0]
+    return f"{channel}:{rest.partition(':')[0]}"
+
+
+def session_identity(session_key: str, metadata: dict[str, object]) -> str:
+    """The identity a session belongs to: recorded at its first message (with the
+    configured bindings applied), else read off its channel and sender, else its key."""
+    recorded = metadata.get("identity")
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    channel, sender = metadata.get("channel"), metadata.get("sender_id")
+    if isinstance(channel, str) and isinstance(sender, str):
+        return default_identity(f"{channel}:{sender}")
+    return default_identity(session_key)

@@ -1,0 +1,79 @@
+"""Text as the full-text index sees it, Chinese, Japanese and Korean included.
+
+SQLite's `unicode61` tokenizer keeps a run of CJK characters as one token, and
+`trigram` finds nothing for a two-character word such as 花生. So CJK runs are
+segmented here, before indexing: every character and every pair of adjacent
+characters becomes a token ("我爱花生" -> 我 爱 花 生 我爱 爱花 花生). A query's
+CJK run is looked up by its pairs (a one-character run by itself), which
+matches any text containing that run. Other text passes through to the
+`porter unicode61` tokenizer unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+
+# Han (with extensions and compatibility), kana, Hangul.
+_CJK = (
+    "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+    "\uac00-\ud7af\u1100-\u11ff\u3130-\u318f\U00020000-\U0002ebef"
+)
+_CJK_RUN = re.compile(f"[{_CJK}]+")
+_WORD = re.compile(f"[^\\W_{_CJK}]+|[{_CJK}]+")
+
+# Words too common to say anything about what a question is looking for.
+_STOP_WORDS_TEXT = (
+    "a about above after again against all am an and any are as at be because been before being below "
+    "between both but by can could did do does doing down during each few for from further had has have "
+    "having he her here hers herself him himself his how i if in into is it its itself just me more most "
+    "my myself no nor not now of off on once only or other our ours ourselves out over own same she "
+    "should so some such than that the their theirs them themselves then there these they this those "
+    "through to too under until up very was we were what when where which while who whom why will with "
+    "would you your yours yourself yourselves ever also did does tell know like get got"
+)
+STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
+
+
+def cjk_tokens(run: str) -> list[str]:
+    """Characters and adjacent pairs of one CJK run."""
+    return [*run, *(run[i:i + 2] for i in range(len(run) - 1))]
+
+
+def index_text(text: str) -> str:
+    """The text to store in the full-text index in place of `text`."""
+    return " ".join(_CJK_RUN.sub(lambda m: " " + " ".join(cjk_tokens(m.group())) + " ", _fold(text)).split())
+
+
+def query_terms(text: str) -> list[str]:
+    """The distinct terms of a query, stop words dropped (all of them kept if
+    nothing else is left); CJK runs become their pairs."""
+    words = _WORD.findall(_fold(text))
+    terms: list[str] = []
+    for word in words:
+        if _CJK_RUN.fullmatch(word):
+            terms += [word] if len(word) == 1 else [word[i:i + 2] for i in range(len(word) - 1)]
+        else:
+            terms.append(word)
+    kept = [t for t in terms if t not in STOP_WORDS] or terms
+    return list(dict.fromkeys(kept))
+
+
+def match_expression(text: str) -> str | None:
+    """An FTS5 MATCH expression: any of the query's terms, each quoted. None when
+    the query has no searchable term (only punctuation, say)."""
+    terms = query_terms(text)
+    if not terms:
+        return None
+    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+def _fold(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+def owner_token(identity: str) -> str:
+    """One index token per identity, whatever characters its name has: a search
+    is always `owner:<token> AND (...)`, so it sees one person's memories only."""
+    return "o" + hashlib.sha256(identity.encode()).hexdigest()[:24]

@@ -1,0 +1,78 @@
+"""The model's memory tools: remember, memory_search, forget. Each acts on the
+memory of the turn's identity only; forget archives, it never deletes."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pydantic import BaseModel, Field
+
+from ember.core.errors import MemoryInputError
+from ember.core.memory import MAX_CONTENT_CHARS, MemoryRecord, SourceRank
+from ember.core.tools import Risk, ToolRun
+from ember.memory.service import MAX_LIMIT, MemoryService
+from ember.tools.base import Tool, ToolFailure, TurnTool
+
+
+class RememberArgs(BaseModel):
+    content: str = Field(description="The fact, in a full sentence that makes sense on its own later.",
+                         max_length=MAX_CONTENT_CHARS)
+    subject: str | None = Field(default=None, description="Whom or what it is about, e.g. 'user' or 'project ember'.")
+    key: str | None = Field(default=None, description="The attribute, e.g. 'home_city'. A new fact with the same "
+                            "subject and key replaces the old one.")
+
+
+class SearchArgs(BaseModel):
+    query: str = Field(description="What to look for, in words.")
+    limit: int = Field(default=5, ge=1, le=MAX_LIMIT)
+
+
+class ForgetArgs(BaseModel):
+    id: str = Field(description="The id memory_search returned.")
+
+
+def _line(record: MemoryRecord) -> str:
+    day = dt.datetime.fromtimestamp(record.created_at, dt.UTC).strftime("%Y-%m-%d")
+    about = f" ({record.subject}.{record.key})" if record.key else ""
+    return f"[{record.id}] {day} {record.kind.value}{about}: {record.content}"
+
+
+def memory_tools(memory: MemoryService) -> list[Tool]:
+    async def remember(args: RememberArgs, run: ToolRun) -> str:
+        try:
+            outcome = await memory.remember(run.identity, args.content, subject=args.subject, key=args.key,
+                                            source=f"remember tool, session {run.session_key}",
+                                            source_rank=SourceRank.INFERRED)
+        except MemoryInputError as exc:
+            raise ToolFailure(str(exc)) from exc
+        record = outcome.record
+        if not outcome.created:
+            return f"Already remembered as {record.id}."
+        if record.status.value == "pending":
+            return (f"Saved as {record.id}, pending confirmation: it contradicts a fact the user stated "
+                    "themselves, which stays in force until they confirm the change.")
+        replaced = f" It replaces {', '.join(outcome.superseded)}." if outcome.superseded else ""
+        return f"Remembered as {record.id}.{replaced}"
+
+    async def search(args: SearchArgs, run: ToolRun) -> str:
+        try:
+            hits = await memory.search(run.identity, args.query, limit=args.limit)
+        except MemoryInputError as exc:
+            raise ToolFailure(str(exc)) from exc
+        return "\n".join(_line(hit.record) for hit in hits) or "Nothing found."
+
+    async def forget(args: ForgetArgs, run: ToolRun) -> str:
+        try:
+            record = await memory.forget(run.identity, args.id)
+        except MemoryInputError as exc:
+            raise ToolFailure(str(exc)) from exc
+        return f"Forgotten: {record.id} is archived and will not be recalled again."
+
+    return [
+        TurnTool("remember", "Remember a durable fact about the user or their work for later conversations.",
+                 RememberArgs, remember, risk=Risk.READ, subject=lambda a: a.content, verb="remember"),
+        TurnTool("memory_search", "Search what you remember from earlier conversations with this user.",
+                 SearchArgs, search, risk=Risk.READ, subject=lambda a: a.query, verb="search memory for"),
+        TurnTool("forget", "Forget a memory by its id (it is archived, not deleted).", ForgetArgs, forget,
+                 risk=Risk.WRITE, subject=lambda a: a.id, verb="forget the memory"),
+    ]
