@@ -97,6 +97,7 @@ class Runtime:
     consolidation: ConsolidationWorker
     mcp: McpHub
     deliveries: DeliveryWorker
+    identities: Identities
     model: ModelClient | None = None  # closed with the runtime
 
 
@@ -188,7 +189,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery)
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
-                   model)
+                   identities, model)
 
 
 @asynccontextmanager

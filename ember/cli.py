@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
-from collections.abc import Coroutine
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from ember.app import build_runtime, configured_model, open_database, running
 from ember.channels.cli import CHANNEL, CliChannel
-from ember.config import CONFIGURE_MODEL_HINT, Settings, load_settings
+from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
+from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import EmberError
+from ember.memory_cli import memory_app
 from ember.models.base import ModelClient
 from ember.models.demo import LABEL, demo_model
 from ember.store.sessions import SqlSessionStore
@@ -28,40 +27,9 @@ sessions_app = typer.Typer(help="Inspect stored sessions.", no_args_is_help=True
 app.add_typer(sessions_app, name="sessions")
 trace_app = typer.Typer(help="What a turn did: stages, model calls, tool calls, approvals.", no_args_is_help=True)
 app.add_typer(trace_app, name="trace")
-
-# soft_wrap: never break a line a user may copy (the configure hint) at the terminal width.
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+app.add_typer(memory_app, name="memory")
 
 SessionOption = Annotated[str, typer.Option("--session", "-s", help="Session name (the CLI's chat id).")]
-
-
-def _settings() -> Settings:
-    try:
-        return load_settings()
-    except EmberError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from exc
-
-
-def _run(work: Coroutine[Any, Any, int]) -> None:
-    """Run a command's async body; an EmberError is one clear line, not a traceback."""
-    try:
-        code = asyncio.run(work)
-    except EmberError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(1) from exc
-    raise typer.Exit(code)
-
-
-def _setup_logging(settings: Settings, verbose: bool) -> None:
-    settings.home_dir.mkdir(parents=True, exist_ok=True)
-    handlers: list[logging.Handler] = [logging.FileHandler(settings.home_dir / "ember.log")]
-    if verbose:
-        handlers.append(logging.StreamHandler(sys.stderr))
-    logging.basicConfig(level=logging.INFO, handlers=handlers,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-
 
 async def _chat(settings: Settings, model: ModelClient, session: str, message: str | None) -> int:
     runtime = await build_runtime(settings, model)
@@ -105,14 +73,14 @@ def chat(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show logs on stderr.")] = False,
 ) -> None:
     """Chat with the agent: interactive and streaming, or one shot with -m."""
-    settings = _settings()
-    _setup_logging(settings, verbose)
+    settings = settings_or_exit()
+    setup_logging(settings, verbose)
     try:
         model: ModelClient = demo_model() if demo else configured_model(settings)
     except EmberError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from exc
-    _run(_chat(settings, model, session, message))
+    run_command(_chat(settings, model, session, message))
 
 
 @app.command()
@@ -121,9 +89,9 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Start the agent on the embedded defaults (falls back to the scripted demo model)."""
-    settings = _settings()
-    _setup_logging(settings, verbose)
-    _run(_chat(settings, _model_or_demo(settings), session, None))
+    settings = settings_or_exit()
+    setup_logging(settings, verbose)
+    run_command(_chat(settings, _model_or_demo(settings), session, None))
 
 
 def _model_or_demo(settings: Settings) -> ModelClient:
@@ -148,8 +116,8 @@ def serve(
     from ember.channels.gateway.server import Listening, api_keys
     from ember.channels.gateway.server import serve as serve_gateway
 
-    settings = _settings()
-    _setup_logging(settings, verbose)
+    settings = settings_or_exit()
+    setup_logging(settings, verbose)
     host = host or settings.gateway_host
     try:
         keys = api_keys(settings, host)
@@ -167,7 +135,7 @@ def serve(
                       "it listens on loopback only. Set EMBER_API_KEYS to require keys.[/yellow]")
         sys.stdout.flush()
 
-    _run(serve_gateway(settings, _model_or_demo(settings), keys, host,
+    run_command(serve_gateway(settings, _model_or_demo(settings), keys, host,
                        settings.gateway_port if port is None else port, ready))
 
 
@@ -181,7 +149,7 @@ def _resolve_session_key(known: set[str], name: str) -> str | None:
 @sessions_app.command("list")
 def sessions_list() -> None:
     """List sessions, most recently active first."""
-    settings = _settings()
+    settings = settings_or_exit()
 
     async def main() -> int:
         async with open_database(settings) as db:
@@ -192,7 +160,7 @@ def sessions_list() -> None:
         out.print(table if rows else "No sessions yet.")
         return 0
 
-    _run(main())
+    run_command(main())
 
 
 @sessions_app.command("show")
@@ -201,7 +169,7 @@ def sessions_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print the messages as JSON.")] = False,
 ) -> None:
     """Show a session's whole stored history."""
-    settings = _settings()
+    settings = settings_or_exit()
 
     async def main() -> int:
         async with open_database(settings) as db:
@@ -220,7 +188,7 @@ def sessions_show(
             out.print(f"{m.content} {calls}".strip(), markup=False)
         return 0
 
-    _run(main())
+    run_command(main())
 
 
 @trace_app.command("list")
@@ -229,7 +197,7 @@ def trace_list(
     limit: Annotated[int, typer.Option(help="How many turns.")] = 20,
 ) -> None:
     """The latest turns, newest first."""
-    settings = _settings()
+    settings = settings_or_exit()
 
     async def main() -> int:
         async with open_database(settings) as db:
@@ -241,7 +209,7 @@ def trace_list(
         out.print(table if traces else "No turns recorded yet.")
         return 0
 
-    _run(main())
+    run_command(main())
 
 
 @trace_app.command("show")
@@ -249,7 +217,7 @@ def trace_show(turn_id: Annotated[str, typer.Argument(help="A turn id (`ember tr
     """A turn's stages, model calls, tool calls and approval decisions."""
     from ember.trace_view import show_trace
 
-    settings = _settings()
+    settings = settings_or_exit()
 
     async def main() -> int:
         async with open_database(settings) as db:
@@ -260,7 +228,7 @@ def trace_show(turn_id: Annotated[str, typer.Argument(help="A turn id (`ember tr
         show_trace(trace, out)
         return 0
 
-    _run(main())
+    run_command(main())
 
 
 @app.command()
@@ -268,8 +236,8 @@ def doctor() -> None:
     """Check the configuration, the store and the model endpoint."""
     from ember.diagnostics import run_checks
 
-    settings = _settings()
-    _run(run_checks(settings, out))
+    settings = settings_or_exit()
+    run_command(run_checks(settings, out))
 
 
 @app.command()
@@ -277,7 +245,7 @@ def demo() -> None:
     """An offline walkthrough on the scripted demo model (no AI involved)."""
     from ember.demo import run_demo
 
-    _run(run_demo(out))
+    run_command(run_demo(out))
 
 
 mcp_app = typer.Typer(help="Inspect MCP servers.", no_args_is_help=True)
@@ -289,8 +257,8 @@ def mcp_list() -> None:
     """Connect to each configured MCP server and show its state and tools."""
     from ember.tools.mcp import start_mcp
 
-    settings = _settings()
-    _setup_logging(settings, verbose=False)
+    settings = settings_or_exit()
+    setup_logging(settings, verbose=False)
 
     async def main() -> int:
         hub = await start_mcp(settings.mcp_servers)
@@ -311,7 +279,7 @@ def mcp_list() -> None:
         out.print(table)
         return 0
 
-    _run(main())
+    run_command(main())
 
 
 def _when(timestamp: float) -> str:

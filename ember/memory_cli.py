@@ -1,0 +1,342 @@
+"""`ember memory`: what the agent remembers, added, searched, imported, forgotten.
+
+Every command acts on one identity's memory: `local` (the terminal's person)
+unless `--identity` names another. Commands that write finish the embedding
+they queued before they exit, so a search right after them finds by meaning.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
+from rich.table import Table
+
+from ember.app import memory_service, open_database
+from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
+from ember.config import Settings
+from ember.core.errors import MemoryInputError
+from ember.core.memory import (
+    LOCAL_IDENTITY,
+    MemoryKind,
+    MemoryRecord,
+    MemoryStatus,
+    NewMemory,
+    SourceRank,
+    check_content,
+)
+from ember.memory.service import MemoryService
+from ember.store.memories import SqlMemoryStore
+
+memory_app = typer.Typer(help="What the agent remembers: add, search, import, forget.", no_args_is_help=True)
+
+IMPORT_BATCH = 500
+
+IdentityOption = Annotated[str, typer.Option("--identity", help="Whose memory [default: local, the terminal's].")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+AllOption = Annotated[bool, typer.Option("--all", help="Include superseded and archived memories.")]
+
+
+@asynccontextmanager
+async def _memory(settings: Settings, *, search: bool = True) -> AsyncIterator[MemoryService]:
+    """The memory service; with `search`, its embedder too (commands that only list need none)."""
+    async with open_database(settings) as db:
+        service = memory_service(settings, db) if search else MemoryService(SqlMemoryStore(db), None)
+        await service.open()
+        yield service
+
+
+def _settings() -> Settings:
+    settings = settings_or_exit()
+    setup_logging(settings, verbose=False)
+    return settings
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, ensure_ascii=False, indent=2))
+
+
+def _when(timestamp: float) -> str:
+    return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+
+
+def _table(records: list[MemoryRecord], scores: list[float] | None = None) -> Table:
+    table = Table()
+    table.add_column("id", no_wrap=True)  # an id is copied whole into the next command
+    for name in ("kind", "status", "subject.key", "content", "created", *(["score"] if scores else [])):
+        table.add_column(name)
+    for index, r in enumerate(records):
+        about = f"{r.subject or ''}.{r.key}" if r.key else (r.subject or "")
+        row = [r.id, r.kind.value, r.status.value, escape(about), escape(r.content), _when(r.created_at)]
+        table.add_row(*row, *([f"{scores[index]:.4f}"] if scores else []))
+    return table
+
+
+async def _finish_embedding(memory: MemoryService) -> None:
+    pending = await memory.store.count_unembedded()
+    if not pending:
+        return
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("embedding", total=pending)
+        await memory.flush_embeddings(progress=lambda done: progress.update(task, completed=done))
+
+
+@memory_app.command("add")
+def add(
+    text: Annotated[str, typer.Argument(help="What to remember.")],
+    subject: Annotated[str | None, typer.Option(help="Whom or what it is about.")] = None,
+    key: Annotated[str | None, typer.Option(help="The attribute; a new fact with the same subject and key "
+                                                  "replaces the old one.")] = None,
+    identity: IdentityOption = LOCAL_IDENTITY,
+    as_json: JsonOption = False,
+) -> None:
+    """Remember TEXT as a fact the person stated; prints the new memory's id."""
+    settings = _settings()
+
+    async def main() -> int:
+        async with _memory(settings) as memory:
+            outcome = await memory.remember(identity, text, subject=subject, key=key, source="ember memory add")
+            await _finish_embedding(memory)
+        if as_json:
+            _print_json({**outcome.record.to_json_dict(), "created": outcome.created,
+                         "superseded": list(outcome.superseded)})
+        else:
+            print(outcome.record.id)
+            if not outcome.created:
+                err.print("already remembered: that is the existing memory's id", markup=False)
+        return 0
+
+    run_command(main())
+
+
+@memory_app.command("search")
+def search(
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    limit: Annotated[int, typer.Option(help="How many results.")] = 10,
+    include_all: AllOption = False,
+    identity: IdentityOption = LOCAL_IDENTITY,
+    as_json: JsonOption = False,
+) -> None:
+    """Search memories by words and by meaning, best first."""
+    settings = _settings()
+
+    async def main() -> int:
+        async with _memory(settings) as memory:
+            hits = await memory.search(identity, query, limit=limit, include_inactive=include_all)
+        if as_json:
+            _print_json([{**hit.record.to_json_dict(), "score": round(hit.score, 6)} for hit in hits])
+        elif hits:
+            out.print(_table([h.record for h in hits], [h.score for h in hits]))
+        else:
+            out.print("Nothing found.")
+        return 0
+
+    run_command(main())
+
+
+@memory_app.command("list")
+def list_memories(
+    kind: Annotated[MemoryKind | None, typer.Option(help="Only this tier.")] = None,
+    include_all: AllOption = False,
+    identity: IdentityOption = LOCAL_IDENTITY,
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 100,
+    as_json: JsonOption = False,
+) -> None:
+    """Memories, newest first (active ones unless --all)."""
+    settings = _settings()
+
+    async def main() -> int:
+        async with _memory(settings, search=False) as memory:
+            records = await memory.store.list(
+                identity, kinds=(kind,) if kind else (), include_inactive=include_all, limit=limit)
+        if as_json:
+            _print_json([r.to_json_dict() for r in records])
+        else:
+            out.print(_table(records) if records else "No memories yet.")
+        return 0
+
+    run_command(main())
+
+
+@memory_app.command("history")
+def history(
+    memory_id: Annotated[str, typer.Argument(metavar="ID")],
+    identity: IdentityOption = LOCAL_IDENTITY,
+    as_json: JsonOption = False,
+) -> None:
+    """The supersession chain of a fact, oldest first."""
+    settings = _settings()
+
+    async def main() -> int:
+        async with _memory(settings, search=False) as memory:
+            chain = await memory.store.history(identity, memory_id)
+        if as_json:
+            _print_json([r.to_json_dict() for r in chain])
+        else:
+            out.print(_table(chain))
+        return 0
+
+    run_command(main())
+
+
+@memory_app.command("forget")
+def forget(memory_id: Annotated[str, typer.Argument(metavar="ID")], identity: IdentityOption = LOCAL_IDENTITY) -> None:
+    """Archive a memory: never recalled again, still listed with --all. `purge` deletes."""
+    settings = _settings()
+
+    async def main() -> int:
+        async with _memory(settings, search=False) as memory:
+            record = await memory.forget(identity, memory_id)
+        out.print(f"archived {record.id}")
+        return 0
+
+    run_command(main())
+
+
+@memory_app.command("purge")
+def purge(memory_id: Annotated[str, typer.Argument(metavar="ID")], identity: IdentityOption = LOCAL_IDENTITY) -> None:
+    """Delete a memory for good: its row, its text index entry and its vector."""
+    settings = _settings()
+
+    async def main() -> int:
+        async with _memory(settings, search=False) as memory:
+            await memory.store.purge(identity, memory_id)
+        out.print(f"purged {memory_id}")
+        return 0
+
+    run_command(main())
+
+
+@memory_app.command("reindex")
+def reindex() -> None:
+    """Rebuild the full-text index from the memory rows and embed what has no vector."""
+    settings = _settings()
+
+    async def main() -> int:
+        async with _memory(settings) as memory:
+            rows = await memory.store.reindex_text()
+            await _finish_embedding(memory)
+        out.print(f"text index rebuilt: {rows} memories; vectors complete")
+        return 0
+
+    run_command(main())
+
+
+@memory_app.command("import")
+def import_memories(
+    file: Annotated[Path, typer.Argument(help="JSON Lines: {\"content\", \"subject\"?, \"key\"?, \"created_at\"?, "
+                                             "\"source\"?} per line; - for standard input.")],
+    identity: IdentityOption = LOCAL_IDENTITY,
+) -> None:
+    """Import memories from JSON Lines; a bad line is reported by its number and skipped."""
+    settings = _settings()
+
+    async def main() -> int:
+        added = known = bad = 0
+        async with _memory(settings) as memory:
+            for batch, problems in _batches(file, identity):
+                for number, problem in problems:
+                    err.print(f"line {number}: {problem}; skipped", markup=False)
+                bad += len(problems)
+                if batch:
+                    outcomes = await memory.remember_many(batch)
+                    added += sum(o.created for o in outcomes)
+                    known += sum(not o.created for o in outcomes)
+                    err.print(f"imported {added + known} so far", markup=False)
+            await _finish_embedding(memory)
+        out.print(f"imported {added} new, {known} already known, {bad} bad line(s) skipped")
+        return 1 if bad and not added and not known else 0
+
+    run_command(main())
+
+
+def _batches(file: Path, identity: str) -> Iterator[tuple[list[NewMemory], list[tuple[int, str]]]]:
+    stream = sys.stdin if str(file) == "-" else _open(file)
+    batch: list[NewMemory] = []
+    problems: list[tuple[int, str]] = []
+    for number, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        try:
+            batch.append(_parse_line(line, identity))
+        except MemoryInputError as exc:
+            problems.append((number, str(exc)))
+        if len(batch) >= IMPORT_BATCH:
+            yield batch, problems
+            batch, problems = [], []
+    yield batch, problems
+
+
+def _open(file: Path) -> Any:
+    try:
+        return file.open(encoding="utf-8")
+    except OSError as exc:
+        raise MemoryInputError(f"cannot read {file}: {exc.strerror}") from exc
+
+
+def _parse_line(line: str, identity: str) -> NewMemory:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise MemoryInputError(f"not JSON ({exc.msg})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("content"), str):
+        raise MemoryInputError('each line must be an object with a "content" string')
+    for field in ("subject", "key", "source"):
+        if data.get(field) is not None and not isinstance(data[field], str):
+            raise MemoryInputError(f'"{field}" must be a string')
+    return NewMemory(identity=identity, content=check_content(data["content"]), subject=data.get("subject"),
+                     key=data.get("key"), source=data.get("source") or "import",
+                     source_rank=SourceRank.USER_STATED, created_at=parse_time(data.get("created_at")))
+
+
+def parse_time(value: object) -> float | None:
+    """ISO 8601 (a date alone is midnight UTC; no zone means UTC) or epoch seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise MemoryInputError('"created_at" must be ISO 8601 or epoch seconds')
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise MemoryInputError(f'"created_at" {value!r} is not ISO 8601') from exc
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
+    raise MemoryInputError('"created_at" must be ISO 8601 or epoch seconds')
+
+
+@memory_app.command("export")
+def export(
+    identity: IdentityOption = LOCAL_IDENTITY,
+    include_all: AllOption = False,
+    kind: Annotated[MemoryKind | None, typer.Option(help="Only this tier [default: facts and episodes].")] = None,
+) -> None:
+    """Write memories as JSON Lines (the import format) to standard output."""
+    settings = _settings()
+
+    async def main() -> int:
+        kinds = (kind,) if kind else (MemoryKind.FACT, MemoryKind.EPISODIC)
+        async with _memory(settings, search=False) as memory:
+            records = await memory.store.list(
+                identity, kinds=kinds, include_inactive=include_all, limit=10_000_000)
+        for r in reversed(records):
+            line: dict[str, object] = {"content": r.content, "created_at": dt.datetime.fromtimestamp(
+                r.created_at, dt.UTC).isoformat()}
+            line.update({name: value for name, value in (("subject", r.subject), ("key", r.key),
+                                                          ("source", r.source)) if value is not None})
+            if r.status is not MemoryStatus.ACTIVE:
+                line["status"] = r.status.value
+            print(json.dumps(line, ensure_ascii=False))
+        return 0
+
+    run_command(main())
