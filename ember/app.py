@@ -139,7 +139,7 @@ def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidatio
 def memory_service(settings: Settings, db: Database, embedder: Embedder | None = None) -> MemoryService:
     """The memory of `db` with the configured embedder (loaded here unless given)."""
     chosen = embedder if embedder is not None else load_embedder(settings.embedding_model)
-    return MemoryService(SqlMemoryStore(db), chosen)
+    return MemoryService(SqlMemoryStore(db), chosen, identities=Identities(settings.identities))
 
 
 @asynccontextmanager
@@ -157,7 +157,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
                         embedder: Embedder | None = None) -> Runtime:
     """`tools` replaces the built-in tools (tests); `embedder` the configured one."""
     settings.home_dir.mkdir(parents=True, exist_ok=True)
-    identities = Identities(settings.identities)
+    identities = Identities(settings.identities)  # checked before anything is opened
     db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
     await db.open()
     sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
@@ -169,7 +169,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
     gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory), settings.tool_policy)
-    consolidation = ConsolidationWorker(sessions, leases, model, keep_recent=settings.consolidation_keep_recent)
+    consolidation = ConsolidationWorker(sessions, leases, model, memory,
+                                        keep_recent=settings.consolidation_keep_recent)
     runner = BackgroundRunner(
         jobs,
         _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, model, memory),

@@ -154,3 +154,8 @@ def session_identity(session_key: str, metadata: dict[str, object]) -> str:
     if isinstance(channel, str) and isinstance(sender, str):
         return default_identity(f"{channel}:{sender}")
     return default_identity(session_key)
+
+
+def shared_identity(session_key: str) -> str:
+    """The identity of a session several people wrote in: the group's, nobody's own."""
+    return f"shared:{session_key}"

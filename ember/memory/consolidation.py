@@ -7,14 +7,16 @@ only, by compare-and-set, never into the middle of a tool-call chain.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 
 from ember.core.leases import SessionLeases
-from ember.core.memory import MAX_CONTENT_CHARS, NewMemory, SourceRank, session_identity
+from ember.core.memory import MAX_CONTENT_CHARS, NewMemory, SourceRank, shared_identity
 from ember.core.messages import Message, Role, Session
 from ember.core.thinking import strip_thinking
 from ember.memory.transcript import render_transcript
@@ -38,25 +40,37 @@ class ExtractedFact(BaseModel):
     content: str = Field(min_length=1, max_length=MAX_CONTENT_CHARS)
 
 
-class Consolidated(BaseModel):
-    summary: str = Field(min_length=1)
-    facts: list[ExtractedFact] = Field(default_factory=list, max_length=50)
+@dataclass(frozen=True, slots=True)
+class Consolidated:
+    summary: str
+    facts: tuple[ExtractedFact, ...] = ()
+
+
+MAX_FACTS = 50
 
 
 def parse_consolidation(reply: str) -> Consolidated:
-    """The model's JSON answer; a model that answers in prose gives a summary without facts."""
+    """The model's JSON answer, each fact validated on its own (a bad one is
+    dropped, not the summary); a model that answers in prose gives a summary
+    without facts."""
     text = strip_thinking(reply).strip()
     fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.DOTALL)
     candidate = fenced.group(1) if fenced else text
-    if candidate.startswith("{"):
-        try:
-            return Consolidated.model_validate_json(candidate)
-        except ValidationError as exc:
-            log.warning("consolidation answer is not the JSON asked for (%s); keeping it as a summary",
-                        exc.errors()[0]["msg"])
+    try:
+        data = json.loads(candidate) if candidate.startswith("{") else None
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("summary"), str) and data["summary"].strip():
+        facts = []
+        for item in data.get("facts") or []:
+            try:
+                facts.append(ExtractedFact.model_validate(item))
+            except ValidationError as exc:
+                log.warning("consolidation: a fact was left out: %s", exc.errors()[0]["msg"])
+        return Consolidated(data["summary"].strip(), tuple(facts[:MAX_FACTS]))
     if not text:
         raise ValueError("the model returned an empty summary")
-    return Consolidated(summary=text)
+    return Consolidated(text)
 
 
 def should_consolidate(unconsolidated: int, threshold: int) -> bool:
@@ -90,12 +104,19 @@ def plan_chunk(session: Session, keep_recent: int) -> Chunk | None:
     return Chunk(start=session.last_consolidated, end=boundary, messages=tuple(window[:end]))
 
 
+class SessionOwners(Protocol):
+    async def owner(self, session: Session) -> str:
+        """The identity whose memory the session's summary joins."""
+        ...
+
+
 class ConsolidationWorker:
-    def __init__(self, sessions: SessionStore, leases: SessionLeases, model: ModelClient, *,
+    def __init__(self, sessions: SessionStore, leases: SessionLeases, model: ModelClient, owners: SessionOwners, *,
                  keep_recent: int) -> None:
         self._sessions = sessions
         self._leases = leases
         self._model = model
+        self._owners = owners
         self._keep_recent = keep_recent
 
     async def consolidate(self, session_key: str) -> bool:
@@ -107,8 +128,10 @@ class ConsolidationWorker:
         if chunk is None:
             return False
         done = await self.summarize(chunk.messages)
-        identity = session_identity(session.key, session.metadata)
-        facts = [] if session.metadata.get("evaluation") else [
+        identity = await self._owners.owner(session)
+        # A group's conversation yields its summary only: a fact in it may be anyone's.
+        shared = identity == shared_identity(session.key)
+        facts = [] if session.metadata.get("evaluation") or shared else [
             NewMemory(identity=identity, content=fact.content, subject=fact.subject, key=fact.key,
                       source=f"consolidation of session {session_key}, messages {chunk.start}–{chunk.end - 1}",
                       source_rank=SourceRank.CONSOLIDATED, session_key=session_key,
@@ -116,8 +139,8 @@ class ConsolidationWorker:
             for fact in done.facts]
         async with self._leases.hold(session_key):
             moved = await self._sessions.advance_boundary(
-                session_key, expected=chunk.start, new=chunk.end, summary=done.summary, facts=facts
-            )
+                session_key, expected=chunk.start, new=chunk.end, summary=done.summary, facts=facts,
+                identity=identity)
         if not moved:
             log.info("consolidation of %s skipped: the boundary moved since %d", session_key, chunk.start)
         return moved

@@ -15,8 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ember.core.errors import ConfigError
-from ember.core.memory import default_identity, session_identity
-from ember.core.messages import Session
+from ember.core.memory import default_identity
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -40,6 +39,3 @@ class Identities:
         principal = f"{channel}:{sender_id}"
         return self._by_principal.get(principal) or default_identity(principal)
 
-    def of_session(self, session: Session) -> str:
-        """The identity that owns a session (recorded at its first message)."""
-        return session_identity(session.key, session.metadata)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ember.core.leases import SessionLeases
-from ember.core.memory import NewMemory, SourceRank, session_identity
+from ember.core.memory import NewMemory, SourceRank
 from ember.core.messages import Message, Role, Session
 from ember.core.thinking import strip_thinking
 from ember.memory.service import MemoryService
@@ -53,7 +53,7 @@ class MemoryReviewer:
         if not turn or session.metadata.get("evaluation"):
             return 0
         reply = await complete(self._model, [Message.system(REVIEW_INSTRUCTION), Message.user(render_transcript(turn))])
-        identity = session_identity(session.key, session.metadata)
+        identity = await self._memory.turn_owner(session, turn[0].turn_id)
         outcomes = await self._memory.remember_many([
             NewMemory(identity=identity, content=fact, source=f"review of session {session_key}",
                       source_rank=SourceRank.CONSOLIDATED, session_key=session_key)

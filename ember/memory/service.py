@@ -25,10 +25,12 @@ from ember.core.memory import (
     Recalled,
     SourceRank,
     session_identity,
+    shared_identity,
 )
 from ember.core.messages import Session
 from ember.memory.embeddings import Embedder
 from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
+from ember.memory.identity import Identities
 from ember.memory.retrieval import Candidates, Reranker, fuse
 from ember.memory.vectors import VectorIndex
 from ember.store.memories import SqlMemoryStore, WriteOutcome
@@ -66,11 +68,12 @@ def approx_tokens(text: str) -> int:
 
 
 class MemoryService:
-    def __init__(self, store: SqlMemoryStore, embedder: Embedder | None, *,
+    def __init__(self, store: SqlMemoryStore, embedder: Embedder | None, *, identities: Identities | None = None,
                  forgetting: ForgettingPolicy | None = None, reranker: Reranker | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._embedder = embedder
+        self._identities = identities or Identities()
         self._forgetting = forgetting or ForgettingPolicy()
         self._reranker = reranker
         self._clock = clock
@@ -142,8 +145,7 @@ class MemoryService:
                          exclude: Callable[[MemoryRecord], bool] = lambda _: False) -> PromptMemory:
         """Profile facts (stable order, so the prompt prefix stays cacheable), then
         the memories the message recalls, within the budget. Each recall is counted."""
-        profile = tuple(await self._store.list(identity, kinds=(MemoryKind.FACT,), limit=budget.profile_facts,
-                                               subject_first=True))
+        profile = tuple(await self._store.profile(identity, budget.profile_facts)) if budget.profile_facts else ()
         shown = {record.id for record in profile}
         recalled: list[MemoryRecord] = []
         used_ids: list[str] = []
@@ -166,9 +168,12 @@ class MemoryService:
         return PromptMemory(profile, tuple(recalled))
 
     async def episodes(self, identity: str, session_key: str, limit: int) -> list[MemoryRecord]:
-        """The session's latest consolidation summaries, oldest first."""
-        found = await self._store.list(identity, kinds=(MemoryKind.EPISODIC,), limit=limit, session_key=session_key)
-        return found[::-1]
+        """The session's latest consolidation summaries, oldest first: the person's
+        own, or the group's when the session is shared (its members saw it all)."""
+        found = [record for owner in (identity, shared_identity(session_key))
+                 for record in await self._store.list(owner, kinds=(MemoryKind.EPISODIC,), limit=limit,
+                                                      session_key=session_key)]
+        return sorted(found, key=lambda record: record.created_at)[-limit:]
 
     def _note_recalled(self, identity: str, ids: Sequence[str]) -> None:
         now = self._clock()
@@ -183,10 +188,31 @@ class MemoryService:
     # -- background jobs -------------------------------------------------------------
 
     async def archive_session(self, session: Session) -> int:
-        """Copy the session's new messages into the archival tier (the searchable history)."""
+        """Copy the session's new messages into the archival tier (the searchable
+        history), each into the memory of the person whose turn it was."""
         if session.metadata.get("evaluation"):
             return 0
-        return await self._store.archive_session(session.key, session_identity(session.key, session.metadata))
+        return await self._store.archive_session(session.key, self._identities.resolve,
+                                                 session_identity(session.key, session.metadata))
+
+    async def turn_owners(self, session: Session) -> dict[str, str]:
+        """turn id -> the identity of the person who sent that turn's message."""
+        return {turn: self._identities.resolve(channel, sender)
+                for turn, (channel, sender) in (await self._store.senders(session.key)).items()}
+
+    async def turn_owner(self, session: Session, turn_id: str | None) -> str:
+        """The identity of the person who sent a turn's message."""
+        found = (await self.turn_owners(session)).get(turn_id or "")
+        return found or session_identity(session.key, session.metadata)
+
+    async def owner(self, session: Session) -> str:
+        """Whose memory a session's summary joins: its one participant's, or, when
+        several people wrote in it (a group chat), the session's own shared
+        identity, so no member's personal memory takes in another's words."""
+        people = set((await self.turn_owners(session)).values())
+        if len(people) > 1:
+            return shared_identity(session.key)
+        return people.pop() if people else session_identity(session.key, session.metadata)
 
     async def flush_embeddings(self, progress: Callable[[int], None] | None = None) -> int:
         """Embed every memory still without a vector, in batches; returns how many."""

@@ -108,7 +108,8 @@ class ContextStage:
         if session.next_seq == 0:
             session.metadata = {"channel": event.channel, "chat_id": event.chat_id, "sender_id": event.sender_id,
                                 "identity": self._identities.resolve(event.channel, event.sender_id)}
-        identity = self._identities.of_session(session)
+        # The sender's memory, not the session's: in a group chat each member recalls only their own.
+        identity = self._identities.resolve(event.channel, event.sender_id)
         if not resume:
             assert event.message_id is not None
             receipt = Receipt(channel=event.channel, message_id=event.message_id, chat_id=event.chat_id,

@@ -7,7 +7,7 @@ distilled from; for now they are kept as procedural memories.
 from __future__ import annotations
 
 from ember.core.leases import SessionLeases
-from ember.core.memory import MemoryKind, SourceRank, session_identity
+from ember.core.memory import MemoryKind, SourceRank
 from ember.memory.review import load_last_turn
 from ember.memory.service import MemoryService
 from ember.store.sessions import SessionStore
@@ -26,7 +26,7 @@ class SkillReviewer:
             return None
         request = " ".join(turn[0].content.split())[:120]
         note = f"For {request!r}: {' -> '.join(tools)}"
-        await self._memory.remember(session_identity(session.key, session.metadata), note,
+        await self._memory.remember(await self._memory.turn_owner(session, turn[0].turn_id), note,
                                     kind=MemoryKind.PROCEDURAL, source=f"skill review of session {session_key}",
                                     source_rank=SourceRank.INFERRED, session_key=session_key)
         return note

@@ -11,13 +11,14 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ember.core.errors import MemoryNotFound
 from ember.core.jobs import JobKind, JobRequest
 from ember.core.memory import (
+    MAX_CONTENT_CHARS,
     MemoryKind,
     MemoryRecord,
     MemoryStatus,
@@ -93,14 +94,16 @@ class WriteOutcome:
 
 
 def write_memory(conn: sqlite3.Connection, memory: NewMemory, now: float) -> WriteOutcome:
-    """Add a memory unless its content is already active for this identity.
+    """Add a memory unless its content is already active for this identity
+    (an episode is always added: its source span makes it new).
 
     A fact with a subject and key supersedes the active fact of the same
     subject and key at once, unless that one has a better source: then the
     new fact is parked as pending (needs confirmation) and nothing changes.
     """
     content = check_content(memory.content)
-    existing = conn.execute(
+    # Two episodes may read alike and still be two events; a fact said twice is one fact.
+    existing = None if memory.kind is MemoryKind.EPISODIC else conn.execute(
         f"{_SELECT} WHERE identity = ? AND content_hash = ? AND kind = ? AND status IN ('active', 'pending') "
         "LIMIT 1", (memory.identity, content_hash(content), memory.kind.value)).fetchone()
     if existing is not None:
@@ -166,10 +169,16 @@ class SqlMemoryStore:
 
         return await self._db.run_read(read)
 
+    async def profile(self, identity: str, limit: int) -> list[MemoryRecord]:
+        """The identity's active facts that name an attribute (subject and key), in a stable order."""
+        sql = (f"{_SELECT} WHERE identity = ? AND kind = 'fact' AND status = 'active' AND fact_key IS NOT NULL "
+               "ORDER BY source_rank DESC, subject, fact_key, num LIMIT ?")
+        rows = await self._db.run_read(lambda conn: conn.execute(sql, (identity, limit)).fetchall())
+        return [record_of(row)[1] for row in rows]
+
     async def list(self, identity: str, *, kinds: Sequence[MemoryKind] = (), include_inactive: bool = False,
-                   limit: int = 100, subject_first: bool = False,
-                   session_key: str | None = None) -> list[MemoryRecord]:
-        """Newest first; `subject_first` orders by subject then key (the prompt's profile)."""
+                   limit: int = 100, session_key: str | None = None) -> list[MemoryRecord]:
+        """Newest first."""
         where = f"identity = ?{_statuses(include_inactive)}"
         params: list[Any] = [identity]
         if session_key is not None:
@@ -178,8 +187,7 @@ class SqlMemoryStore:
         if kinds:
             where += f" AND kind IN ({','.join('?' * len(kinds))})"
             params += [k.value for k in kinds]
-        order = "subject, fact_key, created_at" if subject_first else "created_at DESC, num DESC"
-        sql = f"{_SELECT} WHERE {where} ORDER BY {order} LIMIT ?"
+        sql = f"{_SELECT} WHERE {where} ORDER BY created_at DESC, num DESC LIMIT ?"
         rows = await self._db.run_read(lambda conn: conn.execute(sql, (*params, limit)).fetchall())
         return [record_of(row)[1] for row in rows]
 
@@ -332,9 +340,17 @@ class SqlMemoryStore:
 
     # -- archival tier -----------------------------------------------------------
 
-    async def archive_session(self, session_key: str, identity: str) -> int:
+    async def senders(self, session_key: str) -> dict[str, tuple[str, str]]:
+        """turn id -> (channel, sender id) of every message the session accepted."""
+        rows = await self._db.run_read(lambda conn: conn.execute(
+            "SELECT turn_id, channel, sender_id FROM inbox WHERE session_key = ?", (session_key,)).fetchall())
+        return {turn_id: (channel, sender) for turn_id, channel, sender in rows}
+
+    async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], fallback: str) -> int:
         """Copy the session's committed user and assistant messages not yet archived
-        into the archival tier, in one transaction; returns how many."""
+        into the archival tier, in one transaction; returns how many. Each goes
+        to the identity `resolve(channel, sender)` of its turn's message, read
+        in the same transaction; `fallback` takes a message without a receipt."""
         now = time.time()
 
         def copy(conn: sqlite3.Connection) -> int:
@@ -342,12 +358,14 @@ class SqlMemoryStore:
                                 (session_key,)).fetchone()
             start = mark[0] if mark else 0
             rows = conn.execute(
-                "SELECT seq, role, content, created_at FROM messages WHERE session_key = ? AND seq >= ? "
-                "AND role IN ('user', 'assistant') ORDER BY seq", (session_key, start)).fetchall()
+                "SELECT m.seq, m.role, m.content, m.created_at, i.channel, i.sender_id FROM messages m "
+                "LEFT JOIN inbox i ON i.turn_id = m.turn_id AND i.session_key = m.session_key "
+                "WHERE m.session_key = ? AND m.seq >= ? AND m.role IN ('user', 'assistant') ORDER BY m.seq",
+                (session_key, start)).fetchall()
             high = conn.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_key = ?",
                                 (session_key,)).fetchone()[0]
             added = 0
-            for seq, role, content, created_at in rows:
+            for seq, role, content, created_at, channel, sender in rows:
                 text = content.strip()
                 if not text:
                     continue
@@ -355,11 +373,12 @@ class SqlMemoryStore:
                                       "AND kind = 'archival'", (session_key, seq)).fetchone()
                 if exists:
                     continue
+                owner = resolve(channel, sender) if channel is not None else fallback
+                rank = SourceRank.USER_STATED if role == "user" else SourceRank.INFERRED
                 insert_memory(conn, NewMemory(
-                    identity=identity, content=f"{role}: {text}"[:8_000], kind=MemoryKind.ARCHIVAL,
-                    source=f"session {session_key}", source_rank=SourceRank.USER_STATED if role == "user"
-                    else SourceRank.INFERRED, session_key=session_key, seq_start=seq, seq_end=seq + 1,
-                    created_at=created_at), now)
+                    identity=owner, content=f"{role}: {text}"[:MAX_CONTENT_CHARS], kind=MemoryKind.ARCHIVAL,
+                    source=f"session {session_key}", source_rank=rank, session_key=session_key,
+                    seq_start=seq, seq_end=seq + 1, created_at=created_at), now)
                 added += 1
             conn.execute("INSERT INTO memory_archive_marks (session_key, next_seq) VALUES (?, ?) "
                          "ON CONFLICT (session_key) DO UPDATE SET next_seq = excluded.next_seq",

@@ -171,6 +171,8 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             model TEXT NOT NULL,
             vector BLOB NOT NULL)""",
         "CREATE INDEX memory_vectors_by_owner ON memory_vectors (identity, model, num)",
+        # Whose turn a message was (archival memory goes to its sender), and who wrote in a session.
+        "CREATE INDEX inbox_by_session ON inbox (session_key, turn_id)",
         # Per session, the first message not yet copied into the archival tier.
         "CREATE TABLE memory_archive_marks (session_key TEXT PRIMARY KEY, next_seq BIGINT NOT NULL)",
         _move_old_memories,

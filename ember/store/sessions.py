@@ -85,7 +85,7 @@ class SessionStore(Protocol):
                      delivery: Delivery | None = None, jobs: Sequence[JobRequest] = ()) -> None: ...
 
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str,
-                               facts: Sequence[NewMemory] = ()) -> bool: ...
+                               facts: Sequence[NewMemory] = (), identity: str | None = None) -> bool: ...
 
 
 class SqlSessionStore:
@@ -178,10 +178,11 @@ class SqlSessionStore:
         return [SessionSummary(r.key, r.next_seq, r.last_consolidated, r.updated_at) for r in rows]
 
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str,
-                               facts: Sequence[NewMemory] = ()) -> bool:
+                               facts: Sequence[NewMemory] = (), identity: str | None = None) -> bool:
         """Move `last_consolidated` from `expected` forward to `new` and record
         the summary of the messages in between, with the facts drawn from them,
-        atomically (I5): a retried consolidation can add nothing twice.
+        atomically (I5): a retried consolidation can add nothing twice. The
+        summary joins `identity`'s memory (by default, the session owner's).
 
         False (and nothing written) when another consolidation moved it first;
         ValueError for a boundary inside a tool-call chain (I5).
@@ -200,9 +201,9 @@ class SqlSessionStore:
             if head is None or moved.rowcount != 1:
                 return False
             first, _last = conn.execute(SPAN, {"key": key, "start": expected, "end": new}).fetchone()
-            identity = session_identity(key, json.loads(head.metadata_json))
+            owner = identity or session_identity(key, json.loads(head.metadata_json))
             span = f"session {key}, messages {expected}–{new - 1}"
-            write_memory(conn, NewMemory(identity=identity, content=summary, kind=MemoryKind.EPISODIC,
+            write_memory(conn, NewMemory(identity=owner, content=summary, kind=MemoryKind.EPISODIC,
                                          source=span, source_rank=SourceRank.CONSOLIDATED, session_key=key,
                                          seq_start=expected, seq_end=new, created_at=first or now), now)
             for fact in facts:

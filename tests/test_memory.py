@@ -1,0 +1,265 @@
+"""Long-term memory through its service, on a real SQLite store: writing,
+supersession, recall (Chinese and English), per-person scope, forgetting."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from ember.core.errors import MemoryInputError, MemoryNotFound
+from ember.core.memory import MAX_CONTENT_CHARS, MemoryKind, MemoryStatus, NewMemory, SourceRank
+from ember.memory.embeddings import E5Embedder, Embedder, HashingEmbedder
+from ember.memory.forgetting import DAY_S
+from ember.memory.service import MemoryService, RecallBudget
+from ember.store.database import Database
+from ember.store.memories import SqlMemoryStore
+
+
+class Clock:
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@functools.cache
+def e5() -> Embedder:
+    return E5Embedder()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def memory(db: Database, clock: Clock) -> MemoryService:
+    service = MemoryService(SqlMemoryStore(db), HashingEmbedder(), clock=clock)
+    await service.open()
+    return service
+
+
+@pytest.fixture
+async def e5_memory(db: Database, clock: Clock) -> MemoryService:
+    service = MemoryService(SqlMemoryStore(db), e5(), clock=clock)
+    await service.open()
+    return service
+
+
+# Facts a person might tell an agent, and questions that ask for them in other words,
+# in Chinese and English, some across the two languages.
+FACTS = [
+    "My cat is called Mochi.",
+    "I work as a nurse at the Royal Infirmary.",
+    "My daughter Emma turns seven in March.",
+    "I am allergic to penicillin.",
+    "I drive a blue Toyota Corolla.",
+    "我喜欢吃花生。",
+    "我住在上海浦东。",
+    "我的生日是十月三号。",
+    "我老板叫王强。",
+    "I play the cello in a community orchestra on Thursdays.",
+]
+QUESTIONS = [
+    ("what's my pet called?", "My cat is called Mochi."),
+    ("where is my job?", "I work as a nurse at the Royal Infirmary."),
+    ("how old will my kid be?", "My daughter Emma turns seven in March."),
+    ("which medicine must I avoid?", "I am allergic to penicillin."),
+    ("what car do I have?", "I drive a blue Toyota Corolla."),
+    ("花生", "我喜欢吃花生。"),
+    ("我住在哪里？", "我住在上海浦东。"),
+    ("生日", "我的生日是十月三号。"),
+    ("老板", "我老板叫王强。"),
+    ("what instrument do I play?", "I play the cello in a community orchestra on Thursdays."),
+    ("我的猫叫什么名字？", "My cat is called Mochi."),
+    ("what snack do I like?", "我喜欢吃花生。"),
+    ("which city do I live in?", "我住在上海浦东。"),
+]
+
+
+async def test_paraphrased_and_cross_language_questions_find_their_fact(e5_memory: MemoryService) -> None:
+    for fact in FACTS:
+        await e5_memory.remember("alice", fact)
+    assert await e5_memory.flush_embeddings() == len(FACTS)
+    missed = []
+    for question, expected in QUESTIONS:
+        top = [hit.record.content for hit in await e5_memory.search("alice", question, limit=3)]
+        if expected not in top:
+            missed.append((question, top))
+    assert not missed
+
+
+async def test_two_character_chinese_words_are_found_before_any_vector_exists(memory: MemoryService) -> None:
+    await memory.remember("alice", "我喜欢吃花生酱三明治")
+    await memory.remember("alice", "今天下雨了")
+    for query in ("花生", "三明治", "下雨"):
+        hits = await memory.search("alice", query)
+        assert hits, query
+        assert query in hits[0].record.content
+    assert not await memory.search("alice", "咖啡")
+
+
+async def test_the_same_subject_and_key_supersedes_and_keeps_the_history(memory: MemoryService) -> None:
+    first = await memory.remember("alice", "I live in Paris.", subject="user", key="home_city")
+    second = await memory.remember("alice", "I moved to Berlin.", subject="User", key="Home City")
+    assert second.superseded == (first.record.id,)
+    active = await memory.search("alice", "where do I live Paris Berlin")
+    assert [hit.record.content for hit in active] == ["I moved to Berlin."]
+    everything = {hit.record.content: hit.record.status for hit in
+                  await memory.search("alice", "live Paris Berlin moved", include_inactive=True)}
+    assert everything == {"I live in Paris.": MemoryStatus.SUPERSEDED, "I moved to Berlin.": MemoryStatus.ACTIVE}
+    chain = await memory.store.history("alice", first.record.id)
+    assert [r.content for r in chain] == ["I live in Paris.", "I moved to Berlin."]
+    assert chain[0].superseded_by == second.record.id and chain[0].invalid_at is not None
+
+
+async def test_an_inferred_fact_never_overrides_what_the_person_stated(memory: MemoryService) -> None:
+    stated = await memory.remember("alice", "My favourite colour is green.", subject="user", key="colour")
+    guessed = await memory.remember("alice", "The user's favourite colour is red.", subject="user", key="colour",
+                                    source_rank=SourceRank.INFERRED)
+    assert guessed.record.status is MemoryStatus.PENDING and not guessed.superseded
+    assert (await memory.store.get("alice", stated.record.id)).status is MemoryStatus.ACTIVE
+    assert [h.record.content for h in await memory.search("alice", "favourite colour")] == [
+        "My favourite colour is green."]
+
+
+async def test_the_same_content_is_remembered_once(memory: MemoryService) -> None:
+    first = await memory.remember("alice", "My cat is called Mochi.")
+    again = await memory.remember("alice", "  my cat is called MOCHI ")
+    assert not again.created and again.record.id == first.record.id
+    assert len(await memory.store.list("alice")) == 1
+    # Another person may say the same thing: that is their own memory.
+    assert (await memory.remember("bob", "My cat is called Mochi.")).created
+
+
+async def test_one_persons_memory_never_reaches_another(memory: MemoryService) -> None:
+    secret = await memory.remember("alice", "Alice's bank PIN hint is the lighthouse.")
+    await memory.remember("bob", "Bob likes lighthouses.")
+    assert [h.record.identity for h in await memory.search("bob", "lighthouse PIN hint", include_inactive=True)] \
+        == ["bob"]
+    assert all(r.identity == "bob" for r in await memory.store.list("bob", include_inactive=True))
+    for attempt in (memory.store.get("bob", secret.record.id), memory.forget("bob", secret.record.id),
+                    memory.store.history("bob", secret.record.id), memory.store.purge("bob", secret.record.id),
+                    memory.store.get("Alice", secret.record.id)):
+        with pytest.raises(MemoryNotFound):
+            await attempt
+    assert (await memory.store.get("alice", secret.record.id)).status is MemoryStatus.ACTIVE
+
+
+async def test_vectors_of_one_person_never_rank_for_another(e5_memory: MemoryService) -> None:
+    await e5_memory.remember("alice", "My cat is called Mochi.")
+    await e5_memory.remember("bob", "I have no pets at all.")
+    await e5_memory.flush_embeddings()
+    hits = await e5_memory.search("bob", "what's my pet called?")
+    assert [h.record.identity for h in hits] == ["bob"]
+
+
+async def test_bad_input_gets_a_clear_error_and_stores_nothing(memory: MemoryService) -> None:
+    for content, says in (("", "empty"), ("   \n", "empty"), ("x" * (MAX_CONTENT_CHARS + 1), "at most")):
+        with pytest.raises(MemoryInputError, match=says):
+            await memory.remember("alice", content)
+    for query in ("", "?!…", "   "):
+        with pytest.raises(MemoryInputError, match="no words"):
+            await memory.search("alice", query)
+    with pytest.raises(MemoryInputError, match="limit"):
+        await memory.search("alice", "cat", limit=0)
+    with pytest.raises(MemoryNotFound):
+        await memory.forget("alice", "no-such-id")
+    assert await memory.store.list("alice", include_inactive=True) == []
+
+
+async def test_forget_archives_and_only_purge_deletes(memory: MemoryService) -> None:
+    kept = await memory.remember("alice", "My cat is called Mochi.")
+    await memory.flush_embeddings()
+    await memory.forget("alice", kept.record.id)
+    assert not await memory.search("alice", "cat Mochi")
+    assert [h.record.status for h in await memory.search("alice", "cat Mochi", include_inactive=True)] == [
+        MemoryStatus.ARCHIVED]
+    await memory.store.purge("alice", kept.record.id)
+    assert not await memory.search("alice", "cat Mochi", include_inactive=True)
+    counts = await memory.store.consistency()
+    assert counts["rows"] == counts["text_rows"] == 0 and counts["orphan_vectors"] == 0
+
+
+async def test_memories_fade_unless_recalled_and_stated_facts_last_longest(memory: MemoryService,
+                                                                           clock: Clock) -> None:
+    stated = await memory.remember("alice", "My cat is called Mochi.", created_at=clock.now)
+    guessed = await memory.remember("alice", "The user seems to like jazz.", source_rank=SourceRank.INFERRED,
+                                    created_at=clock.now)
+    recalled = await memory.remember("alice", "The user plays chess on Sundays.", source_rank=SourceRank.INFERRED,
+                                     created_at=clock.now)
+    budget = RecallBudget(profile_facts=0)
+    # Recalled twice within the month: each recall doubles its half-life from then on.
+    for days in (10, 25):
+        clock.now += (days - (clock.now - 1_800_000_000.0) / DAY_S) * DAY_S
+        prompt = await memory.for_prompt("alice", "what about chess on sundays?", budget=budget)
+        assert recalled.record.id in [r.id for r in prompt.recalled]
+        await memory.upkeep()
+    clock.now = 1_800_000_000.0 + 120 * DAY_S  # four half-lives of an inferred fact
+    assert await memory.upkeep() == (0, 1)
+    status = {r.id: r.status for r in await memory.store.list("alice", include_inactive=True)}
+    assert status[guessed.record.id] is MemoryStatus.ARCHIVED
+    assert status[recalled.record.id] is MemoryStatus.ACTIVE
+    assert status[stated.record.id] is MemoryStatus.ACTIVE
+    # Archived: no longer recalled into a prompt, still found with --all.
+    prompt = await memory.for_prompt("alice", "does the user like jazz?", budget=budget)
+    assert guessed.record.id not in [r.id for r in prompt.recalled]
+    assert (await memory.search("alice", "jazz", include_inactive=True))[0].record.id == guessed.record.id
+    record = await memory.store.get("alice", recalled.record.id)
+    assert record.recall_count == 2 and record.last_recalled_at == pytest.approx(1_800_000_000.0 + 25 * DAY_S)
+    clock.now = 1_800_000_000.0 + 4 * 365 * DAY_S
+    await memory.upkeep()
+    assert (await memory.store.get("alice", stated.record.id)).status is MemoryStatus.ARCHIVED
+
+
+async def test_the_prompt_gets_stable_profile_facts_then_what_the_message_recalls(memory: MemoryService) -> None:
+    await memory.remember("alice", "The user's name is Alice.", subject="user", key="name")
+    await memory.remember("alice", "The user is vegetarian.", subject="user", key="diet")
+    await memory.remember("alice", "Last spring the user hiked the Dolomites.")
+    first = await memory.for_prompt("alice", "plan a hiking trip", budget=RecallBudget())
+    again = await memory.for_prompt("alice", "something else about hiking", budget=RecallBudget())
+    assert [r.content for r in first.profile] == ["The user is vegetarian.", "The user's name is Alice."]
+    assert first.profile == again.profile  # the cacheable prefix does not move
+    assert [r.content for r in first.recalled] == ["Last spring the user hiked the Dolomites."]
+    tiny = await memory.for_prompt("alice", "hiking", budget=RecallBudget(recalled_tokens=2))
+    assert tiny.recalled == ()
+
+
+async def test_an_unreadable_vector_is_set_aside_and_embedded_again(memory: MemoryService, db: Database) -> None:
+    kept = await memory.remember("alice", "My cat is called Mochi.")
+    await memory.flush_embeddings()
+    await db.run_write(lambda conn: conn.execute("UPDATE memory_vectors SET vector = x'00ff'"))
+    hits = await memory.search("alice", "cat")
+    assert [h.record.id for h in hits] == [kept.record.id]  # found by its words meanwhile
+    assert (await memory.store.consistency())["unembedded"] == 1
+    assert await memory.flush_embeddings() == 1
+    blob = await db.run_read(lambda conn: conn.execute("SELECT vector FROM memory_vectors").fetchone()[0])
+    assert np.frombuffer(blob, dtype=np.float32).shape == (HashingEmbedder().dimensions,)
+
+
+async def test_a_new_embedding_model_re_embeds_everything(db: Database, memory: MemoryService) -> None:
+    await memory.remember("alice", "My cat is called Mochi.")
+    await memory.flush_embeddings()
+
+    class Other(HashingEmbedder):
+        name = "other-model"
+
+    replaced = MemoryService(SqlMemoryStore(db), Other(64))
+    await replaced.open()
+    assert (await replaced.store.consistency())["unembedded"] == 1
+    assert await replaced.flush_embeddings() == 1
+    models = await db.run_read(lambda conn: conn.execute("SELECT DISTINCT model FROM memory_vectors").fetchall())
+    assert models == [("other-model",)]
+
+
+async def test_an_import_batch_is_one_transaction_with_every_text_row(memory: MemoryService) -> None:
+    outcomes = await memory.remember_many([
+        NewMemory(identity="alice", content=f"fact number {i}", created_at=1_700_000_000.0 + i) for i in range(50)])
+    assert all(o.created for o in outcomes)
+    counts = await memory.store.consistency()
+    assert counts["rows"] == counts["text_rows"] == 50 and counts["rows_without_text"] == 0
+    newest = await memory.store.list("alice", limit=1)
+    assert newest[0].content == "fact number 49" and newest[0].kind is MemoryKind.FACT
