@@ -12,6 +12,7 @@ from ember.app import configured_model, open_database
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import EmberError
 from ember.store.jobs import SqlJobStore
+from ember.store.memories import SqlMemoryStore
 from ember.store.migrations import SCHEMA_VERSION
 from ember.store.sessions import SqlSessionStore
 
@@ -63,6 +64,7 @@ async def _check_store(settings: Settings, report: Report) -> None:
             quarantined = await store.quarantined()
             unreadable = await store.unreadable()  # read-only: a running Ember may be using the store
             jobs = await SqlJobStore(db).counts()
+            memory = await SqlMemoryStore(db).consistency()
     except Exception as exc:  # doctor reports every failure instead of crashing
         report.fail(f"store {settings.database_path}: {type(exc).__name__}: {exc}")
         return
@@ -80,6 +82,18 @@ async def _check_store(settings: Settings, report: Report) -> None:
     if jobs.get("failed"):
         report.warn(f"{jobs['failed']} background job(s) failed for good (see ember.log)")
     report.ok(f"background jobs: {jobs.get('pending', 0)} pending, {jobs.get('running', 0)} running")
+    _check_memory(memory, report)
+
+
+def _check_memory(counts: dict[str, int], report: Report) -> None:
+    if counts["rows"] != counts["text_rows"] or counts["rows_without_text"]:
+        report.fail(f"memory text index: {counts['text_rows']} entries for {counts['rows']} memories "
+                    f"({counts['rows_without_text']} missing); `ember memory reindex` rebuilds it")
+    elif counts["orphan_vectors"]:
+        report.fail(f"memory vectors: {counts['orphan_vectors']} without a memory; `ember memory reindex` fixes it")
+    else:
+        report.ok(f"memory: {counts['rows']} memories, text index complete, "
+                  f"{counts['unembedded']} waiting for a vector")
 
 
 async def _check_model(settings: Settings, report: Report) -> None:

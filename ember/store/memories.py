@@ -390,9 +390,11 @@ class SqlMemoryStore:
     # -- upkeep --------------------------------------------------------------------
 
     async def reindex_text(self) -> int:
-        """Rebuild the text index from the rows; returns how many rows it holds."""
+        """Rebuild the text index from the rows, and drop vectors left without a
+        row; returns how many rows the index holds."""
         def rebuild(conn: sqlite3.Connection) -> int:
             conn.execute("DELETE FROM memory_fts")
+            conn.execute("DELETE FROM memory_vectors WHERE num NOT IN (SELECT num FROM memory_items)")
             rows = conn.execute("SELECT num, identity, content FROM memory_items").fetchall()
             conn.executemany(_INSERT_TEXT, [(num, owner_token(identity), index_text(content))
                                             for num, identity, content in rows])
