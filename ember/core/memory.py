@@ -97,10 +97,13 @@ class NewMemory:
 
 @dataclass(frozen=True, slots=True)
 class Recalled:
-    """A search hit: the record and its fused score (higher is better)."""
+    """A search hit: the record, its fused score (higher is better), whether the
+    text index matched its words and how close in meaning it is (cosine, 0 without vectors)."""
 
     record: MemoryRecord
     score: float
+    matched_words: bool = True
+    similarity: float = 0.0
 
 
 _SPACE = re.compile(r"\s+")

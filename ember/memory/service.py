@@ -31,8 +31,8 @@ from ember.core.messages import Session
 from ember.memory.embeddings import Embedder
 from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
 from ember.memory.identity import Identities
-from ember.memory.retrieval import Candidates, Reranker, fuse
-from ember.memory.vectors import VectorIndex
+from ember.memory.retrieval import STRENGTH_WEIGHT, Reranker, fuse
+from ember.memory.vectors import DenseScores, VectorIndex
 from ember.store.memories import SqlMemoryStore, WriteOutcome
 from ember.store.segment import match_expression
 
@@ -40,8 +40,12 @@ log = logging.getLogger(__name__)
 
 EMBED_BATCH = 32
 MAX_LIMIT = 100
-# How many of each list are fused: deeper than any result page, so fusion has room.
-CANDIDATES = 60
+# Matches read from the text index; the dense side scores every vector of the person.
+LEXICAL_DEPTH = 200
+CANDIDATES = 50
+# A memory the text index did not find is put in a prompt only this close in meaning (e5 cosine):
+# unrelated texts score about 0.75-0.83 there.
+PROMPT_MIN_SIMILARITY = 0.84
 
 
 # Skills reach the prompt through their own index, not as recalled memories.
@@ -61,6 +65,10 @@ class RecallBudget:
     profile_facts: int = 30
     recalled_tokens: int = 800
     recalled_max: int = 8
+
+
+def _blob(vector: np.ndarray) -> bytes:
+    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
 
 
 def approx_tokens(text: str) -> int:
@@ -121,25 +129,31 @@ class MemoryService:
         expression = match_expression(query)
         if expression is None:
             raise MemoryInputError("the query has no words to search for")
-        depth = max(CANDIDATES, 3 * limit)
-        lexical = await self._store.lexical(identity, expression, depth, include_inactive=include_inactive)
-        dense = await self._dense(identity, query, depth)
-        records = await self._store.by_nums(identity, list({num for num, _ in [*lexical, *dense]}))
-        wanted = {
-            num: record for num, record in records.items()
-            if (include_inactive or record.status is MemoryStatus.ACTIVE) and (not kinds or record.kind in kinds)
-        }
+        lexical = await self._store.lexical(identity, expression, LEXICAL_DEPTH, include_inactive=include_inactive)
+        dense = await self._dense(identity, query)
+        # Deeper than the page: some candidates may be of another kind or no longer active.
+        candidates = fuse(lexical, dense, depth=3 * limit + CANDIDATES)
+        records = await self._store.by_nums(identity, [c.num for c in candidates])
         now = self._clock()
-        ranked = fuse(Candidates(lexical, dense), wanted, lambda r: self._forgetting.strength(r, now))
+        hits = []
+        for candidate in candidates:
+            record = records.get(candidate.num)
+            if record is None or (kinds and record.kind not in kinds):
+                continue
+            if not include_inactive and record.status is not MemoryStatus.ACTIVE:
+                continue
+            weight = 1.0 - STRENGTH_WEIGHT + STRENGTH_WEIGHT * self._forgetting.strength(record, now)
+            hits.append(Recalled(record, candidate.score * weight, candidate.matched_words, candidate.similarity))
+        hits.sort(key=lambda hit: (-hit.score, -hit.record.created_at))
         if self._reranker is not None:
-            ranked = self._reranker.rerank(query, ranked)
-        return ranked[:limit]
+            hits = self._reranker.rerank(query, hits)
+        return hits[:limit]
 
-    async def _dense(self, identity: str, query: str, depth: int) -> list[tuple[int, float]]:
+    async def _dense(self, identity: str, query: str) -> DenseScores | None:
         if self._embedder is None or self._vectors is None:
-            return []
+            return None
         vector = (await asyncio.to_thread(self._embedder.embed_queries, [query]))[0]
-        return await self._vectors.nearest(identity, vector, depth)
+        return await self._vectors.scores(identity, vector)
 
     async def for_prompt(self, identity: str, message: str, *, budget: RecallBudget,
                          exclude: Callable[[MemoryRecord], bool] = lambda _: False) -> PromptMemory:
@@ -153,6 +167,8 @@ class MemoryService:
             used = 0
             for hit in await self.search(identity, message, limit=budget.recalled_max * 2, kinds=RECALLED_KINDS):
                 record = hit.record
+                if not hit.matched_words and hit.similarity < PROMPT_MIN_SIMILARITY:
+                    continue
                 if record.id in shown:
                     used_ids.append(record.id)
                     continue
@@ -220,10 +236,12 @@ class MemoryService:
             return 0
         done = 0
         while batch := await self._store.unembedded(EMBED_BATCH):
-            vectors = await asyncio.to_thread(self._embedder.embed_passages, [content for _, _, content in batch])
+            own = await asyncio.to_thread(self._embedder.embed_passages, [content for _, _, content, _ in batch])
+            windows = [window for *_, window in batch if window is not None]
+            window_vectors = iter(await asyncio.to_thread(self._embedder.embed_passages, windows) if windows else [])
             await self._store.set_vectors(self._embedder.name, [
-                (num, identity, np.ascontiguousarray(vector, dtype=np.float32).tobytes())
-                for (num, identity, _), vector in zip(batch, vectors)])
+                (num, identity, _blob(vector), _blob(next(window_vectors)) if window is not None else None)
+                for (num, identity, _, window), vector in zip(batch, own)])
             done += len(batch)
             if progress is not None:
                 progress(done)

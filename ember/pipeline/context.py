@@ -69,7 +69,8 @@ def _dated(record: MemoryRecord) -> str:
     import datetime as dt
 
     day = dt.datetime.fromtimestamp(record.created_at, dt.UTC).strftime("%Y-%m-%d")
-    return f"- [{day}] {record.content}"
+    said = f"{record.subject} said: " if record.kind is MemoryKind.ARCHIVAL and record.subject else ""
+    return f"- [{day}] {said}{record.content}"
 
 
 def _in_window(session: Session) -> Callable[[MemoryRecord], bool]:

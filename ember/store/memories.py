@@ -8,6 +8,8 @@ can reach another person's memory.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import sqlite3
 import time
 import uuid
@@ -38,12 +40,50 @@ _COLUMNS = ("num, id, identity, kind, status, content, subject, fact_key, source
 _SELECT = f"SELECT {_COLUMNS} FROM memory_items"
 _INSERT = (
     "INSERT INTO memory_items (id, identity, kind, status, content, content_hash, subject, fact_key, source, "
-    "source_rank, session_key, seq_start, seq_end, valid_from, recall_count, strength, created_at, updated_at) "
-    "VALUES (:id, :identity, :kind, :status, :content, :hash, :subject, :key, :source, :rank, :session_key, "
-    ":seq_start, :seq_end, :created_at, 0, 1.0, :created_at, :now)"
+    "source_rank, session_key, seq_start, seq_end, valid_from, recall_count, strength, context_json, created_at, "
+    "updated_at) VALUES (:id, :identity, :kind, :status, :content, :hash, :subject, :key, :source, :rank, "
+    ":session_key, :seq_start, :seq_end, :created_at, 0, 1.0, :context, :created_at, :now)"
 )
-_INSERT_TEXT = "INSERT INTO memory_fts (rowid, owner, body) VALUES (?, ?, ?)"
+_INSERT_TEXT = "INSERT INTO memory_fts (rowid, owner, body, before, after, far, day) VALUES (?, ?, ?, ?, ?, ?, ?)"
+# BM25 weights of the text index's columns: owner, body, before, after, far, day.
+TEXT_WEIGHTS = (0.0, 1.0, 0.5, 0.5, 0.35, 0.6)
 EMBED_JOB = JobRequest(JobKind.EMBED, "all")
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """An archived message's neighbours in its session: one and two messages away."""
+
+    before: str = ""
+    after: str = ""
+    far: tuple[str, ...] = ()
+
+    def to_json(self) -> str | None:
+        if not (self.before or self.after or self.far):
+            return None
+        return json.dumps({"before": self.before, "after": self.after, "far": list(self.far)}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Context:
+        if not text:
+            return cls()
+        data = json.loads(text)
+        return cls(data.get("before", ""), data.get("after", ""), tuple(data.get("far", ())))
+
+    def window(self, content: str) -> str:
+        """The text the window vector is made from: the message between its neighbours."""
+        return "\n".join(part for part in (self.before, content, self.after) if part)
+
+
+def _day(timestamp: float) -> str:
+    moment = dt.datetime.fromtimestamp(timestamp, dt.UTC)
+    return f"{moment.day} {moment:%B} {moment.year}"
+
+
+def write_text_row(conn: sqlite3.Connection, num: int, identity: str, content: str, created_at: float,
+                   context: Context = Context()) -> None:
+    conn.execute(_INSERT_TEXT, (num, owner_token(identity), index_text(content), index_text(context.before),
+                                index_text(context.after), index_text("\n".join(context.far)), _day(created_at)))
 
 Row = Sequence[Any]
 
@@ -65,20 +105,21 @@ def new_id() -> str:
 
 
 def insert_memory(conn: sqlite3.Connection, memory: NewMemory, now: float, *,
-                  status: MemoryStatus = MemoryStatus.ACTIVE) -> tuple[int, str]:
+                  status: MemoryStatus = MemoryStatus.ACTIVE, context: Context = Context()) -> tuple[int, str]:
     """Write one memory row, its text index row and the embedding job, in the caller's transaction."""
     content = check_content(memory.content)
+    created_at = memory.created_at if memory.created_at is not None else now
     id_ = new_id()
     cursor = conn.execute(_INSERT, {
         "id": id_, "identity": memory.identity, "kind": memory.kind.value, "status": status.value,
         "content": content, "hash": content_hash(content), "subject": normalized_key(memory.subject),
         "key": normalized_key(memory.key), "source": memory.source, "rank": int(memory.source_rank),
         "session_key": memory.session_key, "seq_start": memory.seq_start, "seq_end": memory.seq_end,
-        "created_at": memory.created_at if memory.created_at is not None else now, "now": now,
+        "created_at": created_at, "now": now, "context": context.to_json(),
     })
     num = cursor.lastrowid
     assert num is not None
-    conn.execute(_INSERT_TEXT, (num, owner_token(memory.identity), index_text(content)))
+    write_text_row(conn, num, memory.identity, content, created_at, context)
     record_job(conn, EMBED_JOB, now)
     return num, id_
 
@@ -130,6 +171,35 @@ def supersede(conn: sqlite3.Connection, num: int, by_id: str, now: float) -> Non
 
 def _get_num(conn: sqlite3.Connection, num: int) -> MemoryRecord:
     return record_of(conn.execute(f"{_SELECT} WHERE num = ?", (num,)).fetchone())[1]
+
+
+# A session's messages worth archiving, with the channel and sender of their turn.
+_ARCHIVABLE = (
+    "SELECT m.seq, m.role, m.content, m.created_at, i.channel, i.sender_id FROM messages m "
+    "LEFT JOIN inbox i ON i.turn_id = m.turn_id AND i.session_key = m.session_key "
+    "WHERE m.session_key = ? AND m.role IN ('user', 'assistant') AND TRIM(m.content) != ''"
+)
+
+
+def _neighbours(texts: Sequence[str], index: int) -> Context:
+    def at(offset: int) -> str:
+        position = index + offset
+        return texts[position] if 0 <= position < len(texts) else ""
+
+    return Context(before=at(-1), after=at(1), far=tuple(text for text in (at(-2), at(2)) if text))
+
+
+def _refresh_context(conn: sqlite3.Connection, session_key: str, seq: int, created_at: float, context: Context,
+                     *, reembed: bool) -> None:
+    row = conn.execute("SELECT num, identity, content, context_json FROM memory_items WHERE session_key = ? "
+                       "AND seq_start = ? AND kind = 'archival'", (session_key, seq)).fetchone()
+    if row is None or Context.from_json(row[3]) == context:
+        return
+    num, identity, content, _ = row
+    conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (num,))
+    write_text_row(conn, num, identity, content, created_at, context)
+    conn.execute("UPDATE memory_items SET context_json = ?" + (", embedding_model = NULL" if reembed else "")
+                 + " WHERE num = ?", (context.to_json(), num))
 
 
 def _statuses(include_inactive: bool) -> str:
@@ -194,10 +264,11 @@ class SqlMemoryStore:
     async def lexical(self, identity: str, expression: str, limit: int, *,
                       include_inactive: bool = False) -> list[tuple[int, float]]:
         """(num, BM25 score; higher is better) of the identity's memories matching an FTS5 expression."""
+        bm25 = f"bm25(memory_fts, {', '.join(map(str, TEXT_WEIGHTS))})"
         sql = (
-            "SELECT f.rowid, -bm25(memory_fts) AS score FROM memory_fts f JOIN memory_items m ON m.num = f.rowid "
+            f"SELECT f.rowid, -{bm25} AS score FROM memory_fts f JOIN memory_items m ON m.num = f.rowid "
             f"WHERE memory_fts MATCH ? AND m.identity = ?{_statuses(include_inactive).replace('status', 'm.status')} "
-            "ORDER BY bm25(memory_fts) LIMIT ?"
+            f"ORDER BY {bm25} LIMIT ?"
         )
         match = f"owner:{owner_token(identity)} AND body:({expression})"
         return await self._db.run_read(lambda conn: conn.execute(sql, (match, identity, limit)).fetchall())
@@ -251,38 +322,45 @@ class SqlMemoryStore:
 
     # -- vectors ---------------------------------------------------------------
 
-    async def unembedded(self, limit: int) -> list[tuple[int, str, str]]:
-        """(num, identity, content) of memories with no vector yet, of any identity (the embedding job's)."""
-        return await self._db.run_read(lambda conn: conn.execute(
-            "SELECT num, identity, content FROM memory_items WHERE embedding_model IS NULL ORDER BY num LIMIT ?",
-            (limit,)).fetchall())
+    async def unembedded(self, limit: int) -> list[tuple[int, str, str, str | None]]:
+        """(num, identity, content, window text or None) of memories with no vector yet, of any identity."""
+        rows = await self._db.run_read(lambda conn: conn.execute(
+            "SELECT num, identity, content, context_json FROM memory_items WHERE embedding_model IS NULL "
+            "ORDER BY num LIMIT ?", (limit,)).fetchall())
+        return [(num, identity, content, Context.from_json(context).window(content) if context else None)
+                for num, identity, content, context in rows]
 
     async def count_unembedded(self) -> int:
         return await self._db.run_read(lambda conn: conn.execute(
             "SELECT COUNT(*) FROM memory_items WHERE embedding_model IS NULL").fetchone()[0])
 
-    async def set_vectors(self, model: str, vectors: Iterable[tuple[int, str, bytes]]) -> None:
-        """Store (num, identity, float32 bytes) and stamp the rows with the model that made them."""
+    async def set_vectors(self, model: str, vectors: Iterable[tuple[int, str, bytes, bytes | None]]) -> None:
+        """Store (num, identity, float32 vector, window vector or None) and stamp the rows with the model."""
         rows = list(vectors)
 
         def store(conn: sqlite3.Connection) -> None:
-            conn.executemany("INSERT OR REPLACE INTO memory_vectors (num, identity, model, vector) VALUES (?, ?, ?, ?)",
-                             [(num, identity, model, blob) for num, identity, blob in rows])
+            rev = conn.execute("SELECT COALESCE(MAX(rev), 0) FROM memory_vectors").fetchone()[0]
+            conn.executemany(
+                "INSERT OR REPLACE INTO memory_vectors (num, identity, model, rev, vector, window) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(num, identity, model, rev + i + 1, blob, window) for i, (num, identity, blob, window)
+                 in enumerate(rows)])
             conn.executemany("UPDATE memory_items SET embedding_model = ? WHERE num = ?",
-                             [(model, num) for num, _, _ in rows])
+                             [(model, num) for num, *_ in rows])
 
         await self._db.run_write(store)
 
     async def vector_state(self, identity: str, model: str) -> tuple[int, int]:
-        """(count, highest num) of the identity's vectors by `model`: what a cached matrix checks against."""
+        """(count, highest rev) of the identity's vectors by `model`: what a cached matrix checks against."""
         return await self._db.run_read(lambda conn: tuple(conn.execute(
-            "SELECT COUNT(*), COALESCE(MAX(num), 0) FROM memory_vectors WHERE identity = ? AND model = ?",
+            "SELECT COUNT(*), COALESCE(MAX(rev), 0) FROM memory_vectors WHERE identity = ? AND model = ?",
             (identity, model)).fetchone()))
 
-    async def vectors_after(self, identity: str, model: str, after: int) -> list[tuple[int, bytes]]:
+    async def vectors_after(self, identity: str, model: str, rev: int) -> list[tuple[int, int, bytes, bytes | None]]:
+        """(num, rev, vector, window) written after `rev`, in order."""
         return await self._db.run_read(lambda conn: conn.execute(
-            "SELECT num, vector FROM memory_vectors WHERE identity = ? AND model = ? AND num > ? ORDER BY num",
-            (identity, model, after)).fetchall())
+            "SELECT num, rev, vector, window FROM memory_vectors WHERE identity = ? AND model = ? AND rev > ? "
+            "ORDER BY rev", (identity, model, rev)).fetchall())
 
     async def quarantine_vector(self, num: int) -> None:
         """A vector that cannot be read is dropped and its memory queued for embedding again."""
@@ -348,42 +426,49 @@ class SqlMemoryStore:
 
     async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], fallback: str) -> int:
         """Copy the session's committed user and assistant messages not yet archived
-        into the archival tier, in one transaction; returns how many. Each goes
-        to the identity `resolve(channel, sender)` of its turn's message, read
-        in the same transaction; `fallback` takes a message without a receipt."""
+        into the archival tier, in one transaction; returns how many.
+
+        Each goes to the identity `resolve(channel, sender)` of its turn's
+        message, read in the same transaction (`fallback` takes a message
+        without a receipt). Each is indexed with its neighbours; the two
+        archived before these learn their new neighbours too, and the one just
+        before is embedded again (its window now reaches the first new one).
+        """
         now = time.time()
 
         def copy(conn: sqlite3.Connection) -> int:
             mark = conn.execute("SELECT next_seq FROM memory_archive_marks WHERE session_key = ?",
                                 (session_key,)).fetchone()
             start = mark[0] if mark else 0
-            rows = conn.execute(
-                "SELECT m.seq, m.role, m.content, m.created_at, i.channel, i.sender_id FROM messages m "
-                "LEFT JOIN inbox i ON i.turn_id = m.turn_id AND i.session_key = m.session_key "
-                "WHERE m.session_key = ? AND m.seq >= ? AND m.role IN ('user', 'assistant') ORDER BY m.seq",
-                (session_key, start)).fetchall()
+            earlier = conn.execute(
+                f"{_ARCHIVABLE} AND m.seq < ? ORDER BY m.seq DESC LIMIT 4", (session_key, start)).fetchall()[::-1]
+            new = conn.execute(f"{_ARCHIVABLE} AND m.seq >= ? ORDER BY m.seq", (session_key, start)).fetchall()
             high = conn.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_key = ?",
                                 (session_key,)).fetchone()[0]
-            added = 0
-            for seq, role, content, created_at, channel, sender in rows:
-                text = content.strip()
-                if not text:
+            line = [*earlier, *new]
+            texts = [row[2].strip() for row in line]
+            for index, (seq, role, _, created_at, channel, sender) in enumerate(line):
+                context = _neighbours(texts, index)
+                if index < len(earlier):
+                    # The two before those only give their neighbours: their own reach further back.
+                    if index >= len(earlier) - 2:
+                        _refresh_context(conn, session_key, seq, created_at, context,
+                                         reembed=index == len(earlier) - 1)
                     continue
-                exists = conn.execute("SELECT 1 FROM memory_items WHERE session_key = ? AND seq_start = ? "
-                                      "AND kind = 'archival'", (session_key, seq)).fetchone()
-                if exists:
+                if conn.execute("SELECT 1 FROM memory_items WHERE session_key = ? AND seq_start = ? "
+                                "AND kind = 'archival'", (session_key, seq)).fetchone():
                     continue
-                owner = resolve(channel, sender) if channel is not None else fallback
-                rank = SourceRank.USER_STATED if role == "user" else SourceRank.INFERRED
                 insert_memory(conn, NewMemory(
-                    identity=owner, content=f"{role}: {text}"[:MAX_CONTENT_CHARS], kind=MemoryKind.ARCHIVAL,
-                    source=f"session {session_key}", source_rank=rank, session_key=session_key,
-                    seq_start=seq, seq_end=seq + 1, created_at=created_at), now)
-                added += 1
+                    identity=resolve(channel, sender) if channel is not None else fallback,
+                    content=texts[index][:MAX_CONTENT_CHARS], kind=MemoryKind.ARCHIVAL, subject=role,
+                    source=f"session {session_key}",
+                    source_rank=SourceRank.USER_STATED if role == "user" else SourceRank.INFERRED,
+                    session_key=session_key, seq_start=seq, seq_end=seq + 1, created_at=created_at),
+                    now, context=context)
             conn.execute("INSERT INTO memory_archive_marks (session_key, next_seq) VALUES (?, ?) "
                          "ON CONFLICT (session_key) DO UPDATE SET next_seq = excluded.next_seq",
                          (session_key, high + 1))
-            return added
+            return len(new)
 
         return await self._db.run_write(copy)
 
@@ -395,9 +480,9 @@ class SqlMemoryStore:
         def rebuild(conn: sqlite3.Connection) -> int:
             conn.execute("DELETE FROM memory_fts")
             conn.execute("DELETE FROM memory_vectors WHERE num NOT IN (SELECT num FROM memory_items)")
-            rows = conn.execute("SELECT num, identity, content FROM memory_items").fetchall()
-            conn.executemany(_INSERT_TEXT, [(num, owner_token(identity), index_text(content))
-                                            for num, identity, content in rows])
+            rows = conn.execute("SELECT num, identity, content, created_at, context_json FROM memory_items").fetchall()
+            for num, identity, content, created_at, context in rows:
+                write_text_row(conn, num, identity, content, created_at, Context.from_json(context))
             return len(rows)
 
         return await self._db.run_write(rebuild)

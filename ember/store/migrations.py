@@ -38,7 +38,8 @@ async def _move_old_memories(conn: AsyncConnection) -> None:
             "hash": content_hash(content), "source": f"session {session_key}" if session_key else None,
             "rank": rank, "session_key": session_key, "start": start, "end": end, "t": created_at})
     for num, identity, content in (await conn.execute(text("SELECT num, identity, content FROM memory_items"))).all():
-        await conn.execute(text("INSERT INTO memory_fts (rowid, owner, body) VALUES (:num, :owner, :body)"),
+        await conn.execute(text("INSERT INTO memory_fts (rowid, owner, body, before, after, far, day) "
+                                "VALUES (:num, :owner, :body, '', '', '', '')"),
                            {"num": num, "owner": owner_token(identity), "body": index_text(content)})
     await conn.execute(text("DROP TABLE memories"))
 
@@ -155,6 +156,7 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             last_recalled_at DOUBLE PRECISION,
             strength DOUBLE PRECISION NOT NULL DEFAULT 1.0,
             embedding_model TEXT,
+            context_json TEXT,
             created_at DOUBLE PRECISION NOT NULL,
             updated_at DOUBLE PRECISION NOT NULL)""",
         "CREATE INDEX memory_by_owner ON memory_items (identity, status, kind, created_at)",
@@ -164,13 +166,18 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         "CREATE UNIQUE INDEX memory_archive_once ON memory_items (session_key, seq_start) WHERE kind = 'archival'",
         "CREATE INDEX memory_unembedded ON memory_items (num) WHERE embedding_model IS NULL",
         # The owner column holds the identity, so a search matches within one person's memories only.
-        "CREATE VIRTUAL TABLE memory_fts USING fts5(owner, body, tokenize='porter unicode61 remove_diacritics 2')",
+        # An archived message is indexed with its neighbours (before, after, two away) and its day.
+        "CREATE VIRTUAL TABLE memory_fts USING fts5(owner, body, before, after, far, day, "
+        "tokenize='porter unicode61 remove_diacritics 2')",
+        # `rev` grows with every write, so a cached matrix knows which rows to read again.
         """CREATE TABLE memory_vectors (
             num INTEGER PRIMARY KEY,
             identity TEXT NOT NULL,
             model TEXT NOT NULL,
-            vector BLOB NOT NULL)""",
-        "CREATE INDEX memory_vectors_by_owner ON memory_vectors (identity, model, num)",
+            rev INTEGER NOT NULL,
+            vector BLOB NOT NULL,
+            window BLOB)""",
+        "CREATE INDEX memory_vectors_by_owner ON memory_vectors (identity, model, rev)",
         # Whose turn a message was (archival memory goes to its sender), and who wrote in a session.
         "CREATE INDEX inbox_by_session ON inbox (session_key, turn_id)",
         # Per session, the first message not yet copied into the archival tier.

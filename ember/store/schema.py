@@ -120,6 +120,7 @@ memory_items = Table(
     Column("last_recalled_at", Float),
     Column("strength", Float, nullable=False),
     Column("embedding_model", Text),
+    Column("context_json", Text),  # an archived message's neighbours, for its text index and window vector
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
 )
@@ -130,7 +131,9 @@ memory_vectors = Table(
     Column("num", Integer, primary_key=True),
     Column("identity", Text, nullable=False),
     Column("model", Text, nullable=False),
+    Column("rev", Integer, nullable=False),
     Column("vector", LargeBinary, nullable=False),
+    Column("window", LargeBinary),
 )
 
 memory_archive_marks = Table(

@@ -25,13 +25,13 @@ _WORD = re.compile(f"[^\\W_{_CJK}]+|[{_CJK}]+")
 
 # Words too common to say anything about what a question is looking for.
 _STOP_WORDS_TEXT = (
-    "a about above after again against all am an and any are as at be because been before being below "
-    "between both but by can could did do does doing down during each few for from further had has have "
-    "having he her here hers herself him himself his how i if in into is it its itself just me more most "
-    "my myself no nor not now of off on once only or other our ours ourselves out over own same she "
-    "should so some such than that the their theirs them themselves then there these they this those "
-    "through to too under until up very was we were what when where which while who whom why will with "
-    "would you your yours yourself yourselves ever also did does tell know like get got"
+    "a an the and or but if of at by for with about against between into through during before after above "
+    "below to from up down in out on off over under again further then once here there when where why how all "
+    "any both each few more most other some such no nor not only own same so than too very s t can will just "
+    "don should now i me my myself we our ours ourselves you your yours yourself yourselves he him his himself "
+    "she her hers herself it its itself they them their theirs themselves what which who whom this that these "
+    "those am is are was were be been being have has had having do does did doing would could might must shall "
+    "may also yet ever even d ll m o re ve y"
 )
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
