@@ -154,3 +154,21 @@ async def test_consolidation_extracts_facts_into_the_persons_memory(tmp_path: Pa
     assert [f.content for f in facts] == ["The user works at Acme."]
     assert facts[0].source_rank.name == "CONSOLIDATED" and facts[0].session_key == "test:a"
     assert len(episodes) == 2 and all(e.content == "The user talked about their job." for e in episodes)
+
+
+async def test_an_archived_message_is_found_by_its_neighbours_words(tmp_path: Path, model_server: ModelServer) -> None:
+    model_server.push(Reply(text="Which one?"), Reply(text="Got it, the red one."), Reply(text="ok"))
+    async with runtime_on(settings_for(tmp_path, model_server)) as runtime:
+        await say(runtime, "I bought a bicycle today", sender="dana", chat="bikes")
+        await say(runtime, "the red one", sender="dana", chat="bikes")
+        await runtime.runner.wait_idle()
+        await say(runtime, "thanks", sender="dana", chat="bikes")
+        await runtime.runner.wait_idle()
+        hits = await runtime.memory.search("test:dana", "bicycle", limit=2, kinds=(MemoryKind.ARCHIVAL,))
+        counts = await runtime.memory.store.consistency()
+        windows = await runtime.db.run_read(lambda conn: conn.execute(
+            "SELECT COUNT(*) FROM memory_vectors WHERE window IS NOT NULL").fetchone()[0])
+    # "Which one?" says nothing of bicycles; the message before it does.
+    assert [h.record.content for h in hits] == ["I bought a bicycle today", "Which one?"]
+    assert counts["rows"] == counts["text_rows"] == 6 and counts["unembedded"] == 0
+    assert windows == 6  # every archived message has its window vector, refreshed as neighbours arrived
