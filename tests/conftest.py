@@ -14,17 +14,25 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+from sqlalchemy import func, select
 
 from ember.app import Runtime, build_runtime, running
 from ember.config import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.journal import TurnJournal
+from ember.core.memory import default_identity
 from ember.core.tools import Decision, Risk, ToolAction, ToolRun, Verdict
 from ember.models.base import ModelClient
+from ember.store import schema
 from ember.store.database import Database
 from ember.tools.base import FunctionTool, ToolRegistry, Toolset
 
 CHANNEL = "test"
+SENDER = "tester"  # who sends every message of the test channel
+# Whose memory a test-channel session writes to and reads from (no [identities] bindings).
+IDENTITY = default_identity(f"{CHANNEL}:{SENDER}")
+# The system message's section of this session's episodic summaries (ember/pipeline/context.py).
+EPISODES_HEADING = "Earlier in this conversation:"
 
 # The scripted OpenAI-compatible server, as the `model_server` fixture.
 pytest_plugins = ("tests.modelserver", "tests.gatewayproc")
@@ -83,7 +91,7 @@ class Harness:
     async def publish(self, text: str, *, chat: str = "c1", stream: bool = False,
                       message_id: str | None = None, can_approve: bool = False) -> None:
         await self.runtime.bus.publish_inbound(
-            InboundEvent(channel=CHANNEL, chat_id=chat, sender_id="tester", text=text,
+            InboundEvent(channel=CHANNEL, chat_id=chat, sender_id=SENDER, text=text,
                          message_id=message_id or uuid.uuid4().hex, stream=stream, can_approve=can_approve)
         )
 
@@ -102,6 +110,20 @@ class Harness:
 
 def session_key(chat: str = "c1") -> str:
     return f"{CHANNEL}:{chat}"
+
+
+async def job_counts(db: Database) -> dict[tuple[str, str], int]:
+    """(kind, status) -> how many jobs: every turn also queues work of its own (archiving its
+    messages, embedding them), so a test counts the kinds it is about."""
+    j = schema.jobs
+    async with db.read() as conn:
+        rows = await conn.execute(select(j.c.kind, j.c.status, func.count()).group_by(j.c.kind, j.c.status))
+        return {(kind, status): count for kind, status, count in rows}
+
+
+def of_kind(counts: dict[tuple[str, str], int], kind: str) -> dict[str, int]:
+    """The status counts of one kind of job, as `SqlJobStore.counts` gives them for all."""
+    return {status: n for (k, status), n in counts.items() if k == kind}
 
 
 @asynccontextmanager

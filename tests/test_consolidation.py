@@ -14,13 +14,14 @@ from sqlalchemy import select
 
 from ember.app import build_runtime
 from ember.core.events import OutboundKind
+from ember.core.jobs import JobKind
+from ember.core.memory import MemoryKind
 from ember.core.messages import Message, Role, Session, ToolCall
 from ember.memory.consolidation import SUMMARY_INSTRUCTION, plan_chunk, should_consolidate
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store import schema
-from ember.store.memories import SqlMemoryStore
-from tests.conftest import Harness, session_key
+from tests.conftest import EPISODES_HEADING, IDENTITY, Harness, job_counts, of_kind, session_key
 
 
 def numbered(messages: list[Message], start: int = 0) -> Session:
@@ -147,12 +148,12 @@ async def race_once(h: Harness, rng: random.Random, turns: int) -> list[int]:
 
 
 async def episode_ranges(h: Harness) -> list[tuple[int, int]]:
-    m = schema.memories
+    m = schema.memory_items
     async with h.runtime.db.read() as conn:
         rows = await conn.execute(
-            select(m.c.source_start, m.c.source_end).where(m.c.kind == "episodic").order_by(m.c.source_start)
+            select(m.c.seq_start, m.c.seq_end).where(m.c.kind == MemoryKind.EPISODIC.value).order_by(m.c.seq_start)
         )
-        return [(row.source_start, row.source_end) for row in rows]
+        return [(row.seq_start, row.seq_end) for row in rows]
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -198,7 +199,7 @@ async def test_summary_reaches_the_next_prompt(start, settings) -> None:  # type
         await h.turn("three")
         session = await h.runtime.sessions.load(session_key())
     assert "The user likes tea." not in seen_systems[1]
-    assert "The user likes tea." in seen_systems[2]
+    assert f"{EPISODES_HEADING}\n- The user likes tea." in seen_systems[2]  # this session's episodes
     assert "hmm" not in seen_systems[2]  # no reasoning in memory (I4)
     assert session.last_consolidated == 4
     assert [m.content for m in session.messages] == ["three", "ok"]
@@ -213,13 +214,15 @@ async def test_pending_consolidation_is_deduplicated_per_session(settings) -> No
         for i in range(6):
             await h.turn(f"a{i}", chat="a")
             await h.turn(f"b{i}", chat="b")
-        counts = await runtime.jobs.counts()
-        assert counts == {"pending": 2}
+        # One consolidation pending per session, however many turns asked for it.
+        assert of_kind(await job_counts(runtime.db), JobKind.CONSOLIDATE) == {"pending": 2}
         # Starting the runner later (e.g. after a restart) runs each exactly once.
         await runtime.runner.start()
         await runtime.runner.wait_idle()
         assert (await runtime.sessions.load(session_key("a"))).last_consolidated > 0
-        assert (await runtime.jobs.counts()) == {"done": 2}
+        counts = await job_counts(runtime.db)
+        assert of_kind(counts, JobKind.CONSOLIDATE) == {"done": 2}
+        assert {status for _, status in counts} == {"done"}
     finally:
         await h.close()
         await runtime.loop.stop()
@@ -244,6 +247,6 @@ async def test_two_consolidations_of_one_session_advance_once(start, settings) -
         await asyncio.sleep(0.05)
         gate.set()
         results = sorted(await asyncio.gather(first, second))
-        episodes = await SqlMemoryStore(h.runtime.db).recent(session_key(), ("episodic",), 10)
+        episodes = await h.runtime.memory.episodes(IDENTITY, session_key(), 10)
     assert results == [False, True]
     assert len(episodes) == 1

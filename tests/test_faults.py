@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from ember.app import Runtime, build_runtime, configured_model, open_database
+from ember.app import Runtime, _job_handlers, build_runtime, configured_model, memory_service, open_database
 from ember.bus.memory import InProcessBus
 from ember.config import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
@@ -31,7 +31,9 @@ from ember.core.jobs import JobKind
 from ember.core.messages import Message, Role
 from ember.memory.consolidation import SUMMARY_INSTRUCTION, ConsolidationWorker
 from ember.memory.embeddings import HashingEmbedder
-from ember.memory.service import MemoryService
+from ember.memory.identity import Identities
+from ember.memory.review import MemoryReviewer
+from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelClient, ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.context import ContextStage, Persona
@@ -42,17 +44,28 @@ from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
+from ember.skills.review import SkillReviewer
 from ember.store import database, schema
 from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
-from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import FunctionTool, ToolRegistry
 from ember.tools.mcp import start_mcp
-from tests.conftest import CHANNEL, Harness, NoteArgs, note_tool, running_harness, serving_runtime, session_key
+from tests.conftest import (
+    CHANNEL,
+    IDENTITY,
+    Harness,
+    NoteArgs,
+    job_counts,
+    note_tool,
+    of_kind,
+    running_harness,
+    serving_runtime,
+    session_key,
+)
 from tests.modelserver import ModelServer, Reply
 
 KEY = session_key()
@@ -96,28 +109,26 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     """The runtime as build_runtime wires it, with the bus or the embed job handler replaced."""
     home = settings.home_dir
     home.mkdir(parents=True, exist_ok=True)
+    identities = Identities(settings.identities)
     db = Database(settings.database_path)
     await db.open()
     sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
-    memory = MemoryService(SqlMemoryStore(db), HashingEmbedder())
+    memory = memory_service(settings, db, HashingEmbedder())
     await memory.open()
     leases = LocalLeases(home / "locks" / "sessions")
     bus = bus or InProcessBus()
     approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s)
     consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
-
-    async def consolidate(job: Job) -> None:
-        await consolidation.consolidate(job.session_key or "")
-
-    async def flush(job: Job) -> None:
-        await memory.flush_embeddings()
-
-    handlers = {JobKind.CONSOLIDATE: consolidate, JobKind.EMBED: embed(memory) if embed else flush}
+    handlers = _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, model, memory),
+                             SkillReviewer(sessions, leases, memory))
+    if embed is not None:
+        handlers[JobKind.EMBED] = embed(memory)
     runner = BackgroundRunner(jobs, handlers, HostLock(home / "locks" / "background-runner"),
                               retry=RetryPolicy(max_attempts=settings.job_max_attempts,
                                                 backoff_base_s=settings.job_backoff_base_s))
     pipeline = Pipeline(
-        context=ContextStage(sessions, memory, Persona(settings.agent_name, settings.system_prompt)),
+        context=ContextStage(sessions, memory, Persona(settings.agent_name, settings.system_prompt), identities,
+                             RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens)),
         inference=InferenceStage(model, ApprovalGate(ToolRegistry(), settings.tool_policy), sessions,
                                  InferenceLimits()),
         response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(settings.consolidation_threshold)),
@@ -126,7 +137,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries,
                      RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s))
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation,
-                   await start_mcp({}), deliveries, model)
+                   await start_mcp({}), deliveries, identities, model)
 
 
 @asynccontextmanager
@@ -296,14 +307,16 @@ async def test_a_failing_embedding_job_is_retried_with_backoff_and_the_answer_is
 
     caplog.set_level(logging.WARNING)
     async with wired(config, ScriptedModel([ModelReply(text="answered")]), embed=flaky) as h:
-        await h.runtime.memory.remember("fact", ["the user likes tea"], session_key=KEY)
+        await h.runtime.memory.remember(IDENTITY, "the user likes tea")
         final = await h.turn("hello")
         assert final.kind is OutboundKind.FINAL and final.text == "answered"
         assert len(attempts) <= 1  # delivered before the job got anywhere
         await h.runtime.runner.wait_idle(timeout_s=10)
-        counts = await h.runtime.jobs.counts()
-        left = await SqlMemoryStore(h.runtime.db).count_without_embedding()
-    assert len(attempts) == 4 and counts == {"done": 1} and left == 0
+        counts = await job_counts(h.runtime.db)
+        left = await h.runtime.memory.store.count_unembedded()
+    # One embedding job (the turn's archived messages joined the pending one), done; and the archiving.
+    assert len(attempts) == 4 and left == 0
+    assert counts == {(JobKind.EMBED, "done"): 1, (JobKind.ARCHIVE, "done"): 1}
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert all(gap >= 0.1 * 2 ** i * 0.9 for i, gap in enumerate(gaps)), gaps  # 0.1, 0.2, 0.4 s
     warnings = [r.getMessage() for r in caplog.records if "embed" in r.getMessage()]
@@ -338,14 +351,15 @@ async def test_a_failing_consolidation_is_retried_and_the_boundary_waits_for_a_s
         # Two failures behind, the third attempt waiting on the model: nothing moved, nothing lost.
         during = await runtime.sessions.load(KEY)
         assert (during.last_consolidated, len(during.messages)) == (0, 4)
-        assert await runtime.jobs.counts() == {"running": 1}
+        assert of_kind(await job_counts(runtime.db), JobKind.CONSOLIDATE) == {"running": 1}
         release.set()
         await runtime.runner.wait_idle(timeout_s=10)
         after = await runtime.sessions.load(KEY)
-        counts = await runtime.jobs.counts()
-        episodes = await SqlMemoryStore(runtime.db).recent(KEY, ("episodic",), 5)
+        counts = await job_counts(runtime.db)
+        episodes = await runtime.memory.episodes(IDENTITY, KEY, 5)
     assert boundaries == [0, 0, 0]
-    assert counts == {"done": 1}
+    assert of_kind(counts, JobKind.CONSOLIDATE) == {"done": 1}
+    assert {status for _, status in counts} == {"done"}  # the other jobs the turns queued ran too
     assert after.last_consolidated == 2 and [m.content for m in after.messages] == ["two", "re: two"]
     assert [e.content for e in episodes] == ["They said one and two."]
     assert await stored(config) == [(Role.USER, "one"), (Role.ASSISTANT, "re: one"),

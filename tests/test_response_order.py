@@ -18,8 +18,9 @@ from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.messages import Message, Role, Session, ToolCall
 from ember.memory.embeddings import HashingEmbedder
+from ember.memory.identity import Identities
 from ember.memory.review import REVIEW_INSTRUCTION
-from ember.memory.service import MemoryService
+from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.context import ContextStage, Persona
@@ -36,7 +37,7 @@ from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
 from ember.tools.base import ToolRegistry
-from tests.conftest import session_key
+from tests.conftest import job_counts, session_key
 
 Log = list[tuple[str, str]]
 
@@ -65,8 +66,8 @@ class RecordingStore:
         if is_final and self._hang_after_final:
             await asyncio.Event().wait()
 
-    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str) -> bool:
-        return await self.inner.advance_boundary(key, expected=expected, new=new, summary=summary)
+    async def advance_boundary(self, key: str, **boundary: Any) -> bool:
+        return await self.inner.advance_boundary(key, **boundary)
 
 
 class RecordingScheduler:
@@ -114,7 +115,8 @@ class Rig:
         self.store = RecordingStore(self.sessions, self.log, fail_final=fail_final,
                                     hang_after_final=hang_after_final)
         memory = MemoryService(SqlMemoryStore(db), HashingEmbedder())
-        self.context = ContextStage(self.store, memory, Persona("Ember", "You are {agent_name}.", intro))
+        self.context = ContextStage(self.store, memory, Persona("Ember", "You are {agent_name}.", intro), Identities(),
+                                    RecallBudget())
         self.inference = InferenceStage(model, ToolRegistry(), self.store, InferenceLimits())
         self.response = ResponseStage(self.store, RecordingScheduler(self.log), memory, DerivedWorkPolicy(threshold))
         self.loop = loop_of(db, self.bus, self.store, Pipeline(self.context, self.inference, self.response))
@@ -135,7 +137,8 @@ async def test_strip_before_save_save_before_derived_work_finalize_last(db: Data
     assert rig.log == [
         ("save", "question"),
         ("save", "The answer."),          # stripped before it was saved
-        ("queue", JobKind.CONSOLIDATE),   # derived work queued in the answer's own commit
+        ("queue", JobKind.ARCHIVE),       # derived work queued in the answer's own commit
+        ("queue", JobKind.CONSOLIDATE),
         ("wake", ""),                     # and started only after it
         ("finalize", "The answer."),      # delivery after both
     ]
@@ -226,4 +229,4 @@ async def test_a_turn_cancelled_after_its_commit_delivers_the_committed_answer(d
     ]
     # The consolidation it called for was committed with it, though step 4 never ran (I6).
     assert ("wake", "") not in rig.log
-    assert await SqlJobStore(db).counts() == {"pending": 1}
+    assert await job_counts(db) == {(JobKind.ARCHIVE, "pending"): 1, (JobKind.CONSOLIDATE, "pending"): 1}

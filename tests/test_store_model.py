@@ -20,6 +20,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from sqlalchemy import func, select
 
 from ember.core.errors import StoreConflict
+from ember.core.memory import MemoryKind
 from ember.core.messages import Message, Role, Session, ToolCall, encode_tool_calls
 from ember.memory.consolidation import plan_chunk
 from ember.store import schema
@@ -88,9 +89,11 @@ async def fingerprint(db: Database, key: str) -> tuple[Any, ...]:
 
 
 async def memory_count(db: Database, key: str) -> int:
-    mem = schema.memories
+    """The episodic summaries of `key`, whoever's memory they joined."""
+    mem = schema.memory_items
     async with db.read() as conn:
-        return (await conn.execute(select(func.count()).where(mem.c.session_key == key))).scalar_one()
+        return (await conn.execute(select(func.count()).where(
+            mem.c.session_key == key, mem.c.kind == MemoryKind.EPISODIC.value))).scalar_one()
 
 
 class StoreMachine(RuleBasedStateMachine):

@@ -655,7 +655,7 @@ def read_store(path: Path) -> StoreView | None:
             inbox=table("SELECT * FROM inbox ORDER BY received_at"),
             outbox=table("SELECT * FROM outbox ORDER BY created_at"),
             jobs=table("SELECT * FROM jobs"),
-            memories=table("SELECT * FROM memories"),
+            memories=table("SELECT * FROM memory_items"),
             quarantine=table("SELECT * FROM quarantine"),
         )
         conn.execute("COMMIT")
@@ -723,7 +723,7 @@ class Checker:
                                f"(seq {kept[0].seq} is a tool result)")
             for problem in protocol_errors((r.role, r.call_ids, r.tool_call_id, f"{key}#{r.seq}") for r in rows):
                 self.add("I3", f"{when}: stored rows: {problem}")
-            episodes = sorted((m["source_start"], m["source_end"]) for m in view.memories
+            episodes = sorted((m["seq_start"], m["seq_end"]) for m in view.memories
                               if m["session_key"] == key and m["kind"] == "episodic")
             end = 0
             for start, stop in episodes:
@@ -937,6 +937,10 @@ class CrashRun:
             "EMBER_GATEWAY_SHUTDOWN_GRACE_S": "10",
             "EMBER_MODEL_TIMEOUT_S": "30",
             "EMBER_REVIEW_TOOL_CALL_THRESHOLD": str(REVIEW_THRESHOLD),
+            # Every message joins the archival memory and is embedded in the background. The embed
+            # job still runs (and is killed) like any other, but with word hashing, not e5: e5 needs
+            # ~0.15 s a text on two cores, and a run's ~1300 messages would not settle in time.
+            "EMBER_EMBEDDING_MODEL": "hashing",
         })
         self.final_ready_at: float | None = None
         self._model_stopped = False
