@@ -18,6 +18,7 @@ from ember.core.jobs import JobKind
 from ember.memory.consolidation import ConsolidationWorker
 from ember.memory.embeddings import Embedder, load_embedder
 from ember.memory.identity import Identities
+from ember.memory.reconcile import FactReconciler
 from ember.memory.review import MemoryReviewer
 from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelClient
@@ -102,7 +103,8 @@ class Runtime:
 
 
 def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidation: ConsolidationWorker,
-                  memory_reviewer: MemoryReviewer, skill_reviewer: SkillReviewer) -> dict[str, JobHandler]:
+                  memory_reviewer: MemoryReviewer, skill_reviewer: SkillReviewer,
+                  reconciler: FactReconciler) -> dict[str, JobHandler]:
     def for_session(job: Job) -> str:
         if job.session_key is None:
             raise ValueError(f"{job.kind} job {job.id} has no session key")
@@ -126,9 +128,13 @@ def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidatio
     async def upkeep(job: Job) -> None:
         await memory.upkeep()
 
+    async def reconcile(job: Job) -> None:
+        await reconciler.reconcile()
+
     return {
         JobKind.ARCHIVE: archive,
         JobKind.MEMORY_UPKEEP: upkeep,
+        JobKind.RECONCILE_FACTS: reconcile,
         JobKind.CONSOLIDATE: consolidate,
         JobKind.EMBED: embed,
         JobKind.REVIEW_MEMORY: review_memory,
@@ -174,7 +180,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     runner = BackgroundRunner(
         jobs,
         _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, model, memory),
-                      SkillReviewer(sessions, leases, memory)),
+                      SkillReviewer(sessions, leases, memory), FactReconciler(memory, model)),
         HostLock(settings.home_dir / "locks" / "background-runner"),
         retry=RetryPolicy(max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s),
     )

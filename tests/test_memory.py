@@ -4,15 +4,20 @@ supersession, recall (Chinese and English), per-person scope, forgetting."""
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 import pytest
 
 from ember.core.errors import MemoryInputError, MemoryNotFound
 from ember.core.memory import MAX_CONTENT_CHARS, MemoryKind, MemoryStatus, NewMemory, SourceRank
+from ember.core.messages import Message
 from ember.memory.embeddings import E5Embedder, Embedder, HashingEmbedder
 from ember.memory.forgetting import DAY_S
+from ember.memory.reconcile import FactReconciler
 from ember.memory.service import MemoryService, RecallBudget
+from ember.models.base import ModelReply
+from ember.models.scripted import FunctionModel
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 
@@ -263,3 +268,42 @@ async def test_an_import_batch_is_one_transaction_with_every_text_row(memory: Me
     assert counts["rows"] == counts["text_rows"] == 50 and counts["rows_without_text"] == 0
     newest = await memory.store.list("alice", limit=1)
     assert newest[0].content == "fact number 49" and newest[0].kind is MemoryKind.FACT
+
+
+def judge(verdicts: dict[str, str]) -> FunctionModel:
+    """A model that judges a pair by the first word of the new statement found in `verdicts`."""
+    def answer(messages: list[Message], _tools: object) -> ModelReply:
+        new = messages[-1].content.split("NEW: ", 1)[1]
+        verdict = next((v for word, v in verdicts.items() if word in new), "compatible")
+        return ModelReply(text=json.dumps({"verdict": verdict}))
+
+    return FunctionModel(answer)
+
+
+async def test_a_keyless_fact_that_contradicts_an_older_one_supersedes_it(e5_memory: MemoryService) -> None:
+    old = await e5_memory.remember("alice", "The user lives in Paris.", source_rank=SourceRank.CONSOLIDATED)
+    unrelated = await e5_memory.remember("alice", "The user has a cat named Mochi.",
+                                         source_rank=SourceRank.CONSOLIDATED)
+    model = judge({"Berlin": "replaces", "French capital": "same"})
+    reconciler = FactReconciler(e5_memory, model)
+    assert await reconciler.reconcile() == 0  # nothing older to compare the first facts with
+    new = await e5_memory.remember("alice", "The user lives in Berlin now.", source_rank=SourceRank.CONSOLIDATED)
+    again = await e5_memory.remember("alice", "The user's home is the French capital.",
+                                     source_rank=SourceRank.INFERRED)
+    assert await reconciler.reconcile() == 1
+    status = {r.id: r.status for r in await e5_memory.store.list("alice", include_inactive=True)}
+    assert status[old.record.id] is MemoryStatus.SUPERSEDED and status[new.record.id] is MemoryStatus.ACTIVE
+    assert status[unrelated.record.id] is MemoryStatus.ACTIVE
+    assert status[again.record.id] is not MemoryStatus.ACTIVE  # a duplicate in other words, or parked
+    assert [r.content for r in await e5_memory.store.history("alice", new.record.id)] == [
+        "The user lives in Paris.", "The user lives in Berlin now."]
+    asked = len(model.requests)
+    assert await reconciler.reconcile() == 0 and len(model.requests) == asked  # each fact is checked once
+
+
+async def test_an_inferred_contradiction_of_a_stated_fact_waits_for_confirmation(e5_memory: MemoryService) -> None:
+    stated = await e5_memory.remember("alice", "I am vegetarian.")
+    guess = await e5_memory.remember("alice", "The user is not vegetarian any more.", source_rank=SourceRank.INFERRED)
+    await FactReconciler(e5_memory, judge({"any more": "replaces"})).reconcile()
+    assert (await e5_memory.store.get("alice", stated.record.id)).status is MemoryStatus.ACTIVE
+    assert (await e5_memory.store.get("alice", guess.record.id)).status is MemoryStatus.PENDING

@@ -13,6 +13,7 @@ class JobKind(enum.StrEnum):
     REVIEW_SKILLS = "review_skills"
     ARCHIVE = "archive_messages"  # copy a session's new messages into the archival memory tier
     MEMORY_UPKEEP = "memory_upkeep"  # write recall counts, archive what faded
+    RECONCILE_FACTS = "reconcile_facts"  # ask the model whether new keyless facts replace older ones
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,14 +40,15 @@ _COLUMNS = ("num, id, identity, kind, status, content, subject, fact_key, source
 _SELECT = f"SELECT {_COLUMNS} FROM memory_items"
 _INSERT = (
     "INSERT INTO memory_items (id, identity, kind, status, content, content_hash, subject, fact_key, source, "
-    "source_rank, session_key, seq_start, seq_end, valid_from, recall_count, strength, context_json, created_at, "
-    "updated_at) VALUES (:id, :identity, :kind, :status, :content, :hash, :subject, :key, :source, :rank, "
-    ":session_key, :seq_start, :seq_end, :created_at, 0, 1.0, :context, :created_at, :now)"
+    "source_rank, session_key, seq_start, seq_end, valid_from, recall_count, strength, context_json, checked_at, "
+    "created_at, updated_at) VALUES (:id, :identity, :kind, :status, :content, :hash, :subject, :key, :source, "
+    ":rank, :session_key, :seq_start, :seq_end, :created_at, 0, 1.0, :context, :now, :created_at, :now)"
 )
 _INSERT_TEXT = "INSERT INTO memory_fts (rowid, owner, body, before, after, far, day) VALUES (?, ?, ?, ?, ?, ?, ?)"
 # BM25 weights of the text index's columns: owner, body, before, after, far, day.
 TEXT_WEIGHTS = (0.0, 1.0, 0.5, 0.5, 0.35, 0.6)
 EMBED_JOB = JobRequest(JobKind.EMBED, "all")
+RECONCILE_JOB = JobRequest(JobKind.RECONCILE_FACTS, "all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,10 @@ def write_memory(conn: sqlite3.Connection, memory: NewMemory, now: float) -> Wri
     num, id_ = insert_memory(conn, memory, now)
     for old_num, _ in current:
         supersede(conn, old_num, id_, now)
+    if memory.kind is MemoryKind.FACT and key is None and memory.source_rank < SourceRank.USER_STATED:
+        # What the person states stands as said; what was extracted or inferred is checked.
+        conn.execute("UPDATE memory_items SET checked_at = NULL WHERE num = ?", (num,))
+        record_job(conn, RECONCILE_JOB, now)
     return WriteOutcome(_get_num(conn, num), created=True, superseded=tuple(r.id for _, r in current))
 
 
@@ -409,6 +414,33 @@ class SqlMemoryStore:
             return changed
 
         return await self._db.run_write(requeue)
+
+    # -- contradictions ----------------------------------------------------------
+
+    async def unchecked_facts(self, limit: int) -> list[MemoryRecord]:
+        """Keyless facts of any identity not yet compared with older ones, oldest first."""
+        rows = await self._db.run_read(lambda conn: conn.execute(
+            f"{_SELECT} WHERE checked_at IS NULL AND kind = 'fact' AND fact_key IS NULL ORDER BY num LIMIT ?",
+            (limit,)).fetchall())
+        return [record_of(row)[1] for row in rows]
+
+    async def mark_checked(self, identity: str, memory_id: str) -> None:
+        now = time.time()
+        await self._db.run_write(lambda conn: conn.execute(
+            "UPDATE memory_items SET checked_at = ? WHERE identity = ? AND id = ?", (now, identity, memory_id)))
+
+    async def supersede_by(self, identity: str, old_id: str, new_id: str) -> None:
+        """The newer fact replaces the older one, if both are still active; the old one keeps its history."""
+        now = time.time()
+
+        def change(conn: sqlite3.Connection) -> None:
+            both = conn.execute("SELECT COUNT(*) FROM memory_items WHERE identity = ? AND id IN (?, ?) "
+                                "AND status = 'active'", (identity, old_id, new_id)).fetchone()[0]
+            if both == 2:
+                conn.execute("UPDATE memory_items SET status = 'superseded', superseded_by = ?, invalid_at = ?, "
+                             "updated_at = ? WHERE identity = ? AND id = ?", (new_id, now, now, identity, old_id))
+
+        await self._db.run_write(change)
 
     # -- recall and forgetting ---------------------------------------------------
 

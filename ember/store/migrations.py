@@ -157,6 +157,7 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             strength DOUBLE PRECISION NOT NULL DEFAULT 1.0,
             embedding_model TEXT,
             context_json TEXT,
+            checked_at DOUBLE PRECISION,
             created_at DOUBLE PRECISION NOT NULL,
             updated_at DOUBLE PRECISION NOT NULL)""",
         "CREATE INDEX memory_by_owner ON memory_items (identity, status, kind, created_at)",
@@ -165,6 +166,9 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         # An archived message is indexed once, however often its indexing job runs.
         "CREATE UNIQUE INDEX memory_archive_once ON memory_items (session_key, seq_start) WHERE kind = 'archival'",
         "CREATE INDEX memory_unembedded ON memory_items (num) WHERE embedding_model IS NULL",
+        # Facts without a key not yet compared with the person's older facts (memory/reconcile.py).
+        "CREATE INDEX memory_unchecked ON memory_items (num) WHERE checked_at IS NULL AND kind = 'fact' "
+        "AND fact_key IS NULL",
         # The owner column holds the identity, so a search matches within one person's memories only.
         # An archived message is indexed with its neighbours (before, after, two away) and its day.
         "CREATE VIRTUAL TABLE memory_fts USING fts5(owner, body, before, after, far, day, "

@@ -121,6 +121,7 @@ memory_items = Table(
     Column("strength", Float, nullable=False),
     Column("embedding_model", Text),
     Column("context_json", Text),  # an archived message's neighbours, for its text index and window vector
+    Column("checked_at", Float),  # a keyless fact compared with older ones for contradictions
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
 )
