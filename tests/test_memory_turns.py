@@ -172,3 +172,16 @@ async def test_an_archived_message_is_found_by_its_neighbours_words(tmp_path: Pa
     assert [h.record.content for h in hits] == ["I bought a bicycle today", "Which one?"]
     assert counts["rows"] == counts["text_rows"] == 6 and counts["unembedded"] == 0
     assert windows == 6  # every archived message has its window vector, refreshed as neighbours arrived
+
+
+async def test_an_evaluation_session_leaves_no_memory(tmp_path: Path, model_server: ModelServer) -> None:
+    model_server.push(Reply(text="ok"))
+    async with runtime_on(settings_for(tmp_path, model_server)) as runtime:
+        await runtime.bus.publish_inbound(InboundEvent(
+            channel=CHANNEL, chat_id="eval", sender_id="erin", text="my secret word is tangerine",
+            message_id=uuid.uuid4().hex, metadata={"evaluation": "true"}))
+        while (await asyncio.wait_for(runtime.bus.next_outbound(CHANNEL), 30)).kind is not OutboundKind.FINAL:
+            pass
+        await runtime.runner.wait_idle()
+        assert await runtime.memory.store.list("test:erin", include_inactive=True) == []
+        assert (await runtime.sessions.history("test:eval"))[0].content == "my secret word is tangerine"

@@ -109,6 +109,9 @@ class ContextStage:
         if session.next_seq == 0:
             session.metadata = {"channel": event.channel, "chat_id": event.chat_id, "sender_id": event.sender_id,
                                 "identity": self._identities.resolve(event.channel, event.sender_id)}
+            if event.metadata.get("evaluation") == "true":
+                # An evaluation run: nothing of it may become anyone's memory.
+                session.metadata["evaluation"] = True
         # The sender's memory, not the session's: in a group chat each member recalls only their own.
         identity = self._identities.resolve(event.channel, event.sender_id)
         if not resume:
