@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -66,8 +67,6 @@ RECALLED_HEADING = ("Memories from earlier conversations that may bear on the la
 
 
 def _dated(record: MemoryRecord) -> str:
-    import datetime as dt
-
     day = dt.datetime.fromtimestamp(record.created_at, dt.UTC).strftime("%Y-%m-%d")
     said = f"{record.subject} said: " if record.kind is MemoryKind.ARCHIVAL and record.subject else ""
     return f"- [{day}] {said}{record.content}"
@@ -106,40 +105,42 @@ class ContextStage:
         session = await self._sessions.load(event.session_key)
         # New until it has an answer: a first turn that failed still gets the intro next time.
         is_new = session.last_consolidated == 0 and not any(m.role is Role.ASSISTANT for m in session.messages)
+        # The sender's memory, not the session's: in a group chat each member recalls only their own.
+        identity = self._identities.resolve(event.channel, event.sender_id)
         if session.next_seq == 0:
             session.metadata = {"channel": event.channel, "chat_id": event.chat_id, "sender_id": event.sender_id,
-                                "identity": self._identities.resolve(event.channel, event.sender_id)}
+                                "identity": identity}
             if event.metadata.get("evaluation") == "true":
                 # An evaluation run: nothing of it may become anyone's memory.
                 session.metadata["evaluation"] = True
-        # The sender's memory, not the session's: in a group chat each member recalls only their own.
-        identity = self._identities.resolve(event.channel, event.sender_id)
         if not resume:
             assert event.message_id is not None
             receipt = Receipt(channel=event.channel, message_id=event.message_id, chat_id=event.chat_id,
                               sender_id=event.sender_id, turn_id=turn_id)
             await self._sessions.append(session, [Message.user(event.text, turn_id=turn_id)], receipt=receipt)
         intro = self._intro(event) if is_new else ""
-        memory = await self._memory.for_prompt(identity, event.text, budget=self._budget,
-                                               exclude=_in_window(session))
-        prompt = [Message.system(await self._system_text(session, identity, memory))]
-        prompt += history_for_model(session.messages)
-        if memory.recalled:
-            recalled = Message.system(RECALLED_HEADING + "\n" + "\n".join(map(_dated, memory.recalled)))
-            last_user = max((i for i, m in enumerate(prompt) if m.role is Role.USER), default=len(prompt))
-            prompt.insert(last_user, recalled)
         return PipelineContext(
             event=event,
             turn_id=turn_id,
             identity=identity,
             session=session,
-            prompt=prompt,
+            prompt=await self._prompt(session, identity, event.text),
             intro_text=intro,
             stream=open_stream(merge_intro(intro, "")) if open_stream is not None else None,
         )
 
     def _intro(self, event: InboundEvent) -> str:
         return fill(self._persona.intro_template, agent_name=self._persona.agent_name, channel=event.channel)
+
+    async def _prompt(self, session: Session, identity: str, text: str) -> list[Message]:
+        memory = await self._memory.for_prompt(identity, text, budget=self._budget, exclude=_in_window(session))
+        prompt = [Message.system(await self._system_text(session, identity, memory))]
+        prompt += history_for_model(session.messages)
+        if memory.recalled:
+            recalled = Message.system(RECALLED_HEADING + "\n" + "\n".join(map(_dated, memory.recalled)))
+            last_user = max((i for i, m in enumerate(prompt) if m.role is Role.USER), default=len(prompt))
+            prompt.insert(last_user, recalled)
+        return prompt
 
     async def _system_text(self, session: Session, identity: str, memory: PromptMemory) -> str:
         parts = [fill(self._persona.system_prompt, agent_name=self._persona.agent_name)]
