@@ -46,10 +46,15 @@ CHAT = ("POST", "/v1/chat/completions")
 HISTORY_GET = ("GET", "/api/sessions/{key}/messages")
 HISTORY_POST = ("POST", "/api/sessions/{key}/messages")
 APPROVE = ("POST", "/api/approvals/{id}")
+MEMORY_LIST = ("GET", "/api/memory")
+MEMORY_ADD = ("POST", "/api/memory")
+MEMORY_SEARCH = ("GET", "/api/memory/search")
+MEMORY_FORGET = ("DELETE", "/api/memory/{id}")
 OPERATIONS = [CHAT, ("GET", "/v1/models"), ("GET", "/api/sessions"), HISTORY_GET, HISTORY_POST,
-              ("GET", "/api/approvals"), APPROVE, ("GET", "/healthz"), ("GET", "/metrics")]
+              ("GET", "/api/approvals"), APPROVE, MEMORY_LIST, MEMORY_ADD, MEMORY_SEARCH, MEMORY_FORGET,
+              ("GET", "/healthz"), ("GET", "/metrics")]
 # Operations with inputs: only they have invalid requests to generate.
-WITH_INPUTS = [CHAT, HISTORY_GET, HISTORY_POST, APPROVE]
+WITH_INPUTS = [CHAT, HISTORY_GET, HISTORY_POST, APPROVE, MEMORY_LIST, MEMORY_ADD, MEMORY_SEARCH, MEMORY_FORGET]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance, negative_data_rejection, positive_data_acceptance, ignored_auth]
 
@@ -150,6 +155,8 @@ def test_gateway_still_answers_after_the_fuzz(gateway: GatewayProcess, model: Mo
     assert gateway.process.poll() is None
     # The fuzz reached the model: generated requests made real turns, not only rejections.
     assert len(model.requests) > 10
+    # And the memory: generated memories were stored, not only rejected.
+    assert httpx.get(gateway.url("/api/memory"), headers=AUTH, timeout=30).json()
 
 
 # What the document says of the stream, the errors and the chat body.

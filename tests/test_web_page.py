@@ -226,3 +226,47 @@ def test_markdown_renders_and_an_open_gateway_needs_no_key(
     expect(link).to_have_attribute("rel", "noopener noreferrer")
     expect(link).to_have_attribute("target", "_blank")
     expect(reply.locator("b")).to_have_count(0)
+
+
+def test_the_memory_panel_lists_searches_forgets_and_escapes(
+        page: Page, launch_gateway: LaunchGateway) -> None:
+    # Lexical search only: the dense half ranks every memory that has a vector (it has no similarity
+    # floor), so with an embedder a search lists all of them, best first, and narrows nothing.
+    gateway = launch_gateway(None, keys={"alice": ALICE_KEY}, EMBER_EMBEDDING_MODEL="none")
+    tea, cello, attack = ("Alice drinks green tea every morning", "Alice plays the cello on Sundays",
+                          "<img src=x onerror=alert(1)>")
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    with httpx.Client(base_url=gateway.base_url, headers={"Authorization": f"Bearer {ALICE_KEY}"},
+                      timeout=20) as api:
+        made = {}
+        for content in (tea, cello, attack):
+            response = api.post("/api/memory", json={"content": content})
+            assert response.status_code == 201, response.text
+            made[content] = response.json()["id"]
+
+        sign_in(page, gateway, ALICE_KEY)
+        panel = page.locator("#memory-panel")
+        expect(panel.locator("h2")).to_have_text("What Ember remembers about you")
+        contents = panel.locator(".memory .memory-content")
+        expect(contents).to_have_text([attack, cello, tea])  # newest first
+        expect(panel.get_by_text(attack, exact=True)).to_be_visible()  # shown as text, not as markup
+        assert panel.locator("img, [onerror]").count() == 0
+
+        page.locator("#memory-query").fill("tea")
+        page.locator("#memory-query").press("Enter")
+        expect(contents).to_have_text([tea])
+
+        panel.locator(".memory", has_text=tea).locator(".memory-forget").click()
+        expect(contents).to_have_count(0)
+        expect(page.locator("#memory-status")).to_have_text("Nothing remembered now.")
+        assert made[tea] not in [record["id"] for record in api.get("/api/memory").json()]
+        archived = [r for r in api.get("/api/memory", params={"all": "true"}).json() if r["id"] == made[tea]]
+        assert [r["status"] for r in archived] == ["archived"]
+
+        page.locator("#memory-query").fill("")  # an emptied search box lists everything again
+        expect(contents).to_have_text([attack, cello])
+        page.reload()
+        expect(contents).to_have_text([attack, cello])
+    page.wait_for_timeout(200)
+    assert dialogs == []

@@ -22,11 +22,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ember import __version__
 from ember.channels.gateway.auth import ApiKeys, RateLimiter
 from ember.channels.gateway.http import ApiError
+from ember.channels.gateway.memory_api import MemoryApi
 from ember.channels.gateway.metrics import GatewayMetrics
 from ember.channels.gateway.native_api import NativeApi
 from ember.channels.gateway.openai_api import OpenAIApi
 from ember.channels.gateway.schemas import openapi_document
 from ember.channels.gateway.turns import TurnRouter
+from ember.memory.identity import Identities
+from ember.memory.service import MemoryService
 from ember.runtime.approvals import ApprovalBroker
 from ember.store.jobs import SqlJobStore
 from ember.store.sessions import SqlSessionStore
@@ -105,11 +108,12 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(router: TurnRouter, sessions: SqlSessionStore, jobs: SqlJobStore, approvals: ApprovalBroker,
-               keys: ApiKeys, options: GatewayOptions, *,
+               memory: MemoryService, identities: Identities, keys: ApiKeys, options: GatewayOptions, *,
                lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None) -> Starlette:
     metrics = GatewayMetrics()
     openai_api = OpenAIApi(router, metrics, agent_id=options.agent_id, max_body_bytes=options.max_body_bytes)
     native_api = NativeApi(router, sessions, approvals, metrics, max_body_bytes=options.max_body_bytes)
+    memory_api = MemoryApi(memory, identities, max_body_bytes=options.max_body_bytes)
     document = openapi_document("Ember gateway", __version__)
 
     async def healthz(request: Request) -> Response:
@@ -132,6 +136,7 @@ def create_app(router: TurnRouter, sessions: SqlSessionStore, jobs: SqlJobStore,
         Route("/openapi.json", openapi, methods=["GET"]),
         *openai_api.routes(),
         *native_api.routes(),
+        *memory_api.routes(),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     return Starlette(

@@ -97,11 +97,11 @@ class OpenAIApi:
         return JSONResponse(completion.whole(event.text), headers=headers)
 
     def _session(self, request: Request, body: ChatCompletionRequest) -> str:
+        # The user field is checked even when the header names the session: the document says what it may be.
+        user = checked_key(body.user, "the user field") if body.user else None
         if header := request.headers.get(SESSION_HEADER):
             return checked_key(header, f"the {SESSION_HEADER} header")
-        if body.user:
-            return checked_key(body.user, "the user field")
-        return uuid.uuid4().hex
+        return user or uuid.uuid4().hex
 
     async def _stream(self, message: _Message, completion: _Completion, clock: TurnClock) -> AsyncIterator[bytes]:
         step = ""  # visible text of the current model step, as streamed

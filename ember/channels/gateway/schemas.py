@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+from ember.core.memory import MAX_CONTENT_CHARS, MemoryKind, MemoryStatus
+from ember.memory.service import MAX_LIMIT as MAX_SEARCH_LIMIT
 
 SESSION_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$"
 
@@ -160,9 +163,64 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+# Patterns that mean the same to Python and to JSON Schema's regex dialect (whose `\w` and `\s`
+# differ from Python's): a query needs a letter or a digit (the route checks the same, 400), and
+# content needs a character that is not one of those `str.strip` removes (the core's check, 422).
+MEMORY_QUERY_PATTERN = r"[\p{L}\p{N}]"
+NOT_BLANK_PATTERN = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+MAX_QUERY_CHARS = 1_000
+MAX_LABEL_CHARS = 200
+MAX_LIST_LIMIT = 1_000
+
+
+class MemoryWrite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # The pattern is documented, not enforced here: the core's own check says the content is blank (422).
+    content: str = Field(max_length=MAX_CONTENT_CHARS, json_schema_extra={"pattern": NOT_BLANK_PATTERN},
+                         description="What to remember: a fact or a summary")
+    subject: str | None = Field(default=None, max_length=MAX_LABEL_CHARS, description="Whom or what it is about")
+    key: str | None = Field(default=None, max_length=MAX_LABEL_CHARS,
+                            description="The attribute: a new fact with the same subject and key replaces the old one")
+
+
+class MemoryItem(BaseModel):
+    """A memory as `ember memory list --json` prints it."""
+
+    id: str
+    content: str
+    kind: MemoryKind
+    subject: str | None
+    key: str | None
+    status: MemoryStatus
+    created_at: float
+    source: str | None
+    source_rank: str
+    session_key: str | None
+    seq_start: int | None
+    seq_end: int | None
+    valid_from: float
+    invalid_at: float | None
+    superseded_by: str | None
+    recall_count: int
+    last_recalled_at: float | None
+    strength: float
+
+
+class MemoryHit(MemoryItem):
+    score: float = Field(description="Fused relevance; higher is better")
+
+
+class MemoryList(RootModel[list[MemoryItem]]):
+    """Newest first."""
+
+
+class MemoryHits(RootModel[list[MemoryHit]]):
+    """Best first, as `ember memory search --json` prints them."""
+
+
 _SCHEMAS: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest, MessageRequest, ApprovalAnswer, ErrorBody, ChatCompletion, ModelList, SessionList,
-    History, Health, PendingApprovals, ApprovalAnswered,
+    History, Health, PendingApprovals, ApprovalAnswered, MemoryWrite, MemoryItem, MemoryList, MemoryHits,
 )
 
 
@@ -184,6 +242,22 @@ _SESSION_PARAM = {
     "name": "key", "in": "path", "required": True,
     "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN},
 }
+_MEMORY_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+_MEMORY_FILTERS = [
+    {"name": "kind", "in": "query", "required": False, "style": "form", "explode": True,
+     "description": "Only these tiers (repeat it for several); every tier by default",
+     "schema": {"type": "array", "items": {"type": "string", "enum": [kind.value for kind in MemoryKind]}}},
+    {"name": "all", "in": "query", "required": False, "schema": {"type": "boolean", "default": False},
+     "description": "Include superseded, archived and pending memories"},
+]
+_QUERY_PARAM = {"name": "q", "in": "query", "required": True, "description": "What to look for",
+                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
+                           "pattern": MEMORY_QUERY_PATTERN}}
+
+
+def _limit_param(default: int, most: int) -> dict[str, Any]:
+    return {"name": "limit", "in": "query", "required": False,
+            "schema": {"type": "integer", "minimum": 1, "maximum": most, "default": default}}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -242,6 +316,24 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
             "Answer an approval request", {"200": _json(ApprovalAnswered, "Answered"), **body_errors,
                                            **_errors(404, 409)},
             body=ApprovalAnswer, params=[_APPROVAL_PARAM])},
+        "/api/memory": {
+            "get": _operation("The caller's memories, newest first (active ones unless all=true)",
+                              {"200": _json(MemoryList, "Memories"), **_errors(400)},
+                              params=[*_MEMORY_FILTERS, _limit_param(100, MAX_LIST_LIMIT)]),
+            "post": _operation("Remember a fact the caller states",
+                               {"201": _json(MemoryItem, "Remembered"),
+                                "200": _json(MemoryItem, "Already remembered: the existing memory"), **body_errors},
+                               body=MemoryWrite),
+        },
+        "/api/memory/search": {"get": _operation(
+            "The caller's memories best matching q, by words and by meaning",
+            {"200": _json(MemoryHits, "Hits, best first"), **_errors(400)},
+            params=[_QUERY_PARAM, *_MEMORY_FILTERS, _limit_param(10, MAX_SEARCH_LIMIT)])},
+        "/api/memory/{id}": {"delete": _operation(
+            "Forget a memory: archived, never recalled again, still listed with all=true",
+            {"200": _json(MemoryItem, "The archived memory"), **_errors(404),
+             "405": _json(ErrorBody, "The id 'search': that path is the search route's")},
+            params=[_MEMORY_PARAM])},
         "/healthz": {"get": _operation("Liveness", {"200": _json(Health, "Alive")}, public=True)},
         "/metrics": {"get": _operation("Prometheus metrics", {"200": {
             "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})},

@@ -109,8 +109,8 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
             rate_per_minute=settings.gateway_rate_per_minute,
             rate_burst=settings.gateway_rate_burst,
         )
-        app = create_app(router, runtime.sessions, runtime.jobs, runtime.approvals, keys, options,
-                         lifespan=lifespan)
+        app = create_app(router, runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
+                         runtime.identities, keys, options, lifespan=lifespan)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)
         server = _Server(config)

@@ -1,11 +1,12 @@
 // The gateway's chat page: sign in, pick a session, stream turns over the native API.
 // Model text reaches the DOM only through renderMarkdown (which escapes first) or textContent.
 
+import { $, el } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
+import { MemoryPanel } from "./memory.js";
 
 const KEY_STORE = "ember.apiKey";
 const SESSION_KEY = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
-const $ = (id) => document.getElementById(id);
 
 const state = { key: null, open: false, session: null, view: 0, busy: false, abort: null };
 
@@ -31,6 +32,7 @@ async function api(path, options = {}) {
 }
 
 const sessionPath = (key) => `/api/sessions/${encodeURIComponent(key)}/messages`;
+const memoryPanel = new MemoryPanel(api, () => showSignIn("Your key is no longer accepted. Sign in again."));
 
 // ---- signing in ----
 
@@ -66,6 +68,7 @@ function showSignIn(message) {
   $("sign-out").hidden = true;
   $("sessions").replaceChildren();
   $("messages").replaceChildren();
+  memoryPanel.clear();
   $("sign-in-view").hidden = false;
   $("sign-in-error").textContent = message;
   $("sign-in-error").hidden = !message;
@@ -98,6 +101,7 @@ function enter() {
   $("app-view").hidden = false;
   $("sign-out").hidden = state.open;
   route();
+  memoryPanel.refresh();
 }
 
 // ---- sessions ----
@@ -167,13 +171,6 @@ function showFailure(err) {
 }
 
 // ---- messages ----
-
-function el(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
 
 function appendMessage(className, text) {
   const node = el("div", `message ${className}`, text);
@@ -356,6 +353,7 @@ async function send(event) {
     setBusy(false);
   }
   refreshSessions().catch(showFailure);
+  memoryPanel.refresh(); // the turn may have remembered something
   $("message-input").focus();
 }
 

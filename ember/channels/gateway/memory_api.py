@@ -1,0 +1,146 @@
+"""Long-term memory over HTTP: the caller's memories listed, searched, added and
+forgotten, in the records `ember memory ... --json` prints.
+
+Memory belongs to a person, not to a key: the caller's key name is resolved
+through `[identities]`, so two keys bound to one person share one memory.
+Another person's memory does not exist for a caller (404, never 403).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from starlette.datastructures import QueryParams
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ember.channels.gateway.http import ApiError, read_json
+from ember.channels.gateway.schemas import (
+    MAX_LIST_LIMIT,
+    MAX_QUERY_CHARS,
+    MAX_SEARCH_LIMIT,
+    MemoryWrite,
+)
+from ember.channels.gateway.turns import CHANNEL
+from ember.core.errors import MemoryInputError, MemoryNotFound
+from ember.core.memory import MemoryKind
+from ember.memory.identity import Identities
+from ember.memory.service import MemoryService
+
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,9}")
+_FLAGS = {"true": True, "false": False}
+_LIST_PARAMS = ("kind", "all", "limit")
+_SEARCH_PARAMS = ("q", *_LIST_PARAMS)
+
+
+def _params(request: Request, known: tuple[str, ...]) -> QueryParams:
+    """The query parameters, when all are known: a misspelt one (`?limt=5`) is an error, not ignored."""
+    params = request.query_params
+    for name in params:
+        if name not in known:
+            raise ApiError(400, f"unknown parameter {name[:32]!r}; this route takes {', '.join(known)}",
+                           code="invalid_parameter", param=name[:64])
+    return params
+
+
+def _limit(params: QueryParams, default: int, most: int) -> int:
+    raw = params.get("limit")
+    if raw is None:
+        return default
+    if not _WHOLE_NUMBER.fullmatch(raw) or not 1 <= int(raw) <= most:
+        raise ApiError(400, f"limit must be a whole number from 1 to {most}; it was {raw[:32]!r}",
+                       code="invalid_parameter", param="limit")
+    return int(raw)
+
+
+def _kinds(params: QueryParams) -> tuple[MemoryKind, ...]:
+    try:
+        return tuple(MemoryKind(value) for value in params.getlist("kind"))
+    except ValueError:
+        names = ", ".join(kind.value for kind in MemoryKind)
+        raise ApiError(400, f"kind must be one of {names}", code="invalid_parameter", param="kind") from None
+
+
+def _include_inactive(params: QueryParams) -> bool:
+    raw = params.get("all", "false")
+    if raw not in _FLAGS:
+        raise ApiError(400, f"all must be true or false; it was {raw[:32]!r}", code="invalid_parameter", param="all")
+    return _FLAGS[raw]
+
+
+def _query(params: QueryParams) -> str:
+    query = params.get("q", "")
+    if not query.strip():
+        raise ApiError(400, "say what to look for: /api/memory/search?q=<words>", code="missing_query", param="q")
+    if len(query) > MAX_QUERY_CHARS:
+        raise ApiError(400, f"a query is at most {MAX_QUERY_CHARS} characters; this one has {len(query)}",
+                       code="invalid_query", param="q")
+    # What the document's pattern says ([\p{L}\p{N}]), so a query it rules out is refused, not searched.
+    if not any(unicodedata.category(char)[0] in "LN" for char in query):
+        raise ApiError(400, "a query needs a letter or a digit to search for; this one has none",
+                       code="invalid_query", param="q")
+    return query
+
+
+class MemoryApi:
+    def __init__(self, memory: MemoryService, identities: Identities, *, max_body_bytes: int) -> None:
+        self._memory = memory
+        self._identities = identities
+        self._max_body_bytes = max_body_bytes
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/api/memory", self.memories, methods=["GET", "POST"]),
+            Route("/api/memory/search", self.search, methods=["GET"]),
+            Route("/api/memory/{id}", self.forget, methods=["DELETE"]),
+        ]
+
+    def _person(self, request: Request) -> str:
+        """The identity whose memory the caller's key reaches."""
+        return self._identities.resolve(CHANNEL, request.state.identity)
+
+    async def memories(self, request: Request) -> Response:
+        # One route for both methods, so a 405 on it names both in its Allow header.
+        return await (self.add(request) if request.method == "POST" else self.list_memories(request))
+
+    async def list_memories(self, request: Request) -> Response:
+        params = _params(request, _LIST_PARAMS)
+        records = await self._memory.store.list(
+            self._person(request), kinds=_kinds(params), include_inactive=_include_inactive(params),
+            limit=_limit(params, 100, MAX_LIST_LIMIT))
+        return JSONResponse([record.to_json_dict() for record in records])
+
+    async def search(self, request: Request) -> Response:
+        params = _params(request, _SEARCH_PARAMS)
+        query, kinds = _query(params), _kinds(params)
+        include_inactive, limit = _include_inactive(params), _limit(params, 10, MAX_SEARCH_LIMIT)
+        try:
+            hits = await self._memory.search(self._person(request), query, limit=limit,
+                                             include_inactive=include_inactive, kinds=kinds)
+        except MemoryInputError as exc:  # a query with no words in it, only punctuation say
+            raise ApiError(400, str(exc), code="invalid_query", param="q") from exc
+        return JSONResponse([{**hit.record.to_json_dict(), "score": round(hit.score, 6)} for hit in hits])
+
+    async def add(self, request: Request) -> Response:
+        body = await read_json(request, MemoryWrite, self._max_body_bytes)
+        try:
+            outcome = await self._memory.remember(
+                self._person(request), body.content, subject=body.subject, key=body.key,
+                source=f"{CHANNEL}:{request.state.identity}")
+        except MemoryInputError as exc:  # blank content
+            raise ApiError(422, str(exc), code="invalid_memory", param="content") from exc
+        return JSONResponse(outcome.record.to_json_dict(), status_code=201 if outcome.created else 200)
+
+    async def forget(self, request: Request) -> Response:
+        memory_id = request.path_params["id"]
+        if memory_id == "search":
+            # The search route's own path, which only GET serves: a wrong method, not an unknown memory.
+            raise HTTPException(405, headers={"Allow": "GET, HEAD"})
+        try:
+            record = await self._memory.forget(self._person(request), memory_id)
+        except MemoryNotFound:
+            raise ApiError(404, f"no memory {memory_id[:64]!r}", code="memory_not_found") from None
+        return JSONResponse(record.to_json_dict())
