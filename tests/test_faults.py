@@ -32,6 +32,7 @@ from ember.core.messages import Message, Role
 from ember.memory.consolidation import SUMMARY_INSTRUCTION, ConsolidationWorker
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.identity import Identities
+from ember.memory.reconcile import FactReconciler
 from ember.memory.review import MemoryReviewer
 from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelClient, ModelReply
@@ -120,7 +121,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s)
     consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
     handlers = _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, model, memory),
-                             SkillReviewer(sessions, leases, memory))
+                             SkillReviewer(sessions, leases, memory), FactReconciler(memory, model))
     if embed is not None:
         handlers[JobKind.EMBED] = embed(memory)
     runner = BackgroundRunner(jobs, handlers, HostLock(home / "locks" / "background-runner"),
