@@ -92,6 +92,8 @@ class MemoryService:
         self._recalls: dict[tuple[str, str], tuple[int, float]] = {}
         # Two embedding jobs (one queued while another ran) would embed the same rows twice.
         self._embedding = asyncio.Lock()
+        # Recalls an upkeep took and has not written yet: no other upkeep may archive those memories.
+        self._writing_recalls: set[tuple[str, str]] = set()
 
     @property
     def store(self) -> SqlMemoryStore:
@@ -266,17 +268,21 @@ class MemoryService:
         """Write the recalls counted since the last run (each strengthens its
         memory), then archive what faded below the threshold. Returns (recalls, archived)."""
         recalls, self._recalls = self._recalls, {}
-        if recalls:
-            try:
+        self._writing_recalls |= set(recalls)
+        try:
+            if recalls:
                 await self._store.note_recalls(recalls)
-            except BaseException:
-                for key, (times, last) in recalls.items():  # counted again by the next run
-                    earlier, _ = self._recalls.get(key, (0, last))
-                    self._recalls[key] = (earlier + times, last)
-                raise
+        except BaseException:
+            for key, (times, last) in recalls.items():  # counted again by the next run
+                earlier, _ = self._recalls.get(key, (0, last))
+                self._recalls[key] = (earlier + times, last)
+            raise
+        finally:
+            self._writing_recalls -= set(recalls)
         now = self._clock()
         candidates = await self._store.decay_candidates(FADING_KINDS)
-        faded = [r.id for r in candidates if self._forgetting.fades_out(r, now)]
+        recalled = {key for key in [*self._recalls, *self._writing_recalls]}
+        faded = [r.id for r in candidates if self._forgetting.fades_out(r, now) and (r.identity, r.id) not in recalled]
         strengths_by_id = {r.id: round(self._forgetting.strength(r, now), 4) for r in candidates}
         await self._store.set_strengths(strengths_by_id, faded)
         return len(recalls), len(faded)

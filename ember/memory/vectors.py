@@ -65,6 +65,9 @@ class VectorIndex:
         if matrix is None or count < matrix.count or rev < matrix.rev:
             matrix = self._matrices[identity] = _Matrix()
         await self._top_up(identity, matrix)
+        if matrix.count != count:  # rows were deleted as others were added: the matrix holds stale ones
+            matrix = self._matrices[identity] = _Matrix()
+            await self._top_up(identity, matrix)
         return matrix
 
     async def _top_up(self, identity: str, matrix: _Matrix) -> None:

@@ -151,20 +151,26 @@ class WriteOutcome:
 
 
 def write_memory(conn: sqlite3.Connection, memory: NewMemory, now: float) -> WriteOutcome:
-    """Add a memory unless its content is already active for this identity
-    (an episode is always added: its source span makes it new).
+    """Add a memory unless this identity already has its content, in any state
+    but forgotten: a fact said twice is one fact, and an import run again adds
+    nothing, superseded facts included. (An episode is always added: its
+    source span makes it new.) A pending fact said again by a better source
+    takes effect.
 
     A fact with a subject and key supersedes the active fact of the same
     subject and key at once, unless that one has a better source: then the
     new fact is parked as pending (needs confirmation) and nothing changes.
     """
     content = check_content(memory.content)
-    # Two episodes may read alike and still be two events; a fact said twice is one fact.
     existing = None if memory.kind is MemoryKind.EPISODIC else conn.execute(
-        f"{_SELECT} WHERE identity = ? AND content_hash = ? AND kind = ? AND status IN ('active', 'pending') "
-        "LIMIT 1", (memory.identity, content_hash(content), memory.kind.value)).fetchone()
+        f"{_SELECT} WHERE identity = ? AND content_hash = ? AND kind = ? AND status != 'archived' "
+        "ORDER BY status = 'pending' LIMIT 1", (memory.identity, content_hash(content), memory.kind.value)).fetchone()
+    confirmed: int | None = None
     if existing is not None:
-        return WriteOutcome(record_of(existing)[1], created=False)
+        existing_num, known = record_of(existing)
+        if known.status is not MemoryStatus.PENDING or memory.source_rank <= known.source_rank:
+            return WriteOutcome(known, created=False)
+        confirmed = existing_num
     subject, key = normalized_key(memory.subject), normalized_key(memory.key)
     current: list[tuple[int, MemoryRecord]] = []
     if key is not None:
@@ -177,6 +183,8 @@ def write_memory(conn: sqlite3.Connection, memory: NewMemory, now: float) -> Wri
     num, id_ = insert_memory(conn, memory, now)
     for old_num, _ in current:
         supersede(conn, old_num, id_, now)
+    if confirmed is not None:
+        supersede(conn, confirmed, id_, now)
     if memory.kind is MemoryKind.FACT and key is None and memory.source_rank < SourceRank.USER_STATED:
         # What the person states stands as said; what was extracted or inferred is checked.
         conn.execute("UPDATE memory_items SET checked_at = NULL WHERE num = ?", (num,))
@@ -362,15 +370,15 @@ class SqlMemoryStore:
         rows = list(vectors)
 
         def store(conn: sqlite3.Connection) -> int:
-            rev = conn.execute("SELECT COALESCE(MAX(rev), 0) FROM memory_vectors").fetchone()[0]
             stored = 0
             for item, blob, window in rows:
                 stamped = conn.execute(
-                    "UPDATE memory_items SET embedding_model = ? WHERE num = ? AND embedding_model IS NULL "
-                    "AND context_json IS ?", (model, item.num, item.context_json))
+                    "UPDATE memory_items SET embedding_model = ? WHERE num = ? AND identity = ? "
+                    "AND embedding_model IS NULL AND context_json IS ?",
+                    (model, item.num, item.identity, item.context_json))
                 if stamped.rowcount != 1:
-                    continue
-                rev += 1
+                    continue  # purged, or its neighbours changed: not the memory that was embedded
+                rev = conn.execute("UPDATE memory_vector_rev SET rev = rev + 1 RETURNING rev").fetchone()[0]
                 conn.execute("INSERT OR REPLACE INTO memory_vectors (num, identity, model, rev, vector, window) "
                              "VALUES (?, ?, ?, ?, ?, ?)", (item.num, item.identity, model, rev, blob, window))
                 stored += 1

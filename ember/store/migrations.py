@@ -134,8 +134,9 @@ MIGRATIONS: list[tuple[Step, ...]] = [
     ),
     (
         # Long-term memory, owned by identities (people), in tiers (ember/core/memory.py).
+        # AUTOINCREMENT: a purged memory's number is never given to another, whose vector it could get.
         """CREATE TABLE memory_items (
-            num INTEGER PRIMARY KEY,
+            num INTEGER PRIMARY KEY AUTOINCREMENT,
             id TEXT NOT NULL UNIQUE,
             identity TEXT NOT NULL,
             kind TEXT NOT NULL,
@@ -182,6 +183,9 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             vector BLOB NOT NULL,
             window BLOB)""",
         "CREATE INDEX memory_vectors_by_owner ON memory_vectors (identity, model, rev)",
+        # Revisions only grow, purges or not, so a cached matrix never mistakes an old state for the current one.
+        "CREATE TABLE memory_vector_rev (rev INTEGER NOT NULL)",
+        "INSERT INTO memory_vector_rev (rev) VALUES (0)",
         # Whose turn a message was (archival memory goes to its sender), and who wrote in a session.
         "CREATE INDEX inbox_by_session ON inbox (session_key, turn_id)",
         # Per session, the first message not yet copied into the archival tier.
