@@ -1,0 +1,72 @@
+"""`ember memory` end to end: the commands as a person (or their scripts) runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EMBER = str(Path(sys.executable).with_name("ember"))
+
+
+def ember(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EMBER_HOME": str(home)}
+    return subprocess.run([EMBER, "memory", *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_add_then_search_by_meaning_right_away(tmp_path: Path) -> None:
+    added = ember(tmp_path, "add", "My cat is called Mochi.")
+    assert added.returncode == 0, added.stderr
+    memory_id = added.stdout.strip()
+    found = ember(tmp_path, "search", "what's my pet called?", "--json")
+    assert found.returncode == 0, found.stderr
+    records = json.loads(found.stdout)
+    assert records[0]["id"] == memory_id and records[0]["content"] == "My cat is called Mochi."
+    assert {"id", "content", "kind", "subject", "key", "status", "created_at", "source", "score"} <= set(records[0])
+    assert json.loads(ember(tmp_path, "search", "Mochi", "--json", "--identity", "bob").stdout) == []
+
+
+def test_an_update_keeps_its_history_and_forget_archives(tmp_path: Path) -> None:
+    first = ember(tmp_path, "add", "I live in Paris.", "--subject", "user", "--key", "city").stdout.strip()
+    second = json.loads(ember(tmp_path, "add", "I live in Berlin.", "--subject", "user", "--key", "city",
+                              "--json").stdout)
+    assert second["superseded"] == [first]
+    chain = json.loads(ember(tmp_path, "history", first, "--json").stdout)
+    assert [(r["content"], r["status"]) for r in chain] == [("I live in Paris.", "superseded"),
+                                                           ("I live in Berlin.", "active")]
+    assert ember(tmp_path, "forget", second["id"]).returncode == 0
+    assert json.loads(ember(tmp_path, "list", "--json").stdout) == []
+    assert {r["status"] for r in json.loads(ember(tmp_path, "list", "--all", "--json").stdout)} == {
+        "superseded", "archived"}
+
+
+def test_import_reports_bad_lines_and_export_writes_the_same_format(tmp_path: Path) -> None:
+    source = tmp_path / "memories.jsonl"
+    source.write_text("\n".join([
+        json.dumps({"content": "Bob is my brother.", "created_at": "2025-01-02", "source": "notes"}),
+        "not json",
+        json.dumps({"content": ""}),
+        json.dumps({"content": "我喜欢吃花生。", "created_at": 1735689600}),
+        json.dumps({"content": "x", "created_at": "yesterday"}),
+    ]) + "\n", encoding="utf-8")
+    done = ember(tmp_path, "import", str(source))
+    assert done.returncode == 0, done.stderr
+    assert "imported 2 new, 0 already known, 3 bad line(s) skipped" in done.stdout
+    for number in (2, 3, 5):
+        assert f"line {number}:" in done.stderr
+    assert "imported 0 new, 2 already known" in ember(tmp_path, "import", str(source)).stdout
+    exported = [json.loads(line) for line in ember(tmp_path, "export").stdout.splitlines()]
+    assert exported == [  # oldest first
+        {"content": "我喜欢吃花生。", "created_at": "2025-01-01T00:00:00+00:00", "source": "import"},
+        {"content": "Bob is my brother.", "created_at": "2025-01-02T00:00:00+00:00", "source": "notes"},
+    ]
+    assert json.loads(ember(tmp_path, "search", "花生", "--json").stdout)[0]["content"] == "我喜欢吃花生。"
+
+
+def test_bad_input_is_one_clear_line(tmp_path: Path) -> None:
+    for args, says in ((("add", ""), "empty"), (("search", "?!"), "no words"), (("forget", "nope"), "no memory"),
+                       (("add", "x" * 9000), "at most")):
+        done = ember(tmp_path, *args)
+        assert done.returncode == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
