@@ -29,12 +29,13 @@ test: $(BIN)/.installed $(CHROMIUM)
 lint: $(BIN)/.installed
 	$(BIN)/ruff check ember tests bench
 
-# About 10 minutes on 2 cores: commit cost, 1,000 sessions, the gateway under load, kill -9 (quick forms of the last two).
+# About 10 minutes on 2 cores: commit cost, 1,000 sessions, the gateway under load, kill -9, memory at 10k (quick forms of the last three).
 bench: $(BIN)/.installed
 	$(BIN)/python bench/commit_cost.py
 	$(BIN)/python bench/sessions_load.py
 	$(BIN)/python bench/gateway_load.py --quick
 	$(BIN)/python bench/crash.py --quick
+	$(BIN)/python bench/memory_scale.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
