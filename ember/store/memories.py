@@ -262,7 +262,8 @@ class SqlMemoryStore:
 
         def read(conn: sqlite3.Connection) -> dict[int, MemoryRecord]:
             marks = ",".join("?" * len(nums))
-            rows = conn.execute(f"{_SELECT} WHERE identity = ? AND num IN ({marks})", (identity, *nums))
+            # `+identity`: look the rows up by number; SQLite would otherwise walk the identity's index.
+            rows = conn.execute(f"{_SELECT} WHERE num IN ({marks}) AND +identity = ?", (*nums, identity))
             return dict(record_of(row) for row in rows)
 
         return await self._db.run_read(read)
