@@ -133,7 +133,7 @@ def search(
         async with _memory(settings) as memory:
             hits = await memory.search(identity, query, limit=limit, include_inactive=include_all)
         if as_json:
-            _print_json([{**hit.record.to_json_dict(), "score": round(hit.score, 6)} for hit in hits])
+            _print_json([hit.to_json_dict() for hit in hits])
         elif hits:
             out.print(_table([h.record for h in hits], [h.score for h in hits]))
         else:

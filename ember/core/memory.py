@@ -105,6 +105,10 @@ class Recalled:
     matched_words: bool = True
     similarity: float = 0.0
 
+    def to_json_dict(self) -> dict[str, object]:
+        """The record as search results show it (CLI and API alike): its fields and its score."""
+        return {**self.record.to_json_dict(), "score": round(self.score, 6)}
+
 
 _SPACE = re.compile(r"\s+")
 _EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")

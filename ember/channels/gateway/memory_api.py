@@ -122,7 +122,7 @@ class MemoryApi:
                                              include_inactive=include_inactive, kinds=kinds)
         except MemoryInputError as exc:  # a query with no words in it, only punctuation say
             raise ApiError(400, str(exc), code="invalid_query", param="q") from exc
-        return JSONResponse([{**hit.record.to_json_dict(), "score": round(hit.score, 6)} for hit in hits])
+        return JSONResponse([hit.to_json_dict() for hit in hits])
 
     async def add(self, request: Request) -> Response:
         body = await read_json(request, MemoryWrite, self._max_body_bytes)
