@@ -50,8 +50,13 @@ class Turn:
     dia_id: str
     session: str  # "D3"
     speaker: str
-    text: str
+    said: str  # the message, with the image it shares
     when: float
+
+    @property
+    def text(self) -> str:
+        """The turn as the transcript line the baseline indexes."""
+        return f"{self.speaker}: {self.said}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +78,9 @@ def parse_when(text: str) -> float:
     return dt.datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=dt.UTC).timestamp()
 
 
-def turn_text(turn: dict[str, str]) -> str:
+def said(turn: dict[str, str]) -> str:
     caption = turn.get("blip_caption")
-    return f"{turn['speaker']}: {turn['text']}" + (f" [shares an image: {caption}]" if caption else "")
+    return turn["text"] + (f" [shares an image: {caption}]" if caption else "")
 
 
 def load(path: Path) -> list[Conversation]:
@@ -87,7 +92,7 @@ def load(path: Path) -> list[Conversation]:
         while f"session_{number}" in conv:
             when = parse_when(conv[f"session_{number}_date_time"])
             for offset, turn in enumerate(conv[f"session_{number}"] or []):
-                turns.append(Turn(turn["dia_id"], f"D{number}", turn["speaker"], turn_text(turn), when + offset))
+                turns.append(Turn(turn["dia_id"], f"D{number}", turn["speaker"], said(turn), when + offset))
             number += 1
         questions = [Question(q["question"], tuple(q.get("evidence") or ()), q["category"]) for q in sample["qa"]]
         conversations.append(Conversation(sample["sample_id"], turns, questions))
@@ -171,8 +176,10 @@ async def ingest(conversation: Conversation, db: Database, memory: MemoryService
     for name, turns in by_session.items():
         key = f"bench:{conversation.name}:{name}"
         session = Session(key=key, metadata={"identity": identity})
+        # Both speakers are people: each message carries its author's name, as in a group chat.
         first = turns[0].speaker
-        messages = [Message.user(t.text) if t.speaker == first else Message.assistant(t.text) for t in turns]
+        messages = [Message.user(t.said, name=t.speaker) if t.speaker == first
+                    else Message.assistant(t.said, name=t.speaker) for t in turns]
         await sessions.append(session, messages)
         # The conversation happened on its own dates, not today.
         await db.run_write(lambda conn, key=key, turns=turns: conn.executemany(

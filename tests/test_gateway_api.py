@@ -336,6 +336,25 @@ def test_one_session_name_used_by_two_identities_is_two_sessions(clients: Client
     assert [m["content"] for m in history(bob, shared) if m["role"] == "user"] == ["bob speaking"]
 
 
+def test_a_named_message_is_kept_and_remembered_under_its_authors_name(clients: Clients) -> None:
+    """A client relaying a group chat names each message's author (the OpenAI `name`)."""
+    alice, key, tag = clients["alice"], fresh("group"), uuid.uuid4().hex[:10]
+    response = chat(alice, f"my locker code is zq{tag}", session=key,
+                    messages=[{"role": "user", "name": "Gina Ruiz", "content": f"my locker code is zq{tag}"}])
+    assert response.status_code == 200, response.text
+    assert [m["name"] for m in history(alice, key)] == ["Gina Ruiz", None]
+
+    def archived() -> list[dict[str, Any]]:
+        found = alice.get("/api/memory/search", params={"q": f"zq{tag}"})
+        assert found.status_code == 200, found.text
+        return [hit for hit in found.json() if hit["kind"] == "archival"]
+
+    wait_until(lambda: len(archived()) == 2)  # the message and the echo answering it
+    said = {hit["subject"]: hit["content"] for hit in archived()}
+    assert said == {"gina_ruiz": f"Gina Ruiz: my locker code is zq{tag}",
+                    "assistant": f"echo: my locker code is zq{tag}"}
+
+
 def test_identities_differing_only_in_case_stay_separate(clients: Clients, model: ModelServer,
                                                          alice_only: AliceSession) -> None:
     other = clients["Alice"]
@@ -385,6 +404,8 @@ BAD_REQUESTS = {
     "chat: no messages": Bad("POST", CHAT, 422, "invalid_request", body={"model": "ember", "messages": []}),
     "chat: unknown role": Bad("POST", CHAT, 422, "invalid_request",
                               body={"model": "ember", "messages": [{"role": "robot", "content": "hi"}]}),
+    "chat: a name with a line break": Bad("POST", CHAT, 422, "invalid_request", body={"model": "ember", "messages": [
+        {"role": "user", "name": "Gina\nsystem", "content": "hi"}]}),
     "chat: no user message": Bad("POST", CHAT, 400, "no_user_message", body={"model": "ember", "messages": [
         {"role": "system", "content": "be brief"}, {"role": "assistant", "content": "hello"}]}),
     "chat: blank user message": Bad("POST", CHAT, 400, "no_user_message",

@@ -11,7 +11,7 @@ import pytest
 
 from ember.core.errors import MemoryInputError, MemoryNotFound
 from ember.core.memory import MAX_CONTENT_CHARS, MemoryKind, MemoryStatus, NewMemory, SourceRank
-from ember.core.messages import Message
+from ember.core.messages import Message, Session
 from ember.memory.embeddings import E5Embedder, Embedder, HashingEmbedder
 from ember.memory.forgetting import DAY_S
 from ember.memory.reconcile import FactReconciler
@@ -20,6 +20,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
+from ember.store.sessions import SqlSessionStore
 
 
 class Clock:
@@ -307,3 +308,22 @@ async def test_an_inferred_contradiction_of_a_stated_fact_waits_for_confirmation
     await FactReconciler(e5_memory, judge({"any more": "replaces"})).reconcile()
     assert (await e5_memory.store.get("alice", stated.record.id)).status is MemoryStatus.ACTIVE
     assert (await e5_memory.store.get("alice", guess.record.id)).status is MemoryStatus.PENDING
+
+
+async def test_a_question_naming_someone_finds_what_they_said_first(db: Database) -> None:
+    # Lexical only: the ranking is BM25's and the bonus, nothing else.
+    memory = MemoryService(SqlMemoryStore(db), None)
+    await memory.open()
+    sessions = SqlSessionStore(db)
+    await sessions.append(Session(key="group:garden", metadata={"identity": "alice"}), [
+        Message.user("Melanie, what do you grow in your garden this year?", name="Caroline"),
+        Message.user("Tomatoes and a few roses by the fence.", name="Melanie"),
+        Message.user("I grow herbs in my garden: basil, mint and thyme.", name="Caroline"),
+    ])
+    await memory.archive_session(await sessions.load("group:garden"))
+    hits = await memory.search("alice", "What does Melanie grow in her garden?", limit=3)
+    # Caroline's question shares every word with this one; Melanie's answer is what it asks for.
+    assert hits[0].record.content == "Melanie: Tomatoes and a few roses by the fence."
+    assert [hit.record.subject for hit in hits] == ["melanie", "caroline", "caroline"]
+    both = await memory.search("alice", "What do Melanie and Caroline grow in the garden?", limit=3)
+    assert both[0].record.subject == "caroline"  # naming both favours neither

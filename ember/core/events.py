@@ -25,6 +25,8 @@ class InboundEvent:
     sender_id: str
     text: str
     message_id: str | None = None
+    # Who wrote it, where a chat has several participants (a group chat): kept with the message.
+    sender_name: str | None = None
     stream: bool = False
     can_approve: bool = False
     # Set by start-up recovery: finish the accepted message's interrupted turn, or do nothing.

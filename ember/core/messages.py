@@ -45,6 +45,8 @@ class Message:
     the message is committed; it is None for a message not yet stored.
     `reasoning` holds a provider's separate reasoning field; it is replayed to
     the model only within the tool loop of the turn that produced it.
+    `name` is who wrote it where a session has several participants (a group
+    chat), as the `name` of the OpenAI chat format.
     """
 
     role: Role
@@ -54,14 +56,15 @@ class Message:
     reasoning: str | None = None
     turn_id: str | None = None
     seq: int | None = None
+    name: str | None = None
 
     @classmethod
     def system(cls, content: str) -> Message:
         return cls(role=Role.SYSTEM, content=content)
 
     @classmethod
-    def user(cls, content: str, *, turn_id: str | None = None) -> Message:
-        return cls(role=Role.USER, content=content, turn_id=turn_id)
+    def user(cls, content: str, *, turn_id: str | None = None, name: str | None = None) -> Message:
+        return cls(role=Role.USER, content=content, turn_id=turn_id, name=name)
 
     @classmethod
     def assistant(
@@ -71,6 +74,7 @@ class Message:
         tool_calls: tuple[ToolCall, ...] = (),
         reasoning: str | None = None,
         turn_id: str | None = None,
+        name: str | None = None,
     ) -> Message:
         return cls(
             role=Role.ASSISTANT,
@@ -78,6 +82,7 @@ class Message:
             tool_calls=tool_calls,
             reasoning=reasoning,
             turn_id=turn_id,
+            name=name,
         )
 
     @classmethod
@@ -99,6 +104,7 @@ class Message:
             "content": self.content,
             "tool_calls": [call.to_dict() for call in self.tool_calls],
             "tool_call_id": self.tool_call_id,
+            "name": self.name,
         }
 
 

@@ -32,7 +32,7 @@ from ember.core.messages import Session
 from ember.memory.embeddings import Embedder
 from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
 from ember.memory.identity import Identities
-from ember.memory.retrieval import STRENGTH_WEIGHT, Reranker, fuse
+from ember.memory.retrieval import NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
 from ember.memory.vectors import DenseScores, VectorIndex
 from ember.store.memories import SqlMemoryStore, WriteOutcome
 from ember.store.segment import match_expression
@@ -146,6 +146,7 @@ class MemoryService:
         records = await self._store.by_nums(identity, [c.num for c in candidates])
         floor = self._embedder.relevance_floor if self._embedder is not None else 0.0
         now = self._clock()
+        named = named_subject(query, {record.subject for record in records.values()})
         hits = []
         for candidate in candidates:
             record = records.get(candidate.num)
@@ -155,8 +156,9 @@ class MemoryService:
                 continue
             if relevant_only and not candidate.matched_words and candidate.similarity < floor:
                 continue
+            score = candidate.score + (NAMED_SUBJECT_BONUS if named and record.subject == named else 0.0)
             weight = 1.0 - STRENGTH_WEIGHT + STRENGTH_WEIGHT * self._forgetting.strength(record, now)
-            hits.append(Recalled(record, candidate.score * weight, candidate.matched_words, candidate.similarity))
+            hits.append(Recalled(record, score * weight, candidate.matched_words, candidate.similarity))
         hits.sort(key=lambda hit: (-hit.score, -hit.record.created_at))
         if self._reranker is not None:
             hits = self._reranker.rerank(query, hits)

@@ -66,9 +66,13 @@ RECALLED_HEADING = ("Memories from earlier conversations that may bear on the la
                     "use them only where they help):")
 
 
+_ROLES = ("user", "assistant")
+
+
 def _dated(record: MemoryRecord) -> str:
     day = dt.datetime.fromtimestamp(record.created_at, dt.UTC).strftime("%Y-%m-%d")
-    said = f"{record.subject} said: " if record.kind is MemoryKind.ARCHIVAL and record.subject else ""
+    # An archived message of a named author already starts with the name.
+    said = f"{record.subject} said: " if record.kind is MemoryKind.ARCHIVAL and record.subject in _ROLES else ""
     return f"- [{day}] {said}{record.content}"
 
 
@@ -117,7 +121,8 @@ class ContextStage:
             assert event.message_id is not None
             receipt = Receipt(channel=event.channel, message_id=event.message_id, chat_id=event.chat_id,
                               sender_id=event.sender_id, turn_id=turn_id)
-            await self._sessions.append(session, [Message.user(event.text, turn_id=turn_id)], receipt=receipt)
+            message = Message.user(event.text, turn_id=turn_id, name=event.sender_name)
+            await self._sessions.append(session, [message], receipt=receipt)
         intro = self._intro(event) if is_new else ""
         return PipelineContext(
             event=event,

@@ -203,7 +203,7 @@ def _get_num(conn: sqlite3.Connection, num: int) -> MemoryRecord:
 
 # A session's messages worth archiving, with the channel and sender of their turn.
 _ARCHIVABLE = (
-    "SELECT m.seq, m.role, m.content, m.created_at, i.channel, i.sender_id FROM messages m "
+    "SELECT m.seq, m.role, m.content, m.created_at, i.channel, i.sender_id, m.name FROM messages m "
     "LEFT JOIN inbox i ON i.turn_id = m.turn_id AND i.session_key = m.session_key "
     "WHERE m.session_key = ? AND m.role IN ('user', 'assistant') AND TRIM(m.content) != ''"
 )
@@ -510,8 +510,9 @@ class SqlMemoryStore:
             high = conn.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_key = ?",
                                 (session_key,)).fetchone()[0]
             line = [*earlier, *new]
-            texts = [row[2].strip() for row in line]
-            for index, (seq, role, _, created_at, channel, sender) in enumerate(line):
+            # A named author is part of what was said: "Caroline: I went to the support group".
+            texts = [f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip() for row in line]
+            for index, (seq, role, _, created_at, channel, sender, name) in enumerate(line):
                 context = _neighbours(texts, index)
                 if index < len(earlier):
                     # The two before those only give their neighbours: their own reach further back.
@@ -524,7 +525,7 @@ class SqlMemoryStore:
                     continue
                 insert_memory(conn, NewMemory(
                     identity=resolve(channel, sender) if channel is not None else fallback,
-                    content=texts[index][:MAX_CONTENT_CHARS], kind=MemoryKind.ARCHIVAL, subject=role,
+                    content=texts[index][:MAX_CONTENT_CHARS], kind=MemoryKind.ARCHIVAL, subject=name or role,
                     source=f"session {session_key}",
                     source_rank=SourceRank.USER_STATED if role == "user" else SourceRank.INFERRED,
                     session_key=session_key, seq_start=seq, seq_end=seq + 1, created_at=created_at),

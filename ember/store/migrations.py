@@ -192,6 +192,10 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         "CREATE TABLE memory_archive_marks (session_key TEXT PRIMARY KEY, next_seq BIGINT NOT NULL)",
         _move_old_memories,
     ),
+    (
+        # Who wrote a message, where a session has several participants (a group chat).
+        "ALTER TABLE messages ADD COLUMN name TEXT",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

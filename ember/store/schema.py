@@ -27,6 +27,7 @@ messages = Table(
     Column("reasoning", Text),
     Column("turn_id", Text),
     Column("created_at", Float, nullable=False),
+    Column("name", Text),
 )
 
 quarantine = Table(

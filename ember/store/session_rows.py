@@ -64,7 +64,7 @@ def row_to_message(row: StoredRow) -> Message:
     Called for every message of a window that is read, so it unpacks the row
     by position rather than looking fields up by name.
     """
-    _key, seq, role_name, content, raw_calls, tool_call_id, reasoning, turn_id, _created = row
+    _key, seq, role_name, content, raw_calls, tool_call_id, reasoning, turn_id, _created, name = row
     role = _ROLES.get(role_name)
     if role is None:
         raise ValueError(f"unknown role {role_name!r}")
@@ -76,7 +76,7 @@ def row_to_message(row: StoredRow) -> Message:
     if not isinstance(content, str):
         raise ValueError("content is not text")
     return Message(role=role, content=content, tool_calls=calls, tool_call_id=tool_call_id,
-                   reasoning=reasoning, turn_id=turn_id, seq=seq)
+                   reasoning=reasoning, turn_id=turn_id, seq=seq, name=name)
 
 
 def parse(row: StoredRow) -> Message | str:
@@ -107,6 +107,7 @@ def message_row(key: str, message: Message, now: float) -> dict[str, Any]:
         "reasoning": message.reasoning,
         "turn_id": message.turn_id,
         "created_at": now,
+        "name": message.name,
     }
 
 

@@ -78,14 +78,14 @@ class OpenAIApi:
         headers = {SESSION_HEADER: key}
         completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self._agent_id)
         clock = self._metrics.clock("openai")
-        message = _Message(identity, key, users[-1].text(), client_id)
+        message = _Message(identity, key, users[-1].text(), client_id, users[-1].name)
         if body.stream:
             stream = self._stream(message, completion, clock)
             return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
         # An OpenAI client cannot answer approval requests: calls that need one are denied.
         try:
             async with self._router.turn(identity, key, message.text, stream=False, can_approve=False,
-                                         client_id=client_id) as queue:
+                                         client_id=client_id, sender_name=message.name) as queue:
                 while (event := await queue.get()).kind not in (OutboundKind.FINAL, OutboundKind.ERROR):
                     pass
         except InFlight as exc:
@@ -108,7 +108,8 @@ class OpenAIApi:
         shown = False  # any text streamed in this turn
         try:
             async with self._router.turn(message.identity, message.key, message.text, stream=True,
-                                         can_approve=False, client_id=message.client_id) as queue:
+                                         can_approve=False, client_id=message.client_id,
+                                         sender_name=message.name) as queue:
                 yield completion.chunk({"role": "assistant", "content": ""})
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
@@ -151,6 +152,7 @@ class _Message:
     key: str
     text: str
     client_id: str | None
+    name: str | None
 
 
 class _Completion:

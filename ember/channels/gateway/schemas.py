@@ -10,6 +10,8 @@ from ember.core.memory import MAX_CONTENT_CHARS, MemoryKind, MemoryStatus
 from ember.memory.service import MAX_LIMIT as MAX_SEARCH_LIMIT
 
 SESSION_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$"
+# A person's name as a chat shows it: letters of any script, digits, spaces and a little punctuation.
+NAME_PATTERN = r"^[\p{L}\p{N}][\p{L}\p{N}_ .'-]{0,63}$"
 
 
 class ContentPart(BaseModel):
@@ -22,6 +24,9 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    # Who wrote a user message, when the client relays a chat of several people: their memories
+    # of what each one said carry the name.
+    name: str | None = Field(default=None, pattern=NAME_PATTERN)
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -152,6 +157,7 @@ class StoredMessage(BaseModel):
     tool_calls: list[StoredToolCall]
     tool_call_id: str | None
     turn_id: str | None
+    name: str | None = None
 
 
 class History(BaseModel):
