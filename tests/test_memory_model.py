@@ -238,7 +238,7 @@ class Model:
                 or wrote != (op.identity, op.kind, content, subject, key, op.rank, status)
                 or set(outcome.superseded) != superseded):
             return f"{op}: expected a new {status} memory superseding {superseded}, the store wrote {outcome}"
-        for id_ in superseded | (confirmed if status is ACTIVE else set()):
+        for id_ in superseded | confirmed:
             self.rows[id_].status, self.rows[id_].superseded_by = SUPERSEDED, record.id
         self.rows[record.id] = Expected(op.identity, op.kind, content, subject, key, op.rank, status)
         self.unembedded.add(record.id)
@@ -684,6 +684,19 @@ async def test_a_pending_fact_the_person_then_states_takes_effect(db: Database) 
     stated = await memory.remember("alice", "I live in Paris.", subject="user", key="city")
     assert stated.record.status is MemoryStatus.ACTIVE, stated
     assert (await memory.store.get("alice", berlin.record.id)).status is MemoryStatus.SUPERSEDED
+
+
+async def test_a_pending_fact_said_again_by_a_source_still_outranked_waits_once(db: Database) -> None:
+    memory = await service_on(db, HashingEmbedder())
+    await memory.remember("alice", "I live in Berlin.", subject="user", key="city")
+    guessed = await memory.remember("alice", "I live in Paris.", subject="user", key="city",
+                                    source_rank=SourceRank.INFERRED)
+    summed_up = await memory.remember("alice", "I live in Paris!", subject="user", key="city",
+                                      source_rank=SourceRank.CONSOLIDATED)
+    assert summed_up.created and summed_up.record.status is MemoryStatus.PENDING
+    waiting = [r for r in await memory.store.list("alice", include_inactive=True) if r.status is MemoryStatus.PENDING]
+    assert [r.id for r in waiting] == [summed_up.record.id]  # the better-sourced one, not both
+    assert (await memory.store.get("alice", guessed.record.id)).superseded_by == summed_up.record.id
 
 
 async def test_a_message_whose_neighbour_arrives_while_it_is_embedded_gets_its_new_window(db: Database) -> None:

@@ -155,7 +155,8 @@ def write_memory(conn: sqlite3.Connection, memory: NewMemory, now: float) -> Wri
     but forgotten: a fact said twice is one fact, and an import run again adds
     nothing, superseded facts included. (An episode is always added: its
     source span makes it new.) A pending fact said again by a better source
-    takes effect.
+    takes effect, or still waits if an even better one stands against it: one
+    row waits either way.
 
     A fact with a subject and key supersedes the active fact of the same
     subject and key at once, unless that one has a better source: then the
@@ -177,14 +178,15 @@ def write_memory(conn: sqlite3.Connection, memory: NewMemory, now: float) -> Wri
         current = [record_of(row) for row in conn.execute(
             f"{_SELECT} WHERE identity = ? AND subject IS ? AND fact_key = ? AND status = 'active'",
             (memory.identity, subject, key))]
-    if any(record.source_rank > memory.source_rank for _, record in current):
-        num, _ = insert_memory(conn, memory, now, status=MemoryStatus.PENDING)
+    parked = any(record.source_rank > memory.source_rank for _, record in current)
+    num, id_ = insert_memory(conn, memory, now, status=MemoryStatus.PENDING if parked else MemoryStatus.ACTIVE)
+    if confirmed is not None:
+        # Said again by a better source: the new row replaces the weaker one, active or still waiting.
+        supersede(conn, confirmed, id_, now)
+    if parked:
         return WriteOutcome(_get_num(conn, num), created=True)
-    num, id_ = insert_memory(conn, memory, now)
     for old_num, _ in current:
         supersede(conn, old_num, id_, now)
-    if confirmed is not None:
-        supersede(conn, confirmed, id_, now)
     if memory.kind is MemoryKind.FACT and key is None and memory.source_rank < SourceRank.USER_STATED:
         # What the person states stands as said; what was extracted or inferred is checked.
         conn.execute("UPDATE memory_items SET checked_at = NULL WHERE num = ?", (num,))
