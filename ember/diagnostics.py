@@ -91,6 +91,9 @@ def _check_memory(counts: dict[str, int], report: Report) -> None:
                     f"({counts['rows_without_text']} missing); `ember memory reindex` rebuilds it")
     elif counts["orphan_vectors"]:
         report.fail(f"memory vectors: {counts['orphan_vectors']} without a memory; `ember memory reindex` fixes it")
+    elif counts["miscounted_vectors"]:
+        report.fail(f"memory vectors: the counts of {counts['miscounted_vectors']} identities are off; "
+                    "`ember memory reindex` fixes them")
     else:
         report.ok(f"memory: {counts['rows']} memories, text index complete, "
                   f"{counts['unembedded']} waiting for a vector")

@@ -190,6 +190,22 @@ async def test_forget_archives_and_only_purge_deletes(memory: MemoryService) -> 
     assert counts["rows"] == counts["text_rows"] == 0 and counts["orphan_vectors"] == 0
 
 
+async def test_the_vector_count_searches_check_is_kept_by_the_database(memory: MemoryService, db: Database) -> None:
+    model = HashingEmbedder.name
+    written = [await memory.remember("alice", text) for text in ("I sail.", "I knit.", "I bake bread.")]
+    await memory.remember("bob", "I run.")
+    await memory.flush_embeddings()
+    count, rev = await memory.store.vector_state("alice", model)
+    assert count == 3 and rev > 0 and (await memory.store.vector_state("bob", model))[0] == 1
+    await memory.store.purge("alice", written[0].record.id)
+    assert await memory.store.vector_state("alice", model) == (2, rev)  # a search sees the purge: it reloads
+    await db.run_write(lambda conn: conn.execute("UPDATE memory_vector_heads SET rows = 9 WHERE identity = 'bob'"))
+    assert (await memory.store.consistency())["miscounted_vectors"] == 1  # `ember doctor` reports it
+    await memory.store.reindex_text()
+    assert (await memory.store.consistency())["miscounted_vectors"] == 0
+    assert (await memory.store.vector_state("bob", model))[0] == 1
+
+
 async def test_memories_fade_unless_recalled_and_stated_facts_last_longest(memory: MemoryService,
                                                                            clock: Clock) -> None:
     stated = await memory.remember("alice", "My cat is called Mochi.", created_at=clock.now)

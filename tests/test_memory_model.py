@@ -516,7 +516,8 @@ class MemoryMachine(RuleBasedStateMachine):
             assert s.superseded_by is None or (successor is not None and successor.identity == s.identity), s
         counts = self.run(self.memory.store.consistency())
         assert counts == {"rows": len(stored), "text_rows": len(stored), "rows_without_text": 0,
-                          "orphan_vectors": 0, "unembedded": sum(s.embedding_model is None for s in stored)}, counts
+                          "orphan_vectors": 0, "unembedded": sum(s.embedding_model is None for s in stored),
+                          "miscounted_vectors": 0}, counts
         owners, vectors = self.run(self.db.run_read(read_index))
         assert owners == {s.num: owner_token(s.identity) for s in stored}, "a text row under another owner"
         assert {num: (identity, model) for num, (identity, model, _) in vectors.items()} == {

@@ -232,6 +232,9 @@ def _refresh_context(conn: sqlite3.Connection, session_key: str, seq: int, creat
                  + " WHERE num = ?", (context.to_json(), num))
 
 
+_VECTOR_COUNTS = "SELECT identity, model, COUNT(*) AS n, MAX(rev) AS rev FROM memory_vectors GROUP BY identity, model"
+
+
 def _statuses(include_inactive: bool) -> str:
     return "" if include_inactive else " AND status = 'active'"
 
@@ -382,8 +385,11 @@ class SqlMemoryStore:
                 if stamped.rowcount != 1:
                     continue  # purged, or its neighbours changed: not the memory that was embedded
                 rev = conn.execute("UPDATE memory_vector_rev SET rev = rev + 1 RETURNING rev").fetchone()[0]
-                conn.execute("INSERT OR REPLACE INTO memory_vectors (num, identity, model, rev, vector, window) "
-                             "VALUES (?, ?, ?, ?, ?, ?)", (item.num, item.identity, model, rev, blob, window))
+                # An update, not a replace: the database's triggers keep the per-identity counts.
+                conn.execute("INSERT INTO memory_vectors (num, identity, model, rev, vector, window) "
+                             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (num) DO UPDATE SET identity = excluded.identity, "
+                             "model = excluded.model, rev = excluded.rev, vector = excluded.vector, "
+                             "window = excluded.window", (item.num, item.identity, model, rev, blob, window))
                 stored += 1
             return stored
 
@@ -391,9 +397,9 @@ class SqlMemoryStore:
 
     async def vector_state(self, identity: str, model: str) -> tuple[int, int]:
         """(count, highest rev) of the identity's vectors by `model`: what a cached matrix checks against."""
-        return await self._db.run_read(lambda conn: tuple(conn.execute(
-            "SELECT COUNT(*), COALESCE(MAX(rev), 0) FROM memory_vectors WHERE identity = ? AND model = ?",
-            (identity, model)).fetchone()))
+        row = await self._db.run_read(lambda conn: conn.execute(
+            "SELECT rows, rev FROM memory_vector_heads WHERE identity = ? AND model = ?", (identity, model)).fetchone())
+        return (0, 0) if row is None else (row[0], row[1])
 
     async def vectors_after(self, identity: str, model: str, rev: int) -> list[tuple[int, int, bytes, bytes | None]]:
         """(num, rev, vector, window) written after `rev`, in order."""
@@ -547,6 +553,9 @@ class SqlMemoryStore:
         def rebuild(conn: sqlite3.Connection) -> int:
             conn.execute("DELETE FROM memory_fts")
             conn.execute("DELETE FROM memory_vectors WHERE num NOT IN (SELECT num FROM memory_items)")
+            conn.execute("DELETE FROM memory_vector_heads")
+            conn.execute(f"INSERT INTO memory_vector_heads (identity, model, rows, rev) SELECT identity, model, n, rev "
+                         f"FROM ({_VECTOR_COUNTS})")
             rows = conn.execute("SELECT num, identity, content, created_at, context_json FROM memory_items").fetchall()
             for num, identity, content, created_at, context in rows:
                 write_text_row(conn, num, identity, content, created_at, Context.from_json(context))
@@ -555,7 +564,8 @@ class SqlMemoryStore:
         return await self._db.run_write(rebuild)
 
     async def consistency(self) -> dict[str, int]:
-        """Counts that must agree: rows against text index rows, vectors without a row."""
+        """Counts that must agree: rows against text index rows, vectors without a row,
+        each identity's vectors against the count its searches check."""
         def count(conn: sqlite3.Connection) -> dict[str, int]:
             def one(sql: str) -> int:
                 return conn.execute(sql).fetchone()[0]
@@ -567,6 +577,8 @@ class SqlMemoryStore:
                 "orphan_vectors": one("SELECT COUNT(*) FROM memory_vectors v WHERE NOT EXISTS "
                                       "(SELECT 1 FROM memory_items m WHERE m.num = v.num)"),
                 "unembedded": one("SELECT COUNT(*) FROM memory_items WHERE embedding_model IS NULL"),
+                "miscounted_vectors": one(f"SELECT COUNT(*) FROM ({_VECTOR_COUNTS}) c FULL JOIN memory_vector_heads h "
+                                          "USING (identity, model) WHERE COALESCE(c.n, 0) != COALESCE(h.rows, 0)"),
             }
 
         return await self._db.run_read(count)

@@ -13,7 +13,8 @@ Two real processes, each killed with SIGKILL by its pid and run again:
   Every message must end in the archival tier once.
 
 After every kill the store must be whole (consistency(): a text row for every
-memory and no other, no vector without its memory; no content twice among the
+memory and no other, no vector without its memory, each identity's vector count
+as its searches read it; no content twice among the
 active facts, no subject and key with two active facts, no message archived
 twice); once the embedding has run again, every memory has exactly one vector,
 and it is the vector of the memory's content (and of its window) as they are.
@@ -78,6 +79,7 @@ async def store_problems(path: Path, *, settled: bool) -> list[str]:
         counts = await SqlMemoryStore(db).consistency()
         problems = [f"consistency {counts}"] if (counts["rows"] != counts["text_rows"]
                                                  or counts["rows_without_text"] or counts["orphan_vectors"]
+                                                 or counts["miscounted_vectors"]
                                                  or (settled and counts["unembedded"])) else []
         problems += await db.run_read(_duplicates)
         if settled:
