@@ -113,7 +113,7 @@ from ember.memory.service import CANDIDATES, LEXICAL_DEPTH, MemoryService, Recal
 from ember.memory.vectors import DenseScores, VectorIndex
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore, Unembedded
-from ember.store.segment import match_expression, owner_token
+from ember.store.segment import match_expression, owner_token, query_terms
 from ember.store.sessions import SqlSessionStore
 
 DIM = 384
@@ -668,7 +668,7 @@ async def profile_search(bench: MemoryBench, searchers: Searchers, queries: list
             # Every text column (the owner column holds only owner tokens), as store.lexical searches.
             matches.append(raw.execute("SELECT count(*) FROM memory_fts WHERE memory_fts MATCH ?",
                                        (f"owner:{owner_token(PERSON)} AND ({expression})",)).fetchone()[0])
-            lexical, seconds = await timed(store.lexical(PERSON, expression, LEXICAL_DEPTH))
+            lexical, seconds = await timed(store.lexical(PERSON, query_terms(query), LEXICAL_DEPTH))
             parts[names[0]].append(seconds)
             _, seconds = await timed(store.vector_state(PERSON, MODEL))
             parts[names[1]].append(seconds)

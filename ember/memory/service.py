@@ -35,7 +35,7 @@ from ember.memory.identity import Identities
 from ember.memory.retrieval import NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
 from ember.memory.vectors import DenseScores, VectorIndex
 from ember.store.memories import SqlMemoryStore, WriteOutcome
-from ember.store.segment import match_expression
+from ember.store.segment import match_expression, query_terms
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +136,10 @@ class MemoryService:
         """
         if not 1 <= limit <= MAX_LIMIT:
             raise MemoryInputError(f"limit must be between 1 and {MAX_LIMIT}; it was {limit}")
-        expression = match_expression(query)
-        if expression is None:
+        terms = query_terms(query)
+        if not terms:
             raise MemoryInputError("the query has no words to search for")
-        lexical = await self._store.lexical(identity, expression, LEXICAL_DEPTH, include_inactive=include_inactive)
+        lexical = await self._store.lexical(identity, terms, LEXICAL_DEPTH)
         dense = await self._dense(identity, query)
         # Deeper than the page: some candidates may be of another kind or no longer active.
         candidates = fuse(lexical, dense, depth=3 * limit + CANDIDATES)

@@ -220,6 +220,10 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             ON CONFLICT (identity, model) DO UPDATE SET rows = rows + 1, rev = MAX(rev, excluded.rev);
         END""",
     ),
+    (
+        # How many rows hold each term: a search leaves out terms far more common than its rarest.
+        "CREATE VIRTUAL TABLE memory_fts_terms USING fts5vocab(memory_fts, 'row')",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
