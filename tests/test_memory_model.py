@@ -61,7 +61,8 @@ from ember.memory.embeddings import HashingEmbedder
 from ember.memory.forgetting import DAY_S, ForgettingPolicy
 from ember.memory.service import RECALLED_KINDS, MemoryService, PromptMemory, RecallBudget
 from ember.store.database import Database
-from ember.store.memories import Context, SqlMemoryStore, WriteOutcome
+from ember.store.memories import SqlMemoryStore
+from ember.store.memory_rows import Context, WriteOutcome
 from ember.store.segment import owner_token
 from ember.store.sessions import SqlSessionStore
 

@@ -34,7 +34,8 @@ from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
 from ember.memory.identity import Identities
 from ember.memory.retrieval import NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
 from ember.memory.vectors import DenseScores, VectorIndex
-from ember.store.memories import SqlMemoryStore, WriteOutcome
+from ember.store.memories import SqlMemoryStore
+from ember.store.memory_rows import WriteOutcome
 from ember.store.segment import match_expression, query_terms
 
 log = logging.getLogger(__name__)

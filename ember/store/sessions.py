@@ -34,7 +34,7 @@ from ember.store import schema
 from ember.store.database import Database, complete_despite_cancel
 from ember.store.deliveries import record_delivery, record_receipt
 from ember.store.jobs import record_job
-from ember.store.memories import write_memory
+from ember.store.memory_rows import write_memory
 from ember.store.repair import RepairPlan, plan_repair
 from ember.store.session_rows import (
     ADVANCE,

@@ -47,7 +47,8 @@ import pytest
 from ember.core.memory import NewMemory
 from ember.memory.embeddings import HashingEmbedder
 from ember.store.database import Database
-from ember.store.memories import Context, SqlMemoryStore
+from ember.store.memories import SqlMemoryStore
+from ember.store.memory_rows import Context
 from tests.crash.harness import CrashModelServer, KillSwitch, Supervisor, sigkill
 from tests.gatewayproc import EMBER, free_port, gateway_env
 
