@@ -51,8 +51,8 @@ profiles where a fused search's time goes, each part timed on its own over
 the same queries (at most 200, fewer when slow): the FTS5 query
 (`store.lexical`), the vector-count check `VectorIndex` makes before every
 search (`store.vector_state`), the embedding's thread hop, the two
-matrix-vector products and the nums array `VectorIndex.scores` builds (the
-same numpy operations on the same matrices), the fusion (`fuse`, over every
+matrix-vector products of `VectorIndex.scores` (the same numpy operations on
+the same matrices), the fusion (`fuse`, over every
 vector), the record fetch (`by_nums`, with its statement's plan, and the same
 fetch by `num` alone on a raw connection for comparison), and an empty read's
 hop for scale; and the FTS5 time by the number of matches (thirds).
@@ -112,7 +112,8 @@ from ember.memory.retrieval import fuse
 from ember.memory.service import CANDIDATES, LEXICAL_DEPTH, MemoryService, RecallBudget
 from ember.memory.vectors import DenseScores, VectorIndex
 from ember.store.database import Database
-from ember.store.memories import SqlMemoryStore, Unembedded
+from ember.store.memories import SqlMemoryStore
+from ember.store.memory_rows import Unembedded
 from ember.store.segment import match_expression, owner_token, query_terms
 from ember.store.sessions import SqlSessionStore
 
@@ -650,12 +651,12 @@ async def profile_search(bench: MemoryBench, searchers: Searchers, queries: list
     rows = await store.vectors_after(PERSON, MODEL, 0)
     own = np.vstack([np.frombuffer(blob, dtype=np.float32) for _, _, blob, _ in rows])
     window = np.vstack([np.frombuffer(w if w is not None else blob, dtype=np.float32) for _, _, blob, w in rows])
-    nums = [num for num, _, _, _ in rows]
-    positions = {num: i for i, num in enumerate(nums)}
+    nums = np.asarray([num for num, _, _, _ in rows], dtype=np.int64)  # VectorIndex keeps this array
+    positions = {int(num): i for i, num in enumerate(nums)}
     del rows
     parts: dict[str, list[float]] = {name: [] for name in (
         "FTS5 query (store.lexical)", "vector count check (store.vector_state)", "embedding thread hop",
-        "2 matvecs, own + window (numpy)", "nums list -> array (VectorIndex)", "fusion over all n (fuse)",
+        "2 matvecs, own + window (numpy)", "fusion over all n (fuse)",
         "record fetch (store.by_nums)", "empty read hop (db.run_read)")}
     names = list(parts)
     matches, terms, total = [], [], []
@@ -678,15 +679,13 @@ async def profile_search(bench: MemoryBench, searchers: Searchers, queries: list
             started = time.perf_counter()
             own_scores, window_scores = own @ q, window @ q
             parts[names[3]].append(time.perf_counter() - started)
-            started = time.perf_counter()
-            dense = DenseScores(np.asarray(nums, dtype=np.int64), own_scores, window_scores, positions)
-            parts[names[4]].append(time.perf_counter() - started)
+            dense = DenseScores(nums, own_scores, window_scores, positions)
             started = time.perf_counter()
             candidates = fuse(lexical, dense, DEPTH)
-            parts[names[5]].append(time.perf_counter() - started)
+            parts[names[4]].append(time.perf_counter() - started)
             wanted = [c.num for c in candidates]
             _, seconds = await timed(store.by_nums(PERSON, wanted))
-            parts[names[6]].append(seconds)
+            parts[names[5]].append(seconds)
             marks = ",".join("?" * len(wanted))
             for label, sql, params in (
                     ("identity = ? AND num IN (...)", f"identity = ? AND num IN ({marks})", (PERSON, *wanted)),
@@ -695,7 +694,7 @@ async def profile_search(bench: MemoryBench, searchers: Searchers, queries: list
                 raw.execute(f"SELECT * FROM memory_items WHERE {sql}", params).fetchall()
                 references.setdefault(label, []).append(time.perf_counter() - started)
             _, seconds = await timed(db.run_read(lambda conn: None))
-            parts[names[7]].append(seconds)
+            parts[names[6]].append(seconds)
             _, seconds = await timed(searchers.fused(PERSON, query))
             total.append(seconds)
         plan = raw.execute(f"EXPLAIN QUERY PLAN SELECT * FROM memory_items WHERE identity = ? AND num IN"

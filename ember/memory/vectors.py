@@ -36,6 +36,7 @@ class DenseScores:
 class _Matrix:
     rows: dict[int, int] = field(default_factory=dict)  # num -> row
     nums: list[int] = field(default_factory=list)
+    num_array: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # nums, made once per top-up
     own: np.ndarray | None = None
     window: np.ndarray | None = None
     count: int = 0
@@ -55,7 +56,7 @@ class VectorIndex:
         if matrix.own is None or matrix.window is None or not matrix.nums:
             return None
         q = query.astype(np.float32)
-        return DenseScores(np.asarray(matrix.nums, dtype=np.int64), matrix.own @ q, matrix.window @ q, matrix.rows)
+        return DenseScores(matrix.num_array, matrix.own @ q, matrix.window @ q, matrix.rows)
 
     async def _current(self, identity: str) -> _Matrix:
         count, rev = await self._store.vector_state(identity, self._model)
@@ -93,6 +94,7 @@ class VectorIndex:
             matrix.own = _stacked(matrix.own, own_rows)
             matrix.window = _stacked(matrix.window, window_rows)
             matrix.nums += nums
+            matrix.num_array = np.asarray(matrix.nums, dtype=np.int64)
         matrix.count = len(matrix.nums)
 
     def _read(self, blob: bytes) -> np.ndarray | None:
