@@ -52,6 +52,17 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayServices:
+    """The runtime's parts the routes read and write, besides the turns."""
+
+    sessions: SqlSessionStore
+    jobs: SqlJobStore
+    approvals: ApprovalBroker
+    memory: MemoryService
+    identities: Identities
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayOptions:
     agent_id: str
     max_body_bytes: int
@@ -107,13 +118,14 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return ApiError(500, f"internal error ({type(exc).__name__}); see the server log").response()
 
 
-def create_app(router: TurnRouter, sessions: SqlSessionStore, jobs: SqlJobStore, approvals: ApprovalBroker,
-               memory: MemoryService, identities: Identities, keys: ApiKeys, options: GatewayOptions, *,
+def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, options: GatewayOptions, *,
                lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None) -> Starlette:
     metrics = GatewayMetrics()
     openai_api = OpenAIApi(router, metrics, agent_id=options.agent_id, max_body_bytes=options.max_body_bytes)
-    native_api = NativeApi(router, sessions, approvals, metrics, max_body_bytes=options.max_body_bytes)
-    memory_api = MemoryApi(memory, identities, max_body_bytes=options.max_body_bytes)
+    native_api = NativeApi(router, services.sessions, services.approvals, metrics,
+                           max_body_bytes=options.max_body_bytes)
+    memory_api = MemoryApi(services.memory, services.identities, max_body_bytes=options.max_body_bytes)
+    jobs = services.jobs
     document = openapi_document("Ember gateway", __version__)
 
     async def healthz(request: Request) -> Response:

@@ -14,7 +14,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from ember.app import build_runtime, running
-from ember.channels.gateway.app import GatewayOptions, create_app
+from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.turns import CHANNEL, TurnRouter
 from ember.config import Settings
@@ -109,8 +109,9 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
             rate_per_minute=settings.gateway_rate_per_minute,
             rate_burst=settings.gateway_rate_burst,
         )
-        app = create_app(router, runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
-                         runtime.identities, keys, options, lifespan=lifespan)
+        services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
+                                   runtime.identities)
+        app = create_app(router, services, keys, options, lifespan=lifespan)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)
         server = _Server(config)
