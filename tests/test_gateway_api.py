@@ -355,6 +355,31 @@ def test_a_named_message_is_kept_and_remembered_under_its_authors_name(clients: 
                     "assistant": f"echo: my locker code is zq{tag}"}
 
 
+def test_an_evaluation_session_is_answered_and_kept_but_leaves_no_memory(clients: Clients) -> None:
+    alice, tag = clients["alice"], uuid.uuid4().hex[:10]
+    evaluated, control = fresh("eval"), fresh("control")
+    response = alice.post(CHAT, json={"model": "ember", "messages": [
+        {"role": "user", "content": f"my evaluation word is zq{tag}"}]},
+        headers={"X-Ember-Session": evaluated, "X-Ember-Evaluation": "true"})
+    assert response.status_code == 200, response.text
+    events = alice.post(f"/api/sessions/{evaluated}/messages", json={"text": f"and again zq{tag}"},
+                        headers={"X-Ember-Evaluation": "true"})
+    assert events.status_code == 200
+    final_text(sse_events(events.text))
+    assert final_text(send(alice, control, f"my control word is zq{tag}x"))
+
+    def found(word: str) -> list[str]:
+        hits = alice.get("/api/memory/search", params={"q": word})
+        assert hits.status_code == 200, hits.text
+        return [hit["content"] for hit in hits.json() if word in hit["content"].split()]
+
+    # The control turn's memory is written by the same kind of job, queued after the evaluation's.
+    wait_until(lambda: len(found(f"zq{tag}x")) == 2)
+    assert found(f"zq{tag}") == []
+    assert [m["content"] for m in history(alice, evaluated) if m["role"] == "user"] == [
+        f"my evaluation word is zq{tag}", f"and again zq{tag}"]
+
+
 def test_identities_differing_only_in_case_stay_separate(clients: Clients, model: ModelServer,
                                                          alice_only: AliceSession) -> None:
     other = clients["Alice"]
@@ -404,6 +429,11 @@ BAD_REQUESTS = {
     "chat: no messages": Bad("POST", CHAT, 422, "invalid_request", body={"model": "ember", "messages": []}),
     "chat: unknown role": Bad("POST", CHAT, 422, "invalid_request",
                               body={"model": "ember", "messages": [{"role": "robot", "content": "hi"}]}),
+    "chat: an evaluation header neither true nor false": Bad("POST", CHAT, 400, "invalid_evaluation_header",
+                                                             body=GOOD_CHAT, headers={"X-Ember-Evaluation": "maybe"}),
+    "send: an evaluation header neither true nor false": Bad("POST", "/api/sessions/bad-input/messages", 400,
+                                                             "invalid_evaluation_header", body={"text": "hi"},
+                                                             headers={"X-Ember-Evaluation": "yes"}),
     "chat: a name with a line break": Bad("POST", CHAT, 422, "invalid_request", body={"model": "ember", "messages": [
         {"role": "user", "name": "Gina\nsystem", "content": "hi"}]}),
     "chat: no user message": Bad("POST", CHAT, 400, "no_user_message", body={"model": "ember", "messages": [

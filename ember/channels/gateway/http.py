@@ -19,6 +19,8 @@ T = TypeVar("T", bound=BaseModel)
 
 SESSION_HEADER = "X-Ember-Session"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+# Marks a new session as an evaluation run: nothing of it becomes anyone's memory.
+EVALUATION_HEADER = "X-Ember-Evaluation"
 KEEPALIVE_S = 15.0
 _SESSION_KEY = re.compile(SESSION_KEY_PATTERN)
 _CLIENT_ID = re.compile(CLIENT_ID_PATTERN)
@@ -97,6 +99,16 @@ def checked_key(key: str, where: str) -> str:
         raise ApiError(400, f"{where} {key[:64]!r} is not a session key: use 1-128 letters, digits and . _ @ + -",
                        code="invalid_session_key")
     return key
+
+
+def evaluation_requested(request: Request) -> bool:
+    value = request.headers.get(EVALUATION_HEADER)
+    if value is None or value.lower() == "false":
+        return False
+    if value.lower() == "true":
+        return True
+    raise ApiError(400, f"the {EVALUATION_HEADER} header is true or false, not {value[:32]!r}",
+                   code="invalid_evaluation_header")
 
 
 def checked_client_id(client_id: str, where: str) -> str:

@@ -23,6 +23,7 @@ from ember.channels.gateway.http import (
     ApiError,
     checked_client_id,
     checked_key,
+    evaluation_requested,
     next_event,
     read_json,
     sse,
@@ -122,16 +123,18 @@ class NativeApi:
             raise ApiError(422, "the message is empty", code="empty_message", param="text")
         if body.message_id is not None:
             checked_client_id(body.message_id, "message_id")
+        evaluation = evaluation_requested(request)
         identity = request.state.identity
         if self._router.in_flight(identity, body.message_id):
             raise ApiError(409, IN_FLIGHT_TEXT, code="in_flight")
-        stream = self._stream(identity, key, body, self._metrics.clock("native"))
+        stream = self._stream(identity, key, body, self._metrics.clock("native"), evaluation)
         return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, SESSION_HEADER: key})
 
-    async def _stream(self, identity: str, key: str, body: MessageRequest, clock: TurnClock) -> AsyncIterator[bytes]:
+    async def _stream(self, identity: str, key: str, body: MessageRequest, clock: TurnClock,
+                      evaluation: bool) -> AsyncIterator[bytes]:
         try:
             async with self._router.turn(identity, key, body.text, stream=True, can_approve=True,
-                                         client_id=body.message_id) as queue:
+                                         client_id=body.message_id, evaluation=evaluation) as queue:
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
                     if event is None:

@@ -34,6 +34,7 @@ from ember.channels.gateway.http import (
     ApiError,
     checked_client_id,
     checked_key,
+    evaluation_requested,
     next_event,
     read_json,
     sse,
@@ -78,14 +79,15 @@ class OpenAIApi:
         headers = {SESSION_HEADER: key}
         completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self._agent_id)
         clock = self._metrics.clock("openai")
-        message = _Message(identity, key, users[-1].text(), client_id, users[-1].name)
+        message = _Message(identity, key, users[-1].text(), client_id, users[-1].name, evaluation_requested(request))
         if body.stream:
             stream = self._stream(message, completion, clock)
             return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
         # An OpenAI client cannot answer approval requests: calls that need one are denied.
         try:
             async with self._router.turn(identity, key, message.text, stream=False, can_approve=False,
-                                         client_id=client_id, sender_name=message.name) as queue:
+                                         client_id=client_id, sender_name=message.name,
+                                         evaluation=message.evaluation) as queue:
                 while (event := await queue.get()).kind not in (OutboundKind.FINAL, OutboundKind.ERROR):
                     pass
         except InFlight as exc:
@@ -109,7 +111,7 @@ class OpenAIApi:
         try:
             async with self._router.turn(message.identity, message.key, message.text, stream=True,
                                          can_approve=False, client_id=message.client_id,
-                                         sender_name=message.name) as queue:
+                                         sender_name=message.name, evaluation=message.evaluation) as queue:
                 yield completion.chunk({"role": "assistant", "content": ""})
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
@@ -153,6 +155,7 @@ class _Message:
     text: str
     client_id: str | None
     name: str | None
+    evaluation: bool
 
 
 class _Completion:

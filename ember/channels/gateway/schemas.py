@@ -261,6 +261,12 @@ _QUERY_PARAM = {"name": "q", "in": "query", "required": True, "description": "Wh
                            "pattern": MEMORY_QUERY_PATTERN}}
 
 
+_EVALUATION_HEADER = {"name": "X-Ember-Evaluation", "in": "header", "required": False,
+                      "schema": {"type": "string", "enum": ["true", "false"], "default": "false"},
+                      "description": "true: the session this message starts is an evaluation run and leaves "
+                                     "no memory (on a session that exists already it changes nothing)"}
+
+
 def _limit_param(default: int, most: int) -> dict[str, Any]:
     return {"name": "limit", "in": "query", "required": False,
             "schema": {"type": "integer", "minimum": 1, "maximum": most, "default": default}}
@@ -297,7 +303,8 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
     session_header = [{"name": "X-Ember-Session", "in": "header", "required": False,
                        "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN}},
                       {"name": "Idempotency-Key", "in": "header", "required": False,
-                       "schema": {"type": "string", "pattern": CLIENT_ID_PATTERN}}]
+                       "schema": {"type": "string", "pattern": CLIENT_ID_PATTERN}},
+                      _EVALUATION_HEADER]
     body_errors = _errors(400, 413, 415, 422)
     paths = {
         "/v1/chat/completions": {"post": _operation(
@@ -314,7 +321,7 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
                               {"200": _json(History, "Messages"), **_errors(400, 404)}, params=[_SESSION_PARAM]),
             "post": _operation("Send a message; the answer streams back as Server-Sent Events",
                                {"200": _SSE, **body_errors, **_errors(409)}, body=MessageRequest,
-                               params=[_SESSION_PARAM]),
+                               params=[_SESSION_PARAM, _EVALUATION_HEADER]),
         },
         "/api/approvals": {"get": _operation("The caller's approval requests waiting for an answer",
                                              {"200": _json(PendingApprovals, "Pending requests")})},

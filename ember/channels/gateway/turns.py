@@ -67,21 +67,22 @@ class TurnRouter:
 
     @asynccontextmanager
     async def turn(self, identity: str, key: str, text: str, *, stream: bool, can_approve: bool,
-                   client_id: str | None = None,
-                   sender_name: str | None = None) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
+                   client_id: str | None = None, sender_name: str | None = None,
+                   evaluation: bool = False) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
         """Send the message to the agent; yield the queue its answer arrives on.
 
         `can_approve`: the client sees approval requests and can answer them.
         `client_id`: the client's own id for the message (an idempotency key): a
         resend with the same id gets the recorded answer, not a second turn.
         `sender_name`: who wrote it, when the client relays a chat of several people.
+        `evaluation`: a new session it starts is an evaluation run, and leaves no memory.
         """
         message_id = f"{identity}:{client_id}" if client_id else uuid.uuid4().hex
         if message_id in self._waiting:
             raise InFlight(client_id or message_id)
         event = InboundEvent(channel=CHANNEL, chat_id=chat_id(identity, key), sender_id=identity, text=text,
                              message_id=message_id, sender_name=sender_name, stream=stream,
-                             can_approve=can_approve)
+                             can_approve=can_approve, metadata={"evaluation": "true"} if evaluation else {})
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
         self._waiting[message_id] = queue
         if message_id in self._streaming:
