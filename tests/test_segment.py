@@ -1,4 +1,4 @@
-"""The text index as a query sees it: the tokens SQLite holds, and which terms a search keeps."""
+"""The text index as a query sees it: the tokens SQLite holds, which terms a search keeps, whom it names."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.core.memory import MemoryKind, NewMemory
+from ember.memory.retrieval import named_subject
 from ember.memory.service import MemoryService
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
@@ -63,3 +64,11 @@ async def test_a_search_skips_a_term_in_most_rows_yet_finds_the_rare_one(db: Dat
     assert hits[0].record.id == needle.record.id
     # "people" is in every row: searched alone it still finds them all, ranked.
     assert len(await memory.search("alice", "people", limit=50)) == 50
+
+
+def test_a_subject_is_named_by_all_its_words_and_only_one_counts() -> None:
+    subjects = ["mary-ann_smith", "caroline", "user", "___", None]
+    assert named_subject("What did Mary-Ann Smith say?", subjects) == "mary-ann_smith"
+    assert named_subject("what did Mary say?", subjects) is None  # half a name names no one
+    assert named_subject("did the user tell Caroline?", subjects) == "caroline"  # a role is not a person
+    assert named_subject("did Caroline and Mary-Ann Smith meet?", subjects) is None

@@ -39,7 +39,7 @@ STRENGTH_WEIGHT = 0.2
 NAMED_SUBJECT_BONUS = 0.4
 # An archived message's subject is its role when its author has no name: not a person to name.
 _ROLES = frozenset({"user", "assistant"})
-_WORD = re.compile(r"\w+")
+_WORD = re.compile(r"[^\W_]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +90,9 @@ def fuse(lexical: Sequence[tuple[int, float]], dense: DenseScores | None, depth:
 def named_subject(query: str, subjects: Iterable[str | None]) -> str | None:
     """The one subject among `subjects` that the query names, if exactly one is named.
 
-    Subjects are normalised keys ("mary_ann"); every word of one must be a word of the query.
+    Subjects are normalised keys ("mary-ann_smith"); every word of one must be a word of the query.
     """
     words = set(_WORD.findall(query.casefold()))
-    named = {subject for subject in subjects
-             if subject and subject not in _ROLES and words.issuperset(subject.split("_"))}
+    named = {subject for subject in subjects if subject and subject not in _ROLES
+             and (parts := _WORD.findall(subject)) and words.issuperset(parts)}
     return named.pop() if len(named) == 1 else None
