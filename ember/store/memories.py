@@ -14,27 +14,22 @@ from typing import Any
 
 from ember.core.errors import MemoryNotFound
 from ember.core.memory import (
-    MAX_CONTENT_CHARS,
     MemoryKind,
     MemoryRecord,
     MemoryStatus,
     NewMemory,
-    SourceRank,
 )
 from ember.store.database import Database
 from ember.store.jobs import record_job
 from ember.store.memory_rows import (
-    ARCHIVABLE,
     EMBED_JOB,
     SELECT_MEMORY,
     TEXT_WEIGHTS,
     Context,
     Unembedded,
     WriteOutcome,
-    insert_memory,
-    neighbours,
+    archive_messages,
     record_of,
-    refresh_context,
     write_memory,
     write_text_row,
 )
@@ -326,43 +321,7 @@ class SqlMemoryStore:
         before is embedded again (its window now reaches the first new one).
         """
         now = time.time()
-
-        def copy(conn: sqlite3.Connection) -> int:
-            mark = conn.execute("SELECT next_seq FROM memory_archive_marks WHERE session_key = ?",
-                                (session_key,)).fetchone()
-            start = mark[0] if mark else 0
-            earlier = conn.execute(
-                f"{ARCHIVABLE} AND m.seq < ? ORDER BY m.seq DESC LIMIT 4", (session_key, start)).fetchall()[::-1]
-            new = conn.execute(f"{ARCHIVABLE} AND m.seq >= ? ORDER BY m.seq", (session_key, start)).fetchall()
-            high = conn.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_key = ?",
-                                (session_key,)).fetchone()[0]
-            line = [*earlier, *new]
-            # A named author is part of what was said: "Caroline: I went to the support group".
-            texts = [f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip() for row in line]
-            for index, (seq, role, _, created_at, channel, sender, name) in enumerate(line):
-                context = neighbours(texts, index)
-                if index < len(earlier):
-                    # The two before those only give their neighbours: their own reach further back.
-                    if index >= len(earlier) - 2:
-                        refresh_context(conn, session_key, seq, created_at, context,
-                                         reembed=index == len(earlier) - 1)
-                    continue
-                if conn.execute("SELECT 1 FROM memory_items WHERE session_key = ? AND seq_start = ? "
-                                "AND kind = 'archival'", (session_key, seq)).fetchone():
-                    continue
-                insert_memory(conn, NewMemory(
-                    identity=resolve(channel, sender) if channel is not None else fallback,
-                    content=texts[index][:MAX_CONTENT_CHARS], kind=MemoryKind.ARCHIVAL, subject=name or role,
-                    source=f"session {session_key}",
-                    source_rank=SourceRank.USER_STATED if role == "user" else SourceRank.INFERRED,
-                    session_key=session_key, seq_start=seq, seq_end=seq + 1, created_at=created_at),
-                    now, context=context)
-            conn.execute("INSERT INTO memory_archive_marks (session_key, next_seq) VALUES (?, ?) "
-                         "ON CONFLICT (session_key) DO UPDATE SET next_seq = excluded.next_seq",
-                         (session_key, high + 1))
-            return len(new)
-
-        return await self._db.run_write(copy)
+        return await self._db.run_write(lambda conn: archive_messages(conn, session_key, resolve, fallback, now))
 
     # -- upkeep --------------------------------------------------------------------
 

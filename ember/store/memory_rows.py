@@ -11,12 +11,13 @@ import datetime as dt
 import json
 import sqlite3
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ember.core.jobs import JobKind, JobRequest
 from ember.core.memory import (
+    MAX_CONTENT_CHARS,
     MemoryKind,
     MemoryRecord,
     MemoryStatus,
@@ -199,14 +200,14 @@ def _get_num(conn: sqlite3.Connection, num: int) -> MemoryRecord:
 
 
 # A session's messages worth archiving, with the channel and sender of their turn.
-ARCHIVABLE = (
+_ARCHIVABLE = (
     "SELECT m.seq, m.role, m.content, m.created_at, i.channel, i.sender_id, m.name FROM messages m "
     "LEFT JOIN inbox i ON i.turn_id = m.turn_id AND i.session_key = m.session_key "
     "WHERE m.session_key = ? AND m.role IN ('user', 'assistant') AND TRIM(m.content) != ''"
 )
 
 
-def neighbours(texts: Sequence[str], index: int) -> Context:
+def _neighbours(texts: Sequence[str], index: int) -> Context:
     def at(offset: int) -> str:
         position = index + offset
         return texts[position] if 0 <= position < len(texts) else ""
@@ -214,7 +215,7 @@ def neighbours(texts: Sequence[str], index: int) -> Context:
     return Context(before=at(-1), after=at(1), far=tuple(text for text in (at(-2), at(2)) if text))
 
 
-def refresh_context(conn: sqlite3.Connection, session_key: str, seq: int, created_at: float, context: Context,
+def _refresh_context(conn: sqlite3.Connection, session_key: str, seq: int, created_at: float, context: Context,
                      *, reembed: bool) -> None:
     row = conn.execute("SELECT num, identity, content, context_json FROM memory_items WHERE session_key = ? "
                        "AND seq_start = ? AND kind = 'archival'", (session_key, seq)).fetchone()
@@ -225,3 +226,41 @@ def refresh_context(conn: sqlite3.Connection, session_key: str, seq: int, create
     write_text_row(conn, num, identity, content, created_at, context)
     conn.execute("UPDATE memory_items SET context_json = ?" + (", embedding_model = NULL" if reembed else "")
                  + " WHERE num = ?", (context.to_json(), num))
+
+
+def archive_messages(conn: sqlite3.Connection, session_key: str, resolve: Callable[[str, str], str], fallback: str,
+                     now: float) -> int:
+    """Copy the session's messages not yet archived into the archival tier (SqlMemoryStore.archive_session)."""
+    mark = conn.execute("SELECT next_seq FROM memory_archive_marks WHERE session_key = ?",
+                        (session_key,)).fetchone()
+    start = mark[0] if mark else 0
+    earlier = conn.execute(
+        f"{_ARCHIVABLE} AND m.seq < ? ORDER BY m.seq DESC LIMIT 4", (session_key, start)).fetchall()[::-1]
+    new = conn.execute(f"{_ARCHIVABLE} AND m.seq >= ? ORDER BY m.seq", (session_key, start)).fetchall()
+    high = conn.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_key = ?",
+                        (session_key,)).fetchone()[0]
+    line = [*earlier, *new]
+    # A named author is part of what was said: "Caroline: I went to the support group".
+    texts = [f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip() for row in line]
+    for index, (seq, role, _, created_at, channel, sender, name) in enumerate(line):
+        context = _neighbours(texts, index)
+        if index < len(earlier):
+            # The two before those only give their neighbours: their own reach further back.
+            if index >= len(earlier) - 2:
+                _refresh_context(conn, session_key, seq, created_at, context,
+                                 reembed=index == len(earlier) - 1)
+            continue
+        if conn.execute("SELECT 1 FROM memory_items WHERE session_key = ? AND seq_start = ? "
+                        "AND kind = 'archival'", (session_key, seq)).fetchone():
+            continue
+        insert_memory(conn, NewMemory(
+            identity=resolve(channel, sender) if channel is not None else fallback,
+            content=texts[index][:MAX_CONTENT_CHARS], kind=MemoryKind.ARCHIVAL, subject=name or role,
+            source=f"session {session_key}",
+            source_rank=SourceRank.USER_STATED if role == "user" else SourceRank.INFERRED,
+            session_key=session_key, seq_start=seq, seq_end=seq + 1, created_at=created_at),
+            now, context=context)
+    conn.execute("INSERT INTO memory_archive_marks (session_key, next_seq) VALUES (?, ?) "
+                 "ON CONFLICT (session_key) DO UPDATE SET next_seq = excluded.next_seq",
+                 (session_key, high + 1))
+    return len(new)
