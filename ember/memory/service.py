@@ -140,8 +140,9 @@ class MemoryService:
         terms = query_terms(query)
         if not terms:
             raise MemoryInputError("the query has no words to search for")
-        lexical = await self._store.lexical(identity, terms, LEXICAL_DEPTH)
-        dense = await self._dense(identity, query)
+        # The text index is read on a database thread while the query is embedded and scored.
+        lexical, dense = await asyncio.gather(self._store.lexical(identity, terms, LEXICAL_DEPTH),
+                                              self._dense(identity, query))
         # Deeper than the page: some candidates may be of another kind or no longer active.
         candidates = fuse(lexical, dense, depth=3 * limit + CANDIDATES)
         records = await self._store.by_nums(identity, [c.num for c in candidates])
