@@ -74,7 +74,8 @@ def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService) -> Too
     workspace = Workspace(workspace_dir)
     return ToolRegistry([
         *file_tools(workspace),
-        shell_tool(workspace, timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars),
+        shell_tool(workspace, timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars,
+                   env_names=settings.shell_env),
         web_fetch_tool(allow_private=settings.web_fetch_allow_private,
                        allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
         *memory_tools(memory),

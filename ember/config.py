@@ -7,6 +7,7 @@ EMBER_HOME/ember.toml, then defaults. The model endpoint also honours OPENAI_BAS
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -22,8 +23,11 @@ from pydantic_settings import (
 )
 
 from ember.core.errors import ConfigError
+from ember.core.redact import secret_env_name
 from ember.tools.approval import ToolPolicy
 from ember.tools.mcp.config import McpServers
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 CONFIGURE_MODEL_HINT = (
     "export EMBER_MODEL_BASE_URL=https://api.openai.com/v1 "
@@ -60,6 +64,8 @@ class Settings(BaseSettings):
     # The longest a shell command may run (a call may ask for less), and how much output it keeps.
     shell_timeout_s: float = Field(default=120, gt=0)
     shell_output_chars: int = Field(default=30_000, ge=1_000)
+    # Environment variables a shell command gets besides PATH, HOME, the locale and a few more.
+    shell_env: list[str] = Field(default_factory=list)
     # web_fetch refuses loopback, private and link-local addresses unless allowed here.
     web_fetch_allow_private: bool = False
     web_fetch_allowed_hosts: list[str] = Field(default_factory=list)
@@ -107,6 +113,17 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("shell_env")
+    @classmethod
+    def _no_secrets_for_the_shell(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+            if secret_env_name(name):
+                raise ValueError(f"{name!r} looks like a secret or an Ember setting; a shell command never gets one "
+                                 "(give the command what it needs another way, e.g. a file in the workspace)")
+        return names
 
     @property
     def home_dir(self) -> Path:

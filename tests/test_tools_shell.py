@@ -1,14 +1,18 @@
-"""The shell tool: exit codes, capped output, the workspace as cwd, and no process outliving its call."""
+"""The shell tool: exit codes, capped output, the workspace as cwd, no process outliving its call,
+and none of Ember's secrets in its environment."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 
+from ember.config import load_settings
+from ember.core.errors import ConfigError
 from ember.core.messages import ToolCall
 from ember.core.tools import Risk
 from ember.tools.approval import Rule, ToolPolicy
@@ -25,8 +29,10 @@ def ws(tmp_path: Path) -> Path:
     return root
 
 
-def registry(ws: Path, *, timeout_s: float = 10.0, output_cap: int = 30_000) -> ToolRegistry:
-    return ToolRegistry([shell_tool(Workspace(ws), timeout_s=timeout_s, output_cap=output_cap)])
+def registry(ws: Path, *, timeout_s: float = 10.0, output_cap: int = 30_000,
+             env_names: tuple[str, ...] = ()) -> ToolRegistry:
+    return ToolRegistry([shell_tool(Workspace(ws), timeout_s=timeout_s, output_cap=output_cap,
+                                    env_names=env_names)])
 
 
 async def run(tools: ToolRegistry, command: str, **args: object) -> str:
@@ -121,6 +127,49 @@ async def test_a_background_child_left_behind_neither_blocks_nor_survives(ws: Pa
     assert await wait_dead(pids(ws, "child.pid")) == []
 
 
+# Two ways out of the process group: a new session, and a double fork (the parent gone, the child adopted).
+ESCAPEES = ("setsid sh -c 'echo $$ > escaped.pid; exec sleep 1000' & "
+            "( (sh -c 'echo $$ > orphan.pid; exec sleep 1000' &) & ); sleep 0.3; echo started")
+
+
+async def test_a_child_that_left_the_group_is_killed_when_the_command_ends(ws: Path) -> None:
+    result = await run(registry(ws), ESCAPEES)
+    assert result == "exit code: 0\nstarted\n"
+    assert await wait_dead(pids(ws, "escaped.pid", "orphan.pid")) == []
+
+
+async def test_a_child_that_left_the_group_is_killed_at_the_timeout(ws: Path) -> None:
+    result = await run(registry(ws), ESCAPEES.replace("echo started", "sleep 1000"), timeout_s=1)
+    assert "timed out after 1 s" in result
+    assert await wait_dead(pids(ws, "escaped.pid", "orphan.pid")) == []
+
+
+async def test_output_after_the_timeout_never_reaches_the_result(ws: Path) -> None:
+    # It clears its environment and leaves the session, so nothing finds it to kill: it still writes late.
+    command = "setsid env -i /bin/sh -c 'sleep 1.2; echo LATE-OUTPUT' & echo early; sleep 1000"
+    result = await run(registry(ws), command, timeout_s=0.5)
+    assert "early" in result and "LATE-OUTPUT" not in result
+
+
+SECRETS = {"EMBER_MODEL_API_KEY": "sk-ember-model-0123456789abcdef", "OPENAI_API_KEY": "sk-openai-0123456789abcdef",
+           "GITHUB_TOKEN": "ghp_0123456789abcdefghijklmnop", "AWS_SECRET_ACCESS_KEY": "aws-secret-0123456789",
+           "DEPLOY_PASSWORD": "hunter2-0123456789", "SERVICE_KEY": "service-key-0123456789"}
+
+
+async def test_no_secret_of_the_runtime_reaches_a_command(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TOOL_HOME", "/opt/tool")
+    # Even named in shell_env, a secret-like variable stays out (the config refuses such names too).
+    tools = registry(ws, env_names=("TOOL_HOME", "GITHUB_TOKEN"))
+    result = await run(tools, "env; cat /proc/$$/environ | tr '\\0' '\\n'")
+    for value in SECRETS.values():
+        assert value not in result
+    assert "EMBER_" not in result
+    listed = dict(line.split("=", 1) for line in result.splitlines()[1:] if "=" in line)
+    assert listed["TOOL_HOME"] == "/opt/tool" and listed["PATH"] and listed["HOME"]
+
+
 async def test_cancelling_the_call_kills_the_process_group(ws: Path) -> None:
     call = asyncio.create_task(run(registry(ws), FAMILY))
     deadline = time.monotonic() + 5
@@ -158,3 +207,14 @@ def test_approval_sees_the_command_as_the_subject(ws: Path) -> None:
     assert policy.decide(action) == "allow"
     other = tools.describe(ToolCall(id="c", name="shell", arguments='{"command": "rm -rf /"}'))
     assert policy.decide(other) == "ask"
+
+
+def test_shell_env_refuses_a_secret_or_an_ember_setting_by_name() -> None:
+    home = Path(os.environ["EMBER_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "ember.toml").write_text('shell_env = ["TOOL_HOME", "JAVA_HOME"]\n')
+    assert load_settings().shell_env == ["TOOL_HOME", "JAVA_HOME"]
+    for refused in ("OPENAI_API_KEY", "EMBER_MODEL", "GITHUB_TOKEN", "DB_PASSWORD", "not a name"):
+        (home / "ember.toml").write_text(f'shell_env = ["{refused}"]\n')
+        with pytest.raises(ConfigError, match="shell_env"):
+            load_settings()

@@ -20,6 +20,12 @@ def secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
+def secret_env_name(name: str) -> bool:
+    """Environment variables a tool never gets: Ember's own settings and anything named like a credential."""
+    upper = name.upper()
+    return upper.startswith("EMBER_") or upper.endswith("KEY") or secret_name(name)
+
+
 def redact_text(text: str) -> str:
     text = _SECRET_VALUE.sub(REDACTED, text)
     return _ASSIGNMENT.sub(lambda m: f"{m[1]}={REDACTED}" if secret_name(m[1]) else m[0], text)

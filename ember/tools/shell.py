@@ -2,20 +2,26 @@
 
     start    /bin/sh -c COMMAND, cwd = the workspace root, stdin from /dev/null,
              stdout and stderr interleaved in one pipe, in a new session (so a
-             new process group whose id is the shell's pid);
+             new process group whose id is the shell's pid), with a minimal
+             environment and a mark of this run that every descendant inherits;
     wait     for the shell to exit, at most the timeout;
     end      SIGTERM to the group on timeout, SIGKILL after a short grace; once
-             the shell has exited, SIGKILL to whatever it left in its group, so
-             a background child neither outlives the call nor holds the pipe
-             open. Cancelling the calling task ends the group the same way.
+             the shell has exited, SIGKILL to whatever it left in its group and
+             to every process carrying the run's mark (one that called setsid or
+             forked twice left the group, not the mark), so a background child
+             neither outlives the call nor holds the pipe open. Cancelling the
+             calling task ends them the same way. Output after the timeout is
+             dropped.
     report   "exit code: N" first, a timeout line if it fired, then the output,
              its middle cut when it is longer than the cap.
 
-The command inherits the runtime's whole environment (API keys included) and
-its permissions: the workspace jail of the file tools does not apply to it,
-only its starting directory does. Approval (risk "execute") is what guards it.
-A process that starts its own session (setsid, a daemon) leaves the group and
-is not killed.
+The environment is PATH, HOME, the locale and a few more of the runtime's
+(BASE_ENV), plus the names `shell_env` adds; never an EMBER_ variable or one
+named like a key, token, secret or password. The command has the runtime's
+permissions otherwise: the workspace jail of the file tools does not apply to
+it, only its starting directory does. Approval (risk "execute") is what guards
+it. A process that clears its own environment and leaves the session escapes
+the mark: the kill cannot find it, but its output no longer reaches the result.
 """
 
 from __future__ import annotations
@@ -25,9 +31,13 @@ import codecs
 import contextlib
 import os
 import signal
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from ember.core.redact import secret_env_name
 from ember.core.tools import Risk
 from ember.tools.base import FunctionTool, ToolFailure
 from ember.tools.workspace import Workspace
@@ -36,6 +46,18 @@ DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_OUTPUT_CAP = 30_000
 TERM_GRACE_S = 0.5
 DRAIN_S = 1.0
+# What a command sees of the runtime's environment, besides the names `shell_env` adds.
+BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM",
+            "TMPDIR")
+# Every process a command starts inherits this variable, whatever session or parent it moves to.
+RUN_MARK = "TOOL_RUN_ID"
+
+
+def command_env(names: Sequence[str], run_id: str) -> dict[str, str]:
+    env = {name: os.environ[name] for name in (*BASE_ENV, *names) if name in os.environ and not secret_env_name(name)}
+    env.setdefault("PATH", os.defpath)
+    env[RUN_MARK] = run_id
+    return env
 
 
 class ShellArgs(BaseModel):
@@ -54,9 +76,15 @@ class Capture:
         self._head = ""
         self._tail = ""
         self.total = 0
+        self.closed = False
 
     def add(self, chunk: bytes) -> None:
-        self._keep(self._decoder.decode(chunk))
+        if not self.closed:
+            self._keep(self._decoder.decode(chunk))
+
+    def close(self) -> None:
+        """Keep nothing more: what arrives after the timeout is not the command's answer."""
+        self.closed = True
 
     def text(self) -> str:
         self._keep(self._decoder.decode(b"", final=True))
@@ -79,6 +107,28 @@ class Capture:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _marked(run_id: str) -> list[int]:
+    """The processes whose environment carries the run's mark (Linux /proc; none elsewhere)."""
+    mark = f"{RUN_MARK}={run_id}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if mark in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+def _kill_marked(run_id: str) -> None:
+    # A process may fork while it is being looked for: look again until none is left.
+    for _ in range(5):
+        found = _marked(run_id)
+        if not found:
+            return
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _exit_line(code: int | None) -> str:
@@ -121,20 +171,25 @@ async def _within(future: asyncio.Future[None], seconds: float) -> bool:
     return future.done()
 
 
-async def run_command(command: str, cwd: str, timeout_s: float, capture: Capture) -> tuple[int | None, bool]:
+async def run_command(command: str, cwd: str, timeout_s: float, capture: Capture,
+                      env_names: Sequence[str] = ()) -> tuple[int | None, bool]:
     """Runs `command` as the module docstring says; returns (exit code, timed out)."""
+    run_id = uuid.uuid4().hex
     transport, watch = await asyncio.get_running_loop().subprocess_exec(
         lambda: _Watch(capture), "/bin/sh", "-c", command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        env=command_env(env_names, run_id),
     )
     group = transport.get_pid()
     ended = False
     try:
         timed_out = not await _within(watch.exited, timeout_s)
         if timed_out:
+            capture.close()
             _signal_group(group, signal.SIGTERM)
             await _within(watch.exited, TERM_GRACE_S)
         _signal_group(group, signal.SIGKILL)
+        await asyncio.to_thread(_kill_marked, run_id)
         ended = True
         # The group is dead, so the pipe closes; a process that left the group may still hold it.
         await _within(watch.exited, DRAIN_S)
@@ -143,19 +198,21 @@ async def run_command(command: str, cwd: str, timeout_s: float, capture: Capture
     finally:
         if not ended:  # cancelled, or failed: nothing the command started may outlive the call
             _signal_group(group, signal.SIGKILL)
+            _kill_marked(run_id)
         transport.close()
 
 
-def shell_tool(workspace: Workspace, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-               output_cap: int = DEFAULT_OUTPUT_CAP) -> FunctionTool[ShellArgs]:
-    """The `shell` tool; `timeout_s` is the longest a call may ask for, and its default."""
+def shell_tool(workspace: Workspace, *, timeout_s: float = DEFAULT_TIMEOUT_S, output_cap: int = DEFAULT_OUTPUT_CAP,
+               env_names: Sequence[str] = ()) -> FunctionTool[ShellArgs]:
+    """The `shell` tool; `timeout_s` is the longest a call may ask for, and its default;
+    `env_names` are variables passed through besides BASE_ENV (secret-like ones never are)."""
 
     async def shell(args: ShellArgs) -> str:
         if "\x00" in args.command:
             raise ToolFailure("the command contains a NUL character")
         limit = timeout_s if args.timeout_s is None else min(args.timeout_s, timeout_s)
         capture = Capture(output_cap)
-        code, timed_out = await run_command(args.command, str(workspace.root), limit, capture)
+        code, timed_out = await run_command(args.command, str(workspace.root), limit, capture, env_names)
         lines = [_exit_line(code)]
         if timed_out:
             lines.append(f"timed out after {limit:g} s; the process group was killed")
