@@ -45,7 +45,9 @@ ARGUMENT_FRAGMENTS = 3
 class Reply:
     """One scripted answer of the model.
 
-    `status` answers that HTTP error instead. `cut_after_chunks` drops the
+    `status` answers that HTTP error instead, with `error_code` and
+    `error_message` in its OpenAI-shaped body (defaults: the status, "scripted
+    HTTP <status>") and `retry_after` as its Retry-After header. `cut_after_chunks` drops the
     connection after that many stream events. `chunk_delay_s` pauses after
     each stream event, to make a slow stream.
     """
@@ -54,6 +56,9 @@ class Reply:
     tool_calls: tuple[tuple[str, str], ...] = ()  # (name, arguments as JSON text)
     reasoning: str | None = None
     status: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    retry_after: str | None = None
     cut_after_chunks: int | None = None
     chunk_delay_s: float = 0.0
     # Sent as they are instead of the reply's chunks: for servers that break the protocol.
@@ -131,8 +136,10 @@ def completion(reply: Reply, body: dict[str, Any], request_number: int) -> dict[
     }
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "test_error", "code": status}}, status_code=status)
+def _error(status: int, message: str, code: str | int | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "test_error", "code": code or status}},
+                        status_code=status, headers=headers)
 
 
 def wait_until(condition: Callable[[], bool], *, timeout_s: float = 30.0, what: str = "the condition") -> None:
@@ -195,7 +202,8 @@ class ModelServer:
                                "the test must push() one reply per model call")
         reply = self._script.popleft()
         if reply.status is not None:
-            return _error(reply.status, f"scripted HTTP {reply.status}")
+            return _error(reply.status, reply.error_message or f"scripted HTTP {reply.status}", reply.error_code,
+                          {"Retry-After": reply.retry_after} if reply.retry_after else None)
         if reply.raw_events:
             return StreamingResponse(iter(reply.raw_events), media_type="text/event-stream")
         if body.get("stream"):

@@ -5,12 +5,22 @@ from __future__ import annotations
 import socket
 
 import pytest
+from tenacity import RetryCallState
 
-from ember.core.errors import ModelError
+from ember.core.errors import (
+    ContextTooLong,
+    ModelBadRequest,
+    ModelError,
+    ModelRateLimited,
+    ModelRefused,
+    ModelUnavailable,
+    StreamBroken,
+)
 from ember.core.messages import Message, ToolCall
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta, complete
 from ember.models.openai_compat import OpenAICompatibleModel
+from ember.models.retry import MAX_RETRY_AFTER_S, _Backoff
 from tests.modelserver import MODEL, ModelServer, Reply, tool_call
 
 HELLO = [Message.user("hello")]
@@ -87,16 +97,55 @@ async def test_overload_and_rate_limit_are_retried(model_server: ModelServer) ->
 async def test_bad_request_is_not_retried(model_server: ModelServer) -> None:
     model_server.push(Reply(status=400), Reply(text="a retry would get this"))
 
-    with pytest.raises(ModelError, match="HTTP 400"):
+    with pytest.raises(ModelBadRequest, match="HTTP 400"):
         await complete(client(model_server.base_url), HELLO)
 
     assert len(model_server.requests) == 1
 
 
+@pytest.mark.parametrize(("reply", "kind"), [
+    (Reply(status=400, error_code="context_length_exceeded",
+           error_message="This model's maximum context length is 8192 tokens."), ContextTooLong),
+    (Reply(status=400, error_message="prompt is too long: 210000 tokens > 200000 maximum"), ContextTooLong),
+    (Reply(status=400, error_code="content_filter", error_message="The response was filtered."), ModelRefused),
+    (Reply(status=422, error_message="messages: field required"), ModelBadRequest),
+    (Reply(status=404, error_message="The model does not exist."), ModelBadRequest),
+], ids=["context code", "context message", "content filter", "invalid", "unknown model"])
+async def test_a_failure_no_retry_can_fix_is_its_own_kind_and_tried_once(model_server: ModelServer, reply: Reply,
+                                                                         kind: type[ModelError]) -> None:
+    model_server.push(reply, Reply(text="a retry would get this"))
+
+    with pytest.raises(kind) as failure:
+        await complete(client(model_server.base_url), HELLO)
+
+    assert not isinstance(failure.value, ModelUnavailable)  # a fallback model would not help either
+    assert len(model_server.requests) == 1
+
+
+async def test_a_rate_limit_says_how_long_the_endpoint_asked_to_wait(model_server: ModelServer) -> None:
+    model_server.push(Reply(status=429, retry_after="7"))
+
+    with pytest.raises(ModelRateLimited) as failure:
+        await complete(client(model_server.base_url, max_attempts=1), HELLO)
+
+    assert failure.value.retry_after_s == 7.0 and isinstance(failure.value, ModelUnavailable)
+
+
+def test_the_backoff_waits_at_least_what_a_rate_limit_asks_within_a_cap() -> None:
+    def wait_after(error: BaseException) -> float:
+        state = RetryCallState(None, None, (), {})
+        state.set_exception((type(error), error, None))
+        return _Backoff()(state)
+
+    assert wait_after(ModelRateLimited("429", retry_after_s=5)) >= 5
+    assert wait_after(ModelRateLimited("429", retry_after_s=3600)) == MAX_RETRY_AFTER_S
+    assert wait_after(ModelUnavailable("503")) < 1  # the first backoff step
+
+
 async def test_persistent_overload_reports_the_attempts(model_server: ModelServer) -> None:
     model_server.push(*[Reply(status=503)] * 3)
 
-    with pytest.raises(ModelError, match="after 3 attempts") as failure:
+    with pytest.raises(ModelUnavailable, match="after 3 attempts") as failure:
         await complete(client(model_server.base_url, max_attempts=3), HELLO)
 
     assert "HTTP 503" in str(failure.value)
@@ -108,7 +157,7 @@ async def test_stream_cut_midway_fails_without_retry(model_server: ModelServer) 
                       Reply(text="a retry would duplicate the streamed text"))
     seen: list[ModelEvent] = []
 
-    with pytest.raises(ModelError, match="broke off"):
+    with pytest.raises(StreamBroken, match="broke off"):
         async for event in client(model_server.base_url).stream(HELLO):
             seen.append(event)
 
@@ -148,7 +197,7 @@ async def test_unreachable_endpoint_raises_model_error() -> None:
         port = probe.getsockname()[1]
     # The port is closed now: connections are refused.
 
-    with pytest.raises(ModelError, match="could not connect"):
+    with pytest.raises(ModelUnavailable, match="could not connect"):
         await complete(client(f"http://127.0.0.1:{port}/v1", max_attempts=2), HELLO)
 
 

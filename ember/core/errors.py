@@ -14,7 +14,36 @@ class ModelNotConfigured(ConfigError):
 
 
 class ModelError(EmberError):
-    """The model endpoint failed in a way retries did not fix."""
+    """The model endpoint failed in a way retries did not fix. Its kinds below tell a
+    caller (a router, a fallback) what to do about it."""
+
+
+class ModelUnavailable(ModelError):
+    """The endpoint could not be reached, timed out or answered 5xx: another model may answer."""
+
+
+class ModelRateLimited(ModelUnavailable):
+    """429: the endpoint asks to wait `retry_after_s` (None: it did not say)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ContextTooLong(ModelError):
+    """The request exceeds the model's context window: only a model with a larger one can take it."""
+
+
+class ModelRefused(ModelError):
+    """The provider refused the request or its answer (content policy)."""
+
+
+class ModelBadRequest(ModelError):
+    """The endpoint rejected the request as malformed (our fault): retrying or falling over will not help."""
+
+
+class StreamBroken(ModelError):
+    """The stream broke after it had started: what was sent cannot be taken back, so nothing retries it."""
 
 
 class StoreConflict(EmberError):

@@ -1,8 +1,10 @@
 """Any OpenAI-compatible chat endpoint, through the official `openai` SDK.
 
-Retries (429, 5xx, timeouts, refused connections) happen only before the first
-chunk arrives: once text has streamed to the user, a retry would duplicate it,
-so a stream cut mid-way is reported as a ModelError instead.
+The SDK's errors become the kinds of ModelError (`typed`): unavailable
+(refused, timed out, 408/409/5xx), rate limited (429, with its Retry-After),
+context too long, refused (content policy), bad request (any other 4xx), and a
+stream broken after it started. Retries are models/retry.py's, before the
+first chunk only.
 """
 
 from __future__ import annotations
@@ -14,22 +16,57 @@ from typing import Any
 
 import openai
 from openai import AsyncOpenAI, AsyncStream, DefaultAioHttpClient
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from ember.core.errors import ModelError
+from ember.core.errors import (
+    ContextTooLong,
+    ModelBadRequest,
+    ModelError,
+    ModelRateLimited,
+    ModelRefused,
+    ModelUnavailable,
+    StreamBroken,
+)
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
+from ember.models.retry import open_with_retries
 
-_RETRY_STATUS = {408, 409, 429}
+_UNAVAILABLE_STATUS = {408, 409}
+# How providers say a request is over the window, or was refused, in a 400's code or message.
+_CONTEXT_CODES = {"context_length_exceeded", "string_above_max_length"}
+_CONTEXT_WORDS = ("maximum context length", "context window", "context length", "too many tokens",
+                  "prompt is too long")
+_REFUSAL_CODES = {"content_filter", "content_policy_violation"}
 
 
-def _retryable(exc: BaseException) -> bool:
+def typed(exc: openai.OpenAIError, where: str) -> ModelError:
+    """The kind of ModelError an SDK error is, with `where` and what happened in its message."""
+    message = f"{where}: {_describe(exc)}"
     if isinstance(exc, openai.APIConnectionError):  # includes timeouts
-        return True
-    if isinstance(exc, openai.APIStatusError):
-        return exc.status_code in _RETRY_STATUS or exc.status_code >= 500
-    return False
+        return ModelUnavailable(message)
+    if not isinstance(exc, openai.APIStatusError):
+        return ModelError(message)
+    status = exc.status_code
+    if status == 429:
+        return ModelRateLimited(message, _retry_after(exc.response.headers.get("retry-after")))
+    if status >= 500 or status in _UNAVAILABLE_STATUS:
+        return ModelUnavailable(message)
+    code = str(getattr(exc, "code", None) or "")
+    text = exc.message.lower()
+    if code in _CONTEXT_CODES or any(words in text for words in _CONTEXT_WORDS):
+        return ContextTooLong(message)
+    if code in _REFUSAL_CODES:
+        return ModelRefused(message)
+    return ModelBadRequest(message)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the HTTP-date form is rare from model APIs and read as unknown)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
 
 
 def _describe(exc: BaseException) -> str:
@@ -168,7 +205,7 @@ class OpenAICompatibleModel:
                     calls.add(delta.get("tool_calls"))
         except (openai.OpenAIError, OSError, ValueError, AttributeError, TypeError) as exc:
             # ValueError covers malformed JSON in an event; the others, chunks of an unexpected shape.
-            raise ModelError(f"the model stream from {self.base_url} broke off: {_describe(exc)}") from exc
+            raise StreamBroken(f"the model stream from {self.base_url} broke off: {_describe(exc)}") from exc
         yield ModelReply(
             text="".join(text),
             tool_calls=calls.calls(),
@@ -185,7 +222,7 @@ class OpenAICompatibleModel:
         try:
             page = await self._client.models.list()
         except openai.OpenAIError as exc:
-            raise ModelError(f"{self.base_url}: {_describe(exc)}") from exc
+            raise typed(exc, self.base_url) from exc
         return [item.id for item in page.data]
 
     async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> AsyncStream[Any]:  # chunks: dicts
@@ -197,23 +234,17 @@ class OpenAICompatibleModel:
         }
         if tools:
             request["tools"] = [to_openai_tool(t) for t in tools]
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(_retryable),
-            stop=stop_after_attempt(self._max_attempts),
-            wait=wait_exponential_jitter(multiplier=0.25, max=8.0),
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    # The SDK's low-level post, with chunks left as the dicts they arrive as: `create`
-                    # first walks the whole history through its typed-dict transform (about 0.25 ms
-                    # per message), and each typed chunk costs a few hundred µs of pydantic construction.
-                    return await self._client.post(
-                        "/chat/completions", body=request, cast_to=object, stream=True,
-                        stream_cls=AsyncStream[object], options={"security": {"bearer_auth": True}},
-                    )
-        except openai.OpenAIError as exc:
-            tried = f" after {self._max_attempts} attempts" if _retryable(exc) and self._max_attempts > 1 else ""
-            raise ModelError(f"model {self.name} at {self.base_url} failed{tried}: {_describe(exc)}") from exc
-        raise AssertionError("unreachable: tenacity either returns or raises")
+
+        async def post() -> AsyncStream[Any]:
+            try:
+                # The SDK's low-level post, with chunks left as the dicts they arrive as: `create`
+                # first walks the whole history through its typed-dict transform (about 0.25 ms
+                # per message), and each typed chunk costs a few hundred µs of pydantic construction.
+                return await self._client.post(
+                    "/chat/completions", body=request, cast_to=object, stream=True,
+                    stream_cls=AsyncStream[object], options={"security": {"bearer_auth": True}},
+                )
+            except openai.OpenAIError as exc:
+                raise typed(exc, f"model {self.name} at {self.base_url} failed") from exc
+
+        return await open_with_retries(post, self._max_attempts)
