@@ -22,6 +22,8 @@ from ember.memory.reconcile import FactReconciler
 from ember.memory.review import MemoryReviewer
 from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelClient
+from ember.models.router import ModelRouter, Route
+from ember.models.spec import ModelRole, role_chains
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
@@ -50,21 +52,38 @@ if TYPE_CHECKING:
     from ember.models.openai_compat import OpenAICompatibleModel
 
 
-def configured_model(settings: Settings) -> OpenAICompatibleModel:
+def model_endpoints(settings: Settings) -> dict[str, OpenAICompatibleModel]:
+    """A client for every configured model, by name (the single-model settings: one, named by its model)."""
     # Imported here: the openai SDK takes most of a second to import, which
     # commands that never call a model (sessions, doctor without a model) skip.
     from ember.models.openai_compat import OpenAICompatibleModel
 
     if not settings.model_configured:
         raise ModelNotConfigured(f"no model is configured. Configure one with:\n  {CONFIGURE_MODEL_HINT}")
+    if settings.models:
+        return {name: OpenAICompatibleModel(model=spec.model, base_url=spec.base_url, api_key=spec.key(),
+                                            timeout_s=settings.model_timeout_s,
+                                            max_attempts=settings.model_max_attempts)
+                for name, spec in settings.models.items()}
     assert settings.model is not None and settings.model_base_url is not None
-    return OpenAICompatibleModel(
-        model=settings.model,
-        base_url=settings.model_base_url,
-        api_key=settings.model_api_key,
-        timeout_s=settings.model_timeout_s,
-        max_attempts=settings.model_max_attempts,
-    )
+    return {settings.model: OpenAICompatibleModel(
+        model=settings.model, base_url=settings.model_base_url, api_key=settings.model_api_key,
+        timeout_s=settings.model_timeout_s, max_attempts=settings.model_max_attempts)}
+
+
+def configured_model(settings: Settings, role: ModelRole = "main") -> ModelClient:
+    """The model a role calls: the chain `[model_roles]` gives it, under a router, or the one
+    model of the single-model settings."""
+    endpoints = model_endpoints(settings)
+    if not settings.models:
+        return next(iter(endpoints.values()))
+    chain = role_chains(settings.models, dict(settings.model_roles))[role]
+    return ModelRouter(role, [Route(name, endpoints[name], settings.models[name].context_window) for name in chain])
+
+
+def configured_background_model(settings: Settings) -> ModelClient | None:
+    """The background role's own model when `[models]` names a chain for it; None: the main model does it."""
+    return configured_model(settings, "background") if settings.models else None
 
 
 def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService) -> ToolRegistry:
@@ -101,6 +120,7 @@ class Runtime:
     deliveries: DeliveryWorker
     identities: Identities
     model: ModelClient | None = None  # closed with the runtime
+    background_model: ModelClient | None = None  # consolidation and reviews, when not `model`; closed too
 
 
 def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidation: ConsolidationWorker,
@@ -161,8 +181,10 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
 
 
 async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
-                        embedder: Embedder | None = None) -> Runtime:
-    """`tools` replaces the built-in tools (tests); `embedder` the configured one."""
+                        embedder: Embedder | None = None, background_model: ModelClient | None = None) -> Runtime:
+    """`tools` replaces the built-in tools (tests); `embedder` the configured one;
+    `background_model` does the background work (default: `model`)."""
+    background = background_model or model
     settings.home_dir.mkdir(parents=True, exist_ok=True)
     identities = Identities(settings.identities)  # checked before anything is opened
     db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
@@ -176,12 +198,12 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
     gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory), settings.tool_policy)
-    consolidation = ConsolidationWorker(sessions, leases, model, memory,
+    consolidation = ConsolidationWorker(sessions, leases, background, memory,
                                         keep_recent=settings.consolidation_keep_recent)
     runner = BackgroundRunner(
         jobs,
-        _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, model, memory),
-                      SkillReviewer(sessions, leases, memory), FactReconciler(memory, model)),
+        _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, background, memory),
+                      SkillReviewer(sessions, leases, memory), FactReconciler(memory, background)),
         HostLock(settings.home_dir / "locks" / "background-runner"),
         retry=RetryPolicy(max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s),
     )
@@ -197,7 +219,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery)
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
-                   identities, model)
+                   identities, model, background_model)
 
 
 @asynccontextmanager
@@ -212,8 +234,9 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
     async with AsyncExitStack() as stack:
         # Each part is stopped, in reverse, if a later one fails to start.
         stack.push_async_callback(runtime.db.close)
-        if runtime.model is not None:
-            stack.push_async_callback(runtime.model.aclose)
+        for model in (runtime.model, runtime.background_model):
+            if model is not None:
+                stack.push_async_callback(model.aclose)
         stack.push_async_callback(runtime.mcp.close)
         await runtime.runner.start()
         stack.push_async_callback(runtime.runner.stop)

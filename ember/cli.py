@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.app import build_runtime, configured_model, open_database, running
+from ember.app import build_runtime, configured_background_model, configured_model, open_database, running
 from ember.channels.cli import CHANNEL, CliChannel
 from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
 from ember.config import CONFIGURE_MODEL_HINT, Settings
@@ -31,8 +31,11 @@ app.add_typer(memory_app, name="memory")
 
 SessionOption = Annotated[str, typer.Option("--session", "-s", help="Session name (the CLI's chat id).")]
 
-async def _chat(settings: Settings, model: ModelClient, session: str, message: str | None) -> int:
-    runtime = await build_runtime(settings, model)
+async def _chat(settings: Settings, model: ModelClient, session: str, message: str | None, *,
+                demo: bool = False) -> int:
+    # The demo model does the background work too; a configured chain may name its own for it.
+    background = None if demo or not settings.model_configured else configured_background_model(settings)
+    runtime = await build_runtime(settings, model, background_model=background)
     async with running(runtime):
         channel = CliChannel(runtime.bus, runtime.approvals, out, err, chat_id=session)
         if message is not None:
@@ -80,7 +83,7 @@ def chat(
     except EmberError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from exc
-    run_command(_chat(settings, model, session, message))
+    run_command(_chat(settings, model, session, message, demo=demo))
 
 
 @app.command()

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -24,6 +24,7 @@ from pydantic_settings import (
 
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
+from ember.models.spec import ModelRole, ModelSpec, role_chains
 from ember.tools.approval import ToolPolicy
 from ember.tools.mcp.config import McpServers
 
@@ -59,6 +60,10 @@ class Settings(BaseSettings):
     model_api_key: str | None = None
     model_timeout_s: float = 60.0
     model_max_attempts: int = Field(default=4, ge=1)
+    # Named models and the chain each role tries in order (models/router.py); the single-model
+    # settings above are the shorthand for one model in every role.
+    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    model_roles: dict[ModelRole, list[str]] = Field(default_factory=dict)
 
     max_tool_iterations: int = Field(default=12, ge=1)
     # The longest a shell command may run (a call may ask for less), and how much output it keeps.
@@ -125,6 +130,12 @@ class Settings(BaseSettings):
                                  "(give the command what it needs another way, e.g. a file in the workspace)")
         return names
 
+    @model_validator(mode="after")
+    def _roles_name_configured_models(self) -> Settings:
+        if self.models or self.model_roles:
+            role_chains(self.models, dict(self.model_roles))
+        return self
+
     @property
     def home_dir(self) -> Path:
         return self.home.expanduser()
@@ -139,7 +150,7 @@ class Settings(BaseSettings):
 
     @property
     def model_configured(self) -> bool:
-        return bool(self.model and self.model_base_url)
+        return bool(self.models or (self.model and self.model_base_url))
 
     @classmethod
     def settings_customise_sources(

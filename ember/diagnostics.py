@@ -8,7 +8,7 @@ import os
 from rich.console import Console
 from sqlalchemy import text
 
-from ember.app import configured_model, open_database
+from ember.app import model_endpoints, open_database
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import EmberError
 from ember.store.jobs import SqlJobStore
@@ -101,18 +101,20 @@ def _check_memory(counts: dict[str, int], report: Report) -> None:
 
 async def _check_model(settings: Settings, report: Report) -> None:
     try:
-        model = configured_model(settings)
+        endpoints = model_endpoints(settings)
     except EmberError:
         report.warn(f"no model configured; `ember run` uses the scripted demo model. Configure: {CONFIGURE_MODEL_HINT}")
         return
-    try:
-        names = await asyncio.wait_for(model.list_models(), MODEL_CHECK_TIMEOUT_S)
-    except (EmberError, TimeoutError) as exc:
-        report.fail(f"model endpoint {model.base_url}: {exc or 'no answer within the timeout'}")
-        return
-    finally:
-        await model.aclose()
-    if names and model.name not in names:
-        report.warn(f"model endpoint {model.base_url} answers, but does not list {model.name!r}")
-    else:
-        report.ok(f"model endpoint {model.base_url} answers; model {model.name}")
+    for label, model in endpoints.items():
+        named = f"model {label!r} at" if settings.models else "model endpoint"
+        try:
+            names = await asyncio.wait_for(model.list_models(), MODEL_CHECK_TIMEOUT_S)
+        except (EmberError, TimeoutError) as exc:
+            report.fail(f"{named} {model.base_url}: {exc or 'no answer within the timeout'}")
+            continue
+        finally:
+            await model.aclose()
+        if names and model.name not in names:
+            report.warn(f"{named} {model.base_url} answers, but does not list {model.name!r}")
+        else:
+            report.ok(f"{named} {model.base_url} answers; model {model.name}")

@@ -1,0 +1,135 @@
+"""A chain of models that answers as one: the first that can, tried in order.
+
+A model is passed over while its circuit breaker is open (it kept being
+unavailable), and left for the next one when it is unavailable or rate
+limited now. Nothing falls over once the stream has sent text (the person has
+seen it: a second model would answer twice), nor on a bad request or a refusal
+(our request is at fault, or the answer is). A context too long goes only to a
+model with a larger window. Every switch is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from ember.core.errors import ContextTooLong, ModelError, ModelUnavailable, StreamBroken
+from ember.core.messages import Message
+from ember.core.tools import ToolSpec
+from ember.models.base import ModelClient, ModelEvent, ModelReply
+
+log = logging.getLogger(__name__)
+
+
+class CircuitBreaker:
+    """Opens after `failures` unavailable answers within `window_s`; after `cooldown_s`
+    it lets one call through (half-open): its success closes it, its failure opens it again."""
+
+    def __init__(self, *, failures: int = 3, window_s: float = 60.0, cooldown_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._failures, self._window_s, self._cooldown_s, self._clock = failures, window_s, cooldown_s, clock
+        self._recent: list[float] = []
+        self._opened_at: float | None = None
+        self._probing = False
+
+    @property
+    def state(self) -> str:
+        if self._opened_at is None:
+            return "closed"
+        return "half-open" if self._probing or self._clock() - self._opened_at >= self._cooldown_s else "open"
+
+    def allows(self) -> bool:
+        """Whether a call may go to the model now (a half-open breaker lets one through at a time)."""
+        if self._opened_at is None:
+            return True
+        if self._probing or self._clock() - self._opened_at < self._cooldown_s:
+            return False
+        self._probing = True
+        return True
+
+    def succeeded(self) -> None:
+        self._recent.clear()
+        self._opened_at, self._probing = None, False
+
+    def failed(self) -> None:
+        now = self._clock()
+        if self._probing:
+            self._opened_at, self._probing = now, False
+            return
+        self._recent = [t for t in self._recent if now - t < self._window_s] + [now]
+        if len(self._recent) >= self._failures:
+            self._opened_at = now
+
+
+@dataclass(slots=True)
+class Route:
+    """One model of a chain, with its window (None: not said) and its breaker."""
+
+    label: str
+    model: ModelClient
+    context_window: int | None = None
+    breaker: CircuitBreaker | None = None
+
+
+class ModelRouter:
+    """A ModelClient over `routes`, tried in order for each call."""
+
+    def __init__(self, role: str, routes: Sequence[Route]) -> None:
+        if not routes:
+            raise ValueError(f"the {role} role has no model")
+        self.role = role
+        self.routes = list(routes)
+        for route in self.routes:
+            route.breaker = route.breaker or CircuitBreaker()
+        self.name = self.routes[0].model.name
+
+    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
+        failures: list[str] = []
+        needs_window = 0  # set by a context too long: only a larger window may take the request
+        for position, route in enumerate(self.routes):
+            breaker = route.breaker
+            assert breaker is not None
+            if needs_window and (route.context_window or 0) <= needs_window:
+                continue
+            if not breaker.allows():
+                failures.append(f"{route.label}: skipped, its breaker is open")
+                continue
+            sent = False
+            try:
+                async for event in route.model.stream(messages, tools):
+                    if isinstance(event, ModelReply):
+                        breaker.succeeded()  # before the yield: a consumer may stop at the reply
+                    else:
+                        sent = True
+                    yield event
+            except ModelUnavailable as exc:
+                breaker.failed()
+                if sent:
+                    raise StreamBroken(f"{route.label} failed after its answer had started: {exc}") from exc
+                failures.append(f"{route.label}: {exc}")
+                self._switching(route, position, exc)
+                continue
+            except ContextTooLong as exc:
+                breaker.succeeded()  # it answered, and it is up
+                failures.append(f"{route.label}: {exc}")
+                needs_window = route.context_window or 1
+                if not any((later.context_window or 0) > needs_window for later in self.routes[position + 1:]):
+                    raise
+                self._switching(route, position, exc)
+                continue
+            except ModelError:
+                breaker.succeeded()  # up, but the request or its answer is at fault: no other model is asked
+                raise
+            return
+        raise ModelUnavailable(f"no model of the {self.role} role could answer: " + "; ".join(failures))
+
+    def _switching(self, route: Route, position: int, exc: Exception) -> None:
+        following = next((later.label for later in self.routes[position + 1:]), None)
+        log.warning("model %s (%s role) failed: %s; %s", route.label, self.role, exc,
+                    f"trying {following}" if following else "no model left to try")
+
+    async def aclose(self) -> None:
+        for route in self.routes:
+            await route.model.aclose()
