@@ -118,6 +118,23 @@ async def test_the_breaker_opens_then_a_probe_closes_it_once_the_primary_recover
     assert primary.state == "closed"
 
 
+async def test_a_probe_cut_short_lets_the_next_call_probe(model_server: ModelServer, backup: ModelServer) -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(failures=1, cooldown_s=30, clock=clock)
+    router = ModelRouter("main", [Route("m0", client(model_server.base_url), None, breaker),
+                                  Route("m1", client(backup.base_url))])
+    model_server.push(Reply(status=503), Reply(status=503))
+    backup.push(Reply(text="backup"))
+    await complete(router, HELLO)
+    clock.now += 31
+    model_server.push(Reply(text="a slow probe answer", chunk_delay_s=0.2))
+    stream = router.stream(HELLO)
+    assert isinstance(await anext(stream), TextDelta)
+    await stream.aclose()  # the turn stops mid-probe
+    model_server.push(Reply(text="probe again"))
+    assert (await complete(router, HELLO)).text == "probe again" and breaker.state == "closed"
+
+
 async def test_every_model_down_is_one_clear_error() -> None:
     with pytest.raises(ModelUnavailable, match=r"no model of the main role could answer: m0: .*; m1: "):
         await complete(chain(closed_port_url(), closed_port_url()), HELLO)

@@ -53,6 +53,10 @@ class CircuitBreaker:
         self._recent.clear()
         self._opened_at, self._probing = None, False
 
+    def released(self) -> None:
+        """The call it let through ended without a verdict (cancelled): the next may probe instead."""
+        self._probing = False
+
     def failed(self) -> None:
         now = self._clock()
         if self._probing:
@@ -111,6 +115,9 @@ class ModelRouter:
                 failures.append(f"{route.label}: {exc}")
                 self._switching(route, position, exc)
                 continue
+            except StreamBroken:
+                breaker.failed()  # cut off: down, as far as anyone can tell, but what was sent stands
+                raise
             except ContextTooLong as exc:
                 breaker.succeeded()  # it answered, and it is up
                 failures.append(f"{route.label}: {exc}")
@@ -121,6 +128,9 @@ class ModelRouter:
                 continue
             except ModelError:
                 breaker.succeeded()  # up, but the request or its answer is at fault: no other model is asked
+                raise
+            except BaseException:
+                breaker.released()  # cancelled, or the consumer stopped early: no verdict on the model
                 raise
             return
         raise ModelUnavailable(f"no model of the {self.role} role could answer: " + "; ".join(failures))
