@@ -18,6 +18,8 @@ LOCAL_IDENTITY = "local"  # the terminal's person
 
 # Longer content is refused: a memory is a fact or a summary, not a document.
 MAX_CONTENT_CHARS = 8_000
+# An archived message's subject when its author has no name: a role, not a person.
+ROLE_SUBJECTS = frozenset({"user", "assistant"})
 
 
 class MemoryKind(enum.StrEnum):

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ember.core.memory import Recalled
+from ember.core.memory import ROLE_SUBJECTS, Recalled
 from ember.memory.vectors import DenseScores
 
 LEXICAL_WEIGHT = 1.0
@@ -37,8 +37,6 @@ WINDOW_WEIGHT = 1.0
 STRENGTH_WEIGHT = 0.2
 # Added to the fused score of a memory whose subject the query names.
 NAMED_SUBJECT_BONUS = 0.4
-# An archived message's subject is its role when its author has no name: not a person to name.
-_ROLES = frozenset({"user", "assistant"})
 _WORD = re.compile(r"[^\W_]+")
 
 
@@ -93,6 +91,6 @@ def named_subject(query: str, subjects: Iterable[str | None]) -> str | None:
     Subjects are normalised keys ("mary-ann_smith"); every word of one must be a word of the query.
     """
     words = set(_WORD.findall(query.casefold()))
-    named = {subject for subject in subjects if subject and subject not in _ROLES
+    named = {subject for subject in subjects if subject and subject not in ROLE_SUBJECTS
              and (parts := _WORD.findall(subject)) and words.issuperset(parts)}
     return named.pop() if len(named) == 1 else None

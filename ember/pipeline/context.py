@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from ember.core.delivery import Receipt
 from ember.core.events import InboundEvent
-from ember.core.memory import MemoryKind, MemoryRecord
+from ember.core.memory import ROLE_SUBJECTS, MemoryKind, MemoryRecord
 from ember.core.messages import Message, Role, Session
 from ember.core.turn import PipelineContext, StreamSink
 from ember.memory.identity import Identities
@@ -66,13 +66,10 @@ RECALLED_HEADING = ("Memories from earlier conversations that may bear on the la
                     "use them only where they help):")
 
 
-_ROLES = ("user", "assistant")
-
-
 def _dated(record: MemoryRecord) -> str:
     day = dt.datetime.fromtimestamp(record.created_at, dt.UTC).strftime("%Y-%m-%d")
     # An archived message of a named author already starts with the name.
-    said = f"{record.subject} said: " if record.kind is MemoryKind.ARCHIVAL and record.subject in _ROLES else ""
+    said = f"{record.subject} said: " if record.kind is MemoryKind.ARCHIVAL and record.subject in ROLE_SUBJECTS else ""
     return f"- [{day}] {said}{record.content}"
 
 
