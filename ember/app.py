@@ -61,14 +61,13 @@ def model_endpoints(settings: Settings) -> dict[str, OpenAICompatibleModel]:
     if not settings.model_configured:
         raise ModelNotConfigured(f"no model is configured. Configure one with:\n  {CONFIGURE_MODEL_HINT}")
     if settings.models:
-        return {name: OpenAICompatibleModel(model=spec.model, base_url=spec.base_url, api_key=spec.key(),
-                                            timeout_s=settings.model_timeout_s,
-                                            max_attempts=settings.model_max_attempts)
-                for name, spec in settings.models.items()}
-    assert settings.model is not None and settings.model_base_url is not None
-    return {settings.model: OpenAICompatibleModel(
-        model=settings.model, base_url=settings.model_base_url, api_key=settings.model_api_key,
-        timeout_s=settings.model_timeout_s, max_attempts=settings.model_max_attempts)}
+        endpoints = {name: (spec.model, spec.base_url, spec.key()) for name, spec in settings.models.items()}
+    else:
+        assert settings.model is not None and settings.model_base_url is not None
+        endpoints = {settings.model: (settings.model, settings.model_base_url, settings.model_api_key)}
+    return {name: OpenAICompatibleModel(model=model, base_url=base_url, api_key=key,
+                                        timeout_s=settings.model_timeout_s, max_attempts=settings.model_max_attempts)
+            for name, (model, base_url, key) in endpoints.items()}
 
 
 def configured_model(settings: Settings, role: ModelRole = "main") -> ModelClient:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ember.core.errors import ContextTooLong, ModelError, ModelUnavailable, StreamBroken
 from ember.core.messages import Message
@@ -74,7 +74,7 @@ class Route:
     label: str
     model: ModelClient
     context_window: int | None = None
-    breaker: CircuitBreaker | None = None
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
 
 class ModelRouter:
@@ -85,8 +85,6 @@ class ModelRouter:
             raise ValueError(f"the {role} role has no model")
         self.role = role
         self.routes = list(routes)
-        for route in self.routes:
-            route.breaker = route.breaker or CircuitBreaker()
         self.name = self.routes[0].model.name
 
     async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
@@ -94,7 +92,6 @@ class ModelRouter:
         needs_window = 0  # set by a context too long: only a larger window may take the request
         for position, route in enumerate(self.routes):
             breaker = route.breaker
-            assert breaker is not None
             if needs_window and (route.context_window or 0) <= needs_window:
                 continue
             if not breaker.allows():
