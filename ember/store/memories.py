@@ -121,6 +121,25 @@ class SqlMemoryStore:
 
         return await self._db.run_read(read)
 
+    async def text_rev(self, identity: str) -> int:
+        """The highest text revision of the identity's memories (0 when it has none)."""
+        return await self._db.run_read(lambda conn: conn.execute(
+            "SELECT COALESCE(MAX(text_rev), 0) FROM memory_items WHERE identity = ?", (identity,)).fetchone()[0])
+
+    async def count(self, identity: str) -> int:
+        """How many memories the identity has, in any state."""
+        return await self._db.run_read(lambda conn: conn.execute(
+            "SELECT COUNT(*) FROM memory_items WHERE identity = ?", (identity,)).fetchone()[0])
+
+    async def texts_after(self, identity: str, rev: int, limit: int) -> list[tuple[int, int, tuple[str, ...]]]:
+        """(num, text revision, the text index row's columns after `owner`) of the identity's
+        memories whose text was written after revision `rev`, in revision order."""
+        sql = ("SELECT m.num, m.text_rev, f.body, f.before, f.after, f.far, f.day FROM memory_items m "
+               "JOIN memory_fts f ON f.rowid = m.num WHERE m.identity = ? AND m.text_rev > ? "
+               "ORDER BY m.text_rev LIMIT ?")
+        rows = await self._db.run_read(lambda conn: conn.execute(sql, (identity, rev, limit)).fetchall())
+        return [(num, text_rev, tuple(columns)) for num, text_rev, *columns in rows]
+
     async def history(self, identity: str, memory_id: str) -> list[MemoryRecord]:
         """The supersession chain through a fact, oldest first."""
         def read(conn: sqlite3.Connection) -> list[MemoryRecord]:

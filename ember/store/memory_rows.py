@@ -41,6 +41,8 @@ _INSERT = (
     ":rank, :session_key, :seq_start, :seq_end, :created_at, 0, 1.0, :context, :now, :created_at, :now)"
 )
 _INSERT_TEXT = "INSERT INTO memory_fts (rowid, owner, body, before, after, far, day) VALUES (?, ?, ?, ?, ?, ?, ?)"
+_BUMP_TEXT_REV = ("UPDATE memory_items SET text_rev = (SELECT COALESCE(MAX(text_rev), 0) + 1 FROM memory_items "
+                  "WHERE identity = ?) WHERE num = ?")
 # BM25 weights of the text index's columns: owner, body, before, after, far, day.
 TEXT_WEIGHTS = (0.0, 1.0, 0.5, 0.5, 0.35, 0.6)
 EMBED_JOB = JobRequest(JobKind.EMBED, "all")
@@ -81,6 +83,7 @@ def write_text_row(conn: sqlite3.Connection, num: int, identity: str, content: s
                    context: Context = Context()) -> None:
     conn.execute(_INSERT_TEXT, (num, owner_token(identity), index_text(content), index_text(context.before),
                                 index_text(context.after), index_text("\n".join(context.far)), _day(created_at)))
+    conn.execute(_BUMP_TEXT_REV, (identity, num))
 
 Row = Sequence[Any]
 

@@ -224,6 +224,14 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         # How many rows hold each term: a search leaves out terms far more common than its rarest.
         "CREATE VIRTUAL TABLE memory_fts_terms USING fts5vocab(memory_fts, 'row')",
     ),
+    (
+        # Grows with every write of a memory's text row, per identity: a derived index
+        # (memory/text_index.py) reads the rows written since the revision it holds.
+        "ALTER TABLE memory_items ADD COLUMN text_rev BIGINT NOT NULL DEFAULT 0",
+        "UPDATE memory_items SET text_rev = ranked.rev FROM (SELECT num, ROW_NUMBER() OVER "
+        "(PARTITION BY identity ORDER BY num) AS rev FROM memory_items) AS ranked WHERE ranked.num = memory_items.num",
+        "CREATE INDEX memory_by_text_rev ON memory_items (identity, text_rev)",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

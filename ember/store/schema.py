@@ -125,6 +125,7 @@ memory_items = Table(
     Column("checked_at", Float),  # a keyless fact compared with older ones for contradictions
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("text_rev", BigInteger, nullable=False, server_default="0"),  # per identity; derived indexes follow it
 )
 
 memory_vectors = Table(
