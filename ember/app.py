@@ -233,6 +233,7 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
     async with AsyncExitStack() as stack:
         # Each part is stopped, in reverse, if a later one fails to start.
         stack.push_async_callback(runtime.db.close)
+        stack.push_async_callback(runtime.memory.close)
         for model in (runtime.model, runtime.background_model):
             if model is not None:
                 stack.push_async_callback(model.aclose)

@@ -33,7 +33,8 @@ from ember.memory.embeddings import Embedder
 from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
 from ember.memory.identity import Identities
 from ember.memory.retrieval import NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
-from ember.memory.vectors import DenseScores, VectorIndex
+from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
+from ember.memory.vectors import VectorIndex
 from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import WriteOutcome
 from ember.store.segment import match_expression, query_terms
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 # Small batches: a turn's query waits for the batch being embedded, at most about 100 ms.
 EMBED_BATCH = 8
 MAX_LIMIT = 100
-# Matches read from the text index; the dense side scores every vector of the person.
+# Matches read from the text index (the vectors add their own nearest: vectors.py).
 LEXICAL_DEPTH = 200
 CANDIDATES = 50
 # A memory the text index did not find is put in a prompt only this much above the relevance floor.
@@ -80,14 +81,18 @@ def approx_tokens(text: str) -> int:
 class MemoryService:
     def __init__(self, store: SqlMemoryStore, embedder: Embedder | None, *, identities: Identities | None = None,
                  forgetting: ForgettingPolicy | None = None, reranker: Reranker | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 index_min_rows: int = INDEX_MIN_ROWS, clock: Callable[[], float] = time.time) -> None:
+        """`index_min_rows`: from how many memories a person's search goes through the derived
+        indexes (text_index.py, ann.py) rather than FTS5 and a scan of every vector."""
         self._store = store
+        self._text = TextIndex(store, min_rows=index_min_rows)
         self._embedder = embedder
         self._identities = identities or Identities()
         self._forgetting = forgetting or ForgettingPolicy()
         self._reranker = reranker
         self._clock = clock
-        self._vectors = VectorIndex(store, embedder.name, embedder.dimensions) if embedder else None
+        self._vectors = VectorIndex(store, embedder.name, embedder.dimensions,
+                                    ann_min_rows=index_min_rows) if embedder else None
         # Recalls not yet written: (identity, id) -> (times, last time). The upkeep job writes them,
         # off the commit path; a crash loses only these counts.
         self._recalls: dict[tuple[str, str], tuple[int, float]] = {}
@@ -107,6 +112,18 @@ class MemoryService:
             if requeued:
                 log.info("embedding model is now %s: %d memories queued for new vectors", self._embedder.name,
                          requeued)
+
+    async def prepare(self, identity: str) -> None:
+        """Build the identity's derived indexes now (a search otherwise starts them in the background)."""
+        await self._text.prepare(identity)
+        if self._vectors is not None:
+            await self._vectors.prepare(identity)
+
+    async def close(self) -> None:
+        """Stop building the derived indexes."""
+        await self._text.close()
+        if self._vectors is not None:
+            await self._vectors.close()
 
     # -- writing -------------------------------------------------------------------
 
@@ -141,8 +158,10 @@ class MemoryService:
         if not terms:
             raise MemoryInputError("the query has no words to search for")
         # The text index is read on a database thread while the query is embedded and scored.
-        lexical, dense = await asyncio.gather(self._store.lexical(identity, terms, LEXICAL_DEPTH),
-                                              self._dense(identity, query))
+        lexical, vector = await asyncio.gather(self._lexical(identity, terms), self._embed_query(query))
+        dense = None
+        if vector is not None and self._vectors is not None:
+            dense = await self._vectors.scores(identity, vector, also=[num for num, _ in lexical])
         # Deeper than the page: some candidates may be of another kind or no longer active.
         candidates = fuse(lexical, dense, depth=3 * limit + CANDIDATES)
         records = await self._store.by_nums(identity, [c.num for c in candidates])
@@ -166,11 +185,14 @@ class MemoryService:
             hits = self._reranker.rerank(query, hits)
         return hits[:limit]
 
-    async def _dense(self, identity: str, query: str) -> DenseScores | None:
-        if self._embedder is None or self._vectors is None:
+    async def _lexical(self, identity: str, terms: list[str]) -> list[tuple[int, float]]:
+        found = await self._text.lexical(identity, terms, LEXICAL_DEPTH)
+        return found if found is not None else await self._store.lexical(identity, terms, LEXICAL_DEPTH)
+
+    async def _embed_query(self, query: str) -> np.ndarray | None:
+        if self._embedder is None:
             return None
-        vector = (await asyncio.to_thread(self._embedder.embed_queries, [query]))[0]
-        return await self._vectors.scores(identity, vector)
+        return (await asyncio.to_thread(self._embedder.embed_queries, [query]))[0]
 
     async def for_prompt(self, identity: str, message: str, *, budget: RecallBudget,
                          exclude: Callable[[MemoryRecord], bool] = lambda _: False) -> PromptMemory:

@@ -8,18 +8,31 @@ search compares the stored count and highest revision with the cached ones
 (one indexed query). A row written again (a message whose window grew) is
 replaced in place; a purge shrinks the count and reloads everything. A vector
 that cannot be read is quarantined and its memory queued for a new embedding.
+
+Below `ann_min_rows` vectors a search scores them all. From there on, an
+approximate index per matrix (memory/ann.py), built in the background while
+the full scan goes on, proposes the rows near the query; those, the rows the
+text index found and a fixed sample are scored exactly. The sample keeps the
+lowest similarity, by which fusion scales the others, close to the true one.
+The index is trained again in the background when the rows have doubled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ember.memory.ann import NearestRows
 from ember.store.memories import SqlMemoryStore
 
 log = logging.getLogger(__name__)
+
+ANN_CANDIDATES = 100  # rows proposed per matrix
+SAMPLE_ROWS = 1_024
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,22 +54,82 @@ class _Matrix:
     window: np.ndarray | None = None
     count: int = 0
     rev: int = 0
+    near_own: NearestRows | None = None
+    near_window: NearestRows | None = None
+    building: asyncio.Task[None] | None = None
+    rewritten: set[int] = field(default_factory=set)  # rows written again while an index was built
 
 
 class VectorIndex:
-    def __init__(self, store: SqlMemoryStore, model: str, dimensions: int) -> None:
+    def __init__(self, store: SqlMemoryStore, model: str, dimensions: int, *,
+                 ann_min_rows: int) -> None:
         self._store = store
         self._model = model
         self._dimensions = dimensions
+        self._ann_min_rows = ann_min_rows
         self._matrices: dict[str, _Matrix] = {}
 
-    async def scores(self, identity: str, query: np.ndarray) -> DenseScores | None:
-        """Every stored vector of the identity scored against `query`; None when it has none yet."""
+    async def scores(self, identity: str, query: np.ndarray, also: Collection[int] = ()) -> DenseScores | None:
+        """The identity's vectors near `query` and those of the memories `also` names, scored
+        against it (every vector, below `ann_min_rows`); None when it has none yet."""
         matrix = await self._current(identity)
         if matrix.own is None or matrix.window is None or not matrix.nums:
             return None
         q = query.astype(np.float32)
-        return DenseScores(matrix.num_array, matrix.own @ q, matrix.window @ q, matrix.rows)
+        self._build_when_due(identity, matrix)
+        if matrix.near_own is None or matrix.near_window is None:
+            return DenseScores(matrix.num_array, matrix.own @ q, matrix.window @ q, matrix.rows)
+        step = max(1, matrix.count // SAMPLE_ROWS)
+        positions = np.unique(np.concatenate([
+            matrix.near_own.nearest(q, ANN_CANDIDATES), matrix.near_window.nearest(q, ANN_CANDIDATES),
+            np.fromiter((row for num in also if (row := matrix.rows.get(num)) is not None), dtype=np.int64),
+            np.arange(0, matrix.count, step)]))
+        nums = matrix.num_array[positions]
+        return DenseScores(nums, matrix.own[positions] @ q, matrix.window[positions] @ q,
+                           {int(num): i for i, num in enumerate(nums)})
+
+    async def prepare(self, identity: str) -> None:
+        """Build the identity's nearest-vector index now, when it is due, rather than in the background."""
+        matrix = await self._current(identity)
+        self._build_when_due(identity, matrix)
+        if matrix.building is not None:
+            await asyncio.shield(matrix.building)
+
+    def _build_when_due(self, identity: str, matrix: _Matrix) -> None:
+        if matrix.building is None and matrix.count >= self._ann_min_rows and (
+                matrix.near_own is None or matrix.count >= 2 * matrix.near_own.trained_rows):
+            matrix.building = asyncio.create_task(self._build_nearest(identity, matrix))
+
+    async def close(self) -> None:
+        tasks = [matrix.building for matrix in self._matrices.values() if matrix.building is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _build_nearest(self, identity: str, matrix: _Matrix) -> None:
+        try:
+            assert matrix.own is not None and matrix.window is not None
+            size, own, window = matrix.count, matrix.own, matrix.window
+            matrix.rewritten = set()
+            near_own, near_window = await asyncio.gather(asyncio.to_thread(NearestRows, own[:size]),
+                                                         asyncio.to_thread(NearestRows, window[:size]))
+            if self._matrices.get(identity) is not matrix:
+                return  # reloaded meanwhile: the next search builds for the new one
+            # Rows added or written again while the index was trained.
+            changed = np.asarray(sorted(row for row in matrix.rewritten if row < size), dtype=np.int64)
+            added = np.arange(size, matrix.count)
+            for near, vectors in ((near_own, matrix.own), (near_window, matrix.window)):
+                if changed.size:
+                    near.replace(changed, vectors[changed])
+                if added.size:
+                    near.add(added, vectors[added])
+            matrix.near_own, matrix.near_window = near_own, near_window
+            log.info("memory of %s: nearest-vector index ready over %d rows", identity, matrix.count)
+        except Exception:
+            log.exception("memory of %s: the nearest-vector index could not be built; every vector is scored",
+                          identity)
+        finally:
+            matrix.building = None
 
     async def _current(self, identity: str) -> _Matrix:
         count, rev = await self._store.vector_state(identity, self._model)
@@ -85,6 +158,11 @@ class VectorIndex:
             if row is not None:
                 assert matrix.own is not None and matrix.window is not None
                 matrix.own[row], matrix.window[row] = own, window
+                if matrix.building is not None:
+                    matrix.rewritten.add(row)
+                for near, vector in ((matrix.near_own, own), (matrix.near_window, window)):
+                    if near is not None:
+                        near.replace(np.array([row]), vector.reshape(1, -1))
                 continue
             matrix.rows[num] = len(matrix.nums) + len(nums)
             nums.append(num)
@@ -93,6 +171,10 @@ class VectorIndex:
         if nums:
             matrix.own = _stacked(matrix.own, own_rows)
             matrix.window = _stacked(matrix.window, window_rows)
+            added = np.arange(len(matrix.nums), len(matrix.nums) + len(nums))
+            for near, rows in ((matrix.near_own, own_rows), (matrix.near_window, window_rows)):
+                if near is not None:
+                    near.add(added, np.vstack(rows))
             matrix.nums += nums
             matrix.num_array = np.asarray(matrix.nums, dtype=np.int64)
         matrix.count = len(matrix.nums)
