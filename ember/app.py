@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ember.bus.memory import InProcessBus
 from ember.config import CONFIGURE_MODEL_HINT, Settings
@@ -21,9 +20,9 @@ from ember.memory.identity import Identities
 from ember.memory.reconcile import FactReconciler
 from ember.memory.review import MemoryReviewer
 from ember.memory.service import MemoryService, RecallBudget
-from ember.models.base import ModelClient
+from ember.models.base import ModelClient, ModelEndpoint
 from ember.models.router import ModelRouter, Route
-from ember.models.spec import ModelRole, role_chains
+from ember.models.spec import ANTHROPIC_PREFIX, ModelRole, ModelSpec, role_chains
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
@@ -48,26 +47,43 @@ from ember.tools.shell import shell_tool
 from ember.tools.web import web_fetch_tool
 from ember.tools.workspace import Workspace
 
-if TYPE_CHECKING:
-    from ember.models.openai_compat import OpenAICompatibleModel
 
-
-def model_endpoints(settings: Settings) -> dict[str, OpenAICompatibleModel]:
-    """A client for every configured model, by name (the single-model settings: one, named by its model)."""
-    # Imported here: the openai SDK takes most of a second to import, which
-    # commands that never call a model (sessions, doctor without a model) skip.
-    from ember.models.openai_compat import OpenAICompatibleModel
-
+def model_specs(settings: Settings) -> dict[str, ModelSpec]:
+    """Every configured model by name: `[models]`, or the single-model settings as one."""
     if not settings.model_configured:
         raise ModelNotConfigured(f"no model is configured. Configure one with:\n  {CONFIGURE_MODEL_HINT}")
     if settings.models:
-        endpoints = {name: (spec.model, spec.base_url, spec.key()) for name, spec in settings.models.items()}
-    else:
-        assert settings.model is not None and settings.model_base_url is not None
-        endpoints = {settings.model: (settings.model, settings.model_base_url, settings.model_api_key)}
-    return {name: OpenAICompatibleModel(model=model, base_url=base_url, api_key=key,
-                                        timeout_s=settings.model_timeout_s, max_attempts=settings.model_max_attempts)
-            for name, (model, base_url, key) in endpoints.items()}
+        return dict(settings.models)
+    assert settings.model is not None
+    anthropic = settings.model.startswith(ANTHROPIC_PREFIX)
+    return {settings.model: ModelSpec(
+        provider="anthropic" if anthropic else "openai", base_url=settings.model_base_url,
+        model=settings.model.removeprefix(ANTHROPIC_PREFIX),
+        api_key=settings.anthropic_api_key if anthropic else settings.model_api_key,
+        max_tokens=settings.model_max_tokens if anthropic else None,
+        thinking_budget=settings.model_thinking_budget if anthropic else None)}
+
+
+def model_endpoints(settings: Settings) -> dict[str, ModelEndpoint]:
+    """A client for every configured model, by name (the single-model settings: one, named by its model)."""
+    # Imported here: the SDKs take most of a second to import, which
+    # commands that never call a model (sessions, doctor without a model) skip.
+    from ember.models.anthropic_messages import AnthropicModel
+    from ember.models.openai_compat import OpenAICompatibleModel
+
+    endpoints: dict[str, ModelEndpoint] = {}
+    for name, spec in model_specs(settings).items():
+        if spec.provider == "anthropic":
+            endpoints[name] = AnthropicModel(
+                model=spec.model, api_key=spec.key() or settings.anthropic_api_key, base_url=spec.base_url,
+                timeout_s=settings.model_timeout_s, max_attempts=settings.model_max_attempts,
+                max_tokens=spec.max_tokens or settings.model_max_tokens, thinking_budget=spec.thinking_budget)
+        else:
+            assert spec.base_url is not None
+            endpoints[name] = OpenAICompatibleModel(
+                model=spec.model, base_url=spec.base_url, api_key=spec.key(), timeout_s=settings.model_timeout_s,
+                max_attempts=settings.model_max_attempts)
+    return endpoints
 
 
 def configured_model(settings: Settings, role: ModelRole = "main") -> ModelClient:

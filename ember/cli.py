@@ -19,6 +19,7 @@ from ember.core.errors import EmberError
 from ember.memory_cli import memory_app
 from ember.models.base import ModelClient
 from ember.models.demo import LABEL, demo_model
+from ember.models_cli import models
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
 
@@ -28,6 +29,7 @@ app.add_typer(sessions_app, name="sessions")
 trace_app = typer.Typer(help="What a turn did: stages, model calls, tool calls, approvals.", no_args_is_help=True)
 app.add_typer(trace_app, name="trace")
 app.add_typer(memory_app, name="memory")
+app.command()(models)
 
 SessionOption = Annotated[str, typer.Option("--session", "-s", help="Session name (the CLI's chat id).")]
 

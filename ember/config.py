@@ -24,7 +24,7 @@ from pydantic_settings import (
 
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
-from ember.models.spec import ModelRole, ModelSpec, role_chains
+from ember.models.spec import ANTHROPIC_PREFIX, DEFAULT_MAX_TOKENS, ModelRole, ModelSpec, check_thinking, role_chains
 from ember.tools.approval import ToolPolicy
 from ember.tools.mcp.config import McpServers
 
@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     model: str | None = None
     model_base_url: str | None = None
     model_api_key: str | None = None
+    # For `model = "anthropic:claude-…"` (and [models.*] of provider anthropic without a key of their own).
+    anthropic_api_key: str | None = None
+    # Anthropic only: the answer's token limit, and extended thinking's budget (off when unset).
+    model_max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, gt=0)
+    model_thinking_budget: int | None = Field(default=None, ge=1024)
     model_timeout_s: float = 60.0
     model_max_attempts: int = Field(default=4, ge=1)
     # Named models and the chain each role tries in order (models/router.py); the single-model
@@ -134,6 +139,7 @@ class Settings(BaseSettings):
     def _roles_name_configured_models(self) -> Settings:
         if self.models or self.model_roles:
             role_chains(self.models, dict(self.model_roles))
+        check_thinking(self.model_max_tokens, self.model_thinking_budget)
         return self
 
     @property
@@ -150,7 +156,7 @@ class Settings(BaseSettings):
 
     @property
     def model_configured(self) -> bool:
-        return bool(self.models or (self.model and self.model_base_url))
+        return bool(self.models or (self.model and (self.model_base_url or self.model.startswith(ANTHROPIC_PREFIX))))
 
     @classmethod
     def settings_customise_sources(
@@ -167,15 +173,16 @@ class Settings(BaseSettings):
             init_settings,
             env_settings,
             TomlConfigSettingsSource(settings_cls, toml_file=config_file()),
-            _OpenAIFallback(settings_cls),
+            _ProviderFallback(settings_cls),
         )
 
 
-class _OpenAIFallback(PydanticBaseSettingsSource):
-    """The usual OPENAI_* variables, below every Ember setting."""
+class _ProviderFallback(PydanticBaseSettingsSource):
+    """The usual OPENAI_* and ANTHROPIC_API_KEY variables, below every Ember setting."""
 
     def __call__(self) -> dict[str, Any]:
-        found = {"model_base_url": os.environ.get("OPENAI_BASE_URL"), "model_api_key": os.environ.get("OPENAI_API_KEY")}
+        found = {"model_base_url": os.environ.get("OPENAI_BASE_URL"), "model_api_key": os.environ.get("OPENAI_API_KEY"),
+                 "anthropic_api_key": os.environ.get("ANTHROPIC_API_KEY")}
         return {name: value for name, value in found.items() if value}
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:

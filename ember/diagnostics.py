@@ -11,6 +11,7 @@ from sqlalchemy import text
 from ember.app import model_endpoints, open_database
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import EmberError
+from ember.models.base import ModelEndpoint
 from ember.store.jobs import SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.migrations import SCHEMA_VERSION
@@ -99,6 +100,19 @@ def _check_memory(counts: dict[str, int], report: Report) -> None:
                   f"{counts['unembedded']} waiting for a vector")
 
 
+async def probe_model(model: ModelEndpoint) -> tuple[str, str]:
+    """("up" | "unlisted" | "down", what to say), the endpoint asked for its model list; closes the client."""
+    try:
+        names = await asyncio.wait_for(model.list_models(), MODEL_CHECK_TIMEOUT_S)
+    except (EmberError, TimeoutError) as exc:
+        return "down", str(exc) or "no answer within the timeout"
+    finally:
+        await model.aclose()
+    if names and model.name not in names:
+        return "unlisted", f"answers, but does not list {model.name!r}"
+    return "up", f"answers; model {model.name}"
+
+
 async def _check_model(settings: Settings, report: Report) -> None:
     try:
         endpoints = model_endpoints(settings)
@@ -107,14 +121,10 @@ async def _check_model(settings: Settings, report: Report) -> None:
         return
     for label, model in endpoints.items():
         named = f"model {label!r} at" if settings.models else "model endpoint"
-        try:
-            names = await asyncio.wait_for(model.list_models(), MODEL_CHECK_TIMEOUT_S)
-        except (EmberError, TimeoutError) as exc:
-            report.fail(f"{named} {model.base_url}: {exc or 'no answer within the timeout'}")
-            continue
-        finally:
-            await model.aclose()
-        if names and model.name not in names:
-            report.warn(f"{named} {model.base_url} answers, but does not list {model.name!r}")
+        state, said = await probe_model(model)
+        if state == "down":
+            report.fail(f"{named} {model.base_url}: {said}")
+        elif state == "unlisted":
+            report.warn(f"{named} {model.base_url} {said}")
         else:
-            report.ok(f"{named} {model.base_url} answers; model {model.name}")
+            report.ok(f"{named} {model.base_url} {said}")

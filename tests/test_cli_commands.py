@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -93,3 +94,49 @@ def test_demo_runs_offline_and_says_so() -> None:
     assert "list_dir" in done.stdout and "notes.md" in done.stdout
     assert "reasoning stored: False" in done.stdout
     assert "are now an episodic memory" in done.stdout
+
+
+def test_models_lists_each_model_with_its_roles_and_state_and_never_a_key(tmp_path: Path,
+                                                                          model_server: ModelServer) -> None:
+    (tmp_path / "ember.toml").write_text(f"""
+[models.primary]
+base_url = "{model_server.base_url}"
+api_key = "sk-live-primary-secret"
+model = "test-model"
+context_window = 128000
+price_input_per_mtok = 0.15
+price_output_per_mtok = 0.6
+[models.backup]
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "BACKUP_KEY"
+model = "backup-model"
+[model_roles]
+main = ["primary", "backup"]
+background = ["backup"]
+""")
+    env = ember_env(tmp_path, None, BACKUP_KEY="sk-live-backup-secret", EMBER_MODEL_MAX_ATTEMPTS="1")
+
+    listed = ember(env, "models", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows["primary"]["roles"] == {"main": 1, "approval": 1}
+    assert rows["backup"]["roles"] == {"main": 2, "background": 1, "approval": 2}
+    assert rows["primary"]["key"] == "in the config" and rows["backup"]["key"] == "$BACKUP_KEY (set)"
+    assert rows["primary"]["price_input_per_mtok"] == 0.15 and rows["backup"]["context_window"] is None
+    assert {row["state"] for row in rows.values()} == {"not checked"}
+
+    checked = ember(env, "models", "--check")
+    assert checked.returncode == 1  # one model is down
+    assert "primary" in checked.stdout and "backup" in checked.stdout
+    shown = json.loads(ember(env, "models", "--check", "--json").stdout)
+    states = {row["name"]: row["state"] for row in shown}
+    assert states["primary"] == "up" and states["backup"].startswith("down: ")
+    for done in (listed, checked):
+        assert "secret" not in done.stdout + done.stderr
+
+
+def test_models_without_any_model_says_how_to_configure_one(tmp_path: Path) -> None:
+    done = ember(ember_env(tmp_path, None), "models")
+
+    assert done.returncode == 1
+    assert CONFIGURE_MODEL_HINT in done.stderr and "demo" in done.stderr

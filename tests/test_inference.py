@@ -13,7 +13,7 @@ from ember.memory.review import REVIEW_INSTRUCTION
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.context import PROFILE_HEADING
-from ember.pipeline.inference import iteration_cap_text
+from ember.pipeline.inference import TRUNCATED_NOTE, iteration_cap_text
 from tests.conftest import EPISODES_HEADING, IDENTITY, job_counts, of_kind, session_key, tool_run
 
 
@@ -82,9 +82,16 @@ async def test_iteration_cap_ends_the_turn_with_a_clear_answer(start, settings) 
     assert [m.role for m in history].count(Role.TOOL) == 3
 
 
+async def test_an_answer_cut_at_the_output_limit_says_so(start) -> None:  # type: ignore[no-untyped-def]
+    async with start(ScriptedModel([ModelReply(text="The first half of", truncated=True)])) as h:
+        final = await h.turn("tell me everything")
+    assert final.text == f"The first half of\n\n{TRUNCATED_NOTE}"
+
+
 async def test_reasoning_is_replayed_only_within_its_own_turn(start) -> None:  # type: ignore[no-untyped-def]
     model = ScriptedModel([
-        ModelReply(reasoning="private chain", tool_calls=(ToolCall(id="c1", name="list_dir", arguments="{}"),)),
+        ModelReply(reasoning="private chain", reasoning_blocks='[{"type": "thinking", "signature": "s"}]',
+                   tool_calls=(ToolCall(id="c1", name="list_dir", arguments="{}"),)),
         ModelReply(text="done"),
         ModelReply(text="second turn"),
     ])
@@ -94,8 +101,8 @@ async def test_reasoning_is_replayed_only_within_its_own_turn(start) -> None:  #
         stored = await h.runtime.sessions.history(session_key())
     within = [m for m in model.requests[1] if m.has_tool_calls]
     later = [m for m in model.requests[2] if m.has_tool_calls]
-    assert within[0].reasoning == "private chain"
-    assert later[0].reasoning is None
+    assert within[0].reasoning == "private chain" and within[0].reasoning_blocks is not None
+    assert later[0].reasoning is None and later[0].reasoning_blocks is None
     assert all("private chain" not in m.content for m in stored)
 
 

@@ -46,7 +46,10 @@ class Message:
     `reasoning` holds a provider's separate reasoning field; it is replayed to
     the model only within the tool loop of the turn that produced it.
     `name` is who wrote it where a session has several participants (a group
-    chat), as the `name` of the OpenAI chat format.
+    chat), as the `name` of the OpenAI chat format. `reasoning_blocks` is a
+    provider's reasoning as it sent it (Anthropic's thinking blocks with their
+    signatures, as JSON), which it wants back within the tool loop; it is
+    never stored.
     """
 
     role: Role
@@ -57,6 +60,7 @@ class Message:
     turn_id: str | None = None
     seq: int | None = None
     name: str | None = None
+    reasoning_blocks: str | None = None
 
     @classmethod
     def system(cls, content: str) -> Message:
@@ -73,6 +77,7 @@ class Message:
         *,
         tool_calls: tuple[ToolCall, ...] = (),
         reasoning: str | None = None,
+        reasoning_blocks: str | None = None,
         turn_id: str | None = None,
         name: str | None = None,
     ) -> Message:
@@ -81,6 +86,7 @@ class Message:
             content=content,
             tool_calls=tool_calls,
             reasoning=reasoning,
+            reasoning_blocks=reasoning_blocks,
             turn_id=turn_id,
             name=name,
         )
@@ -94,7 +100,9 @@ class Message:
         return self.role is Role.ASSISTANT and bool(self.tool_calls)
 
     def without_reasoning(self) -> Message:
-        return self if self.reasoning is None else replace(self, reasoning=None)
+        if self.reasoning is None and self.reasoning_blocks is None:
+            return self
+        return replace(self, reasoning=None, reasoning_blocks=None)
 
     def to_json_dict(self) -> dict[str, object]:
         """The public shape of a message (`ember sessions show --json`)."""

@@ -28,8 +28,12 @@ class ModelReply:
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str | None = None
+    reasoning_blocks: str | None = None  # the provider's own, for Message.reasoning_blocks
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    truncated: bool = False  # cut off at the output limit (or the context window)
 
 
 ModelEvent = TextDelta | ReasoningDelta | ModelReply
@@ -53,3 +57,13 @@ async def complete(model: ModelClient, messages: Sequence[Message], tools: Seque
         if isinstance(event, ModelReply):
             return event
     raise ModelError(f"model {model.name} ended its stream without a reply")
+
+
+class ModelEndpoint(ModelClient, Protocol):
+    """A client of one provider's endpoint, which `ember doctor` and `ember models --check` can ask."""
+
+    base_url: str
+
+    async def list_models(self) -> list[str]:
+        """The model names the endpoint offers; raises ModelError when it does not answer."""
+        ...

@@ -186,11 +186,13 @@ class OpenAICompatibleModel:
         reasoning: list[str] = []
         calls = _ToolCallBuffer()
         usage = None
+        finish = None
         try:
             async with chunks:  # closes the connection even when the consumer stops early
                 async for chunk in chunks:
                     usage = chunk.get("usage") or usage
                     choices = chunk.get("choices")
+                    finish = (choices[0].get("finish_reason") if choices else None) or finish
                     delta = choices[0].get("delta") if choices else None
                     if not delta:
                         continue
@@ -212,6 +214,8 @@ class OpenAICompatibleModel:
             reasoning="".join(reasoning) or None,
             input_tokens=(usage.get("prompt_tokens") or 0) if usage else 0,
             output_tokens=(usage.get("completion_tokens") or 0) if usage else 0,
+            cache_read_tokens=((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) if usage else 0,
+            truncated=finish == "length",
         )
 
     async def aclose(self) -> None:
@@ -222,7 +226,7 @@ class OpenAICompatibleModel:
         try:
             page = await self._client.models.list()
         except openai.OpenAIError as exc:
-            raise typed(exc, self.base_url) from exc
+            raise typed(exc, "listing its models") from exc
         return [item.id for item in page.data]
 
     async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> AsyncStream[Any]:  # chunks: dicts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 ROLES = ("main", "background", "approval")
 ModelRole = Literal["main", "background", "approval"]
@@ -14,19 +14,41 @@ ModelRole = Literal["main", "background", "approval"]
 class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    provider: Literal["openai"] = "openai"
-    base_url: str
+    provider: Literal["openai", "anthropic"] = "openai"
+    base_url: str | None = Field(default=None, description="required for openai; anthropic's default is its API")
     api_key: SecretStr | None = None
     api_key_env: str | None = Field(default=None, description="the environment variable holding the key")
     model: str
     context_window: int | None = Field(default=None, gt=0)
     price_input_per_mtok: float | None = Field(default=None, ge=0)
     price_output_per_mtok: float | None = Field(default=None, ge=0)
+    # Anthropic's: the answer's token limit (the API requires one), and extended thinking's budget.
+    max_tokens: int | None = Field(default=None, gt=0)
+    thinking_budget: int | None = Field(default=None, ge=1024)
+
+    @model_validator(mode="after")
+    def _complete(self) -> ModelSpec:
+        if self.provider == "openai" and not self.base_url:
+            raise ValueError("an openai model needs base_url (e.g. https://api.openai.com/v1)")
+        check_thinking(self.max_tokens, self.thinking_budget)
+        return self
 
     def key(self) -> str | None:
         if self.api_key is not None:
             return self.api_key.get_secret_value()
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+DEFAULT_MAX_TOKENS = 4096
+# `model = "anthropic:claude-…"`: the single-model shorthand for Anthropic's API.
+ANTHROPIC_PREFIX = "anthropic:"
+ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+
+
+def check_thinking(max_tokens: int | None, thinking_budget: int | None) -> None:
+    if thinking_budget is not None and thinking_budget >= (max_tokens or DEFAULT_MAX_TOKENS):
+        raise ValueError(f"thinking_budget ({thinking_budget}) must be below max_tokens "
+                         f"({max_tokens or DEFAULT_MAX_TOKENS}): the answer comes out of the same limit")
 
 
 def role_chains(models: dict[str, ModelSpec], roles: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -56,7 +56,8 @@ def history_for_model(messages: Sequence[Message]) -> list[Message]:
     It runs over the whole window on every turn, and most messages need
     neither change: those are passed on as they are, without a call.
     """
-    return [m if m.reasoning is None and m.role is not Role.TOOL else shown_to_model(m.without_reasoning())
+    return [m if m.reasoning is None and m.reasoning_blocks is None and m.role is not Role.TOOL
+            else shown_to_model(m.without_reasoning())
             for m in messages]
 
 

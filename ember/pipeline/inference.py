@@ -42,6 +42,9 @@ class _Usage:
         self.output_tokens += reply.output_tokens
 
 
+TRUNCATED_NOTE = "(The answer was cut off at the model's output limit: ask me to go on.)"
+
+
 def iteration_cap_text(limit: int) -> str:
     return (
         f"I stopped after {limit} rounds of tool calls without reaching an answer. "
@@ -70,10 +73,10 @@ class InferenceStage:
                                      output_tokens=reply.output_tokens, tool_calls=len(reply.tool_calls))
             usage.add(reply)
             if not reply.tool_calls:
-                return self._result(reply.text, tool_names, usage)
-            assistant = Message.assistant(
-                reply.text, tool_calls=reply.tool_calls, reasoning=reply.reasoning, turn_id=ctx.turn_id
-            )
+                text = f"{reply.text}\n\n{TRUNCATED_NOTE}" if reply.truncated else reply.text
+                return self._result(text, tool_names, usage)
+            assistant = Message.assistant(reply.text, tool_calls=reply.tool_calls, reasoning=reply.reasoning,
+                                          reasoning_blocks=reply.reasoning_blocks, turn_id=ctx.turn_id)
             step = [assistant, *await self._run_tools(ctx, tools, reply.tool_calls)]
             await self._sessions.append(ctx.session, step)
             # The stored copies: the store strips reasoning tags from assistant text (I4).
