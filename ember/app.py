@@ -6,7 +6,7 @@ this is the one place that knows them all.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
@@ -64,35 +64,40 @@ def model_specs(settings: Settings) -> dict[str, ModelSpec]:
         thinking_budget=settings.model_thinking_budget if anthropic else None)}
 
 
-def model_endpoints(settings: Settings) -> dict[str, ModelEndpoint]:
-    """A client for every configured model, by name (the single-model settings: one, named by its model)."""
+def model_endpoints(settings: Settings, *, names: Collection[str] | None = None,
+                    tried_once: Collection[str] = ()) -> dict[str, ModelEndpoint]:
+    """A client for every configured model (or those `names`), by name (the single-model settings:
+    one, named by its model); those `tried_once` make one attempt per call, not model_max_attempts."""
     # Imported here: the SDKs take most of a second to import, which
     # commands that never call a model (sessions, doctor without a model) skip.
     from ember.models.anthropic_messages import AnthropicModel
     from ember.models.openai_compat import OpenAICompatibleModel
 
     endpoints: dict[str, ModelEndpoint] = {}
+    attempts = settings.model_max_attempts
     for name, spec in model_specs(settings).items():
+        if names is not None and name not in names:
+            continue
         if spec.provider == "anthropic":
             endpoints[name] = AnthropicModel(
                 model=spec.model, api_key=spec.key() or settings.anthropic_api_key, base_url=spec.base_url,
-                timeout_s=settings.model_timeout_s, max_attempts=settings.model_max_attempts,
+                timeout_s=settings.model_timeout_s, max_attempts=1 if name in tried_once else attempts,
                 max_tokens=spec.max_tokens or settings.model_max_tokens, thinking_budget=spec.thinking_budget)
         else:
             assert spec.base_url is not None
             endpoints[name] = OpenAICompatibleModel(
                 model=spec.model, base_url=spec.base_url, api_key=spec.key(), timeout_s=settings.model_timeout_s,
-                max_attempts=settings.model_max_attempts)
+                max_attempts=1 if name in tried_once else attempts)
     return endpoints
 
 
 def configured_model(settings: Settings, role: ModelRole = "main") -> ModelClient:
     """The model a role calls: the chain `[model_roles]` gives it, under a router, or the one
     model of the single-model settings."""
-    endpoints = model_endpoints(settings)
     if not settings.models:
-        return next(iter(endpoints.values()))
+        return next(iter(model_endpoints(settings).values()))
     chain = role_chains(settings.models, dict(settings.model_roles))[role]
+    endpoints = model_endpoints(settings, names=chain, tried_once=chain[:-1])
     return ModelRouter(role, [Route(name, endpoints[name], settings.models[name].context_window) for name in chain])
 
 

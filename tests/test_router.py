@@ -166,6 +166,7 @@ background = ["backup"]
     model_server.push(Reply(status=503), *[Reply(status=503)] * 3)
     backup.push(Reply(text="answered by backup"))
     assert (await complete(main, HELLO)).text == "answered by backup"
+    assert len(model_server.requests) == 1  # a model with a fallback after it is not retried: the next one is
     await main.aclose()
     await background.aclose()
 
@@ -174,3 +175,32 @@ def test_a_role_naming_an_unknown_model_is_refused_at_start() -> None:
     write_config('[models.a]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "m"\n[model_roles]\nmain = ["a", "b"]\n')
     with pytest.raises(ConfigError, match=r"model_roles\.main names 'b'"):
         load_settings()
+
+
+async def test_a_timeout_opens_the_breaker_at_once_and_a_rate_limit_holds_it_as_asked(
+        model_server: ModelServer, backup: ModelServer) -> None:
+    clock = Clock()
+    with socket.socket() as silent:  # accepts connections (the kernel does), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        slow = OpenAICompatibleModel(model=MODEL, base_url=f"http://127.0.0.1:{silent.getsockname()[1]}/v1",
+                                     api_key="k", timeout_s=0.5, max_attempts=1)
+        breaker = CircuitBreaker(failures=3, cooldown_s=30, clock=clock)
+        router = ModelRouter("main", [Route("slow", slow, None, breaker), Route("backup", client(backup.base_url))])
+        backup.push(Reply(text="one"), Reply(text="two"))
+        assert (await complete(router, HELLO)).text == "one"
+        assert breaker.state == "open"  # one timeout was enough: the next call does not wait for it again
+        assert (await complete(router, HELLO)).text == "two"
+        await router.aclose()
+
+    model_server.push(Reply(status=429, retry_after="90"))
+    limited = CircuitBreaker(failures=3, cooldown_s=30, clock=clock)
+    router = ModelRouter("main", [Route("primary", client(model_server.base_url, attempts=1), None, limited),
+                                  Route("backup", client(backup.base_url))])
+    backup.push(Reply(text="three"))
+    assert (await complete(router, HELLO)).text == "three"
+    clock.now += 31
+    assert limited.state == "open"  # past the cooldown, not yet past the 90 s it asked for
+    clock.now += 60
+    assert limited.state == "half-open"
+    await router.aclose()

@@ -22,6 +22,10 @@ class ModelUnavailable(ModelError):
     """The endpoint could not be reached, timed out or answered 5xx: another model may answer."""
 
 
+class ModelTimedOut(ModelUnavailable):
+    """No answer within the timeout: each try costs the whole timeout, so one is enough to skip it a while."""
+
+
 class ModelRateLimited(ModelUnavailable):
     """429: the endpoint asks to wait `retry_after_s` (None: it did not say)."""
 

@@ -31,6 +31,7 @@ from ember.core.errors import (
     ModelError,
     ModelRateLimited,
     ModelRefused,
+    ModelTimedOut,
     ModelUnavailable,
     StreamBroken,
 )
@@ -49,7 +50,9 @@ _TRUNCATED = {"max_tokens", "model_context_window_exceeded"}
 def typed(exc: anthropic.AnthropicError, where: str) -> ModelError:
     """The kind of ModelError an SDK error is, with `where` and what the API said."""
     message = f"{where}: {_describe(exc)}"
-    if isinstance(exc, anthropic.APIConnectionError):  # includes timeouts
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ModelTimedOut(message)
+    if isinstance(exc, anthropic.APIConnectionError):
         return ModelUnavailable(message)
     if not isinstance(exc, anthropic.APIStatusError):
         return ModelError(message)

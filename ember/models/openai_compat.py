@@ -23,6 +23,7 @@ from ember.core.errors import (
     ModelError,
     ModelRateLimited,
     ModelRefused,
+    ModelTimedOut,
     ModelUnavailable,
     StreamBroken,
 )
@@ -42,7 +43,9 @@ _REFUSAL_CODES = {"content_filter", "content_policy_violation"}
 def typed(exc: openai.OpenAIError, where: str) -> ModelError:
     """The kind of ModelError an SDK error is, with `where` and what happened in its message."""
     message = f"{where}: {_describe(exc)}"
-    if isinstance(exc, openai.APIConnectionError):  # includes timeouts
+    if isinstance(exc, openai.APITimeoutError) and _connection_failure(exc) is None:
+        return ModelTimedOut(message)
+    if isinstance(exc, openai.APIConnectionError):
         return ModelUnavailable(message)
     if not isinstance(exc, openai.APIStatusError):
         return ModelError(message)

@@ -1,8 +1,10 @@
 """A chain of models that answers as one: the first that can, tried in order.
 
 A model is passed over while its circuit breaker is open (it kept being
-unavailable), and left for the next one when it is unavailable or rate
-limited now. Nothing falls over once the stream has sent text (the person has
+unavailable, or timed out, or asked to wait), and left for the next one when
+it is unavailable or rate limited now; every model but a chain's last is
+tried once per call (configured_model), since its own retries would only
+delay the next. Nothing falls over once the stream has sent text (the person has
 seen it: a second model would answer twice), nor on a bad request or a refusal
 (our request is at fault, or the answer is). A context too long goes only to a
 model with a larger window. Every switch is logged.
@@ -15,7 +17,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from ember.core.errors import ContextTooLong, ModelError, ModelUnavailable, StreamBroken
+from ember.core.errors import (
+    ContextTooLong,
+    ModelError,
+    ModelRateLimited,
+    ModelTimedOut,
+    ModelUnavailable,
+    StreamBroken,
+)
 from ember.core.messages import Message
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelClient, ModelEvent, ModelReply
@@ -24,27 +33,30 @@ log = logging.getLogger(__name__)
 
 
 class CircuitBreaker:
-    """Opens after `failures` unavailable answers within `window_s`; after `cooldown_s`
-    it lets one call through (half-open): its success closes it, its failure opens it again."""
+    """Opens after `failures` unavailable answers within `window_s`, or at once after a
+    timeout or a rate limit (`failed(at_once=True)`, held at least the wait it asked for);
+    after `cooldown_s` it lets one call through (half-open): its success closes it, its
+    failure opens it again."""
 
     def __init__(self, *, failures: int = 3, window_s: float = 60.0, cooldown_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._failures, self._window_s, self._cooldown_s, self._clock = failures, window_s, cooldown_s, clock
         self._recent: list[float] = []
         self._opened_at: float | None = None
+        self._open_for = cooldown_s
         self._probing = False
 
     @property
     def state(self) -> str:
         if self._opened_at is None:
             return "closed"
-        return "half-open" if self._probing or self._clock() - self._opened_at >= self._cooldown_s else "open"
+        return "half-open" if self._probing or self._clock() - self._opened_at >= self._open_for else "open"
 
     def allows(self) -> bool:
         """Whether a call may go to the model now (a half-open breaker lets one through at a time)."""
         if self._opened_at is None:
             return True
-        if self._probing or self._clock() - self._opened_at < self._cooldown_s:
+        if self._probing or self._clock() - self._opened_at < self._open_for:
             return False
         self._probing = True
         return True
@@ -57,9 +69,10 @@ class CircuitBreaker:
         """The call it let through ended without a verdict (cancelled): the next may probe instead."""
         self._probing = False
 
-    def failed(self) -> None:
+    def failed(self, *, at_once: bool = False, hold_s: float | None = None) -> None:
         now = self._clock()
-        if self._probing:
+        self._open_for = max(self._cooldown_s, hold_s or 0.0)
+        if self._probing or at_once:
             self._opened_at, self._probing = now, False
             return
         self._recent = [t for t in self._recent if now - t < self._window_s] + [now]
@@ -106,7 +119,9 @@ class ModelRouter:
                         sent = True
                     yield event
             except ModelUnavailable as exc:
-                breaker.failed()
+                # A timeout costs the whole timeout each time; a rate limit said when to come back.
+                breaker.failed(at_once=isinstance(exc, ModelTimedOut | ModelRateLimited),
+                               hold_s=exc.retry_after_s if isinstance(exc, ModelRateLimited) else None)
                 if sent:
                     raise StreamBroken(f"{route.label} failed after its answer had started: {exc}") from exc
                 failures.append(f"{route.label}: {exc}")
