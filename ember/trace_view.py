@@ -35,6 +35,9 @@ def show_trace(trace: TurnTrace, out: Console) -> None:
             table.add_row(str(n), call["model"], _ms(call["duration_ms"]),
                           f"{call['input_tokens']} / {call['output_tokens']}", str(call["tool_calls"]))
         out.print(table)
+        for n, call in enumerate(calls, 1):
+            for reason in call.get("passed_over", ()):
+                out.print(f"  model call {n} passed over {reason}", markup=False, highlight=False)
     approvals = {a["call_id"]: a for a in detail.get("approvals", [])}
     if tools := detail.get("tool_calls"):
         table = Table("tool", "arguments", "duration", "result", "approval")

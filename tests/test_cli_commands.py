@@ -140,3 +140,27 @@ def test_models_without_any_model_says_how_to_configure_one(tmp_path: Path) -> N
 
     assert done.returncode == 1
     assert CONFIGURE_MODEL_HINT in done.stderr and "demo" in done.stderr
+
+
+def test_a_fall_over_is_in_the_turns_trace(tmp_path: Path, model_server: ModelServer) -> None:
+    (tmp_path / "ember.toml").write_text(f"""
+[models.dead]
+base_url = "http://127.0.0.1:9/v1"
+model = "gone"
+[models.live]
+base_url = "{model_server.base_url}"
+model = "test-model"
+""")
+    env = ember_env(tmp_path, None)
+    model_server.push(Reply(text="answered by the live one"))
+
+    done = chat(env, "hello", "fall")
+    assert done.returncode == 0, done.stderr
+    assert "answered by the live one" in done.stdout
+
+    with sqlite3.connect(tmp_path / "ember.db") as raw:
+        turn_id = raw.execute("SELECT turn_id FROM traces").fetchone()[0]
+    shown = ember(env | {"COLUMNS": "250"}, "trace", "show", turn_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "│ live" in shown.stdout
+    assert "model call 1 passed over dead: " in shown.stdout and "could not connect" in shown.stdout

@@ -60,6 +60,8 @@ async def test_an_overloaded_primary_is_answered_for_by_the_fallback_once(model_
     reply = await complete(chain(model_server.base_url, backup.base_url), HELLO)
     assert reply.text == "from the backup"
     assert (len(model_server.requests), len(backup.requests)) == (2, 1)  # its retries, then one fallback
+    assert reply.model == "m1" and len(reply.passed_over) == 1 and "m0: " in reply.passed_over[0]
+    assert "HTTP 503" in reply.passed_over[0]  # what the turn's trace shows
 
 
 async def test_a_primary_refusing_connections_falls_over(backup: ModelServer) -> None:

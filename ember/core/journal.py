@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +34,13 @@ class TurnJournal:
         self.stages.append({"stage": name, "duration_ms": _ms_since(started)})
 
     def model_call(self, model: str, started: float, *, input_tokens: int, output_tokens: int,
-                   tool_calls: int) -> None:
-        self.model_calls.append({"model": model, "duration_ms": _ms_since(started), "input_tokens": input_tokens,
-                                 "output_tokens": output_tokens, "tool_calls": tool_calls})
+                   tool_calls: int, passed_over: Sequence[str] = ()) -> None:
+        """`passed_over`: the models a router tried or skipped before `model` answered, each with why."""
+        call: dict[str, Any] = {"model": model, "duration_ms": _ms_since(started), "input_tokens": input_tokens,
+                                "output_tokens": output_tokens, "tool_calls": tool_calls}
+        if passed_over:
+            call["passed_over"] = [redact(reason) for reason in passed_over]
+        self.model_calls.append(call)
 
     def tool_call(self, call_id: str, name: str, arguments: str, started: float, result: str) -> None:
         self.tool_calls.append({"call_id": call_id, "name": name, "arguments": _arguments(arguments),

@@ -34,6 +34,8 @@ class ModelReply:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     truncated: bool = False  # cut off at the output limit (or the context window)
+    model: str | None = None  # which model of a router's chain answered
+    passed_over: tuple[str, ...] = ()  # the models a router tried or skipped first, each with why
 
 
 ModelEvent = TextDelta | ReasoningDelta | ModelReply

@@ -7,7 +7,8 @@ tried once per call (configured_model), since its own retries would only
 delay the next. Nothing falls over once the stream has sent text (the person has
 seen it: a second model would answer twice), nor on a bad request or a refusal
 (our request is at fault, or the answer is). A context too long goes only to a
-model with a larger window. Every switch is logged.
+model with a larger window. Every switch is logged, and the reply names the
+model that answered and those passed over (the turn's trace shows them).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ember.core.errors import (
     ContextTooLong,
@@ -115,6 +116,7 @@ class ModelRouter:
                 async for event in route.model.stream(messages, tools):
                     if isinstance(event, ModelReply):
                         breaker.succeeded()  # before the yield: a consumer may stop at the reply
+                        event = replace(event, model=route.label, passed_over=tuple(failures))
                     else:
                         sent = True
                     yield event

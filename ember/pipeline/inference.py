@@ -69,8 +69,9 @@ class InferenceStage:
         for _ in range(self._limits.max_iterations):
             started = time.perf_counter()
             reply = await self._model_step(ctx, messages)
-            tools.journal.model_call(self._model.name, started, input_tokens=reply.input_tokens,
-                                     output_tokens=reply.output_tokens, tool_calls=len(reply.tool_calls))
+            tools.journal.model_call(reply.model or self._model.name, started, input_tokens=reply.input_tokens,
+                                     output_tokens=reply.output_tokens, tool_calls=len(reply.tool_calls),
+                                     passed_over=reply.passed_over)
             usage.add(reply)
             if not reply.tool_calls:
                 text = f"{reply.text}\n\n{TRUNCATED_NOTE}" if reply.truncated else reply.text
