@@ -21,6 +21,7 @@ from ember.memory.reconcile import FactReconciler
 from ember.memory.review import MemoryReviewer
 from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelClient, ModelEndpoint
+from ember.models.metered import MeteredModel
 from ember.models.router import ModelRouter, Route
 from ember.models.spec import ANTHROPIC_PREFIX, ModelRole, ModelSpec, role_chains
 from ember.pipeline.context import ContextStage, Persona
@@ -31,6 +32,7 @@ from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
+from ember.runtime.usage import UsageRecorder
 from ember.skills.review import SkillReviewer
 from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
@@ -38,6 +40,7 @@ from ember.store.jobs import Job, SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
+from ember.store.usage import SqlUsageStore
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import ToolRegistry, Toolset
 from ember.tools.files import file_tools
@@ -139,6 +142,7 @@ class Runtime:
     mcp: McpHub
     deliveries: DeliveryWorker
     identities: Identities
+    usage: UsageRecorder
     model: ModelClient | None = None  # closed with the runtime
     background_model: ModelClient | None = None  # consolidation and reviews, when not `model`; closed too
 
@@ -203,12 +207,16 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
 async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
                         embedder: Embedder | None = None, background_model: ModelClient | None = None) -> Runtime:
     """`tools` replaces the built-in tools (tests); `embedder` the configured one;
-    `background_model` does the background work (default: `model`)."""
-    background = background_model or model
+    `background_model` does the background work (default: `model`). Every model call
+    is counted (and priced, from `[models]`) in `Runtime.usage`."""
     settings.home_dir.mkdir(parents=True, exist_ok=True)
     identities = Identities(settings.identities)  # checked before anything is opened
     db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
     await db.open()
+    usage = UsageRecorder(SqlUsageStore(db), budgets_usd_per_day=settings.budget_usd_per_day)
+    prices = {name: spec.price() for name, spec in settings.models.items()}
+    model = MeteredModel(model, prices, usage.record)
+    background = MeteredModel(background_model, prices, usage.record) if background_model else model
     sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
     memory = memory_service(settings, db, embedder)
     await memory.open()
@@ -232,14 +240,14 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     pipeline = Pipeline(
         context=ContextStage(sessions, memory, persona, identities,
                              RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens)),
-        inference=InferenceStage(model, gated, sessions, limits),
+        inference=InferenceStage(model, gated, sessions, limits, usage),
         response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(settings.consolidation_threshold)),
     )
     deliveries = DeliveryWorker(SqlDeliveryStore(db), bus)
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery)
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
-                   identities, model, background_model)
+                   identities, usage, model, background if background_model else None)
 
 
 @asynccontextmanager
@@ -259,6 +267,8 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
             if model is not None:
                 stack.push_async_callback(model.aclose)
         stack.push_async_callback(runtime.mcp.close)
+        await runtime.usage.start()
+        stack.push_async_callback(runtime.usage.stop)  # after the turns and jobs: their last counts
         await runtime.runner.start()
         stack.push_async_callback(runtime.runner.stop)
         await runtime.deliveries.start(channels)

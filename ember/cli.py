@@ -22,6 +22,7 @@ from ember.models.demo import LABEL, demo_model
 from ember.models_cli import models
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
+from ember.usage_cli import usage
 
 app = typer.Typer(help="Ember: a self-hosted AI agent runtime.", no_args_is_help=True, add_completion=False)
 sessions_app = typer.Typer(help="Inspect stored sessions.", no_args_is_help=True)
@@ -30,6 +31,7 @@ trace_app = typer.Typer(help="What a turn did: stages, model calls, tool calls, 
 app.add_typer(trace_app, name="trace")
 app.add_typer(memory_app, name="memory")
 app.command()(models)
+app.command()(usage)
 
 SessionOption = Annotated[str, typer.Option("--session", "-s", help="Session name (the CLI's chat id).")]
 

@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     models: dict[str, ModelSpec] = Field(default_factory=dict)
     model_roles: dict[ModelRole, list[str]] = Field(default_factory=dict)
 
+    # USD a day (UTC) each identity's turns may spend on priced models; past it, a turn is refused.
+    budget_usd_per_day: dict[str, float] = Field(default_factory=dict)
+
     max_tool_iterations: int = Field(default=12, ge=1)
     # The longest a shell command may run (a call may ask for less), and how much output it keeps.
     shell_timeout_s: float = Field(default=120, gt=0)

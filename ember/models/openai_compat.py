@@ -211,13 +211,15 @@ class OpenAICompatibleModel:
         except (openai.OpenAIError, OSError, ValueError, AttributeError, TypeError) as exc:
             # ValueError covers malformed JSON in an event; the others, chunks of an unexpected shape.
             raise StreamBroken(f"the model stream from {self.base_url} broke off: {_describe(exc)}") from exc
+        usage = usage or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         yield ModelReply(
             text="".join(text),
             tool_calls=calls.calls(),
             reasoning="".join(reasoning) or None,
-            input_tokens=(usage.get("prompt_tokens") or 0) if usage else 0,
-            output_tokens=(usage.get("completion_tokens") or 0) if usage else 0,
-            cache_read_tokens=((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) if usage else 0,
+            input_tokens=max(0, (usage.get("prompt_tokens") or 0) - cached),  # as Anthropic counts: uncached only
+            output_tokens=usage.get("completion_tokens") or 0,
+            cache_read_tokens=cached,
             truncated=finish == "length",
         )
 

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from ember.core.usage import Price
+
 ROLES = ("main", "background", "approval")
 ModelRole = Literal["main", "background", "approval"]
 
@@ -22,6 +24,8 @@ class ModelSpec(BaseModel):
     context_window: int | None = Field(default=None, gt=0)
     price_input_per_mtok: float | None = Field(default=None, ge=0)
     price_output_per_mtok: float | None = Field(default=None, ge=0)
+    price_cache_read_per_mtok: float | None = Field(default=None, ge=0)
+    price_cache_write_per_mtok: float | None = Field(default=None, ge=0)
     # Anthropic's: the answer's token limit (the API requires one), and extended thinking's budget.
     max_tokens: int | None = Field(default=None, gt=0)
     thinking_budget: int | None = Field(default=None, ge=1024)
@@ -32,6 +36,10 @@ class ModelSpec(BaseModel):
             raise ValueError("an openai model needs base_url (e.g. https://api.openai.com/v1)")
         check_thinking(self.max_tokens, self.thinking_budget)
         return self
+
+    def price(self) -> Price:
+        return Price(self.price_input_per_mtok, self.price_output_per_mtok, self.price_cache_read_per_mtok,
+                     self.price_cache_write_per_mtok)
 
     def key(self) -> str | None:
         if self.api_key is not None:

@@ -17,6 +17,7 @@ from ember.core.messages import Message, ToolCall
 from ember.core.thinking import ThinkFilter
 from ember.core.tools import ToolRun
 from ember.core.turn import InferenceResult, PipelineContext
+from ember.core.usage import Budget, UsageScope, current_scope
 from ember.models.base import ModelClient, ModelReply, TextDelta
 from ember.pipeline.context import shown_to_model
 from ember.store.sessions import SessionStore
@@ -54,14 +55,25 @@ def iteration_cap_text(limit: int) -> str:
 
 class InferenceStage:
     def __init__(self, model: ModelClient, tools: Toolset, sessions: SessionStore,
-                 limits: InferenceLimits) -> None:
+                 limits: InferenceLimits, budget: Budget | None = None) -> None:
         self._model = model
         self._tools = tools
         self._sessions = sessions
         self._limits = limits
+        self._budget = budget
 
     async def run(self, ctx: PipelineContext, tools: ToolRun) -> InferenceResult:
         """`tools` carries the turn's approver and journal to the tool calls."""
+        if self._budget is not None and (refusal := await self._budget.refusal(ctx.identity)):
+            return InferenceResult(response_text=refusal)
+        scope = current_scope.set(UsageScope(session_key=ctx.session.key, identity=ctx.identity,
+                                             turn_id=ctx.turn_id))
+        try:
+            return await self._loop(ctx, tools)
+        finally:
+            current_scope.reset(scope)
+
+    async def _loop(self, ctx: PipelineContext, tools: ToolRun) -> InferenceResult:
         messages = list(ctx.prompt)
         # A resumed turn counts the calls it made before the crash too: they ask for the reviews alike.
         tool_names = [call.name for m in ctx.session.messages if m.turn_id == ctx.turn_id for call in m.tool_calls]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from ember.core.usage import UsageScope, current_scope
 from ember.runtime.leases import HostLock
 from ember.runtime.tasks import cancel_task, stop_tasks
 from ember.store.jobs import Job, SqlJobStore
@@ -142,6 +143,8 @@ class BackgroundRunner:
         return min(self._poll_s, max(0.0, due - time.time()))
 
     async def _execute(self, job: Job) -> None:
+        # A job's model calls are charged to its kind and its session (and so the session's identity).
+        current_scope.set(UsageScope(session_key=job.session_key, job_kind=job.kind))
         try:
             handler = self._handlers.get(job.kind)
             if handler is None:

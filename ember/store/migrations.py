@@ -232,6 +232,24 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         "(PARTITION BY identity ORDER BY num) AS rev FROM memory_items) AS ranked WHERE ranked.num = memory_items.num",
         "CREATE INDEX memory_by_text_rev ON memory_items (identity, text_rev)",
     ),
+    (
+        # One row per model call: tokens, cost (NULL: a price is missing) and whom it is charged to.
+        """CREATE TABLE model_usage (
+            id INTEGER PRIMARY KEY,
+            at DOUBLE PRECISION NOT NULL,
+            model TEXT NOT NULL,
+            session_key TEXT,
+            identity TEXT,
+            turn_id TEXT,
+            job_kind TEXT,
+            input_tokens BIGINT NOT NULL,
+            output_tokens BIGINT NOT NULL,
+            cache_read_tokens BIGINT NOT NULL,
+            cache_write_tokens BIGINT NOT NULL,
+            cost_usd DOUBLE PRECISION)""",
+        "CREATE INDEX model_usage_by_time ON model_usage (at)",
+        "CREATE INDEX model_usage_by_identity ON model_usage (identity, at)",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

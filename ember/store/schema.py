@@ -145,3 +145,20 @@ memory_archive_marks = Table(
     Column("session_key", Text, primary_key=True),
     Column("next_seq", BigInteger, nullable=False),
 )
+
+model_usage = Table(
+    "model_usage",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("at", Float, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("session_key", Text),
+    Column("identity", Text),
+    Column("turn_id", Text),
+    Column("job_kind", Text),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("cache_read_tokens", BigInteger, nullable=False),
+    Column("cache_write_tokens", BigInteger, nullable=False),
+    Column("cost_usd", Float),
+)

@@ -31,6 +31,7 @@ from ember.channels.gateway.turns import TurnRouter
 from ember.memory.identity import Identities
 from ember.memory.service import MemoryService
 from ember.runtime.approvals import ApprovalBroker
+from ember.runtime.usage import UsageRecorder
 from ember.store.jobs import SqlJobStore
 from ember.store.sessions import SqlSessionStore
 
@@ -60,6 +61,7 @@ class GatewayServices:
     approvals: ApprovalBroker
     memory: MemoryService
     identities: Identities
+    usage: UsageRecorder | None = None  # its counts reach /metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,8 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, options: GatewayOptions, *,
                lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None) -> Starlette:
     metrics = GatewayMetrics()
+    if services.usage is not None:
+        services.usage.observe(metrics.count_usage)
     openai_api = OpenAIApi(router, metrics, agent_id=options.agent_id, max_body_bytes=options.max_body_bytes)
     native_api = NativeApi(router, services.sessions, services.approvals, metrics,
                            max_body_bytes=options.max_body_bytes)

@@ -6,6 +6,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ember.core.usage import UsageRow
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -22,6 +24,20 @@ class GatewayMetrics:
                                   "(client_gone: it left; the answer stays in the history)",
                                   ["outcome"], registry=self.registry)
         self.jobs = Gauge("ember_background_jobs", "Background jobs by status", ["status"], registry=self.registry)
+        self.model_tokens = Counter("ember_model_tokens", "Tokens of model calls, by model and kind (input, output,"
+                                    " cache_read, cache_write)", ["model", "kind"], registry=self.registry)
+        self.model_cost = Counter("ember_model_cost_usd", "USD of priced model calls, by model", ["model"],
+                                  registry=self.registry)
+        self.model_calls = Counter("ember_model_calls", "Model calls, by model and whether they were priced",
+                                   ["model", "priced"], registry=self.registry)
+
+    def count_usage(self, row: UsageRow) -> None:
+        for kind in ("input", "output", "cache_read", "cache_write"):
+            if tokens := getattr(row, f"{kind}_tokens"):
+                self.model_tokens.labels(row.model, kind).inc(tokens)
+        self.model_calls.labels(row.model, "yes" if row.cost_usd is not None else "no").inc()
+        if row.cost_usd:
+            self.model_cost.labels(row.model).inc(row.cost_usd)
 
     def render(self, job_counts: dict[str, int]) -> bytes:
         for status in ("pending", "running", "done", "failed", "superseded"):

@@ -111,7 +111,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
             rate_burst=settings.gateway_rate_burst,
         )
         services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
-                                   runtime.identities)
+                                   runtime.identities, runtime.usage)
         app = create_app(router, services, keys, options, lifespan=lifespan)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)

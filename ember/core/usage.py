@@ -1,0 +1,68 @@
+"""What model calls cost: the tokens of each call, its price, and whom it is charged to.
+
+A call is charged to the scope it runs in (a context variable): a turn sets
+its session, identity and turn id; a background job its kind and session, and
+the identity is that session's. A price is per model, in USD per million
+tokens; a call with tokens of a kind whose price is not configured gets no
+cost at all (never a guess), its tokens are still counted.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class UsageScope:
+    session_key: str | None = None
+    identity: str | None = None
+    turn_id: str | None = None
+    job_kind: str | None = None  # None: the turn's own calls
+
+
+NO_SCOPE = UsageScope()  # frozen: safe as the default of every context
+current_scope: ContextVar[UsageScope] = ContextVar("ember_usage_scope", default=NO_SCOPE)
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    input_per_mtok: float | None = None
+    output_per_mtok: float | None = None
+    cache_read_per_mtok: float | None = None
+    cache_write_per_mtok: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UsageRow:
+    at: float
+    model: str
+    scope: UsageScope
+    input_tokens: int = 0  # not read from a cache
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float | None = None
+
+
+def cost_usd(price: Price | None, *, input_tokens: int, output_tokens: int, cache_read_tokens: int = 0,
+             cache_write_tokens: int = 0) -> float | None:
+    """The call's cost, or None when a kind of token it used has no price."""
+    if price is None:
+        return None
+    total = 0.0
+    for tokens, per_mtok in ((input_tokens, price.input_per_mtok), (output_tokens, price.output_per_mtok),
+                             (cache_read_tokens, price.cache_read_per_mtok),
+                             (cache_write_tokens, price.cache_write_per_mtok)):
+        if tokens:
+            if per_mtok is None:
+                return None
+            total += tokens * per_mtok / 1e6
+    return total
+
+
+class Budget(Protocol):
+    async def refusal(self, identity: str) -> str | None:
+        """Why the identity may not start a turn now, or None."""
+        ...
