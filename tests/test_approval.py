@@ -97,7 +97,7 @@ async def test_the_gate_runs_allowed_calls_and_refuses_denied_ones() -> None:
     # Reads are allowed by default: nobody is asked.
     assert await gate.call(ToolCall(id="c2", name="read_notes", arguments="{}"), run) == "no notes"
     assert len(approver.asked) == 1
-    verdicts = [(a["tool"], a["decision"], a["decided_by"]) for a in run.journal.approvals]
+    verdicts = [(a["tool"], a["decision"], a["decided_by"]) for a in run.observer.approvals]
     assert verdicts == [("write_note", "deny", "user:tester"), ("read_notes", "approve_once", "policy")]
 
 
@@ -111,8 +111,8 @@ async def test_approve_always_covers_the_rest_of_the_session_only() -> None:
     await gate.call(note_call("two"), run)
     assert written == ["one", "two"]
     assert len(approver.asked) == 1
-    assert run.journal.approvals[-1]["decided_by"] == "session-grant"
-    other_session = run.__class__("test:other", "turn-2", approver, run.journal, "local")
+    assert run.observer.approvals[-1]["decided_by"] == "session-grant"
+    other_session = run.__class__("test:other", "turn-2", approver, run.observer, "local")
     assert (await gate.call(note_call("three"), other_session)).startswith("Error: not permitted")
     assert written == ["one", "two"]
 

@@ -1,14 +1,59 @@
-"""A turn's journal: what it did and how long each part took, for its trace."""
+"""What a turn did, told as it happens: the TurnObserver seam, and the journal that
+keeps it all for the turn's trace row (OpenTelemetry is the other observer: runtime/telemetry.py)."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ember.core.redact import redact
+
+
+class TurnObserver(Protocol):
+    def stage(self, name: str) -> AbstractContextManager[None]:
+        """Around one stage of the turn (context, inference, response): timed, and a span."""
+        ...
+
+    def model_call(self, model: str, started: float, *, input_tokens: int, output_tokens: int,
+                   tool_calls: int, passed_over: Sequence[str] = ()) -> None: ...
+
+    def tool_call(self, call_id: str, name: str, arguments: str, started: float, result: str) -> None: ...
+
+    def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
+                 reason: str = "") -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Observers:
+    """Several observers as one: each is told everything, in order."""
+
+    observers: tuple[TurnObserver, ...]
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        with ExitStack() as stack:
+            for observer in self.observers:
+                stack.enter_context(observer.stage(name))
+            yield
+
+    def model_call(self, model: str, started: float, *, input_tokens: int, output_tokens: int,
+                   tool_calls: int, passed_over: Sequence[str] = ()) -> None:
+        for observer in self.observers:
+            observer.model_call(model, started, input_tokens=input_tokens, output_tokens=output_tokens,
+                                tool_calls=tool_calls, passed_over=passed_over)
+
+    def tool_call(self, call_id: str, name: str, arguments: str, started: float, result: str) -> None:
+        for observer in self.observers:
+            observer.tool_call(call_id, name, arguments, started, result)
+
+    def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
+                 reason: str = "") -> None:
+        for observer in self.observers:
+            observer.approval(call_id, tool, subject, decision, decided_by, decided_at, reason)
 
 
 def _arguments(raw: str) -> Any:
@@ -30,8 +75,13 @@ class TurnJournal:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     approvals: list[dict[str, Any]] = field(default_factory=list)
 
-    def stage(self, name: str, started: float) -> None:
-        self.stages.append({"stage": name, "duration_ms": _ms_since(started)})
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages.append({"stage": name, "duration_ms": _ms_since(started)})
 
     def model_call(self, model: str, started: float, *, input_tokens: int, output_tokens: int,
                    tool_calls: int, passed_over: Sequence[str] = ()) -> None:

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ember.core.journal import TurnJournal
+from ember.core.journal import TurnObserver
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,5 +79,5 @@ class ToolRun:
     session_key: str
     turn_id: str
     approver: Approver
-    journal: TurnJournal
+    observer: TurnObserver  # the turn's journal, and OpenTelemetry when it is on
     identity: str  # the person the turn is for: memory tools act on theirs only

@@ -63,7 +63,7 @@ class InferenceStage:
         self._budget = budget
 
     async def run(self, ctx: PipelineContext, tools: ToolRun) -> InferenceResult:
-        """`tools` carries the turn's approver and journal to the tool calls."""
+        """`tools` carries the turn's approver and observer to the tool calls."""
         if self._budget is not None and (refusal := await self._budget.refusal(ctx.identity)):
             return InferenceResult(response_text=refusal)
         scope = current_scope.set(UsageScope(session_key=ctx.session.key, identity=ctx.identity,
@@ -81,7 +81,7 @@ class InferenceStage:
         for _ in range(self._limits.max_iterations):
             started = time.perf_counter()
             reply = await self._model_step(ctx, messages)
-            tools.journal.model_call(reply.model or self._model.name, started, input_tokens=reply.input_tokens,
+            tools.observer.model_call(reply.model or self._model.name, started, input_tokens=reply.input_tokens,
                                      output_tokens=reply.output_tokens, tool_calls=len(reply.tool_calls),
                                      passed_over=reply.passed_over)
             usage.add(reply)
@@ -121,7 +121,7 @@ class InferenceStage:
     async def _call(self, call: ToolCall, tools: ToolRun) -> str:
         started = time.perf_counter()
         output = await self._tools.call(call, tools)
-        tools.journal.tool_call(call.id, call.name, call.arguments, started, output)
+        tools.observer.tool_call(call.id, call.name, call.arguments, started, output)
         return output
 
     def _result(self, text: str, tool_names: list[str], usage: _Usage) -> InferenceResult:

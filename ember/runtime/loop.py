@@ -34,7 +34,7 @@ from ember.bus.base import Bus
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import EmberError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
-from ember.core.journal import TurnJournal
+from ember.core.journal import Observers, TurnJournal, TurnObserver
 from ember.core.leases import SessionLeases
 from ember.core.messages import Message, Role
 from ember.core.tools import ToolRun
@@ -82,10 +82,15 @@ class _Turn:
 
     turn_id: str
     journal: TurnJournal = field(default_factory=TurnJournal)
+    also: TurnObserver | None = None  # another observer of every turn: OpenTelemetry
     resume: bool = False
     ctx: PipelineContext | None = None
     delivered: bool = False
     trace: TurnTrace | None = None
+
+    @property
+    def observer(self) -> TurnObserver:
+        return self.journal if self.also is None else Observers((self.journal, self.also))
 
     def undelivered_answer(self) -> Message | None:
         """The turn's final answer when it was committed but not yet sent."""
@@ -240,19 +245,16 @@ class AgentLoop:
         def open_stream(prefix: str) -> StreamPublisher:
             return StreamPublisher(self._bus, self._deliveries, event, turn.turn_id, prefix=prefix)
 
-        journal = turn.journal
-        started = time.perf_counter()
+        observer = turn.observer
         stream = open_stream if event.stream else None
-        ctx = turn.ctx = await self._pipeline.context.prepare(event, turn.turn_id, stream, resume=turn.resume)
-        journal.stage("context", started)
-        started = time.perf_counter()
-        tools = ToolRun(event.session_key, turn.turn_id, self._approvals.for_turn(event, turn.turn_id), journal,
+        with observer.stage("context"):
+            ctx = turn.ctx = await self._pipeline.context.prepare(event, turn.turn_id, stream, resume=turn.resume)
+        tools = ToolRun(event.session_key, turn.turn_id, self._approvals.for_turn(event, turn.turn_id), observer,
                         ctx.identity)
-        result = await self._pipeline.inference.run(ctx, tools)
-        journal.stage("inference", started)
-        started = time.perf_counter()
-        done = await self._pipeline.response.finalize(ctx, result)
-        journal.stage("response", started)
+        with observer.stage("inference"):
+            result = await self._pipeline.inference.run(ctx, tools)
+        with observer.stage("response"):
+            done = await self._pipeline.response.finalize(ctx, result)
         if not done.outbound_sent:
             await self._publish(event, turn.turn_id, OutboundKind.FINAL, done.response_text,
                                 delivery=done.delivery_id)

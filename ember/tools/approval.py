@@ -6,7 +6,7 @@
     the person behind the channel, and silence past the timeout denies.
 
 "Approve always for this session" lets that tool run unasked for the rest of
-the session. Every verdict goes into the turn's journal: who, what, when.
+the session. Every verdict goes to the turn's observer (its trace): who, what, when.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class ApprovalGate:
         except ToolFailure as exc:  # invalid calls are the model's to fix; nobody is asked about them
             return f"Error: {exc}"
         verdict = await self._verdict(action, run)
-        run.journal.approval(call.id, action.tool, action.subject, verdict.decision.value, verdict.decided_by,
+        run.observer.approval(call.id, action.tool, action.subject, verdict.decision.value, verdict.decided_by,
                              verdict.decided_at, verdict.reason)
         if not verdict.allowed:
             return denial_text(action, verdict)
