@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Collection, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ember.bus.memory import InProcessBus
 from ember.config import CONFIGURE_MODEL_HINT, Settings
@@ -49,6 +50,17 @@ from ember.tools.memory import memory_tools
 from ember.tools.shell import shell_tool
 from ember.tools.web import web_fetch_tool
 from ember.tools.workspace import Workspace
+
+if TYPE_CHECKING:
+    from ember.runtime.telemetry import Telemetry
+
+
+def telemetry(settings: Settings) -> Telemetry | None:
+    if settings.otel_endpoint is None:
+        return None
+    from ember.runtime.telemetry import Telemetry  # the OpenTelemetry SDK is imported only when it is on
+
+    return Telemetry(settings.otel_endpoint, service_name=settings.otel_service_name)
 
 
 def model_specs(settings: Settings) -> dict[str, ModelSpec]:
@@ -143,6 +155,7 @@ class Runtime:
     deliveries: DeliveryWorker
     identities: Identities
     usage: UsageRecorder
+    telemetry: Telemetry | None = None  # OpenTelemetry, when otel_endpoint is set
     model: ModelClient | None = None  # closed with the runtime
     background_model: ModelClient | None = None  # consolidation and reviews, when not `model`; closed too
 
@@ -213,10 +226,12 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     identities = Identities(settings.identities)  # checked before anything is opened
     db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
     await db.open()
+    spans = telemetry(settings)
+    tracer = spans.tracer if spans is not None else None
     usage = UsageRecorder(SqlUsageStore(db), budgets_usd_per_day=settings.budget_usd_per_day)
     prices = {name: spec.price() for name, spec in settings.models.items()}
-    model = MeteredModel(model, prices, usage.record)
-    background = MeteredModel(background_model, prices, usage.record) if background_model else model
+    model = MeteredModel(model, prices, usage.record, tracer)
+    background = MeteredModel(background_model, prices, usage.record, tracer) if background_model else model
     sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
     memory = memory_service(settings, db, embedder)
     await memory.open()
@@ -234,6 +249,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
                       SkillReviewer(sessions, leases, memory), FactReconciler(memory, background)),
         HostLock(settings.home_dir / "locks" / "background-runner"),
         retry=RetryPolicy(max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s),
+        spans=spans,
     )
     persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template)
     limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
@@ -245,9 +261,9 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     )
     deliveries = DeliveryWorker(SqlDeliveryStore(db), bus)
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
-    loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery)
+    loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery, spans)
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
-                   identities, usage, model, background if background_model else None)
+                   identities, usage, spans, model, background if background_model else None)
 
 
 @asynccontextmanager
@@ -262,6 +278,8 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
     async with AsyncExitStack() as stack:
         # Each part is stopped, in reverse, if a later one fails to start.
         stack.push_async_callback(runtime.db.close)
+        if runtime.telemetry is not None:  # last but the store: the spans of everything that stopped
+            stack.callback(runtime.telemetry.shutdown)
         stack.push_async_callback(runtime.memory.close)
         for model in (runtime.model, runtime.background_model):
             if model is not None:

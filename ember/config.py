@@ -108,6 +108,10 @@ class Settings(BaseSettings):
     # "FULL" survives power loss; "NORMAL" survives a process crash only.
     sqlite_synchronous: str = Field(default="FULL", pattern="^(FULL|NORMAL)$")
 
+    # OpenTelemetry traces over OTLP/HTTP (e.g. "http://127.0.0.1:4318"); off when unset.
+    otel_endpoint: str | None = Field(default=None, pattern=r"^https?://")
+    otel_service_name: str = "ember"
+
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(default=8765, ge=0, le=65535)
     # Each entry is one identity: "name=secret", a bare secret, or "name=sha256:<hex>" so

@@ -45,6 +45,7 @@ from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
+from ember.runtime.usage import UsageRecorder
 from ember.skills.review import SkillReviewer
 from ember.store import database, schema
 from ember.store.database import Database
@@ -52,6 +53,7 @@ from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
+from ember.store.usage import SqlUsageStore
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import FunctionTool, ToolRegistry
 from ember.tools.mcp import start_mcp
@@ -138,7 +140,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries,
                      RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s))
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation,
-                   await start_mcp({}), deliveries, identities, model)
+                   await start_mcp({}), deliveries, identities, UsageRecorder(SqlUsageStore(db)), model=model)
 
 
 @asynccontextmanager

@@ -25,3 +25,4 @@ class JobRequest:
     kind: str
     dedupe_key: str
     session_key: str | None = None
+    turn_id: str | None = None  # the turn that queued it

@@ -27,6 +27,17 @@ class TurnObserver(Protocol):
                  reason: str = "") -> None: ...
 
 
+class Spans(Protocol):
+    """Where turns and background jobs are traced beyond Ember's own table (OpenTelemetry)."""
+
+    observer: TurnObserver
+
+    def turn(self, turn_id: str, session_key: str) -> AbstractContextManager[None]: ...
+
+    def job(self, kind: str, job_id: str, session_key: str | None,
+            turn_id: str | None) -> AbstractContextManager[None]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Observers:
     """Several observers as one: each is told everything, in order."""

@@ -184,7 +184,7 @@ class _Answer:
             reasoning_blocks=json.dumps(thinking) if thinking else None,
             input_tokens=self.input_tokens, output_tokens=self.output_tokens,
             cache_read_tokens=self.cache_read_tokens, cache_write_tokens=self.cache_write_tokens,
-            truncated=self.stop_reason in _TRUNCATED)
+            truncated=self.stop_reason in _TRUNCATED, provider="anthropic")
 
 
 class AnthropicModel:

@@ -35,6 +35,7 @@ class ModelReply:
     cache_write_tokens: int = 0
     truncated: bool = False  # cut off at the output limit (or the context window)
     model: str | None = None  # which model of a router's chain answered
+    provider: str | None = None  # "openai", "anthropic": who served it
     passed_over: tuple[str, ...] = ()  # the models a router tried or skipped first, each with why
 
 

@@ -4,36 +4,80 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ember.core.messages import Message
 from ember.core.tools import ToolSpec
 from ember.core.usage import Price, UsageRow, cost_usd, current_scope
 from ember.models.base import ModelClient, ModelEvent, ModelReply
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
 
 class MeteredModel:
     """Passes `inner`'s stream on; at its reply, hands `record` a UsageRow charged to the
-    current scope, priced by the model that answered (a router's reply names it)."""
+    current scope, priced by the model that answered (a router's reply names it). With a
+    `tracer`, each call is also an OpenTelemetry span under the current one."""
 
     def __init__(self, inner: ModelClient, prices: Mapping[str, Price],
-                 record: Callable[[UsageRow], None]) -> None:
+                 record: Callable[[UsageRow], None], tracer: Tracer | None = None) -> None:
         self.inner = inner
         self.name = inner.name
         self._prices = prices
         self._record = record
+        self._tracer = tracer
 
     async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
-        async for event in self.inner.stream(messages, tools):
-            if isinstance(event, ModelReply):
-                self._count(event)
-            yield event
+        span = None
+        if self._tracer is not None:
+            from opentelemetry.trace import SpanKind  # only when traces are on: the import costs a CLI start
 
-    def _count(self, reply: ModelReply) -> None:
+            span = self._tracer.start_span(f"chat {self.name}", kind=SpanKind.CLIENT, attributes={
+                "gen_ai.operation.name": "chat", "gen_ai.request.model": self.name})
+        try:
+            async for event in self.inner.stream(messages, tools):
+                if isinstance(event, ModelReply):
+                    row = self._count(event)
+                    if span is not None:
+                        _describe(span, event, row)
+                yield event
+        except BaseException as exc:
+            if span is not None:
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_attribute("error.type", type(exc).__name__)
+                span.set_status(Status(StatusCode.ERROR))
+            raise
+        finally:
+            if span is not None:
+                span.end()
+
+    def _count(self, reply: ModelReply) -> UsageRow:
         model = reply.model or self.inner.name
         tokens = {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
                   "cache_read_tokens": reply.cache_read_tokens, "cache_write_tokens": reply.cache_write_tokens}
-        self._record(UsageRow(at=time.time(), model=model, scope=current_scope.get(), **tokens,
-                              cost_usd=cost_usd(self._prices.get(model), **tokens)))
+        row = UsageRow(at=time.time(), model=model, scope=current_scope.get(), **tokens,
+                       cost_usd=cost_usd(self._prices.get(model), **tokens))
+        self._record(row)
+        return row
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def _describe(span: Span, reply: ModelReply, row: UsageRow) -> None:
+    attributes: dict[str, str | int | float] = {
+        "gen_ai.response.model": row.model,
+        "gen_ai.usage.input_tokens": reply.input_tokens + reply.cache_read_tokens + reply.cache_write_tokens,
+        "gen_ai.usage.output_tokens": reply.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": reply.cache_read_tokens,
+        "gen_ai.usage.cache_creation.input_tokens": reply.cache_write_tokens,
+    }
+    if reply.provider:
+        attributes["gen_ai.provider.name"] = reply.provider
+    if row.cost_usd is not None:
+        attributes["ember.cost.usd"] = row.cost_usd
+    if reply.passed_over:
+        attributes["ember.model.passed_over"] = len(reply.passed_over)
+    span.set_attributes(attributes)

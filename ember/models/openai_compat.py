@@ -221,6 +221,7 @@ class OpenAICompatibleModel:
             output_tokens=usage.get("completion_tokens") or 0,
             cache_read_tokens=cached,
             truncated=finish == "length",
+            provider="openai",
         )
 
     async def aclose(self) -> None:

@@ -59,18 +59,18 @@ class ResponseStage:
         return ProcessResult(text, outbound_sent=sent, delivery_id=delivery.delivery_id)
 
     def _derived_work(self, ctx: PipelineContext, result: InferenceResult) -> list[JobRequest]:
-        key, jobs = ctx.session.key, []
+        key, turn, jobs = ctx.session.key, ctx.turn_id, []
         if not ctx.session.metadata.get("evaluation"):
             # The question and its answer join the searchable history.
-            jobs.append(JobRequest(JobKind.ARCHIVE, key, key))
+            jobs.append(JobRequest(JobKind.ARCHIVE, key, key, turn))
         if self._memory.recalls_pending:
-            jobs.append(JobRequest(JobKind.MEMORY_UPKEEP, "all"))
+            jobs.append(JobRequest(JobKind.MEMORY_UPKEEP, "all", turn_id=turn))
         # The answer about to be committed counts toward the threshold.
         if should_consolidate(ctx.session.unconsolidated_count + 1, self._policy.consolidation_threshold):
-            jobs.append(JobRequest(JobKind.CONSOLIDATE, key, key))
+            jobs.append(JobRequest(JobKind.CONSOLIDATE, key, key, turn))
         if result.total_tool_calls > 0:
             if result.should_review_skills:
-                jobs.append(JobRequest(JobKind.REVIEW_SKILLS, key, key))
+                jobs.append(JobRequest(JobKind.REVIEW_SKILLS, key, key, turn))
             if result.should_review_memory:
-                jobs.append(JobRequest(JobKind.REVIEW_MEMORY, key, key))
+                jobs.append(JobRequest(JobKind.REVIEW_MEMORY, key, key, turn))
         return jobs

@@ -15,10 +15,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from ember.core.journal import Spans
 from ember.core.usage import UsageScope, current_scope
 from ember.runtime.leases import HostLock
 from ember.runtime.tasks import cancel_task, stop_tasks
@@ -44,8 +46,10 @@ class RetryPolicy:
 
 class BackgroundRunner:
     def __init__(self, jobs: SqlJobStore, handlers: Mapping[str, JobHandler], runner_lock: HostLock, *,
-                 retry: RetryPolicy = RetryPolicy(), concurrency: int = 2, poll_s: float = 5.0) -> None:
+                 retry: RetryPolicy = RetryPolicy(), concurrency: int = 2, poll_s: float = 5.0,
+                 spans: Spans | None = None) -> None:
         self._jobs = jobs
+        self._spans = spans
         self._handlers = dict(handlers)
         self._lock = runner_lock
         self._retry = retry
@@ -149,7 +153,8 @@ class BackgroundRunner:
             handler = self._handlers.get(job.kind)
             if handler is None:
                 raise LookupError(f"no handler for job kind {job.kind!r} in this process")
-            await handler(job)
+            with self._spans.job(job.kind, job.id, job.session_key, job.turn_id) if self._spans else nullcontext():
+                await handler(job)
         except asyncio.CancelledError:
             await self._record(self._jobs.release(job), job)
             raise

@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,7 +35,7 @@ from ember.bus.base import Bus
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import EmberError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
-from ember.core.journal import Observers, TurnJournal, TurnObserver
+from ember.core.journal import Observers, Spans, TurnJournal, TurnObserver
 from ember.core.leases import SessionLeases
 from ember.core.messages import Message, Role
 from ember.core.tools import ToolRun
@@ -113,8 +114,9 @@ def error_text(exc: BaseException, turn_id: str) -> str:
 class AgentLoop:
     def __init__(self, bus: Bus, leases: SessionLeases, sessions: SessionStore, pipeline: Pipeline,
                  traces: SqlTraceStore, approvals: ApprovalBroker, deliveries: DeliveryWorker,
-                 recovery: RecoveryPolicy) -> None:
+                 recovery: RecoveryPolicy, spans: Spans | None = None) -> None:
         self._bus = bus
+        self._spans = spans
         self._leases = leases
         self._sessions = sessions
         self._pipeline = pipeline
@@ -161,13 +163,14 @@ class AgentLoop:
         fresh = event.message_id is None and not event.recovery
         if event.message_id is None:
             event = dataclasses.replace(event, message_id=uuid.uuid4().hex)
-        turn = _Turn(turn_id=uuid.uuid4().hex)
+        turn = _Turn(turn_id=uuid.uuid4().hex, also=self._spans.observer if self._spans else None)
         try:
             async with self._leases.hold(event.session_key):
                 if not fresh and await self._already_handled(event, turn):
                     return
                 turn.trace = TurnTrace(turn_id=turn.turn_id, session_key=event.session_key, started_at=time.time())
-                await self._run_turn(event, turn)
+                with self._spans.turn(turn.turn_id, event.session_key) if self._spans else nullcontext():
+                    await self._run_turn(event, turn)
             turn.trace.status = "ok"
         except asyncio.CancelledError:
             if turn.trace is not None:

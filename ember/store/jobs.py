@@ -28,10 +28,10 @@ SUPERSEDED = "superseded"
 _j = schema.jobs
 _ENQUEUE = compiled(sqlite_insert(_j).on_conflict_do_nothing(index_elements=["kind", "dedupe_key"],
                                                               index_where=_j.c.status == PENDING))
-_DUE = compiled(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts)
+_DUE = compiled(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts, _j.c.turn_id)
                 .where(_j.c.status == PENDING, _j.c.next_run_at <= bindparam("now"))
                 .order_by(_j.c.next_run_at).limit(bindparam("limit")))
-_RUNNING = compiled(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts)
+_RUNNING = compiled(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts, _j.c.turn_id)
                     .where(_j.c.status == RUNNING))
 _CLAIM = compiled(update(_j).where(_j.c.id == bindparam("job_id"), _j.c.status == PENDING)
                   .values(status=RUNNING, updated_at=bindparam("now")))
@@ -52,6 +52,7 @@ class Job:
     dedupe_key: str
     session_key: str | None
     attempts: int
+    turn_id: str | None = None
 
 
 class SqlJobStore:
@@ -114,7 +115,7 @@ def record_job(conn: sqlite3.Connection, request: JobRequest, now: float) -> boo
     """Queue `request` inside the caller's transaction; False when an equal job is already pending."""
     row = {"id": uuid.uuid4().hex, "kind": request.kind, "dedupe_key": request.dedupe_key,
            "session_key": request.session_key, "status": PENDING, "attempts": 0, "next_run_at": now,
-           "last_error": None, "created_at": now, "updated_at": now}
+           "last_error": None, "created_at": now, "updated_at": now, "turn_id": request.turn_id}
     return conn.execute(_ENQUEUE, row).rowcount == 1
 
 

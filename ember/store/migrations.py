@@ -250,6 +250,10 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         "CREATE INDEX model_usage_by_time ON model_usage (at)",
         "CREATE INDEX model_usage_by_identity ON model_usage (identity, at)",
     ),
+    (
+        # The turn whose commit queued a job: its trace links to that turn's.
+        "ALTER TABLE jobs ADD COLUMN turn_id TEXT",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -54,6 +54,7 @@ jobs = Table(
     Column("last_error", Text),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("turn_id", Text),
 )
 
 traces = Table(

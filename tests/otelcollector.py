@@ -1,0 +1,98 @@
+"""An OTLP/HTTP trace collector of the tests' own, on 127.0.0.1: it takes what the
+official exporter posts to /v1/traces (protobuf ExportTraceServiceRequest), answers as
+a collector does, and keeps every span with its ids, parent, links, attributes and events."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tests.modelserver import wait_until
+
+
+def _value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
+
+
+@dataclass(slots=True)
+class Span:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    attributes: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    links: list[tuple[str, str]] = field(default_factory=list)  # (trace id, span id)
+    service: str = ""
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+        self.requests = 0
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        app = Starlette(routes=[Route("/v1/traces", self._traces, methods=["POST"])])
+        self._server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self._socket.getsockname()
+        return f"http://{host}:{port}"
+
+    def named(self, name: str) -> list[Span]:
+        return [span for span in self.spans if span.name == name]
+
+    async def _traces(self, request: Request) -> Response:
+        if request.headers.get("content-type") != "application/x-protobuf":
+            return Response("protobuf only", status_code=415)
+        export = ExportTraceServiceRequest.FromString(await request.body())
+        self.requests += 1
+        for resource_spans in export.resource_spans:
+            resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    self.spans.append(Span(
+                        name=span.name, trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
+                        parent_span_id=span.parent_span_id.hex(),
+                        attributes={a.key: _value(a.value) for a in span.attributes},
+                        events=[(e.name, {a.key: _value(a.value) for a in e.attributes}) for e in span.events],
+                        links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
+                        service=str(resource.get("service.name", ""))))
+        return Response(ExportTraceServiceResponse().SerializeToString(), media_type="application/x-protobuf")
+
+    def start(self) -> None:
+        self._thread.start()
+        wait_until(lambda: self._server.started, timeout_s=10, what="the collector")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()
+
+
+@contextmanager
+def collecting() -> Iterator[Collector]:
+    collector = Collector()
+    collector.start()
+    try:
+        yield collector
+    finally:
+        collector.stop()
