@@ -110,6 +110,7 @@ from ember.core.memory import MemoryKind, MemoryStatus, NewMemory, SourceRank
 from ember.core.messages import Message
 from ember.memory.retrieval import fuse
 from ember.memory.service import CANDIDATES, LEXICAL_DEPTH, MemoryService, RecallBudget
+from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
 from ember.memory.vectors import DenseScores, VectorIndex
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
@@ -137,7 +138,8 @@ WARMUP = 5
 BLOCK = 10  # turns per target before the commit round-robin moves on
 SEED = 20261201
 DAY_S = 86_400.0
-MODES = ("lexical", "vector", "fused", "other")
+MODES = ("lexical", "vector", "fused", "exact", "other")
+EXACT = 10**12  # an index_min_rows never reached: FTS5 and a scan of every vector
 
 QUESTION = "Could you look into this for me and tell me what you find? " * 2
 ANSWER = "Here is the final answer to your question, in a couple of plain sentences. " * 3
@@ -399,6 +401,8 @@ class Level:
     rss_trimmed: int | None = None  # the growth once freed heap is handed back
     rss_peak: int | None = None
     cold_s: float = 0.0  # the first vector search: loads the matrix
+    build_s: tuple[float, float] = (0.0, 0.0)  # the derived text index's build, the nearest-vector index's
+    agreement: list[float] = field(default_factory=list)  # per query: share of the exact top hits fused finds
     queries_per_run: int = 0
     timings: dict[str, Samples] = field(default_factory=dict)
     cpu: dict[str, list[float]] = field(default_factory=dict)  # process CPU seconds per query, all threads
@@ -533,7 +537,26 @@ class Searchers:
         self.embedder = RandomEmbedder()
         self.lexical_service = MemoryService(store, None)
         self.fused_service = memory_service(Settings(home=home), bench.db, self.embedder)
-        self.index: VectorIndex | None = VectorIndex(store, MODEL, DIM)  # the vector half on its own
+        # Below the derived indexes' threshold (and until they are built): FTS5 and every vector scored.
+        self.exact_service = MemoryService(store, self.embedder, index_min_rows=EXACT)
+        self.text = TextIndex(store)
+        self.index: VectorIndex | None = VectorIndex(store, MODEL, DIM, ann_min_rows=INDEX_MIN_ROWS)
+
+    async def prepare(self) -> tuple[float, float]:
+        """Build every derived index of PERSON; the seconds the text index and the vector index took."""
+        assert self.index is not None
+        _, text_s = await timed(self.text.prepare(PERSON))
+        _, vectors_s = await timed(self.index.prepare(PERSON))
+        await self.fused_service.prepare(PERSON)
+        await self.lexical_service.prepare(PERSON)
+        return text_s, vectors_s
+
+    async def close(self) -> None:
+        for service in (self.lexical_service, self.fused_service, self.exact_service):
+            await service.close()
+        await self.text.close()
+        if self.index is not None:
+            await self.index.close()
 
     async def lexical(self, identity: str, query: str) -> list[tuple[str, str]]:
         hits = await self.lexical_service.search(identity, query, limit=SEARCH_LIMIT)
@@ -553,6 +576,10 @@ class Searchers:
 
     async def fused(self, identity: str, query: str) -> list[tuple[str, str]]:
         hits = await self.fused_service.search(identity, query, limit=SEARCH_LIMIT)
+        return [(hit.record.identity, hit.record.id) for hit in hits]
+
+    async def exact(self, identity: str, query: str) -> list[tuple[str, str]]:
+        hits = await self.exact_service.search(identity, query, limit=SEARCH_LIMIT)
         return [(hit.record.identity, hit.record.id) for hit in hits]
 
     def mode(self, name: str) -> Callable[[str], Awaitable[list[tuple[str, str]]]]:
@@ -609,6 +636,7 @@ async def search_bench(searchers: Searchers, level: Level, queries: list[str], r
     level.timings = {mode: Samples() for mode in MODES}
     level.cpu = {mode: [] for mode in MODES}
     hits = {mode: 0 for mode in MODES}
+    found: dict[str, list[tuple[str, str]]] = {}
     owner = {mode: OTHER if mode == "other" else PERSON for mode in MODES}
     order = list(MODES)
     for run in range(runs):
@@ -619,12 +647,14 @@ async def search_bench(searchers: Searchers, level: Level, queries: list[str], r
             rotated = order[i % len(order):] + order[:i % len(order)]  # each mode first in turn
             for mode in rotated:
                 cpu = time.process_time()
-                found, seconds = await timed(searchers.mode(mode)(query))
+                found[mode], seconds = await timed(searchers.mode(mode)(query))
                 level.cpu[mode].append(time.process_time() - cpu)
                 level.timings[mode].runs[-1].append(seconds)
-                hits[mode] += len(found)
-                if any(identity != owner[mode] for identity, _ in found):
+                hits[mode] += len(found[mode])
+                if any(identity != owner[mode] for identity, _ in found[mode]):
                     level.violations.append(f"{mode}: a hit of another identity for {query!r}")
+            if found["exact"]:
+                level.agreement.append(len(set(found["fused"]) & set(found["exact"])) / len(found["exact"]))
     asked = runs * level.queries_per_run
     level.hits = {mode: hits[mode] / asked for mode in MODES}
 
@@ -639,13 +669,17 @@ class Profile:
     matches: list[int]  # FTS5 matches of each query's expression (the person's)
     terms: list[int]
     total: list[float]
+    text_agreement: list[float]  # per query: share of FTS5's top 50 the text index also has in its top 50
+    near_recall: list[float]  # per random query: share of the exact 50 nearest own vectors proposed
+    near_found: list[bool]  # per query near one memory's vector: was that memory proposed?
     references: dict[str, list[float]]
     fetch_plan: str
 
 
 async def profile_search(bench: MemoryBench, searchers: Searchers, queries: list[str]) -> Profile:
     store, db = bench.store, bench.db
-    searchers.index = None  # the vector mode's matrices: room for this copy
+    derived_text, derived_vectors = searchers.text, searchers.index
+    searchers.index = None
     gc.collect()
     # The person's two matrices as VectorIndex holds them (own vectors; window vectors, or own again).
     rows = await store.vectors_after(PERSON, MODEL, 0)
@@ -657,9 +691,14 @@ async def profile_search(bench: MemoryBench, searchers: Searchers, queries: list
     parts: dict[str, list[float]] = {name: [] for name in (
         "FTS5 query (store.lexical)", "vector count check (store.vector_state)", "embedding thread hop",
         "2 matvecs, own + window (numpy)", "fusion over all n (fuse)",
-        "record fetch (store.by_nums)", "empty read hop (db.run_read)")}
+        "record fetch (store.by_nums)", "empty read hop (db.run_read)",
+        "text index query (TextIndex.lexical)", "nearest rows, scored (VectorIndex.scores)",
+        "fusion over those (fuse)")}
     names = list(parts)
-    matches, terms, total = [], [], []
+    matches, terms, total, text_agreement = [], [], [], []
+    near_recall: list[float] = []
+    near_found: list[bool] = []
+    rng = np.random.default_rng(SEED)
     references: dict[str, list[float]] = {}  # the record fetch's statement on a raw connection, two ways
     with closing(sqlite3.connect(f"file:{bench.path}?mode=ro", uri=True)) as raw:
         for query in queries:
@@ -695,11 +734,31 @@ async def profile_search(bench: MemoryBench, searchers: Searchers, queries: list
                 references.setdefault(label, []).append(time.perf_counter() - started)
             _, seconds = await timed(db.run_read(lambda conn: None))
             parts[names[6]].append(seconds)
+            found, seconds = await timed(derived_text.lexical(PERSON, query_terms(query), LEXICAL_DEPTH))
+            parts[names[7]].append(seconds)
+            if derived_vectors is not None:
+                near, seconds = await timed(derived_vectors.scores(PERSON, q, also=[n for n, _ in found or lexical]))
+                parts[names[8]].append(seconds)
+                started = time.perf_counter()
+                fuse(found or lexical, near, DEPTH)
+                parts[names[9]].append(time.perf_counter() - started)
+                assert near is not None
+                nearest = set(nums[np.argpartition(-own_scores, 50)[:50]].tolist())
+                near_recall.append(len(nearest & set(near.nums.tolist())) / 50)
+                # A question about something said sits near its memory: cosine about 0.8 here.
+                target = int(rng.integers(len(own)))
+                asked = own[target] + 0.75 * rng.standard_normal(DIM).astype(np.float32) / DIM ** 0.5
+                proposed = await derived_vectors.scores(PERSON, (asked / np.linalg.norm(asked)).astype(np.float32))
+                near_found.append(proposed is not None and int(nums[target]) in proposed.rows)
+            if found is not None:
+                top = {num for num, _ in lexical[:50]}
+                text_agreement.append(len(top & {num for num, _ in found[:50]}) / max(1, len(top)))
             _, seconds = await timed(searchers.fused(PERSON, query))
             total.append(seconds)
         plan = raw.execute(f"EXPLAIN QUERY PLAN SELECT * FROM memory_items WHERE identity = ? AND num IN"
                            f" ({','.join('?' * DEPTH)})", (PERSON, *range(DEPTH))).fetchall()
-    return Profile(bench.count, parts, matches, terms, total, references, "; ".join(row[-1] for row in plan))
+    return Profile(bench.count, parts, matches, terms, total, text_agreement, near_recall, near_found, references,
+                   "; ".join(row[-1] for row in plan))
 
 
 # --- a turn's commit cost, with and without memories ---------------------------------------------------
@@ -834,14 +893,25 @@ def report_level(level: Level) -> None:
     print(f"  vectors RAM : RSS +{mib(level.rss_growth)}{trimmed} for one VectorIndex's two matrices"
           f" (own + window: 2 x n x {DIM} x 4 = {mib(expected)}){peak}; the cold first search (loads them)"
           f" {level.cold_s * 1e3:,.0f} ms")
+    derived = n >= INDEX_MIN_ROWS
+    if derived:
+        print(f"  indexes     : from {INDEX_MIN_ROWS:,} memories a person's text and vectors get derived indexes"
+              f" (tantivy; faiss IVF), built in the background: the text index here in {level.build_s[0]:.1f} s,"
+              f" the nearest-vector one {level.build_s[1]:.1f} s after it (its build starts with the first"
+              " search); FTS5 and a scan of every vector answer meanwhile, as `exact` below")
     runs = len(level.timings["fused"].runs)
+    scored = "the nearest vectors proposed by the index scored" if derived else "every vector scored"
     print(f"  search      : {runs} runs x {level.queries_per_run} queries per mode, limit {SEARCH_LIMIT} (a turn's"
-          f" recall), {LEXICAL_DEPTH} text matches read, every vector scored, {DEPTH} candidates fetched; ms")
+          f" recall), {LEXICAL_DEPTH} text matches read, {scored}, {DEPTH} candidates fetched; ms")
     print(f"    {'mode':<8} {'median':>8} {'p95':>8} {'max':>8}  {'CPU med':>8} {'CPU p95':>8}  {'hits/q':>6}")
     for mode in MODES:
         timing, cpu = level.timings[mode], level.cpu[mode]
         print(f"    {mode:<8} {ms(timing.median)} {ms(timing.p95)} {ms(max(timing.flat))}"
               f"  {ms(statistics.median(cpu))} {ms(quantile(cpu, 0.95))}  {level.hits[mode]:6.1f}")
+    if derived and level.agreement:
+        print(f"    fused finds {statistics.mean(level.agreement):.1%} of exact's top {SEARCH_LIMIT} (mean over"
+              f" {len(level.agreement)} queries; worst query {min(level.agreement):.0%}); with random query vectors the"
+              " dense half's top is noise, which the IVF index samples: see the profile for each index's own recall")
     fused = level.timings["fused"].p95
     where = "target" if n == TARGET_SIZE else "target is at 100,000; shown for scale"
     print(f"    fused p95 {fused * 1e3:.1f} ms vs < {TARGET_P95_S * 1e3:.0f} ms ({where}):"
@@ -877,6 +947,13 @@ def report_profile(profile: Profile, level: Level) -> None:
         print(f"  ** at {profile.n:,} memories the fused search misses the {TARGET_P95_S * 1e3:.0f} ms p95 target"
               f" ({fused * 1e3:.1f} ms): every part here is a pass over the identity's rows (brute force),"
               f" so each grows with n; medians, ms: {grown} **")
+    if profile.text_agreement:
+        print(f"  the text index's top 50 holds {statistics.mean(profile.text_agreement):.1%} of FTS5's top 50"
+              " (mean over the queries): tantivy sums a BM25 per column and stems with Snowball")
+    if profile.near_found:
+        print(f"  nearest-vector index: for a query near one memory's vector (cosine 0.8), that memory is proposed"
+              f" {statistics.mean(profile.near_found):.1%} of the time; for the random queries, the exact 50"
+              f" nearest (noise: random vectors have no true neighbours) {statistics.mean(profile.near_recall):.1%}")
     print(f"  the record fetch's statement on a raw sqlite3 connection (no thread hop); its plan: {profile.fetch_plan}")
     for label, values in profile.references.items():
         print(f"    {label:<42} {ms(statistics.median(values))} {ms(quantile(values, 0.95))}")
@@ -945,7 +1022,8 @@ def room_for(n: int, directory: Path, have: int) -> str:
     if disk < need_disk:
         return f"needs ~{mib(need_disk)} of disk, {mib(disk)} free in {directory}"
     ram = available_memory()
-    need_ram = int(n * DIM * 4 * 9)  # 2 x 2 loaded matrices, the load's peak, the profile's copy
+    # Three services' two matrices each, the load's peak, the profile's copy, the IVF codes, tantivy.
+    need_ram = int(n * DIM * 4 * 13)
     if ram is not None and ram < need_ram:
         return f"needs ~{mib(need_ram)} of RAM, {mib(ram)} available"
     return ""
@@ -1001,6 +1079,7 @@ async def main() -> int:
                     bench.backup(full)
                 searchers = Searchers(bench, directory / "home")
                 await load_matrix(searchers, level)
+                level.build_s = await searchers.prepare()
                 await needle_checks(searchers, bench, level)
                 await search_bench(searchers, level, queries[WARMUP:], args.runs, args.queries, args.level_budget)
                 report_level(level)
@@ -1010,6 +1089,7 @@ async def main() -> int:
                     count = int(args.level_budget / (2.5 * level.timings["fused"].median))
                     count = max(20, min(200, count))
                     report_profile(await profile_search(bench, searchers, queries[WARMUP:WARMUP + count]), level)
+                await searchers.close()
                 del searchers
                 gc.collect()
         finally:
