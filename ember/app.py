@@ -44,6 +44,7 @@ from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import ToolRegistry, Toolset
+from ember.tools.explain import ApprovalExplainer
 from ember.tools.files import file_tools
 from ember.tools.mcp import McpHub, start_mcp
 from ember.tools.memory import memory_tools
@@ -116,6 +117,12 @@ def configured_model(settings: Settings, role: ModelRole = "main") -> ModelClien
     return ModelRouter(role, [Route(name, endpoints[name], settings.models[name].context_window) for name in chain])
 
 
+def configured_approval_model(settings: Settings, main: ModelClient) -> ModelClient:
+    """The model that explains approval requests: the approval role's chain when `[models]` names
+    one, else `main`."""
+    return configured_model(settings, "approval") if settings.models else main
+
+
 def configured_background_model(settings: Settings) -> ModelClient | None:
     """The background role's own model when `[models]` names a chain for it; None: the main model does it."""
     return configured_model(settings, "background") if settings.models else None
@@ -158,6 +165,7 @@ class Runtime:
     telemetry: Telemetry | None = None  # OpenTelemetry, when otel_endpoint is set
     model: ModelClient | None = None  # closed with the runtime
     background_model: ModelClient | None = None  # consolidation and reviews, when not `model`; closed too
+    approval_model: ModelClient | None = None  # the explanations of approval requests, when not `model`; closed too
 
 
 def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidation: ConsolidationWorker,
@@ -218,10 +226,12 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
 
 
 async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
-                        embedder: Embedder | None = None, background_model: ModelClient | None = None) -> Runtime:
+                        embedder: Embedder | None = None, background_model: ModelClient | None = None,
+                        approval_model: ModelClient | None = None) -> Runtime:
     """`tools` replaces the built-in tools (tests); `embedder` the configured one;
-    `background_model` does the background work (default: `model`). Every model call
-    is counted (and priced, from `[models]`) in `Runtime.usage`."""
+    `background_model` does the background work (default: `model`); `approval_model`
+    explains approval requests (None: they go out unexplained). Every model call is
+    counted (and priced, from `[models]`) in `Runtime.usage`."""
     settings.home_dir.mkdir(parents=True, exist_ok=True)
     identities = Identities(settings.identities)  # checked before anything is opened
     db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
@@ -232,12 +242,17 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     prices = {name: spec.price() for name, spec in settings.models.items()}
     model = MeteredModel(model, prices, usage.record, tracer)
     background = MeteredModel(background_model, prices, usage.record, tracer) if background_model else model
+    explainer = None
+    if approval_model is not None:
+        metered = model if approval_model is model.inner else MeteredModel(approval_model, prices, usage.record,
+                                                                           tracer)
+        explainer = ApprovalExplainer(metered, settings.approval_explain_timeout_s)
     sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
     memory = memory_service(settings, db, embedder)
     await memory.open()
     leases = LocalLeases(settings.home_dir / "locks" / "sessions")
     bus = InProcessBus()
-    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s)
+    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, explainer)
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
     gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory), settings.tool_policy)
@@ -263,7 +278,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery, spans)
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
-                   identities, usage, spans, model, background if background_model else None)
+                   identities, usage, spans, model, background if background_model else None,
+                   explainer.model if explainer is not None and approval_model is not model.inner else None)
 
 
 @asynccontextmanager
@@ -281,7 +297,7 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
         if runtime.telemetry is not None:  # last but the store: the spans of everything that stopped
             stack.callback(runtime.telemetry.shutdown)
         stack.push_async_callback(runtime.memory.close)
-        for model in (runtime.model, runtime.background_model):
+        for model in (runtime.model, runtime.background_model, runtime.approval_model):
             if model is not None:
                 stack.push_async_callback(model.aclose)
         stack.push_async_callback(runtime.mcp.close)

@@ -11,7 +11,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.app import build_runtime, configured_background_model, configured_model, open_database, running
+from ember.app import (
+    build_runtime,
+    configured_approval_model,
+    configured_background_model,
+    configured_model,
+    open_database,
+    running,
+)
 from ember.channels.cli import CHANNEL, CliChannel
 from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
 from ember.config import CONFIGURE_MODEL_HINT, Settings
@@ -38,8 +45,10 @@ SessionOption = Annotated[str, typer.Option("--session", "-s", help="Session nam
 async def _chat(settings: Settings, model: ModelClient, session: str, message: str | None, *,
                 demo: bool = False) -> int:
     # The demo model does the background work too; a configured chain may name its own for it.
-    background = None if demo or not settings.model_configured else configured_background_model(settings)
-    runtime = await build_runtime(settings, model, background_model=background)
+    configured = not demo and settings.model_configured
+    background = configured_background_model(settings) if configured else None
+    approval = configured_approval_model(settings, model) if configured else None
+    runtime = await build_runtime(settings, model, background_model=background, approval_model=approval)
     async with running(runtime):
         channel = CliChannel(runtime.bus, runtime.approvals, out, err, chat_id=session)
         if message is not None:

@@ -70,6 +70,8 @@ class Settings(BaseSettings):
     models: dict[str, ModelSpec] = Field(default_factory=dict)
     model_roles: dict[ModelRole, list[str]] = Field(default_factory=dict)
 
+    # How long the approval model may take to explain a request before it goes out without.
+    approval_explain_timeout_s: float = Field(default=10.0, gt=0)
     # USD a day (UTC) each identity's turns may spend on priced models; past it, a turn is refused.
     budget_usd_per_day: dict[str, float] = Field(default_factory=dict)
 

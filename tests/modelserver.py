@@ -35,7 +35,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ember.tools.explain import EXPLAIN_INSTRUCTION
+
 MODEL = "test-model"
+CANNED_EXPLANATION = json.dumps({"explanation": "It does what the request says, in the workspace.",
+                                 "risk": "medium", "reason": "changes a file"})
 # Small enough that tags and words are cut across chunks, as real streams do.
 CHUNK_CHARS = 4
 ARGUMENT_FRAGMENTS = 3
@@ -159,6 +163,9 @@ class ModelServer:
         self.chunks_sent = 0
         # Answers requests when no scripted reply is queued (for many concurrent clients).
         self.responder: Callable[[dict[str, Any]], Reply] | None = None
+        # Answers the approval model's requests, kept out of `requests` and the script (None: scripted too).
+        self.explainer: Callable[[dict[str, Any]], Reply] | None = lambda body: Reply(text=CANNED_EXPLANATION)
+        self.explained: list[dict[str, Any]] = []
         self._script: deque[Reply] = deque()
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.bind(("127.0.0.1", 0))
@@ -193,6 +200,13 @@ class ModelServer:
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
+        messages = body.get("messages") or [{}]
+        if self.explainer is not None and EXPLAIN_INSTRUCTION in str(messages[0].get("content")):
+            # An approval request being explained (tools/explain.py): answered apart from the script.
+            self.explained.append(body)
+            reply = self.explainer(body)
+            chunks = stream_chunks(reply, body, len(self.explained))
+            return StreamingResponse(self._events(chunks, reply), media_type="text/event-stream")
         self.requests.append(body)
         number = len(self.requests)
         if not self._script and self.responder is not None:

@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
+from ember.app import build_runtime
 from ember.bus.memory import InProcessBus
 from ember.config import Settings
 from ember.core.events import InboundEvent, OutboundKind
-from ember.core.messages import ToolCall
+from ember.core.messages import Message, ToolCall
 from ember.core.tools import Decision, Risk, ToolAction
 from ember.models.base import ModelReply
-from ember.models.scripted import ScriptedModel
+from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.runtime.approvals import ApprovalBroker, Resolution
 from ember.tools.approval import ApprovalGate, Rule, ToolPolicy
 from ember.tools.base import FunctionTool, ToolRegistry
-from tests.conftest import FixedApprover, session_key, tool_run
+from ember.tools.explain import ApprovalExplainer
+from tests.conftest import FixedApprover, running_harness, session_key, tool_run
 
 
 class Note(BaseModel):
@@ -189,3 +192,80 @@ async def test_a_denied_call_is_told_to_the_model_and_traced(start, settings: Se
     assert "not permitted" in stored[0].content and "nobody answered" in stored[0].content
     approval = traces[0].detail["approvals"][0]
     assert (approval["tool"], approval["decision"], approval["decided_by"]) == ("write_note", "deny", "timeout")
+
+
+def explainer_model(reply: str | Exception, *, delay_s: float = 0.0) -> FunctionModel:
+    def explain(messages: list[Message], tools: object) -> ModelReply:
+        if isinstance(reply, Exception):
+            raise reply
+        return ModelReply(text=reply)
+
+    return FunctionModel(explain, name="approval-model", delta_delay_s=delay_s)
+
+
+EXPLAINED = json.dumps({"explanation": "It writes the note 'rm -rf ~' to your notebook; nothing runs.",
+                        "risk": "low", "reason": "a note, not a command"})
+
+
+async def test_an_approval_request_carries_the_approval_models_explanation_of_the_full_call() -> None:
+    bus = InProcessBus()
+    model = explainer_model(f"Here you go:\n```json\n{EXPLAINED}\n```")
+    broker = ApprovalBroker(bus, timeout_s=10, explainer=ApprovalExplainer(model, timeout_s=5))
+    full = action("write_note", Risk.WRITE, "rm -rf ~")
+    asking = asyncio.create_task(broker.ask(event(), "turn-1", replace(full, arguments='{"text": "rm -rf ~"}')))
+    request = await asyncio.wait_for(bus.next_outbound("test"), 5)
+    assert request.approval is not None and request.approval.explanation is not None
+    assert request.approval.explanation.risk == "low"
+    assert "nothing runs" in request.text and "Risk: low (a note, not a command)" in request.text
+    assert json.loads(model.requests[0][-1].content)["arguments"] == '{"text": "rm -rf ~"}'  # the whole call
+    broker.resolve(request.approval.id, Decision.DENY, by="u", scope="test:c1")
+    verdict = await asking
+    assert not verdict.allowed and verdict.explanation == request.approval.explanation  # the person decided
+
+
+@pytest.mark.parametrize("model", [
+    explainer_model(ConnectionError("the approval model is down")),
+    explainer_model("I think it is fine."),  # no structure
+    explainer_model(json.dumps({"explanation": "x", "risk": "catastrophic", "reason": "?"})),
+    explainer_model(EXPLAINED, delay_s=0.5),  # slower than its timeout
+], ids=["down", "prose", "bad-rating", "slow"])
+async def test_without_a_usable_explanation_the_request_still_goes_out_unexplained(model: FunctionModel) -> None:
+    bus = InProcessBus()
+    broker = ApprovalBroker(bus, timeout_s=10, explainer=ApprovalExplainer(model, timeout_s=0.3))
+    asking = asyncio.create_task(broker.ask(event(), "turn-1", action("write_note", Risk.WRITE, "x")))
+    request = await asyncio.wait_for(bus.next_outbound("test"), 5)
+    assert request.approval is not None and request.approval.explanation is None
+    assert request.text == "Allow Ember to write_note x? (write)"
+    broker.resolve(request.approval.id, Decision.APPROVE_ONCE, by="u", scope="test:c1")
+    assert (await asking).allowed
+
+
+async def test_an_explanation_never_shows_a_secret_from_the_arguments() -> None:
+    bus = InProcessBus()
+    leaky = json.dumps({"explanation": "It sends the key sk-live-0123456789abcdefghij to the server.",
+                        "risk": "high", "reason": "token=sk-live-0123456789abcdefghij leaves the machine"})
+    broker = ApprovalBroker(bus, timeout_s=0.2, explainer=ApprovalExplainer(explainer_model(leaky), 5))
+    verdict = await broker.ask(event(), "turn-1", action("web_fetch", Risk.NETWORK, "https://example.com"))
+    request = await bus.next_outbound("test")
+    assert verdict.explanation is not None and verdict.explanation.risk == "high"
+    assert "sk-live-0123456789" not in request.text and "sk-live-0123456789" not in verdict.explanation.line()
+
+
+async def test_an_explained_request_is_recorded_in_the_trace(start, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    written: list[str] = []
+    model = ScriptedModel([ModelReply(tool_calls=(note_call("buy milk"),)), ModelReply(text="Noted.")])
+    config = settings.model_copy(update={"tool_policy": ToolPolicy(timeout_s=5)})
+    runtime = await build_runtime(config, model, tools=notebook(written), approval_model=explainer_model(EXPLAINED))
+    async with running_harness(runtime) as h:
+        await h.publish("note this", stream=True, can_approve=True)
+        while not (requests := h.chats["c1"].of(OutboundKind.APPROVAL_REQUEST)):
+            await asyncio.sleep(0.01)
+        asked = requests[0]
+        assert asked.approval is not None and asked.approval.explanation is not None
+        h.runtime.approvals.resolve(asked.approval.id, Decision.APPROVE_ONCE, by="tester", scope="test:c1")
+        final = await h.next_closing()
+        while not (traces := await h.runtime.traces.for_session(session_key())):
+            await asyncio.sleep(0.01)
+    assert final.text == "Noted." and written == ["buy milk"]
+    recorded = traces[0].detail["approvals"][0]
+    assert recorded["decision"] == "approve_once" and "nothing runs" in recorded["explanation"]

@@ -24,7 +24,7 @@ class TurnObserver(Protocol):
     def tool_call(self, call_id: str, name: str, arguments: str, started: float, result: str) -> None: ...
 
     def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
-                 reason: str = "") -> None: ...
+                 reason: str = "", *, explanation: str | None = None) -> None: ...
 
 
 class Spans(Protocol):
@@ -62,9 +62,10 @@ class Observers:
             observer.tool_call(call_id, name, arguments, started, result)
 
     def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
-                 reason: str = "") -> None:
+                 reason: str = "", *, explanation: str | None = None) -> None:
         for observer in self.observers:
-            observer.approval(call_id, tool, subject, decision, decided_by, decided_at, reason)
+            observer.approval(call_id, tool, subject, decision, decided_by, decided_at, reason,
+                              explanation=explanation)
 
 
 def _arguments(raw: str) -> Any:
@@ -109,9 +110,12 @@ class TurnJournal:
                                 "error": result.startswith("Error:")})
 
     def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
-                 reason: str = "") -> None:
-        self.approvals.append({"call_id": call_id, "tool": tool, "subject": redact(subject), "decision": decision,
-                               "decided_by": decided_by, "decided_at": decided_at, "reason": reason})
+                 reason: str = "", *, explanation: str | None = None) -> None:
+        entry = {"call_id": call_id, "tool": tool, "subject": redact(subject), "decision": decision,
+                 "decided_by": decided_by, "decided_at": decided_at, "reason": reason}
+        if explanation:
+            entry["explanation"] = redact(explanation)
+        self.approvals.append(entry)
 
     def as_dict(self) -> dict[str, Any]:
         return {"stages": self.stages, "model_calls": self.model_calls, "tool_calls": self.tool_calls,

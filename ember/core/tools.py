@@ -35,12 +35,25 @@ class ToolAction:
     risk: Risk
     subject: str
     summary: str
+    arguments: str = ""  # the call's whole arguments (JSON), for the approval model to read
 
 
 class Decision(enum.StrEnum):
     APPROVE_ONCE = "approve_once"
     APPROVE_SESSION = "approve_session"
     DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """The approval model's reading of a call: what it does in plain words, and how risky it is."""
+
+    text: str
+    risk: str  # low | medium | high
+    reason: str
+
+    def line(self) -> str:
+        return f"{self.text} Risk: {self.risk} ({self.reason})."
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +64,7 @@ class Verdict:
     decided_by: str  # "policy", "session-grant", "timeout", "channel", or "user:<identity>"
     decided_at: float
     reason: str = ""
+    explanation: Explanation | None = None  # what the person was shown beside the request
 
     @property
     def allowed(self) -> bool:
@@ -64,6 +78,7 @@ class ApprovalRequest:
     turn_id: str
     action: ToolAction
     timeout_s: float
+    explanation: Explanation | None = None
 
 
 class Approver(Protocol):

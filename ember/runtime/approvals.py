@@ -12,11 +12,12 @@ import asyncio
 import enum
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ember.bus.base import Bus
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tools import ApprovalRequest, Decision, ToolAction, Verdict
+from ember.tools.explain import ApprovalExplainer
 
 
 class Resolution(enum.Enum):
@@ -32,9 +33,10 @@ class _Pending:
 
 
 class ApprovalBroker:
-    def __init__(self, bus: Bus, timeout_s: float) -> None:
+    def __init__(self, bus: Bus, timeout_s: float, explainer: ApprovalExplainer | None = None) -> None:
         self._bus = bus
         self._timeout_s = timeout_s
+        self._explainer = explainer
         self._pending: dict[str, _Pending] = {}
 
     def for_turn(self, event: InboundEvent, turn_id: str) -> TurnApprover:
@@ -58,21 +60,23 @@ class ApprovalBroker:
         if not event.can_approve:
             return Verdict(Decision.DENY, "channel", time.time(),
                            f"it needs approval, and the {event.channel} channel cannot ask for it")
+        explanation = await self._explainer.explain(action) if self._explainer is not None else None
         request = ApprovalRequest(id=uuid.uuid4().hex, session_key=event.session_key, turn_id=turn_id,
-                                  action=action, timeout_s=self._timeout_s)
+                                  action=action, timeout_s=self._timeout_s, explanation=explanation)
         pending = _Pending(request, asyncio.get_running_loop().create_future())
         self._pending[request.id] = pending
+        text = f"Allow Ember to {action.summary}? ({action.risk.value})"
         try:
             await self._bus.publish_outbound(OutboundEvent(
                 channel=event.channel, chat_id=event.chat_id, kind=OutboundKind.APPROVAL_REQUEST,
-                text=f"Allow Ember to {action.summary}? ({action.risk.value})", turn_id=turn_id,
+                text=f"{text}\n{explanation.line()}" if explanation else text, turn_id=turn_id,
                 reply_to=event.message_id, approval=request,
             ))
             async with asyncio.timeout(self._timeout_s):
-                return await pending.answer
+                return replace(await pending.answer, explanation=explanation)
         except TimeoutError:
             return Verdict(Decision.DENY, "timeout", time.time(),
-                           f"nobody answered the approval request within {self._timeout_s:g} s")
+                           f"nobody answered the approval request within {self._timeout_s:g} s", explanation)
         finally:
             del self._pending[request.id]
 

@@ -95,10 +95,11 @@ class SpanObserver:
         span.end()
 
     def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
-                 reason: str = "") -> None:
+                 reason: str = "", *, explanation: str | None = None) -> None:
         trace.get_current_span().add_event("approval", {"gen_ai.tool.call.id": call_id, "gen_ai.tool.name": tool,
                                                         "ember.approval.decision": decision,
-                                                        "ember.approval.decided_by": decided_by})
+                                                        "ember.approval.decided_by": decided_by,
+                                                        "ember.approval.explained": explanation is not None})
 
 
 class Telemetry:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -81,12 +82,13 @@ class ApprovalGate:
 
     async def call(self, call: ToolCall, run: ToolRun) -> str:
         try:
-            action = self._inner.describe(call)
+            action = replace(self._inner.describe(call), arguments=call.arguments)
         except ToolFailure as exc:  # invalid calls are the model's to fix; nobody is asked about them
             return f"Error: {exc}"
         verdict = await self._verdict(action, run)
         run.observer.approval(call.id, action.tool, action.subject, verdict.decision.value, verdict.decided_by,
-                             verdict.decided_at, verdict.reason)
+                              verdict.decided_at, verdict.reason,
+                              explanation=verdict.explanation.line() if verdict.explanation else None)
         if not verdict.allowed:
             return denial_text(action, verdict)
         if verdict.decision is Decision.APPROVE_SESSION:

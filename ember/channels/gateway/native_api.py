@@ -42,7 +42,9 @@ def approval_payload(request: ApprovalRequest, identity: str) -> dict[str, Any]:
     action = request.action
     return {"id": request.id, "session": request.session_key.removeprefix(namespace(identity)),
             "tool": action.tool, "risk": action.risk.value, "subject": action.subject, "summary": action.summary,
-            "timeout_s": request.timeout_s}
+            "timeout_s": request.timeout_s,
+            "explanation": {"text": explained.text, "risk": explained.risk, "reason": explained.reason}
+            if (explained := request.explanation) else None}
 
 
 def event_payload(event: OutboundEvent, identity: str) -> dict[str, Any]:

@@ -73,6 +73,12 @@ class ApprovalAnswer(BaseModel):
         description="approve_once; approve_session: this tool unasked for the rest of the session; deny")
 
 
+class ApprovalExplanation(BaseModel):
+    text: str
+    risk: str = Field(description="low, medium or high: the approval model's rating")
+    reason: str
+
+
 class PendingApproval(BaseModel):
     id: str
     session: str
@@ -81,6 +87,8 @@ class PendingApproval(BaseModel):
     subject: str
     summary: str
     timeout_s: float
+    explanation: ApprovalExplanation | None = Field(
+        default=None, description="the approval model's reading of the full call; absent when it failed or was slow")
 
 
 class PendingApprovals(BaseModel):

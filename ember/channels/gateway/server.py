@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import uvicorn
 from starlette.applications import Starlette
 
-from ember.app import build_runtime, configured_background_model, running
+from ember.app import build_runtime, configured_approval_model, configured_background_model, running
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.turns import CHANNEL, TurnRouter
@@ -91,7 +91,8 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
     listening = Listening(host, sock.getsockname()[1], keys.count)
     try:
         background = configured_background_model(settings) if settings.model_configured else None
-        runtime = await build_runtime(settings, model, background_model=background)
+        approval = configured_approval_model(settings, model) if settings.model_configured else None
+        runtime = await build_runtime(settings, model, background_model=background, approval_model=approval)
         router = TurnRouter(runtime.bus)
 
         @asynccontextmanager

@@ -222,8 +222,14 @@ const DECISIONS = [["approve_once", "Allow once"], ["approve_session", "Always i
 function approvalBox(request) {
   const box = el("div", "approval");
   box.setAttribute("role", "alert");
-  box.append(el("div", "approval-question", `Allow Ember to ${request.summary}?`),
-    el("div", "approval-risk", `${request.risk} · denied if unanswered in ${request.timeout_s} s`));
+  box.append(el("div", "approval-question", `Allow Ember to ${request.summary}?`));
+  if (request.explanation) {
+    // The approval model's reading of the full call; the person still decides.
+    const { text, risk, reason } = request.explanation;
+    box.append(el("div", "approval-explanation", text),
+      el("div", `approval-rating approval-rating-${risk}`, `Risk: ${risk} (${reason})`));
+  }
+  box.append(el("div", "approval-risk", `${request.risk} · denied if unanswered in ${request.timeout_s} s`));
   const buttons = el("div", "approval-buttons");
   for (const [decision, label] of DECISIONS) {
     const button = el("button", `approval-${decision}`, label);
