@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
-import threading
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,13 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.modelserver import wait_until
+from tests.loopback import LoopbackServer
 
 MODEL = "claude-test"
 CHUNK_CHARS = 5
@@ -85,31 +82,23 @@ class AnthropicServer:
         self.headers: list[dict[str, str]] = []
         self._script: deque[Turn] = deque()
         self._issued: set[str] = set()  # signatures this server sent
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.bind(("127.0.0.1", 0))
-        app = Starlette(routes=[Route("/v1/messages", self._messages, methods=["POST"]),
-                                Route("/v1/models", self._models, methods=["GET"])])
-        self._server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off",
-                                                     timeout_graceful_shutdown=2))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
-                                        name="anthropicserver", daemon=True)
+        self._server = LoopbackServer(Starlette(routes=[
+            Route("/v1/messages", self._messages, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+        ]), "Anthropic server")
 
     @property
     def base_url(self) -> str:
-        host, port = self._socket.getsockname()
-        return f"http://{host}:{port}"
+        return self._server.origin  # the SDK adds /v1 itself
 
     def push(self, *turns: Turn) -> None:
         self._script.extend(turns)
 
     def start(self) -> None:
-        self._thread.start()
-        wait_until(lambda: self._server.started or not self._thread.is_alive(), timeout_s=10, what="the server")
+        self._server.start()
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._socket.close()
+        self._server.stop()
 
     async def _messages(self, request: Request) -> Response:
         body = await request.json()

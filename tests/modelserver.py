@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
@@ -29,13 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ember.tools.explain import EXPLAIN_INSTRUCTION
+from tests.loopback import LoopbackServer
 
 MODEL = "test-model"
 CANNED_EXPLANATION = json.dumps({"explanation": "It does what the request says, in the workspace.",
@@ -146,14 +143,6 @@ def _error(status: int, message: str, code: str | int | None = None,
                         status_code=status, headers=headers)
 
 
-def wait_until(condition: Callable[[], bool], *, timeout_s: float = 30.0, what: str = "the condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.02)
-
-
 class ModelServer:
     """Serves scripted replies on 127.0.0.1 from a background thread."""
 
@@ -167,36 +156,23 @@ class ModelServer:
         self.explainer: Callable[[dict[str, Any]], Reply] | None = lambda body: Reply(text=CANNED_EXPLANATION)
         self.explained: list[dict[str, Any]] = []
         self._script: deque[Reply] = deque()
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.bind(("127.0.0.1", 0))
-        app = Starlette(routes=[
+        self._server = LoopbackServer(Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
-        ])
-        # log_config=None: leave the test process's logging alone.
-        config = uvicorn.Config(app, log_config=None, lifespan="off", timeout_graceful_shutdown=2)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
-                                        name="modelserver", daemon=True)
+        ]), "model server")
 
     @property
     def base_url(self) -> str:
-        host, port = self._socket.getsockname()
-        return f"http://{host}:{port}/v1"
+        return f"{self._server.origin}/v1"
 
     def push(self, *replies: Reply) -> None:
         self._script.extend(replies)
 
     def start(self) -> None:
-        self._thread.start()
-        wait_until(lambda: self._server.started or not self._thread.is_alive(), timeout_s=10, what="the server")
-        if not self._server.started:
-            raise RuntimeError("the test model server did not start")
+        self._server.start()
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._socket.close()
+        self._server.stop()
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()

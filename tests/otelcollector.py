@@ -4,14 +4,11 @@ a collector does, and keeps every span with its ids, parent, links, attributes a
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -22,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.modelserver import wait_until
+from tests.loopback import LoopbackServer
 
 
 def _value(value: AnyValue) -> Any:
@@ -46,16 +43,12 @@ class Collector:
     def __init__(self) -> None:
         self.spans: list[Span] = []
         self.requests = 0
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.bind(("127.0.0.1", 0))
-        app = Starlette(routes=[Route("/v1/traces", self._traces, methods=["POST"])])
-        self._server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+        self._server = LoopbackServer(Starlette(routes=[Route("/v1/traces", self._traces, methods=["POST"])]),
+                                      "OTLP collector")
 
     @property
     def endpoint(self) -> str:
-        host, port = self._socket.getsockname()
-        return f"http://{host}:{port}"
+        return self._server.origin
 
     def named(self, name: str) -> list[Span]:
         return [span for span in self.spans if span.name == name]
@@ -79,13 +72,10 @@ class Collector:
         return Response(ExportTraceServiceResponse().SerializeToString(), media_type="application/x-protobuf")
 
     def start(self) -> None:
-        self._thread.start()
-        wait_until(lambda: self._server.started, timeout_s=10, what="the collector")
+        self._server.start()
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._socket.close()
+        self._server.stop()
 
 
 @contextmanager

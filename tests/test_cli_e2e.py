@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from ember.config import CONFIGURE_MODEL_HINT
-from tests.modelserver import ModelServer, Reply, tool_call, wait_until
+from tests.loopback import wait_until
+from tests.modelserver import ModelServer, Reply, tool_call
 
 EMBER = str(Path(sys.executable).parent / "ember")
 TIMEOUT_S = 60

@@ -20,7 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gatewayproc import GatewayProcess, LaunchGateway
-from tests.modelserver import ModelServer, Reply, serving, wait_until
+from tests.loopback import wait_until
+from tests.modelserver import ModelServer, Reply, serving
 
 SECRETS = {
     "alice": "alice-secret-0123456789",

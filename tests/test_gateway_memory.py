@@ -23,7 +23,7 @@ import pytest
 
 from ember.channels.gateway.schemas import NOT_BLANK_PATTERN, MemoryItem
 from tests.gatewayproc import EMBER, GatewayProcess, LaunchGateway
-from tests.modelserver import wait_until
+from tests.loopback import wait_until
 
 SECRETS = {
     "alice": "alice-secret-0123456789",

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from tests.gatewayproc import EMBER, GatewayProcess, LaunchGateway, free_port, gateway_env
-from tests.modelserver import ModelServer, Reply, wait_until
+from tests.loopback import wait_until
+from tests.modelserver import ModelServer, Reply
 
 SLOW = Reply(text="".join(f"word{i} " for i in range(30)).strip(), chunk_delay_s=0.05)
 

@@ -23,7 +23,7 @@ from ember.core.tools import Risk
 from ember.tools.base import FunctionTool, ToolRegistry
 from ember.tools.web import address_problem, readable_text, web_fetch_tool
 from tests.conftest import tool_run
-from tests.modelserver import wait_until
+from tests.loopback import wait_until
 
 PAGE = """<!doctype html>
 <html><head><title>The  Test Page</title>

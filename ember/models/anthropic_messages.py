@@ -38,7 +38,7 @@ from ember.core.errors import (
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
-from ember.models.retry import open_with_retries
+from ember.models.retry import open_with_retries, retry_after_seconds
 from ember.models.spec import ANTHROPIC_BASE_URL, ANTHROPIC_PREFIX, DEFAULT_MAX_TOKENS
 
 # A paused turn is continued at most this many times before the answer so far is returned.
@@ -58,7 +58,7 @@ def typed(exc: anthropic.AnthropicError, where: str) -> ModelError:
         return ModelError(message)
     status, kind = exc.status_code, _error_type(exc)
     if status == 429 or kind == "rate_limit_error":
-        return ModelRateLimited(message, _retry_after(exc.response.headers.get("retry-after")))
+        return ModelRateLimited(message, retry_after_seconds(exc.response.headers.get("retry-after")))
     if status >= 500 or status in (408, 409) or kind in _UNAVAILABLE_TYPES:
         return ModelUnavailable(message)
     if status == 413 or "prompt is too long" in message.lower():
@@ -83,14 +83,6 @@ def _describe(exc: anthropic.AnthropicError) -> str:
     if isinstance(exc, anthropic.APIConnectionError):
         return f"could not connect ({exc.__cause__ or exc})"
     return str(exc)
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return seconds if seconds is not None and seconds >= 0 else None
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from ember.core.errors import (
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
-from ember.models.retry import open_with_retries
+from ember.models.retry import open_with_retries, retry_after_seconds
 
 _UNAVAILABLE_STATUS = {408, 409}
 # How providers say a request is over the window, or was refused, in a 400's code or message.
@@ -51,7 +51,7 @@ def typed(exc: openai.OpenAIError, where: str) -> ModelError:
         return ModelError(message)
     status = exc.status_code
     if status == 429:
-        return ModelRateLimited(message, _retry_after(exc.response.headers.get("retry-after")))
+        return ModelRateLimited(message, retry_after_seconds(exc.response.headers.get("retry-after")))
     if status >= 500 or status in _UNAVAILABLE_STATUS:
         return ModelUnavailable(message)
     code = str(getattr(exc, "code", None) or "")
@@ -61,15 +61,6 @@ def typed(exc: openai.OpenAIError, where: str) -> ModelError:
     if code in _REFUSAL_CODES:
         return ModelRefused(message)
     return ModelBadRequest(message)
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Retry-After in seconds (the HTTP-date form is rare from model APIs and read as unknown)."""
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return seconds if seconds is not None and seconds >= 0 else None
 
 
 def _describe(exc: BaseException) -> str:

@@ -24,6 +24,15 @@ T = TypeVar("T")
 MAX_RETRY_AFTER_S = 30.0
 
 
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header in seconds (the HTTP-date form is rare from model APIs and read as unknown)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
+
+
 class _Backoff:
     """Exponential backoff with jitter, or the wait a rate limit asks for when that is longer."""
 

@@ -1,0 +1,47 @@
+"""A test's own HTTP server: an ASGI app served by uvicorn on 127.0.0.1, from a thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+
+
+def wait_until(condition: Callable[[], bool], *, timeout_s: float = 30.0, what: str = "the condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class LoopbackServer:
+    def __init__(self, app: Any, name: str) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self._name = name
+        # log_config=None: leave the test process's logging alone.
+        config = uvicorn.Config(app, log_config=None, lifespan="off", timeout_graceful_shutdown=2)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                        name=name, daemon=True)
+
+    @property
+    def origin(self) -> str:
+        host, port = self._socket.getsockname()
+        return f"http://{host}:{port}"
+
+    def start(self) -> None:
+        self._thread.start()
+        wait_until(lambda: self._server.started or not self._thread.is_alive(), timeout_s=10, what=self._name)
+        if not self._server.started:
+            raise RuntimeError(f"the test's {self._name} did not start")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()
