@@ -8,6 +8,7 @@ session of its own.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from tests.gatewayproc import GatewayProcess, LaunchGateway
-from tests.modelserver import ModelServer, Reply, serving, tool_call
+from tests.modelserver import CANNED_EXPLANATION, ModelServer, Reply, serving, tool_call
 
 CHROMIUM = os.environ.get("EMBER_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
@@ -169,6 +170,9 @@ def test_a_risky_call_waits_for_the_users_click(page: Page, model: ModelServer, 
     request = page.locator(".approval").last
     expect(request.locator(".approval-question")).to_have_text(
         "Allow Ember to write the file from-the-page.txt?")
+    # The approval model's reading of the call (the test model server's canned one).
+    expect(request.locator(".approval-explanation")).to_have_text(json.loads(CANNED_EXPLANATION)["explanation"])
+    expect(request.locator(".approval-rating")).to_have_text("Risk: medium (changes a file)")
     request.locator(".approval-approve_once").click()
     expect(answer(page).last).to_have_text("Written.")
     assert (gateway.home / "workspace" / "from-the-page.txt").read_text() == "hello"
