@@ -35,6 +35,7 @@ from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
 from ember.runtime.usage import UsageRecorder
 from ember.skills.review import SkillReviewer
+from ember.store.approvals import SqlApprovalStore
 from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
@@ -252,7 +253,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     await memory.open()
     leases = LocalLeases(settings.home_dir / "locks" / "sessions")
     bus = InProcessBus()
-    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, explainer)
+    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, explainer, SqlApprovalStore(db))
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
     gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory), settings.tool_policy)
@@ -301,6 +302,7 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
             if model is not None:
                 stack.push_async_callback(model.aclose)
         stack.push_async_callback(runtime.mcp.close)
+        await runtime.approvals.recover()
         await runtime.usage.start()
         stack.push_async_callback(runtime.usage.stop)  # after the turns and jobs: their last counts
         await runtime.runner.start()

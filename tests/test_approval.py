@@ -135,6 +135,9 @@ async def test_policy_deny_never_asks() -> None:
     assert "the tool policy denies it" in result and approver.asked == []
 
 
+IDENTITY_U = "u"  # whose turn the broker's requests are for
+
+
 def event(*, can_approve: bool = True) -> InboundEvent:
     return InboundEvent(channel="test", chat_id="c1", sender_id="u", text="hi", message_id="m1",
                         can_approve=can_approve)
@@ -143,14 +146,16 @@ def event(*, can_approve: bool = True) -> InboundEvent:
 async def test_a_request_goes_out_through_the_channel_and_its_answer_comes_back() -> None:
     bus = InProcessBus()
     broker = ApprovalBroker(bus, timeout_s=10)
-    asking = asyncio.create_task(broker.ask(event(), "turn-1", action("write_note", Risk.WRITE, "x")))
+    asking = asyncio.create_task(broker.ask(event(), "turn-1", IDENTITY_U, action("write_note", Risk.WRITE, "x")))
     request = await asyncio.wait_for(bus.next_outbound("test"), 5)
     assert request.kind is OutboundKind.APPROVAL_REQUEST and request.reply_to == "m1"
     assert request.approval is not None and "write_note" in request.text
     # Only the session's own scope can answer; an unknown id does not exist.
-    assert broker.resolve(request.approval.id, Decision.APPROVE_ONCE, by="x", scope="test:c2") is Resolution.NOT_FOUND
-    assert broker.resolve("nope", Decision.APPROVE_ONCE, by="u", scope="test:c1") is Resolution.NOT_FOUND
-    assert broker.resolve(request.approval.id, Decision.APPROVE_ONCE, by="u", scope="test:c1") is Resolution.RESOLVED
+    other = await broker.resolve(request.approval.id, Decision.APPROVE_ONCE, by="x", scope="test:c2")
+    assert other is Resolution.NOT_FOUND
+    assert await broker.resolve("nope", Decision.APPROVE_ONCE, by="u", scope="test:c1") is Resolution.NOT_FOUND
+    mine = await broker.resolve(request.approval.id, Decision.APPROVE_ONCE, by="u", scope="test:c1")
+    assert mine is Resolution.RESOLVED
     verdict = await asking
     assert verdict.allowed and verdict.decided_by == "user:u"
     assert broker.pending("test:c1") == []
@@ -159,16 +164,16 @@ async def test_a_request_goes_out_through_the_channel_and_its_answer_comes_back(
 async def test_silence_past_the_timeout_is_a_denial() -> None:
     bus = InProcessBus()
     broker = ApprovalBroker(bus, timeout_s=0.2)
-    verdict = await broker.ask(event(), "turn-1", action("write_note", Risk.WRITE))
+    verdict = await broker.ask(event(), "turn-1", IDENTITY_U, action("write_note", Risk.WRITE))
     assert not verdict.allowed and verdict.decided_by == "timeout"
     request = (await bus.next_outbound("test")).approval
     assert request is not None
-    assert broker.resolve(request.id, Decision.APPROVE_ONCE, by="u", scope="test:c1") is Resolution.NOT_FOUND
+    assert await broker.resolve(request.id, Decision.APPROVE_ONCE, by="u", scope="test:c1") is Resolution.NOT_FOUND
 
 
 async def test_a_channel_that_cannot_ask_gets_a_denial_at_once() -> None:
     broker = ApprovalBroker(InProcessBus(), timeout_s=60)
-    verdict = await broker.ask(event(can_approve=False), "turn-1", action("write_note", Risk.WRITE))
+    verdict = await broker.ask(event(can_approve=False), "turn-1", IDENTITY_U, action("write_note", Risk.WRITE))
     assert not verdict.allowed and verdict.decided_by == "channel"
     assert "cannot ask" in verdict.reason
 
@@ -212,13 +217,14 @@ async def test_an_approval_request_carries_the_approval_models_explanation_of_th
     model = explainer_model(f"Here you go:\n```json\n{EXPLAINED}\n```")
     broker = ApprovalBroker(bus, timeout_s=10, explainer=ApprovalExplainer(model, timeout_s=5))
     full = action("write_note", Risk.WRITE, "rm -rf ~")
-    asking = asyncio.create_task(broker.ask(event(), "turn-1", replace(full, arguments='{"text": "rm -rf ~"}')))
+    full = replace(full, arguments='{"text": "rm -rf ~"}')
+    asking = asyncio.create_task(broker.ask(event(), "turn-1", IDENTITY_U, full))
     request = await asyncio.wait_for(bus.next_outbound("test"), 5)
     assert request.approval is not None and request.approval.explanation is not None
     assert request.approval.explanation.risk == "low"
     assert "nothing runs" in request.text and "Risk: low (a note, not a command)" in request.text
     assert json.loads(model.requests[0][-1].content)["arguments"] == '{"text": "rm -rf ~"}'  # the whole call
-    broker.resolve(request.approval.id, Decision.DENY, by="u", scope="test:c1")
+    await broker.resolve(request.approval.id, Decision.DENY, by="u", scope="test:c1")
     verdict = await asking
     assert not verdict.allowed and verdict.explanation == request.approval.explanation  # the person decided
 
@@ -232,11 +238,11 @@ async def test_an_approval_request_carries_the_approval_models_explanation_of_th
 async def test_without_a_usable_explanation_the_request_still_goes_out_unexplained(model: FunctionModel) -> None:
     bus = InProcessBus()
     broker = ApprovalBroker(bus, timeout_s=10, explainer=ApprovalExplainer(model, timeout_s=0.3))
-    asking = asyncio.create_task(broker.ask(event(), "turn-1", action("write_note", Risk.WRITE, "x")))
+    asking = asyncio.create_task(broker.ask(event(), "turn-1", IDENTITY_U, action("write_note", Risk.WRITE, "x")))
     request = await asyncio.wait_for(bus.next_outbound("test"), 5)
     assert request.approval is not None and request.approval.explanation is None
     assert request.text == "Allow Ember to write_note x? (write)"
-    broker.resolve(request.approval.id, Decision.APPROVE_ONCE, by="u", scope="test:c1")
+    await broker.resolve(request.approval.id, Decision.APPROVE_ONCE, by="u", scope="test:c1")
     assert (await asking).allowed
 
 
@@ -245,7 +251,7 @@ async def test_an_explanation_never_shows_a_secret_from_the_arguments() -> None:
     leaky = json.dumps({"explanation": "It sends the key sk-live-0123456789abcdefghij to the server.",
                         "risk": "high", "reason": "token=sk-live-0123456789abcdefghij leaves the machine"})
     broker = ApprovalBroker(bus, timeout_s=0.2, explainer=ApprovalExplainer(explainer_model(leaky), 5))
-    verdict = await broker.ask(event(), "turn-1", action("web_fetch", Risk.NETWORK, "https://example.com"))
+    verdict = await broker.ask(event(), "turn-1", IDENTITY_U, action("web_fetch", Risk.NETWORK, "https://x.org"))
     request = await bus.next_outbound("test")
     assert verdict.explanation is not None and verdict.explanation.risk == "high"
     assert "sk-live-0123456789" not in request.text and "sk-live-0123456789" not in verdict.explanation.line()
@@ -262,7 +268,7 @@ async def test_an_explained_request_is_recorded_in_the_trace(start, settings: Se
             await asyncio.sleep(0.01)
         asked = requests[0]
         assert asked.approval is not None and asked.approval.explanation is not None
-        h.runtime.approvals.resolve(asked.approval.id, Decision.APPROVE_ONCE, by="tester", scope="test:c1")
+        await h.runtime.approvals.resolve(asked.approval.id, Decision.APPROVE_ONCE, by="tester", scope="test:c1")
         final = await h.next_closing()
         while not (traces := await h.runtime.traces.for_session(session_key())):
             await asyncio.sleep(0.01)

@@ -140,6 +140,9 @@ def test_gateway_timeout_and_session_grant(gateway: GatewayProcess, model_server
     events = run_turn(gateway, ALICE, "s", "write t", None)
     assert "nobody answered" in dict(events)["tool_result"]["text"]
     assert not (gateway_workspace(gateway) / "t.txt").exists()
+    late = httpx.post(gateway.url(f"/api/approvals/{dict(events)['approval_request']['id']}"),
+                      json={"decision": "approve_once"}, headers=auth(ALICE))
+    assert late.status_code == 410 and late.json()["error"]["code"] == "approval_expired"  # not "unknown"
 
     model_server.push(*write_then_answer("g1.txt", "1", "One."), *write_then_answer("g2.txt", "2", "Two."))
     first = run_turn(gateway, ALICE, "s", "write g1", {"decision": "approve_session"})
@@ -183,3 +186,25 @@ def test_pending_requests_are_listed_and_answered_once(gateway: GatewayProcess, 
                 seen.update(first=first.status_code, again=again.status_code)
     assert seen["first"] == 200 and seen["again"] in (404, 409)  # answered once; never flipped
     assert (gateway_workspace(gateway) / "p.txt").exists()
+
+
+def test_a_request_left_by_a_killed_gateway_is_expired_not_unknown(launch_gateway: LaunchGateway,
+                                                                    model_server: ModelServer) -> None:
+    first = launch_gateway(model_server, keys={"alice": ALICE, "bob": BOB}, EMBER_TOOL_POLICY__TIMEOUT_S="60",
+                           EMBER_INTERRUPTED_TURNS="notice")
+    model_server.push(*write_then_answer("k.txt", "x", "never"))
+    asked: dict[str, Any] = {}
+    with httpx.stream("POST", first.url("/api/sessions/k/messages"), json={"text": "write k"},
+                      headers=auth(ALICE), timeout=TIMEOUT_S) as response:
+        for kind, data in sse(response):
+            if kind == "approval_request":
+                asked = data
+                first.kill()  # kill -9 while the turn waits for the answer
+                break
+    again = launch_gateway(model_server, keys={"alice": ALICE, "bob": BOB}, port=first.port)
+    answered = httpx.post(again.url(f"/api/approvals/{asked['id']}"), json={"decision": "approve_once"},
+                          headers=auth(ALICE))
+    assert answered.status_code == 410 and "restarted" in answered.json()["error"]["message"]
+    assert httpx.post(again.url(f"/api/approvals/{asked['id']}"), json={"decision": "deny"},
+                      headers=auth(BOB)).status_code == 404  # still not Bob's to see
+    assert not (again.home / "workspace" / "k.txt").exists()

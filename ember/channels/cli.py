@@ -92,8 +92,8 @@ class CliChannel:
                             end="", markup=False, highlight=False)
         answer = (await self._ask("")).strip().lower()
         decision = ANSWERS.get(answer, Decision.DENY)
-        outcome = self._approvals.resolve(request.id, decision, by=self._sender_id,
-                                          scope=f"{CHANNEL}:{self._chat_id}")
+        outcome = await self._approvals.resolve(request.id, decision, by=self._sender_id,
+                                                scope=f"{CHANNEL}:{self._chat_id}")
         if outcome is not Resolution.RESOLVED:
             self._prompts.print("  too late: nobody answered in time, so it was denied", style="dim")
 

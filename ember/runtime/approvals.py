@@ -3,13 +3,20 @@
 A turn's approver publishes an APPROVAL_REQUEST to the channel the turn came
 from and waits; the channel (the terminal's prompt, the gateway's
 `POST /api/approvals/{id}`) resolves it. Silence past the timeout, or a channel
-that cannot ask, is a denial.
+that cannot ask, is a denial. With an explainer, the approval model's plain-words
+reading and risk rating of the call go with the request (tools/explain.py).
+
+Each request is also a row (store/approvals.py): an answer after its timeout, or
+after a restart cut the turn off, is told the request expired, never that it is
+unknown. Only the turn's own scope (a session, or a caller's namespace of them)
+sees and answers a request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -17,13 +24,17 @@ from dataclasses import dataclass, replace
 from ember.bus.base import Bus
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tools import ApprovalRequest, Decision, ToolAction, Verdict
+from ember.store.approvals import EXPIRED, SqlApprovalStore
 from ember.tools.explain import ApprovalExplainer
+
+log = logging.getLogger(__name__)
 
 
 class Resolution(enum.Enum):
     RESOLVED = "resolved"
-    NOT_FOUND = "not_found"  # unknown, expired, or not the caller's to answer
+    NOT_FOUND = "not_found"  # unknown, or not the caller's to answer
     ALREADY_DECIDED = "already_decided"
+    EXPIRED = "expired"  # timed out, or Ember restarted while it waited
 
 
 @dataclass(slots=True)
@@ -33,39 +44,52 @@ class _Pending:
 
 
 class ApprovalBroker:
-    def __init__(self, bus: Bus, timeout_s: float, explainer: ApprovalExplainer | None = None) -> None:
+    def __init__(self, bus: Bus, timeout_s: float, explainer: ApprovalExplainer | None = None,
+                 store: SqlApprovalStore | None = None) -> None:
         self._bus = bus
         self._timeout_s = timeout_s
         self._explainer = explainer
+        self._store = store
         self._pending: dict[str, _Pending] = {}
 
-    def for_turn(self, event: InboundEvent, turn_id: str) -> TurnApprover:
-        return TurnApprover(self, event, turn_id)
+    async def recover(self) -> None:
+        """At start: requests a stopped process waited on are expired (their turns resume and ask again)."""
+        if self._store is not None and (expired := await self._store.expire_pending()):
+            log.info("%d approval request(s) left by the last run are expired", expired)
+
+    def for_turn(self, event: InboundEvent, turn_id: str, identity: str) -> TurnApprover:
+        return TurnApprover(self, event, turn_id, identity)
 
     def pending(self, scope: str) -> list[ApprovalRequest]:
         return [p.request for p in self._pending.values() if _within(p.request.session_key, scope)]
 
-    def resolve(self, approval_id: str, decision: Decision, *, by: str, scope: str) -> Resolution:
+    async def resolve(self, approval_id: str, decision: Decision, *, by: str, scope: str) -> Resolution:
         """Answer a request if its session is within `scope` (a session key, or a
         namespace ending in ':'): another caller's request does not exist for it."""
         pending = self._pending.get(approval_id)
-        if pending is None or not _within(pending.request.session_key, scope):
+        if pending is not None and _within(pending.request.session_key, scope):
+            if pending.answer.done():
+                return Resolution.ALREADY_DECIDED
+            pending.answer.set_result(Verdict(decision, f"user:{by}", time.time()))
+            return Resolution.RESOLVED
+        row = await self._store.get(approval_id) if self._store is not None else None
+        if row is None or not _within(row.session_key, scope):
             return Resolution.NOT_FOUND
-        if pending.answer.done():
-            return Resolution.ALREADY_DECIDED
-        pending.answer.set_result(Verdict(decision, f"user:{by}", time.time()))
-        return Resolution.RESOLVED
+        return Resolution.EXPIRED if row.status == EXPIRED else Resolution.ALREADY_DECIDED
 
-    async def ask(self, event: InboundEvent, turn_id: str, action: ToolAction) -> Verdict:
+    async def ask(self, event: InboundEvent, turn_id: str, identity: str, action: ToolAction) -> Verdict:
         if not event.can_approve:
             return Verdict(Decision.DENY, "channel", time.time(),
                            f"it needs approval, and the {event.channel} channel cannot ask for it")
         explanation = await self._explainer.explain(action) if self._explainer is not None else None
         request = ApprovalRequest(id=uuid.uuid4().hex, session_key=event.session_key, turn_id=turn_id,
                                   action=action, timeout_s=self._timeout_s, explanation=explanation)
+        if self._store is not None:
+            await self._store.opened(request.id, request.session_key, turn_id, identity, action.tool, action.summary)
         pending = _Pending(request, asyncio.get_running_loop().create_future())
         self._pending[request.id] = pending
         text = f"Allow Ember to {action.summary}? ({action.risk.value})"
+        verdict = Verdict(Decision.DENY, "cancelled", time.time(), "the turn stopped while it waited")
         try:
             await self._bus.publish_outbound(OutboundEvent(
                 channel=event.channel, chat_id=event.chat_id, kind=OutboundKind.APPROVAL_REQUEST,
@@ -73,12 +97,16 @@ class ApprovalBroker:
                 reply_to=event.message_id, approval=request,
             ))
             async with asyncio.timeout(self._timeout_s):
-                return replace(await pending.answer, explanation=explanation)
+                verdict = replace(await pending.answer, explanation=explanation)
         except TimeoutError:
-            return Verdict(Decision.DENY, "timeout", time.time(),
-                           f"nobody answered the approval request within {self._timeout_s:g} s", explanation)
+            verdict = Verdict(Decision.DENY, "timeout", time.time(),
+                              f"nobody answered the approval request within {self._timeout_s:g} s", explanation)
         finally:
             del self._pending[request.id]
+            if self._store is not None:
+                status = EXPIRED if verdict.decided_by in ("timeout", "cancelled") else verdict.decision.value
+                await asyncio.shield(self._store.closed(request.id, status, verdict.decided_by))
+        return verdict
 
 
 def _within(session_key: str, scope: str) -> bool:
@@ -88,10 +116,11 @@ def _within(session_key: str, scope: str) -> bool:
 class TurnApprover:
     """The Approver of one turn: asks through the channel the turn came from."""
 
-    def __init__(self, broker: ApprovalBroker, event: InboundEvent, turn_id: str) -> None:
+    def __init__(self, broker: ApprovalBroker, event: InboundEvent, turn_id: str, identity: str) -> None:
         self._broker = broker
         self._event = event
         self._turn_id = turn_id
+        self._identity = identity
 
     async def approve(self, action: ToolAction) -> Verdict:
-        return await self._broker.ask(self._event, self._turn_id, action)
+        return await self._broker.ask(self._event, self._turn_id, self._identity, action)

@@ -252,8 +252,8 @@ class AgentLoop:
         stream = open_stream if event.stream else None
         with observer.stage("context"):
             ctx = turn.ctx = await self._pipeline.context.prepare(event, turn.turn_id, stream, resume=turn.resume)
-        tools = ToolRun(event.session_key, turn.turn_id, self._approvals.for_turn(event, turn.turn_id), observer,
-                        ctx.identity)
+        tools = ToolRun(event.session_key, turn.turn_id, self._approvals.for_turn(event, turn.turn_id, ctx.identity),
+                        observer, ctx.identity)
         with observer.stage("inference"):
             result = await self._pipeline.inference.run(ctx, tools)
         with observer.stage("response"):

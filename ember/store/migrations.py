@@ -254,6 +254,21 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         # The turn whose commit queued a job: its trace links to that turn's.
         "ALTER TABLE jobs ADD COLUMN turn_id TEXT",
     ),
+    (
+        # Approval requests outlive the process that asked: after a restart one is clearly expired.
+        """CREATE TABLE approvals (
+            id TEXT PRIMARY KEY,
+            session_key TEXT NOT NULL,
+            turn_id TEXT NOT NULL,
+            identity TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            summary TEXT NOT NULL,
+            status TEXT NOT NULL,
+            decided_by TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            decided_at DOUBLE PRECISION)""",
+        "CREATE INDEX approvals_pending ON approvals (status) WHERE status = 'pending'",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

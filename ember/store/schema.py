@@ -163,3 +163,18 @@ model_usage = Table(
     Column("cache_write_tokens", BigInteger, nullable=False),
     Column("cost_usd", Float),
 )
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("session_key", Text, nullable=False),
+    Column("turn_id", Text, nullable=False),
+    Column("identity", Text, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("summary", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("decided_by", Text),
+    Column("created_at", Float, nullable=False),
+    Column("decided_at", Float),
+)

@@ -90,11 +90,14 @@ class NativeApi:
         identity = request.state.identity
         body = await read_json(request, ApprovalAnswer, self._max_body_bytes)
         approval_id = request.path_params["id"]
-        outcome = self._approvals.resolve(approval_id, Decision(body.decision), by=identity,
-                                          scope=namespace(identity))
+        outcome = await self._approvals.resolve(approval_id, Decision(body.decision), by=identity,
+                                                scope=namespace(identity))
         if outcome is Resolution.NOT_FOUND:
-            raise ApiError(404, f"no pending approval request {approval_id[:64]!r} (it may have timed out)",
+            raise ApiError(404, f"no approval request {approval_id[:64]!r}; `GET /api/approvals` lists yours",
                            code="approval_not_found")
+        if outcome is Resolution.EXPIRED:
+            raise ApiError(410, "this approval request expired: nobody answered in time, or Ember restarted "
+                                "while it waited; the call was not made", code="approval_expired")
         if outcome is Resolution.ALREADY_DECIDED:
             raise ApiError(409, "this approval request was already answered", code="approval_decided")
         return JSONResponse({"id": approval_id, "decision": body.decision})

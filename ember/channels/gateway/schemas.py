@@ -283,6 +283,7 @@ def _limit_param(default: int, most: int) -> dict[str, Any]:
 def _errors(*codes: int) -> dict[str, Any]:
     meaning = {400: "Bad request", 401: "Missing or wrong API key", 404: "Not found", 405: "Wrong method",
                409: "Already answered, or being answered",
+               410: "Expired: nobody answered in time, or Ember restarted while it waited",
                413: "Body too large", 415: "Body is not JSON", 422: "Invalid body", 429: "Too many requests",
                502: "The turn failed"}
     return {str(code): _json(ErrorBody, meaning[code]) for code in codes}
@@ -335,7 +336,7 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
                                              {"200": _json(PendingApprovals, "Pending requests")})},
         "/api/approvals/{id}": {"post": _operation(
             "Answer an approval request", {"200": _json(ApprovalAnswered, "Answered"), **body_errors,
-                                           **_errors(404, 409)},
+                                           **_errors(404, 409, 410)},
             body=ApprovalAnswer, params=[_APPROVAL_PARAM])},
         "/api/memory": {
             "get": _operation("The caller's memories, newest first (active ones unless all=true)",
