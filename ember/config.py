@@ -120,6 +120,8 @@ class Settings(BaseSettings):
     # ember.toml need not hold the secret itself. EMBER_API_KEYS takes a comma-separated list.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     gateway_max_body_bytes: int = Field(default=1_048_576, ge=1_024)
+    # Identities (gateway key names) that may see and answer every session's approval requests.
+    gateway_approvers: list[str] = Field(default_factory=list)
     # Per identity: a steady rate of requests with room for a burst.
     gateway_rate_per_minute: float = Field(default=600, gt=0)
     gateway_rate_burst: int = Field(default=60, ge=1)

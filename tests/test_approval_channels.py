@@ -160,6 +160,16 @@ def test_another_identity_cannot_answer_or_see_a_request(gateway: GatewayProcess
     assert httpx.get(gateway.url("/api/approvals"), headers=auth(BOB)).json() == {"approvals": []}
 
 
+def test_a_configured_approver_answers_anothers_request(launch_gateway: LaunchGateway,
+                                                       model_server: ModelServer) -> None:
+    gateway = launch_gateway(model_server, keys={"alice": ALICE, "bob": BOB}, EMBER_TOOL_POLICY__TIMEOUT_S="5",
+                             EMBER_GATEWAY_APPROVERS='["bob"]')
+    model_server.push(*write_then_answer("ok.txt", "by bob", "Written."))
+    events = run_turn(gateway, ALICE, "s", "write ok", {"decision": "approve_once"}, answering_key=BOB)
+    assert dict(events)["answered"]["status"] == 200
+    assert (gateway.home / "workspace" / "ok.txt").read_text() == "by bob"
+
+
 def test_openai_clients_cannot_approve_so_risky_calls_are_denied(gateway: GatewayProcess,
                                                                  model_server: ModelServer) -> None:
     model_server.push(*write_then_answer("o.txt", "x", "Denied."))

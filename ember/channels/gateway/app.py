@@ -70,6 +70,7 @@ class GatewayOptions:
     max_body_bytes: int
     rate_per_minute: float
     rate_burst: int
+    approvers: frozenset[str] = frozenset()  # identities that may answer anyone's approval requests
 
 
 class IdentityGate:
@@ -127,7 +128,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         services.usage.observe(metrics.count_usage)
     openai_api = OpenAIApi(router, metrics, agent_id=options.agent_id, max_body_bytes=options.max_body_bytes)
     native_api = NativeApi(router, services.sessions, services.approvals, metrics,
-                           max_body_bytes=options.max_body_bytes)
+                           max_body_bytes=options.max_body_bytes, approvers=options.approvers)
     memory_api = MemoryApi(services.memory, services.identities, max_body_bytes=options.max_body_bytes)
     jobs = services.jobs
     document = openapi_document("Ember gateway", __version__)

@@ -30,7 +30,7 @@ from ember.channels.gateway.http import (
 )
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.schemas import ApprovalAnswer, MessageRequest
-from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRouter, namespace, session_key
+from ember.channels.gateway.turns import CHANNEL, IN_FLIGHT_TEXT, InFlight, TurnRouter, namespace, session_key
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message
 from ember.core.tools import ApprovalRequest, Decision
@@ -66,8 +66,9 @@ def message_payload(message: Message) -> dict[str, Any]:
 
 class NativeApi:
     def __init__(self, router: TurnRouter, sessions: SqlSessionStore, approvals: ApprovalBroker,
-                 metrics: GatewayMetrics, *, max_body_bytes: int) -> None:
+                 metrics: GatewayMetrics, *, max_body_bytes: int, approvers: frozenset[str] = frozenset()) -> None:
         self._router = router
+        self._approvers = approvers
         self._sessions = sessions
         self._approvals = approvals
         self._metrics = metrics
@@ -81,9 +82,14 @@ class NativeApi:
             Route("/api/approvals/{id}", self.answer_approval, methods=["POST"]),
         ]
 
+    def _approval_scope(self, identity: str) -> str:
+        """The sessions whose requests `identity` sees and answers: its own, or every gateway
+        session for a configured approver."""
+        return f"{CHANNEL}:" if identity in self._approvers else namespace(identity)
+
     async def pending_approvals(self, request: Request) -> Response:
         identity = request.state.identity
-        pending = self._approvals.pending(namespace(identity))
+        pending = self._approvals.pending(self._approval_scope(identity))
         return JSONResponse({"approvals": [approval_payload(r, identity) for r in pending]})
 
     async def answer_approval(self, request: Request) -> Response:
@@ -91,7 +97,7 @@ class NativeApi:
         body = await read_json(request, ApprovalAnswer, self._max_body_bytes)
         approval_id = request.path_params["id"]
         outcome = await self._approvals.resolve(approval_id, Decision(body.decision), by=identity,
-                                                scope=namespace(identity))
+                                                scope=self._approval_scope(identity))
         if outcome is Resolution.NOT_FOUND:
             raise ApiError(404, f"no approval request {approval_id[:64]!r}; `GET /api/approvals` lists yours",
                            code="approval_not_found")

@@ -110,6 +110,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
             max_body_bytes=settings.gateway_max_body_bytes,
             rate_per_minute=settings.gateway_rate_per_minute,
             rate_burst=settings.gateway_rate_burst,
+            approvers=frozenset(settings.gateway_approvers),
         )
         services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
                                    runtime.identities, runtime.usage)
