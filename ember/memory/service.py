@@ -1,8 +1,10 @@
 """The memory service: write, search, recall for the prompt, forget.
 
 Search is hybrid: the identity's full-text matches (BM25) and the similarity
-of every one of its vectors are fused by score (memory/retrieval.py), then
-weighed by strength. No model is asked at query time. While vectors are
+of its vectors are fused by score (memory/retrieval.py), then weighed by
+strength. A person with many memories is searched through derived indexes
+(text_index.py, ann.py) that propose the candidates; below that, FTS5 and a
+scan of every vector. No model is asked at query time. While vectors are
 pending (the embedding job has not run yet) search is lexical, and nothing is
 lost.
 """
@@ -157,7 +159,7 @@ class MemoryService:
         terms = query_terms(query)
         if not terms:
             raise MemoryInputError("the query has no words to search for")
-        # The text index is read on a database thread while the query is embedded and scored.
+        # The text index is read while the query is embedded; the vectors then add what is near it.
         lexical, vector = await asyncio.gather(self._lexical(identity, terms), self._embed_query(query))
         dense = None
         if vector is not None and self._vectors is not None:
