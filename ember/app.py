@@ -68,7 +68,10 @@ def telemetry(settings: Settings) -> Telemetry | None:
 def model_specs(settings: Settings) -> dict[str, ModelSpec]:
     """Every configured model by name: `[models]`, or the single-model settings as one."""
     if not settings.model_configured:
-        raise ModelNotConfigured(f"no model is configured. Configure one with:\n  {CONFIGURE_MODEL_HINT}")
+        missing = settings.missing_model_setting()
+        raise ModelNotConfigured(f"{missing}." if missing else
+                                 f"no model is configured. Configure one with:\n  {CONFIGURE_MODEL_HINT}\n"
+                                 "or try Ember on the scripted demo model: --demo")
     if settings.models:
         return dict(settings.models)
     assert settings.model is not None

@@ -91,6 +91,9 @@ def chat(
     """Chat with the agent: interactive and streaming, or one shot with -m."""
     settings = settings_or_exit()
     setup_logging(settings, verbose)
+    if message is not None and not message.strip():
+        err.print("[red]error:[/red] the message is empty: give -m some text to send")
+        raise typer.Exit(2)
     try:
         model: ModelClient = demo_model() if demo else configured_model(settings)
     except EmberError as exc:

@@ -24,7 +24,15 @@ from pydantic_settings import (
 
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
-from ember.models.spec import ANTHROPIC_PREFIX, DEFAULT_MAX_TOKENS, ModelRole, ModelSpec, check_thinking, role_chains
+from ember.models.spec import (
+    ANTHROPIC_PREFIX,
+    DEFAULT_MAX_TOKENS,
+    ModelRole,
+    ModelSpec,
+    check_base_url,
+    check_thinking,
+    role_chains,
+)
 from ember.tools.approval import ToolPolicy
 from ember.tools.mcp.config import McpServers
 
@@ -135,6 +143,11 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("model_base_url")
+    @classmethod
+    def _a_url(cls, value: str | None) -> str | None:
+        return check_base_url(value) if value is not None else None
+
     @field_validator("shell_env")
     @classmethod
     def _no_secrets_for_the_shell(cls, names: list[str]) -> list[str]:
@@ -164,6 +177,16 @@ class Settings(BaseSettings):
     @property
     def database_path(self) -> Path:
         return self.home_dir / "ember.db"
+
+    def missing_model_setting(self) -> str:
+        """What a half-made model configuration lacks, in a sentence ("" when nothing is set at all)."""
+        if self.model and not self.model_configured:
+            return (f"model {self.model!r} is set, but no base URL: set EMBER_MODEL_BASE_URL "
+                    "(e.g. https://api.openai.com/v1), or use model = \"anthropic:…\" for Claude")
+        if self.model_base_url and not self.model:
+            return (f"a base URL is set ({self.model_base_url}), but no model name: set EMBER_MODEL "
+                    "(e.g. gpt-4o-mini)")
+        return ""
 
     @property
     def model_configured(self) -> bool:

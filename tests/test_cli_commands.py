@@ -164,3 +164,33 @@ model = "test-model"
     assert shown.returncode == 0, shown.stderr
     assert "│ live" in shown.stdout
     assert "model call 1 passed over dead: " in shown.stdout and "could not connect" in shown.stdout
+
+
+def test_chat_names_what_a_half_made_model_configuration_lacks(tmp_path: Path) -> None:
+    only_url = ember(ember_env(tmp_path, None, OPENAI_BASE_URL="http://127.0.0.1:9/v1"), "chat", "-m", "hi")
+    assert only_url.returncode == 2 and "no model name: set EMBER_MODEL" in only_url.stderr
+    only_name = ember(ember_env(tmp_path, None, EMBER_MODEL="gpt-4o-mini"), "chat", "-m", "hi")
+    assert only_name.returncode == 2 and "no base URL: set EMBER_MODEL_BASE_URL" in only_name.stderr
+    nothing = ember(ember_env(tmp_path, None), "chat", "-m", "hi")
+    assert nothing.returncode == 2 and "--demo" in nothing.stderr
+
+
+def test_a_base_url_that_is_not_a_url_is_refused_when_read(tmp_path: Path) -> None:
+    done = ember(ember_env(tmp_path, None, EMBER_MODEL="m", EMBER_MODEL_BASE_URL="not-a-url"), "doctor")
+    assert done.returncode == 2
+    assert "model_base_url" in done.stderr and "'not-a-url' is not a base URL" in done.stderr
+
+
+def test_an_empty_message_is_refused_like_the_api_refuses_it(tmp_path: Path, model_server: ModelServer) -> None:
+    done = chat(ember_env(tmp_path, model_server), "   ", "s")
+    assert done.returncode == 2 and "the message is empty" in done.stderr
+    assert model_server.requests == []
+
+
+def test_a_base_url_without_v1_is_told_what_it_probably_meant(tmp_path: Path, model_server: ModelServer) -> None:
+    root = model_server.base_url.removesuffix("/v1")
+    done = ember(ember_env(tmp_path, None, EMBER_MODEL="test-model", EMBER_MODEL_BASE_URL=root,
+                           EMBER_MODEL_MAX_ATTEMPTS="1"), "chat", "-m", "hello")
+    assert done.returncode == 1
+    assert f"did you mean {root}/v1 ?" in done.stderr and "Error code" not in done.stderr
+    assert done.stderr.count(root) == 2  # the URL that failed, and the one it probably meant

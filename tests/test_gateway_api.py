@@ -568,6 +568,8 @@ def test_a_burst_over_the_limit_gets_429_with_retry_after_for_that_identity_only
         limited = http.get("/v1/models", headers=auth("alice"))
         assert_error(limited, 429, "rate_limited")
         assert 1 <= int(limited.headers["Retry-After"]) <= 60
+        # The message says what the header says.
+        assert f"retry in {limited.headers['Retry-After']} s" in limited.json()["error"]["message"]
         assert http.get("/v1/models", headers=auth("bob")).status_code == 200
         assert http.get("/healthz").status_code == 200
 

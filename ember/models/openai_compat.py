@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import openai
@@ -40,9 +41,13 @@ _CONTEXT_WORDS = ("maximum context length", "context window", "context length", 
 _REFUSAL_CODES = {"content_filter", "content_policy_violation"}
 
 
-def typed(exc: openai.OpenAIError, where: str) -> ModelError:
-    """The kind of ModelError an SDK error is, with `where` and what happened in its message."""
+def typed(exc: openai.OpenAIError, where: str, base_url: str | None = None) -> ModelError:
+    """The kind of ModelError an SDK error is, with `where` and what happened in its message
+    (and, for a 404 from a `base_url` without /v1, the URL it probably meant)."""
     message = f"{where}: {_describe(exc)}"
+    if (isinstance(exc, openai.NotFoundError) and base_url is not None
+            and not base_url.rstrip("/").endswith("/v1")):
+        message += f"; did you mean {base_url.rstrip('/')}/v1 ?"
     if isinstance(exc, openai.APITimeoutError) and _connection_failure(exc) is None:
         return ModelTimedOut(message)
     if isinstance(exc, openai.APIConnectionError):
@@ -65,6 +70,8 @@ def typed(exc: openai.OpenAIError, where: str) -> ModelError:
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, openai.APIStatusError):
+        if exc.message.startswith("Error code: "):  # the SDK's stand-in when the body says nothing
+            return f"HTTP {exc.status_code} {_phrase(exc.status_code)}"
         return f"HTTP {exc.status_code}: {exc.message}"
     if isinstance(exc, openai.APIConnectionError):
         # The aiohttp transport reports a refused connection as a connect timeout: the cause tells.
@@ -75,6 +82,13 @@ def _describe(exc: BaseException) -> str:
             return "the request timed out"
         return f"could not connect ({exc.__cause__ or exc})"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "(no reason given)"
 
 
 def _connection_failure(exc: BaseException) -> OSError | None:
@@ -223,7 +237,7 @@ class OpenAICompatibleModel:
         try:
             page = await self._client.models.list()
         except openai.OpenAIError as exc:
-            raise typed(exc, "listing its models") from exc
+            raise typed(exc, "listing its models", self.base_url) from exc
         return [item.id for item in page.data]
 
     async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> AsyncStream[Any]:  # chunks: dicts
@@ -246,6 +260,6 @@ class OpenAICompatibleModel:
                     stream_cls=AsyncStream[object], options={"security": {"bearer_auth": True}},
                 )
             except openai.OpenAIError as exc:
-                raise typed(exc, f"model {self.name} at {self.base_url} failed") from exc
+                raise typed(exc, f"model {self.name} at {self.base_url} failed", self.base_url) from exc
 
         return await open_with_retries(post, self._max_attempts)

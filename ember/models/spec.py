@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ember.core.usage import Price
 
@@ -30,6 +31,11 @@ class ModelSpec(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0)
     thinking_budget: int | None = Field(default=None, ge=1024)
 
+    @field_validator("base_url")
+    @classmethod
+    def _a_url(cls, value: str | None) -> str | None:
+        return check_base_url(value) if value is not None else None
+
     @model_validator(mode="after")
     def _complete(self) -> ModelSpec:
         if self.provider == "openai" and not self.base_url:
@@ -51,6 +57,15 @@ DEFAULT_MAX_TOKENS = 4096
 # `model = "anthropic:claude-…"`: the single-model shorthand for Anthropic's API.
 ANTHROPIC_PREFIX = "anthropic:"
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+
+
+def check_base_url(value: str) -> str:
+    """A model endpoint's base URL: http(s), with a host."""
+    parsed = urlsplit(value.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{value!r} is not a base URL: give http(s)://host[:port][/path], "
+                         "e.g. https://api.openai.com/v1")
+    return value.strip()
 
 
 def check_thinking(max_tokens: int | None, thinking_budget: int | None) -> None:

@@ -91,8 +91,9 @@ class IdentityGate:
         # Failed attempts are limited per client address, so keys cannot be guessed at full speed.
         bucket = identity if identity is not None else f"unauthenticated {(scope.get('client') or ('?',))[0]}"
         if wait := self._limiter.retry_after(bucket):
-            error = ApiError(429, f"too many requests; retry in {wait:.1f} s", code="rate_limited",
-                             headers={"Retry-After": str(math.ceil(wait))})
+            seconds = math.ceil(wait)  # the message says what the header says
+            error = ApiError(429, f"too many requests; retry in {seconds} s", code="rate_limited",
+                             headers={"Retry-After": str(seconds)})
             await error.response()(scope, receive, send)
             return
         if identity is None:

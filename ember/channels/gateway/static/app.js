@@ -133,7 +133,7 @@ function route() {
 async function refreshSessions() {
   const { sessions } = await (await api("/api/sessions")).json();
   const keys = sessions.map((s) => s.key);
-  const items = sessions.map((s) => sessionItem(s.key, `${s.messages} messages`));
+  const items = sessions.map((s) => sessionItem(s.key, `${s.messages} message${s.messages === 1 ? "" : "s"}`));
   if (state.session && !keys.includes(state.session)) items.unshift(sessionItem(state.session, "new"));
   $("sessions").replaceChildren(...items);
 }
