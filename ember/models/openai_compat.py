@@ -70,9 +70,9 @@ def typed(exc: openai.OpenAIError, where: str, base_url: str | None = None) -> M
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, openai.APIStatusError):
-        if exc.message.startswith("Error code: "):  # the SDK's stand-in when the body says nothing
-            return f"HTTP {exc.status_code} {_phrase(exc.status_code)}"
-        return f"HTTP {exc.status_code}: {exc.message}"
+        # The SDK's text is "Error code: N", then " - <the body's message>" when it has one.
+        said = exc.message.removeprefix(f"Error code: {exc.status_code}").removeprefix(" - ").strip()
+        return f"HTTP {exc.status_code}: {said}" if said else f"HTTP {exc.status_code} {_phrase(exc.status_code)}"
     if isinstance(exc, openai.APIConnectionError):
         # The aiohttp transport reports a refused connection as a connect timeout: the cause tells.
         refused = _connection_failure(exc)
