@@ -200,3 +200,30 @@ def test_async_client_works_too(gateway: GatewayProcess, model: ModelServer, str
             return "".join([c.choices[0].delta.content or "" async for c in parts])
 
     assert asyncio.run(main()) == "async hello"
+
+
+def test_usage_is_the_turns_real_token_counts(client: openai.OpenAI, model: ModelServer) -> None:
+    model.push(Reply(tool_calls=(tool_call("read_file", path="notes.txt"),)), Reply(text="It says 4711."))
+    before = len(model.requests)
+    completion = client.chat.completions.create(model=AGENT, messages=[{"role": "user", "content": "notes?"}],
+                                                extra_headers={"X-Ember-Session": "s-usage"})
+    calls = model.requests[before:]
+    # The test model server reports words as tokens; each of the turn's two calls counts.
+    prompt = sum(sum(len(str(m.get("content") or "").split()) for m in body["messages"]) for body in calls)
+    assert completion.usage is not None and len(calls) == 2
+    assert completion.usage.prompt_tokens == prompt
+    assert completion.usage.completion_tokens == 1 + 3  # a tool call, then three words
+    assert completion.usage.total_tokens == prompt + completion.usage.completion_tokens
+
+
+def test_a_stream_reports_usage_only_when_asked(client: openai.OpenAI, model: ModelServer) -> None:
+    model.push(Reply(text="One two three."), Reply(text="Four five."))
+    chunks = list(client.chat.completions.create(
+        model=AGENT, messages=[{"role": "user", "content": "count"}], stream=True,
+        stream_options={"include_usage": True}, extra_headers={"X-Ember-Session": "s-usage-stream"}))
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None and last.usage.completion_tokens == 3
+    assert all(chunk.usage is None for chunk in chunks[:-1])
+    plain = list(client.chat.completions.create(model=AGENT, messages=[{"role": "user", "content": "again"}],
+                                                stream=True, extra_headers={"X-Ember-Session": "s-usage-stream"}))
+    assert all(chunk.usage is None and chunk.choices for chunk in plain)

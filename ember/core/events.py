@@ -47,6 +47,15 @@ class OutboundKind(enum.StrEnum):
     ERROR = "error"
 
 
+@dataclass(frozen=True, slots=True)
+class TurnUsage:
+    """The tokens of a turn's model calls: prompt tokens read fresh or from a cache, and output."""
+
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutboundEvent:
     """Something the agent sends back to a channel.
@@ -68,3 +77,5 @@ class OutboundEvent:
     approval: ApprovalRequest | None = None
     # The idempotency key of a committed answer (turn id, seq): a channel shows each once.
     delivery_id: str | None = None
+    # A FINAL's: what the turn's model calls used (None: not known, e.g. an answer sent again).
+    usage: TurnUsage | None = None

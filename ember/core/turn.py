@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from ember.core.events import InboundEvent
+from ember.core.events import InboundEvent, TurnUsage
 from ember.core.messages import Message, Session, ToolCall
 
 
@@ -18,8 +18,8 @@ class StreamSink(Protocol):
 
     async def tool_result(self, call: ToolCall, result: str) -> None: ...
 
-    async def finalize(self, text: str, delivery_id: str) -> bool:
-        """Send the committed answer; True when it reached the channel."""
+    async def finalize(self, text: str, delivery_id: str, usage: TurnUsage | None = None) -> bool:
+        """Send the committed answer (with what the turn's model calls used); True when it reached the channel."""
         ...
 
 
@@ -47,6 +47,7 @@ class InferenceResult:
     model_calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens read from (or written to) a provider's cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +55,4 @@ class ProcessResult:
     response_text: str
     outbound_sent: bool
     delivery_id: str
+    usage: TurnUsage | None = None

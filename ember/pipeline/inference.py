@@ -36,11 +36,13 @@ class _Usage:
     model_calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0
 
     def add(self, reply: ModelReply) -> None:
         self.model_calls += 1
         self.input_tokens += reply.input_tokens
         self.output_tokens += reply.output_tokens
+        self.cached_tokens += reply.cache_read_tokens + reply.cache_write_tokens
 
 
 TRUNCATED_NOTE = "(The answer was cut off at the model's output limit: ask me to go on.)"
@@ -135,4 +137,5 @@ class InferenceStage:
             model_calls=usage.model_calls,
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
+            cached_tokens=usage.cached_tokens,
         )

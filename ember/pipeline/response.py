@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ember.core.delivery import Delivery, delivery_id
+from ember.core.events import TurnUsage
 from ember.core.jobs import JobKind, JobRequest
 from ember.core.messages import Message
 from ember.core.thinking import strip_thinking
@@ -54,9 +55,11 @@ class ResponseStage:
         if jobs:
             self._scheduler.wake()
         # 5. Delivery of the final through the stream, which replaces the draft.
-        sent = await ctx.stream.finalize(text, delivery.delivery_id) if ctx.stream is not None else False
+        usage = (TurnUsage(result.input_tokens, result.cached_tokens, result.output_tokens)
+                 if result.model_calls else None)
+        sent = await ctx.stream.finalize(text, delivery.delivery_id, usage) if ctx.stream is not None else False
         # 6. The loop publishes the final itself only if the stream did not.
-        return ProcessResult(text, outbound_sent=sent, delivery_id=delivery.delivery_id)
+        return ProcessResult(text, outbound_sent=sent, delivery_id=delivery.delivery_id, usage=usage)
 
     def _derived_work(self, ctx: PipelineContext, result: InferenceResult) -> list[JobRequest]:
         key, turn, jobs = ctx.session.key, ctx.turn_id, []

@@ -34,7 +34,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from ember.bus.base import Bus
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import EmberError
-from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
 from ember.core.journal import Observers, Spans, TurnJournal, TurnObserver
 from ember.core.leases import SessionLeases
 from ember.core.messages import Message, Role
@@ -260,14 +260,14 @@ class AgentLoop:
             done = await self._pipeline.response.finalize(ctx, result)
         if not done.outbound_sent:
             await self._publish(event, turn.turn_id, OutboundKind.FINAL, done.response_text,
-                                delivery=done.delivery_id)
+                                delivery=done.delivery_id, usage=done.usage)
         turn.delivered = True
 
     async def _publish(self, event: InboundEvent, turn_id: str, kind: OutboundKind, text: str,
-                       *, delivery: str | None = None) -> None:
+                       *, delivery: str | None = None, usage: TurnUsage | None = None) -> None:
         await self._bus.publish_outbound(
             OutboundEvent(channel=event.channel, chat_id=event.chat_id, kind=kind, text=text, turn_id=turn_id,
-                          reply_to=event.message_id, delivery_id=delivery)
+                          reply_to=event.message_id, delivery_id=delivery, usage=usage)
         )
         if delivery is not None:
             self._deliveries.delivered(delivery)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ember.bus.base import Bus
-from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
 from ember.core.messages import ToolCall
 from ember.runtime.delivery import DeliveryWorker
 
@@ -38,13 +38,14 @@ class StreamPublisher:
     async def tool_result(self, call: ToolCall, result: str) -> None:
         await self._send(OutboundKind.TOOL_RESULT, result, tool_call=call)
 
-    async def finalize(self, text: str, delivery_id: str) -> bool:
-        await self._send(OutboundKind.FINAL, text, stream_full_text=True, delivery_id=delivery_id)
+    async def finalize(self, text: str, delivery_id: str, usage: TurnUsage | None = None) -> bool:
+        await self._send(OutboundKind.FINAL, text, stream_full_text=True, delivery_id=delivery_id, usage=usage)
         self._deliveries.delivered(delivery_id)
         return True
 
     async def _send(self, kind: OutboundKind, text: str, *, stream_full_text: bool = False,
-                    tool_call: ToolCall | None = None, delivery_id: str | None = None) -> None:
+                    tool_call: ToolCall | None = None, delivery_id: str | None = None,
+                    usage: TurnUsage | None = None) -> None:
         await self._bus.publish_outbound(
             OutboundEvent(
                 channel=self._event.channel,
@@ -56,5 +57,6 @@ class StreamPublisher:
                 stream_full_text=stream_full_text,
                 tool_call=tool_call,
                 delivery_id=delivery_id,
+                usage=usage,
             )
         )

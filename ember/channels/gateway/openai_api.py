@@ -42,7 +42,7 @@ from ember.channels.gateway.http import (
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.schemas import ChatCompletionRequest
 from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRouter
-from ember.core.events import OutboundEvent, OutboundKind
+from ember.core.events import OutboundEvent, OutboundKind, TurnUsage
 
 
 class OpenAIApi:
@@ -81,6 +81,7 @@ class OpenAIApi:
         clock = self._metrics.clock("openai")
         message = _Message(identity, key, users[-1].text(), client_id, users[-1].name, evaluation_requested(request))
         if body.stream:
+            completion.include_usage = body.stream_options is not None and body.stream_options.include_usage
             stream = self._stream(message, completion, clock)
             return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
         # An OpenAI client cannot answer approval requests: calls that need one are denied.
@@ -96,7 +97,7 @@ class OpenAIApi:
             clock.closed("error")
             raise ApiError(502, event.text, code="turn_failed", headers=headers)
         clock.closed("final")
-        return JSONResponse(completion.whole(event.text), headers=headers)
+        return JSONResponse(completion.whole(event.text, event.usage), headers=headers)
 
     def _session(self, request: Request, body: ChatCompletionRequest) -> str:
         # The user field is checked even when the header names the session: the document says what it may be.
@@ -145,7 +146,10 @@ def _closing(event: OutboundEvent, completion: _Completion, step: str, shown: bo
     # Should the draft ever stray from the record, the record follows it whole.
     rest = event.text[len(step):] if event.text.startswith(step) else ("\n\n" if shown else "") + event.text
     parts = [completion.chunk({"content": rest})] if rest else []
-    return [*parts, completion.chunk({}, finish_reason="stop"), sse(None, "[DONE]")]
+    parts.append(completion.chunk({}, finish_reason="stop"))
+    if completion.include_usage:  # after the finish, as OpenAI sends it
+        parts.append(completion.usage_chunk(event.usage))
+    return [*parts, sse(None, "[DONE]")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,15 +167,32 @@ class _Completion:
         self.id = completion_id
         self.created = created
         self.model = model
+        self.include_usage = False  # stream_options.include_usage: every chunk says usage, the last one has it
 
     def chunk(self, delta: dict[str, Any], *, finish_reason: str | None = None) -> bytes:
         return sse(None, {
             "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            **({"usage": None} if self.include_usage else {}),
         })
 
-    def whole(self, text: str) -> dict[str, Any]:
+    def usage_chunk(self, usage: TurnUsage | None) -> bytes:
+        return sse(None, {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                          "model": self.model, "choices": [], "usage": _usage(usage)})
+
+    def whole(self, text: str, usage: TurnUsage | None) -> dict[str, Any]:
         return {
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": _usage(usage),
         }
+
+
+def _usage(usage: TurnUsage | None) -> dict[str, Any] | None:
+    """The turn's tokens as OpenAI counts them: prompt tokens include the cached ones."""
+    if usage is None:
+        return None
+    prompt = usage.input_tokens + usage.cached_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": usage.output_tokens,
+            "total_tokens": prompt + usage.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}

@@ -34,6 +34,11 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = Field(default=False, description="A last chunk, before [DONE], with the turn's usage")
+
+
 class ChatCompletionRequest(BaseModel):
     """The OpenAI request. Ember keeps the history itself: only the last user message
     is new; sampling options are accepted and left to the configured model."""
@@ -49,6 +54,7 @@ class ChatCompletionRequest(BaseModel):
                                                                              {"type": "array", "minItems": 1}]}}}},
     )
     stream: bool = False
+    stream_options: StreamOptions | None = None
     # The pattern is documented, not enforced here: the route says what is wrong with the key (400).
     user: str | None = Field(default=None, json_schema_extra={"pattern": SESSION_KEY_PATTERN},
                              description="The session, when no X-Ember-Session header names one")
@@ -122,12 +128,24 @@ class Choice(BaseModel):
     finish_reason: Literal["stop"] = "stop"
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(description="Every model call's prompt, the cached part included")
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
 class ChatCompletion(BaseModel):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
     choices: list[Choice]
+    usage: Usage | None = Field(default=None, description="The turn's tokens, over all its model calls")
 
 
 class ModelCard(BaseModel):
