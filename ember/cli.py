@@ -158,21 +158,44 @@ def serve(
                        settings.gateway_port if port is None else port, ready))
 
 
-def _resolve_session_key(known: set[str], name: str) -> str | None:
+def _resolve_session_key(known: set[str], name: str) -> str:
+    """The stored key a person means by `name`: the key itself, a terminal session's name, or the
+    last part of any key (`work` for `http:alice:work`). ValueError says why none, or which several."""
     for candidate in (name, f"{CHANNEL}:{name}"):
         if candidate in known:
             return candidate
-    return None
+    matches = sorted(key for key in known if key.rsplit(":", 1)[-1] == name)
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ValueError(f"{name!r} names several sessions: {', '.join(matches)}; give the whole key")
+    raise ValueError(f"no session named {name!r}; `ember sessions list` shows them")
+
+
+async def _session_key_or_exit(store: SqlSessionStore, name: str) -> str | None:
+    try:
+        return _resolve_session_key({row.key for row in await store.list_sessions()}, name)
+    except ValueError as exc:
+        err.print(str(exc), markup=False)
+        return None
+
+
+TURN_ID_SHOWN = 12  # a turn id's unique prefix in lists; every command takes it
 
 
 @sessions_app.command("list")
-def sessions_list() -> None:
+def sessions_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List sessions, most recently active first."""
     settings = settings_or_exit()
 
     async def main() -> int:
         async with open_database(settings) as db:
             rows = await SqlSessionStore(db).list_sessions()
+        if as_json:
+            print(json.dumps([{"key": row.key, "messages": row.message_count,
+                               "last_consolidated": row.last_consolidated, "updated_at": row.updated_at}
+                              for row in rows], indent=2))
+            return 0
         table = Table("session", "messages", "consolidated up to", "last active")
         for row in rows:
             table.add_row(row.key, str(row.message_count), str(row.last_consolidated), _when(row.updated_at))
@@ -193,9 +216,8 @@ def sessions_show(
     async def main() -> int:
         async with open_database(settings) as db:
             store = SqlSessionStore(db)
-            resolved = _resolve_session_key({row.key for row in await store.list_sessions()}, key)
+            resolved = await _session_key_or_exit(store, key)
             if resolved is None:
-                err.print(f"no session named {key!r}; `ember sessions list` shows them", markup=False)
                 return 1
             messages = await store.history(resolved)
         if as_json:
@@ -212,19 +234,30 @@ def sessions_show(
 
 @trace_app.command("list")
 def trace_list(
-    session: Annotated[str | None, typer.Option("--session", "-s", help="Only this session key.")] = None,
+    session: Annotated[str | None, typer.Option("--session", "-s",
+                                                help="Only this session (its key or its name).")] = None,
     limit: Annotated[int, typer.Option(help="How many turns.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (whole turn ids).")] = False,
 ) -> None:
     """The latest turns, newest first."""
     settings = settings_or_exit()
 
     async def main() -> int:
         async with open_database(settings) as db:
-            traces = await SqlTraceStore(db).recent(limit, session)
+            key = None
+            if session is not None and (key := await _session_key_or_exit(SqlSessionStore(db), session)) is None:
+                return 1
+            traces = await SqlTraceStore(db).recent(limit, key)
+        if as_json:
+            print(json.dumps([{"turn_id": t.turn_id, "session": t.session_key, "status": t.status,
+                               "started_at": t.started_at, "tool_calls": len(t.detail.get("tool_calls", []))}
+                              for t in traces], indent=2))
+            return 0
         table = Table("turn", "session", "status", "started", "tool calls")
+        table.columns[0].no_wrap = True
         for t in traces:
             tool_calls = len(t.detail.get("tool_calls", []))
-            table.add_row(t.turn_id, t.session_key, t.status, _when(t.started_at), str(tool_calls))
+            table.add_row(t.turn_id[:TURN_ID_SHOWN], t.session_key, t.status, _when(t.started_at), str(tool_calls))
         out.print(table if traces else "No turns recorded yet.")
         return 0
 
@@ -232,7 +265,8 @@ def trace_list(
 
 
 @trace_app.command("show")
-def trace_show(turn_id: Annotated[str, typer.Argument(help="A turn id (`ember trace list` shows them).")]) -> None:
+def trace_show(turn_id: Annotated[str, typer.Argument(
+        help="A turn id, or its start as `ember trace list` shows it.")]) -> None:
     """A turn's stages, model calls, tool calls and approval decisions."""
     from ember.trace_view import show_trace
 
@@ -240,7 +274,13 @@ def trace_show(turn_id: Annotated[str, typer.Argument(help="A turn id (`ember tr
 
     async def main() -> int:
         async with open_database(settings) as db:
-            trace = await SqlTraceStore(db).get(turn_id)
+            traces = SqlTraceStore(db)
+            matches = await traces.turn_ids(turn_id) if turn_id else []
+            if len(matches) > 1 and turn_id not in matches:
+                err.print(f"{turn_id!r} starts several turn ids ({', '.join(matches)}); give more of it",
+                          markup=False)
+                return 1
+            trace = await traces.get(turn_id if turn_id in matches else matches[0]) if matches else None
         if trace is None:
             err.print(f"no turn {turn_id!r}; `ember trace list` shows recent ones", markup=False)
             return 1

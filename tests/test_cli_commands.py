@@ -194,3 +194,38 @@ def test_a_base_url_without_v1_is_told_what_it_probably_meant(tmp_path: Path, mo
     assert done.returncode == 1
     assert f"did you mean {root}/v1 ?" in done.stderr and "Error code" not in done.stderr
     assert done.stderr.count(root) == 2  # the URL that failed, and the one it probably meant
+
+
+def test_sessions_and_traces_are_found_by_the_name_a_person_used(tmp_path: Path, model_server: ModelServer) -> None:
+    env = ember_env(tmp_path, model_server)
+    model_server.push(Reply(text="one"), Reply(text="two"))
+    assert chat(env, "first", "work").returncode == 0
+    assert chat(env, "second", "work").returncode == 0
+    with sqlite3.connect(tmp_path / "ember.db") as raw:  # a gateway session of the same name
+        raw.execute("INSERT INTO sessions (key, metadata_json, last_consolidated, next_seq, created_at, updated_at) "
+                    "VALUES ('http:alice:work', '{}', 0, 0, 0, 0)")
+        raw.execute("INSERT INTO sessions (key, metadata_json, last_consolidated, next_seq, created_at, updated_at) "
+                    "VALUES ('http:local:web-3f2a', '{}', 0, 0, 0, 0)")
+
+    listed = json.loads(ember(env, "trace", "list", "--session", "work", "--json").stdout)
+    assert [t["session"] for t in listed] == ["cli:work", "cli:work"]  # the terminal's own name wins
+    assert ember(env, "sessions", "show", "web-3f2a").returncode == 0  # the last part of a gateway key
+    assert ember(env, "sessions", "show", "nothing").stderr.startswith("no session named 'nothing'")
+
+    turn = listed[0]["turn_id"]
+    shown = ember(env | {"COLUMNS": "80"}, "trace", "list")
+    assert turn[:12] in shown.stdout and turn not in shown.stdout  # a prefix, whole on an 80-column line
+    assert ember(env, "trace", "show", turn[:12]).returncode == 0  # which trace show takes
+    assert ember(env, "trace", "show", turn[:12]).stdout == ember(env, "trace", "show", turn).stdout
+    assert ember(env, "trace", "show", "").returncode == 1
+
+
+def test_a_name_several_sessions_end_with_is_not_guessed(tmp_path: Path) -> None:
+    env = ember_env(tmp_path, None)
+    assert ember(env, "sessions", "list").returncode == 0  # creates the store
+    with sqlite3.connect(tmp_path / "ember.db") as raw:
+        for key in ("http:alice:notes", "http:bob:notes"):
+            raw.execute("INSERT INTO sessions (key, metadata_json, last_consolidated, next_seq, created_at, "
+                        "updated_at) VALUES (?, '{}', 0, 0, 0, 0)", (key,))
+    done = ember(env, "sessions", "show", "notes")
+    assert done.returncode == 1 and "http:alice:notes, http:bob:notes" in done.stderr

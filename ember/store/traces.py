@@ -69,6 +69,14 @@ class SqlTraceStore:
             return [_trace(row) for row in (await conn.execute(query)).all()]
 
 
+    async def turn_ids(self, prefix: str, limit: int = 5) -> list[str]:
+        """The turn ids that start with `prefix` (a whole id included), at most `limit`."""
+        t = schema.traces
+        query = select(t.c.turn_id).where(t.c.turn_id.startswith(prefix, autoescape=True)).limit(limit)
+        async with self._db.read() as conn:
+            return list((await conn.execute(query)).scalars())
+
+
 def _trace(row: Row[Any]) -> TurnTrace:
     return TurnTrace(
         turn_id=row.turn_id, session_key=row.session_key, started_at=row.started_at,
