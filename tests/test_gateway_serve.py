@@ -50,6 +50,7 @@ def test_sigterm_lets_the_turn_in_flight_finish(launch_gateway: LaunchGateway, m
                 assert data["text"] == SLOW.text
     assert seen[-1] == "final" and seen.count("final") == 1
     assert gateway.process.wait(timeout=30) == 0
+    assert "stopping; open requests and running turns get up to" in gateway.output()
     restarted = launch_gateway(model_server, port=gateway.port)
     assert [m["content"] for m in history(restarted, "graceful")] == ["go", SLOW.text]
 

@@ -6,9 +6,11 @@ import asyncio
 import ipaddress
 import signal
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
@@ -34,6 +36,17 @@ class Listening:
 
 
 class _Server(uvicorn.Server):
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Said on stderr, so a person at the terminal knows the pause is on purpose.
+        if self.should_exit:
+            print("ember serve: stopping now, without waiting", file=sys.stderr, flush=True)
+        else:
+            grace = self.config.timeout_graceful_shutdown
+            print(f"ember serve: stopping; open requests and running turns get up to {grace:g} s to finish, "
+                  "then the background jobs are put back for the next start (Ctrl-C again stops at once)",
+                  file=sys.stderr, flush=True)
+        super().handle_exit(sig, frame)
+
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
         # SIGINT/SIGTERM stop gracefully, and the process then exits 0: uvicorn's own
