@@ -266,7 +266,8 @@ def trace_list(
 
 @trace_app.command("show")
 def trace_show(turn_id: Annotated[str, typer.Argument(
-        help="A turn id, or its start as `ember trace list` shows it.")]) -> None:
+        help="A turn id, or its start as `ember trace list` shows it.")],
+        as_json: Annotated[bool, typer.Option("--json", help="Print the trace as JSON.")] = False) -> None:
     """A turn's stages, model calls, tool calls and approval decisions."""
     from ember.trace_view import show_trace
 
@@ -284,6 +285,11 @@ def trace_show(turn_id: Annotated[str, typer.Argument(
         if trace is None:
             err.print(f"no turn {turn_id!r}; `ember trace list` shows recent ones", markup=False)
             return 1
+        if as_json:
+            print(json.dumps({"turn_id": trace.turn_id, "session": trace.session_key, "status": trace.status,
+                              "error": trace.error, "started_at": trace.started_at,
+                              "finished_at": trace.finished_at, **trace.detail}, indent=2, default=str))
+            return 0
         show_trace(trace, out)
         return 0
 

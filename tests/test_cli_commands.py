@@ -218,6 +218,8 @@ def test_sessions_and_traces_are_found_by_the_name_a_person_used(tmp_path: Path,
     assert ember(env, "trace", "show", turn[:12]).returncode == 0  # which trace show takes
     assert ember(env, "trace", "show", turn[:12]).stdout == ember(env, "trace", "show", turn).stdout
     assert ember(env, "trace", "show", "").returncode == 1
+    detail = json.loads(ember(env, "trace", "show", turn[:12], "--json").stdout)
+    assert detail["turn_id"] == turn and detail["status"] == "ok" and detail["model_calls"][0]["model"]
 
 
 def test_a_name_several_sessions_end_with_is_not_guessed(tmp_path: Path) -> None:
