@@ -274,3 +274,49 @@ def test_the_memory_panel_lists_searches_forgets_and_escapes(
         expect(contents).to_have_text([attack, cello])
     page.wait_for_timeout(200)
     assert dialogs == []
+
+
+def box(page: Page, selector: str) -> dict[str, float]:
+    found = page.locator(selector).bounding_box()
+    assert found is not None, f"{selector} has no box"
+    return found
+
+
+@pytest.mark.parametrize(("width", "sessions_inline", "memory_inline"), [
+    (390, False, False),  # a phone: both are drawers
+    (768, True, False),   # a tablet: the session list beside the chat, the memory a drawer
+    (1280, True, True),   # a desk: three columns
+])
+def test_the_layout_fits_phones_tablets_and_desks(page: Page, model: ModelServer, gateway: GatewayProcess,
+                                                  width: int, sessions_inline: bool, memory_inline: bool) -> None:
+    page.set_viewport_size({"width": width, "height": 800})
+    page.emulate_media(reduced_motion="reduce")  # drawers open at once: their boxes are final
+    sign_in(page, gateway, ALICE_KEY)
+    expect(page.locator("#app-view")).to_be_visible()
+    composer = box(page, "#message-input")
+    chat = box(page, "main")
+    # The composer spans the chat column, and the chat column most of what the panels leave.
+    assert composer["width"] >= chat["width"] - 120, (composer, chat)
+    assert chat["width"] >= (width * 0.9 if not sessions_inline else width * 0.45)
+    expect(page.locator("#sidebar")).to_be_visible() if sessions_inline else expect(
+        page.locator("#sidebar")).to_be_hidden()
+    expect(page.locator("#memory-panel")).to_be_visible() if memory_inline else expect(
+        page.locator("#memory-panel")).to_be_hidden()
+    expect(page.locator("#open-sessions")).to_be_hidden() if sessions_inline else expect(
+        page.locator("#open-sessions")).to_be_visible()
+
+    if not sessions_inline:  # the drawer opens over the chat, and picking a session closes it
+        page.locator("#open-sessions").click()
+        expect(page.locator("#sidebar")).to_be_visible()
+        expect(page.locator("#open-sessions")).to_have_attribute("aria-expanded", "true")
+        drawer = box(page, "#sidebar")
+        assert drawer["x"] >= 0 and drawer["width"] <= width * 0.9
+        page.locator("#new-session").click()
+        expect(page.locator("#sidebar")).to_be_hidden()
+        expect(page.locator("#open-sessions")).to_have_attribute("aria-expanded", "false")
+    if not memory_inline:  # and Escape closes the memory drawer
+        page.locator("#open-memory").click()
+        expect(page.locator("#memory-panel")).to_be_visible()
+        page.keyboard.press("Escape")
+        expect(page.locator("#memory-panel")).to_be_hidden()
+    page.screenshot(path=str(gateway.home.parent / f"layout-{width}.png"))  # for a person to look at

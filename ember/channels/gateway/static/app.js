@@ -66,6 +66,7 @@ function showSignIn(message) {
   state.view++; // a history still loading is for the signed-out view: drop it
   $("app-view").hidden = true;
   $("sign-out").hidden = true;
+  for (const toggle of Object.keys(DRAWERS)) $(toggle).hidden = true;
   $("sessions").replaceChildren();
   $("messages").replaceChildren();
   memoryPanel.clear();
@@ -99,6 +100,8 @@ function signOut() {
 function enter() {
   $("sign-in-view").hidden = true;
   $("app-view").hidden = false;
+  $("scrim").hidden = false;
+  for (const toggle of Object.keys(DRAWERS)) $(toggle).hidden = false;
   $("sign-out").hidden = state.open;
   route();
   memoryPanel.refresh();
@@ -375,6 +378,34 @@ $("new-session").addEventListener("click", () => {
   location.hash = encodeURIComponent(newSessionKey());
 });
 window.addEventListener("hashchange", () => {
+  closeDrawers(); // a session was picked: the chat comes back
   if (!$("app-view").hidden) route();
+});
+
+// Drawers, at the widths where the session list and the memory panel do not fit beside the chat.
+const DRAWERS = { "open-sessions": "sidebar", "open-memory": "memory-panel" };
+
+function closeDrawers() {
+  for (const [toggle, drawer] of Object.entries(DRAWERS)) {
+    $(drawer).classList.remove("open");
+    $(toggle).setAttribute("aria-expanded", "false");
+  }
+  $("scrim").classList.remove("shown");
+}
+
+for (const [toggle, drawer] of Object.entries(DRAWERS)) {
+  $(toggle).addEventListener("click", () => {
+    const opening = !$(drawer).classList.contains("open");
+    closeDrawers();
+    if (!opening) return;
+    $(drawer).classList.add("open");
+    $(toggle).setAttribute("aria-expanded", "true");
+    $("scrim").classList.add("shown");
+    $(drawer).querySelector("button, input, a")?.focus();
+  });
+}
+$("scrim").addEventListener("click", closeDrawers);
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape") closeDrawers();
 });
 start();
