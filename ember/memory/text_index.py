@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,8 +42,8 @@ INDEX_MIN_ROWS = 20_000
 INLINE_ROWS = 500
 # Rows read from the store and added per step of a build (one thread hop each).
 BUILD_BATCH = 5_000
-# A person below `min_rows` is counted again after this many more text writes.
-RECOUNT_AFTER = 1_000
+# A person below `min_rows` is counted again after this many seconds.
+RECOUNT_S = 30.0
 _COLUMNS = ("body", "before", "after", "far", "day")
 _WEIGHTS = dict(zip(_COLUMNS, TEXT_WEIGHTS[1:], strict=True))
 _TOKENIZER = "ember"
@@ -83,7 +84,7 @@ class TextIndex:
         self._schema = _schema()
         self._analyzer = _analyzer()
         self._lexicons: dict[str, _Lexicon] = {}
-        self._small: dict[str, int] = {}  # identity -> the text revision at which it had too few rows
+        self._small: dict[str, float] = {}  # identity -> when it was counted and had too few rows
 
     async def lexical(self, identity: str, terms: Sequence[str], limit: int) -> list[tuple[int, float]] | None:
         """(num, score) of the identity's best matches, as `SqlMemoryStore.lexical` gives them;
@@ -108,14 +109,14 @@ class TextIndex:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _current(self, identity: str) -> _Lexicon | None:
-        rev = await self._store.text_rev(identity)
         lexicon = self._lexicons.get(identity)
         if lexicon is None:
+            # Most people are small: their searches cost no query here, only a recount now and then.
             counted_at = self._small.get(identity)
-            if counted_at is not None and rev - counted_at < RECOUNT_AFTER:
+            if counted_at is not None and time.monotonic() - counted_at < RECOUNT_S:
                 return None
             if await self._store.count(identity) < self._min_rows:
-                self._small[identity] = rev
+                self._small[identity] = time.monotonic()
                 return None
             self._small.pop(identity, None)
             index = tantivy.Index(self._schema)
@@ -124,6 +125,7 @@ class TextIndex:
             log.info("memory of %s: building its text index in the background", identity)
         if lexicon.catching_up is not None:
             return None
+        rev = await self._store.text_rev(identity)
         if rev - lexicon.rev > self._inline_rows:
             lexicon.catching_up = asyncio.create_task(self._catch_up(identity, lexicon))
             return None
@@ -139,7 +141,7 @@ class TextIndex:
         except Exception:
             log.exception("memory of %s: its text index could not be built; full-text search goes on", identity)
             self._lexicons.pop(identity, None)
-            self._small[identity] = lexicon.rev  # tried again after RECOUNT_AFTER more writes
+            self._small[identity] = time.monotonic()  # tried again after RECOUNT_S
         finally:
             lexicon.catching_up = None
 
