@@ -18,7 +18,7 @@ import hashlib
 import json
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, started
 
 MODEL = "claude-test"
 CHUNK_CHARS = 5
@@ -194,14 +194,8 @@ class AnthropicServer:
                              "has_more": False, "first_id": self.model, "last_id": self.model})
 
 
-@contextmanager
-def serving(model: str = MODEL) -> Iterator[AnthropicServer]:
-    server = AnthropicServer(model)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def serving(model: str = MODEL) -> AbstractContextManager[AnthropicServer]:
+    return started(AnthropicServer(model))
 
 
 @pytest.fixture

@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol, TypeVar
 
 import uvicorn
 
@@ -45,3 +46,22 @@ class LoopbackServer:
         self._server.should_exit = True
         self._thread.join(timeout=10)
         self._socket.close()
+
+
+class _Startable(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Startable)
+
+
+@contextmanager
+def started(server: S) -> Iterator[S]:
+    """`server`, started for the block and stopped after it."""
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -21,7 +21,7 @@ import asyncio
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ember.tools.explain import EXPLAIN_INSTRUCTION
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, started
 
 MODEL = "test-model"
 CANNED_EXPLANATION = json.dumps({"explanation": "It does what the request says, in the workspace.",
@@ -216,14 +216,8 @@ class ModelServer:
                              "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "tests"}]})
 
 
-@contextmanager
-def serving(model: str = MODEL) -> Iterator[ModelServer]:
-    server = ModelServer(model)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def serving(model: str = MODEL) -> AbstractContextManager[ModelServer]:
+    return started(ModelServer(model))
 
 
 @pytest.fixture

@@ -4,8 +4,7 @@ a collector does, and keeps every span with its ids, parent, links, attributes a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, started
 
 
 def _value(value: AnyValue) -> Any:
@@ -78,11 +77,5 @@ class Collector:
         self._server.stop()
 
 
-@contextmanager
-def collecting() -> Iterator[Collector]:
-    collector = Collector()
-    collector.start()
-    try:
-        yield collector
-    finally:
-        collector.stop()
+def collecting() -> AbstractContextManager[Collector]:
+    return started(Collector())
