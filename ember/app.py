@@ -30,6 +30,7 @@ from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
 from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
+from ember.runtime.channels import ChannelHub
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
@@ -166,6 +167,7 @@ class Runtime:
     deliveries: DeliveryWorker
     identities: Identities
     usage: UsageRecorder
+    channels: ChannelHub
     telemetry: Telemetry | None = None  # OpenTelemetry, when otel_endpoint is set
     model: ModelClient | None = None  # closed with the runtime
     background_model: ModelClient | None = None  # consolidation and reviews, when not `model`; closed too
@@ -282,19 +284,21 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery, spans)
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
-                   identities, usage, spans, model, background if background_model else None,
+                   identities, usage, ChannelHub(bus, deliveries), spans, model,
+                   background if background_model else None,
                    explainer.model if explainer is not None and approval_model is not model.inner else None)
 
 
 @asynccontextmanager
 async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bool = False) -> AsyncIterator[Runtime]:
-    """Start the background runner, the delivery worker and the loop; stop them in
-    reverse, then the MCP servers (no turn can call them any more), then the store.
+    """Start the background runner, the delivery worker, the loop and the registered channels;
+    stop them in reverse, then the MCP servers (no turn can call them any more), then the store.
 
-    `channels`: those this process serves, whose unconfirmed answers are re-sent.
+    `channels`: those this process serves besides the registered ones (which it serves too),
+    whose unconfirmed answers are re-sent.
     `recover`: pick up the turns a crash cut off (resumed or answered with a notice).
     """
-    channels = list(channels)
+    channels = list(dict.fromkeys([*runtime.channels.names, *channels]))
     async with AsyncExitStack() as stack:
         # Each part is stopped, in reverse, if a later one fails to start.
         stack.push_async_callback(runtime.db.close)
@@ -310,10 +314,12 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
         stack.push_async_callback(runtime.usage.stop)  # after the turns and jobs: their last counts
         await runtime.runner.start()
         stack.push_async_callback(runtime.runner.stop)
-        await runtime.deliveries.start(channels)
+        await runtime.deliveries.start(channels, confirming=runtime.channels.confirming)
         stack.push_async_callback(runtime.deliveries.stop)
         await runtime.loop.start()
         stack.push_async_callback(runtime.loop.stop)
+        await runtime.channels.start()
+        stack.push_async_callback(runtime.channels.stop)  # first: no new messages while turns finish
         if recover:
             await runtime.loop.recover(channels)
         yield runtime

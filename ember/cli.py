@@ -49,8 +49,9 @@ async def _chat(settings: Settings, model: ModelClient, session: str, message: s
     background = configured_background_model(settings) if configured else None
     approval = configured_approval_model(settings, model) if configured else None
     runtime = await build_runtime(settings, model, background_model=background, approval_model=approval)
+    channel = CliChannel(runtime.bus, runtime.approvals, out, err, chat_id=session)
+    runtime.channels.register(channel)
     async with running(runtime):
-        channel = CliChannel(runtime.bus, runtime.approvals, out, err, chat_id=session)
         if message is not None:
             answer = await channel.send(message, stream=False)
             if not answer.ok:

@@ -33,8 +33,9 @@ async def run_demo(console: Console) -> int:
         (workspace / "plan.txt").write_text("Ship Ember.\n")
         settings = isolated_settings(home=Path(home), consolidation_threshold=6, consolidation_keep_recent=2)
         runtime = await build_runtime(settings, demo_model())
+        channel = CliChannel(runtime.bus, runtime.approvals, console, console, chat_id="demo")
+        runtime.channels.register(channel)
         async with running(runtime):
-            channel = CliChannel(runtime.bus, runtime.approvals, console, console, chat_id="demo")
             for line in DEMO_TURNS:
                 console.print(f"[bold cyan]you>[/bold cyan] {line}")
                 console.print("[bold]ember>[/bold] ", end="")

@@ -21,7 +21,7 @@ from ember.app import open_database
 from ember.config import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import ModelError
-from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, ReplyRoute
 from ember.core.messages import Message, Role, ToolCall
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
@@ -551,3 +551,44 @@ def test_gateway_message_ids_are_per_identity(gateway: GatewayProcess, model: Mo
         answers.append(response.json()["choices"][0]["message"]["content"])
     assert answers == ["for: alice asks", "for: bob asks"]
     assert len(model.requests) == 4
+
+
+# --- reply routes and messages accepted before their turn -----------------------------------------
+
+async def test_an_answer_goes_to_the_events_reply_route_and_no_other_chat(settings: Settings) -> None:
+    async with serving_runtime(settings, ScriptedModel([ModelReply(text="for the creator")])) as h:
+        await h.runtime.bus.publish_inbound(InboundEvent(
+            channel=CHANNEL, chat_id="task-7", sender_id="tester", text="a scheduled run", message_id="run-1",
+            reply=ReplyRoute(CHANNEL, "creator")))
+        closing = await h.next_closing("creator")
+        await settle()
+    assert (closing.kind, closing.text, closing.reply_to) == (OutboundKind.FINAL, "for the creator", "run-1")
+    assert h.chats["task-7"].events == []
+    assert shapes(await history(settings, session_key("task-7"))) == [
+        (Role.USER, "a scheduled run"), (Role.ASSISTANT, "for the creator")]
+    assert await undelivered(settings) == []
+    async with open_database(settings) as db:  # the question, asked in task-7, is answered
+        assert (await SqlDeliveryStore(db).receipt(CHANNEL, "task-7", "run-1")).answered_at is not None
+
+
+async def test_a_message_accepted_before_its_turn_started_runs_once_after_a_crash(settings: Settings) -> None:
+    accepted = InboundEvent(channel=CHANNEL, chat_id="c1", sender_id="tester", text="accepted, then the crash",
+                            message_id="hook-1")
+    async with open_database(settings) as db:  # the channel answered 202; the process died before the turn
+        store = SqlDeliveryStore(db)
+        assert await store.accept(accepted)
+        assert not await store.accept(accepted)  # a replay is known
+    calls: list[str] = []
+
+    async def answer(messages: list[Message], tools: object) -> ModelReply:
+        calls.append(messages[-1].content)
+        return ModelReply(text="answered after the restart")
+
+    async with serving_runtime(settings, FunctionModel(answer), channels=[CHANNEL], recover=True) as h:
+        closing = await h.next_closing()
+    assert closing.text == "answered after the restart"
+    async with serving_runtime(settings, FunctionModel(answer), channels=[CHANNEL], recover=True) as h:
+        await settle()
+    assert calls == ["accepted, then the crash"]
+    assert shapes(await history(settings)) == [(Role.USER, "accepted, then the crash"),
+                                               (Role.ASSISTANT, "answered after the restart")]

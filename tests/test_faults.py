@@ -42,6 +42,7 @@ from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
 from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
+from ember.runtime.channels import ChannelHub
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
@@ -140,7 +141,8 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries,
                      RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s))
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation,
-                   await start_mcp({}), deliveries, identities, UsageRecorder(SqlUsageStore(db)), model=model)
+                   await start_mcp({}), deliveries, identities, UsageRecorder(SqlUsageStore(db)),
+                   ChannelHub(bus, deliveries), model=model)
 
 
 @asynccontextmanager

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from ember.bus.base import Bus
+from ember.core.channels import ChannelCapabilities
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tools import Decision
 from ember.runtime.approvals import ApprovalBroker, Resolution
@@ -38,6 +39,9 @@ class CliChannel:
     """`console` shows the conversation; approval questions go to `prompts` and
     are answered by `ask` (stdin by default)."""
 
+    name = CHANNEL
+    capabilities = ChannelCapabilities(streams=True)
+
     def __init__(self, bus: Bus, approvals: ApprovalBroker, console: Console, prompts: Console, *, chat_id: str,
                  sender_id: str = "local-user", ask: Callable[[str], Awaitable[str]] = read_line) -> None:
         self._bus = bus
@@ -47,20 +51,37 @@ class CliChannel:
         self._chat_id = chat_id
         self._sender_id = sender_id
         self._ask = ask
+        self._waiting: dict[str, asyncio.Queue[OutboundEvent]] = {}
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def deliver(self, event: OutboundEvent) -> None:
+        queue = self._waiting.get(event.reply_to or "")
+        if queue is not None:  # else e.g. an earlier process's answer, re-sent: it is in the history
+            queue.put_nowait(event)
 
     async def send(self, text: str, *, stream: bool) -> Answer:
         """One turn. With `stream`, deltas and tool steps are printed as they come
         and the final answer is printed only where it differs from the draft."""
         message_id = uuid.uuid4().hex
-        await self._bus.publish_inbound(
-            InboundEvent(channel=CHANNEL, chat_id=self._chat_id, sender_id=self._sender_id, text=text,
-                         message_id=message_id, stream=stream, can_approve=True)
-        )
+        self._waiting[message_id] = queue = asyncio.Queue()
+        try:
+            await self._bus.publish_inbound(
+                InboundEvent(channel=CHANNEL, chat_id=self._chat_id, sender_id=self._sender_id, text=text,
+                             message_id=message_id, stream=stream, can_approve=True)
+            )
+            return await self._show(queue, stream)
+        finally:
+            del self._waiting[message_id]
+
+    async def _show(self, queue: asyncio.Queue[OutboundEvent], stream: bool) -> Answer:
         draft = ""
         while True:
-            event = await self._bus.next_outbound(CHANNEL)
-            if event.reply_to != message_id:  # e.g. an earlier process's answer, re-sent
-                continue
+            event = await queue.get()
             if event.kind is OutboundKind.DELTA:
                 draft += event.text
                 self._console.print(event.text, end="", markup=False, highlight=False)

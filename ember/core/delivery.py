@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ember.core.events import ReplyRoute
+
 if TYPE_CHECKING:
     from ember.core.events import InboundEvent
 
@@ -27,7 +29,8 @@ class Receipt:
 class Delivery:
     """A committed answer owed to a channel, written in the same transaction as
     the answer. `delivery_id` (turn id and the answer's seq) is the idempotency
-    key a channel dedupes by; `reply_to` is the message it answers."""
+    key a channel dedupes by; `reply_to` is the message it answers, asked in
+    `asked_in` when that is not where the answer goes (channel, chat_id)."""
 
     delivery_id: str
     turn_id: str
@@ -36,13 +39,20 @@ class Delivery:
     reply_to: str | None
     kind: str
     text: str
+    asked_in: ReplyRoute | None = None
+
+    @property
+    def question_route(self) -> ReplyRoute:
+        return self.asked_in or ReplyRoute(self.channel, self.chat_id)
 
     @classmethod
     def replying(cls, event: InboundEvent, *, delivery_id: str, turn_id: str, text: str,
                  kind: str = "final") -> Delivery:
-        """The record of `text` answering `event`, owed to the channel and chat it came from."""
-        return cls(delivery_id=delivery_id, turn_id=turn_id, channel=event.channel, chat_id=event.chat_id,
-                   reply_to=event.message_id, kind=kind, text=text)
+        """The record of `text` answering `event`, owed to the event's reply route."""
+        route = event.route
+        return cls(delivery_id=delivery_id, turn_id=turn_id, channel=route.channel, chat_id=route.chat_id,
+                   reply_to=event.message_id, kind=kind, text=text,
+                   asked_in=None if route == event.origin else event.origin)
 
 
 def delivery_id(turn_id: str, seq: int) -> str:

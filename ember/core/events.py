@@ -11,6 +11,14 @@ from ember.core.messages import ToolCall
 from ember.core.tools import ApprovalRequest
 
 
+@dataclass(frozen=True, slots=True)
+class ReplyRoute:
+    """Where a turn's output goes: a channel, and a chat (or target) in it."""
+
+    channel: str
+    chat_id: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InboundEvent:
     """A user message accepted by a channel.
@@ -32,10 +40,22 @@ class InboundEvent:
     # Set by start-up recovery: finish the accepted message's interrupted turn, or do nothing.
     recovery: bool = False
     metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Where the answer goes when not back where the message came from (a webhook's outbound
+    # target, the chat that created a scheduled task).
+    reply: ReplyRoute | None = None
 
     @property
     def session_key(self) -> str:
         return f"{self.channel}:{self.chat_id}"
+
+    @property
+    def origin(self) -> ReplyRoute:
+        return ReplyRoute(self.channel, self.chat_id)
+
+    @property
+    def route(self) -> ReplyRoute:
+        """Where this turn's deltas, approval requests and answer are sent."""
+        return self.reply or self.origin
 
 
 class OutboundKind(enum.StrEnum):

@@ -92,7 +92,7 @@ class ApprovalBroker:
         verdict = Verdict(Decision.DENY, "cancelled", time.time(), "the turn stopped while it waited")
         try:
             await self._bus.publish_outbound(OutboundEvent(
-                channel=event.channel, chat_id=event.chat_id, kind=OutboundKind.APPROVAL_REQUEST,
+                channel=event.route.channel, chat_id=event.route.chat_id, kind=OutboundKind.APPROVAL_REQUEST,
                 text=f"{text}\n{explanation.line()}" if explanation else text, turn_id=turn_id,
                 reply_to=event.message_id, approval=request,
             ))

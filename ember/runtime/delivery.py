@@ -35,6 +35,8 @@ class DeliveryWorker:
         self._sweep_s = sweep_s
         self._channels: frozenset[str] = frozenset()
         self._marks: list[str] = []
+        self._given_up: list[tuple[str, str]] = []
+        self._confirmed_by_channel: frozenset[str] = frozenset()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -43,9 +45,22 @@ class DeliveryWorker:
         self._marks.append(delivery_id)
         self._wake.set()
 
-    async def start(self, channels: Iterable[str] = ()) -> None:
-        """Start marking; re-send what the given channels are still owed (at once, then every sweep)."""
+    def handed_over(self, channel: str, delivery_id: str) -> None:
+        """The answer is on the bus to `channel`. A channel in this process takes it from there, so
+        it counts as delivered, unless the channel confirms its deliveries itself (a remote target)."""
+        if channel not in self._confirmed_by_channel:
+            self.delivered(delivery_id)
+
+    def gave_up(self, delivery_id: str, reason: str) -> None:
+        """The channel refused the answer for good (a 4xx from a webhook target): recorded, never re-sent."""
+        self._given_up.append((delivery_id, reason))
+        self._wake.set()
+
+    async def start(self, channels: Iterable[str] = (), *, confirming: Iterable[str] = ()) -> None:
+        """Start marking; re-send what the given channels are still owed (at once, then every sweep).
+        `confirming`: the channels that report their deliveries themselves (`delivered`, `gave_up`)."""
         self._channels = frozenset(channels)
+        self._confirmed_by_channel = frozenset(confirming)
         if self._channels:
             await self.resend()
         self._task = asyncio.create_task(self._run(), name="ember-delivery")
@@ -63,7 +78,7 @@ class DeliveryWorker:
             turn_id=delivery.turn_id, reply_to=delivery.reply_to, stream_full_text=True,
             delivery_id=delivery.delivery_id,
         ))
-        self.delivered(delivery.delivery_id)
+        self.handed_over(delivery.channel, delivery.delivery_id)
 
     async def resend(self, *, older_than_s: float = 0.0) -> int:
         owed = await self.store.undelivered(self._channels, older_than_s=older_than_s)
@@ -90,10 +105,13 @@ class DeliveryWorker:
 
     async def _flush(self) -> None:
         marks, self._marks = self._marks, []
+        given_up, self._given_up = self._given_up, []
         try:
             await self.store.mark_delivered(marks)
+            await self.store.mark_given_up(given_up)
         except BaseException:
             self._marks[:0] = marks  # kept for the next flush
+            self._given_up[:0] = given_up
             raise
 
     async def _guarded(self, work: Coroutine[Any, Any, object]) -> None:

@@ -140,7 +140,8 @@ class AgentLoop:
     async def recover(self, channels: Iterable[str]) -> int:
         """Queue every accepted message of `channels` whose turn never answered (a crash
         cut it off); each is resumed or answered with a notice, under its session's lease.
-        Other channels' messages are left to the process that serves them."""
+        Other channels' messages are left to the process that serves them. Messages a channel
+        accepted whose turn never started are published again."""
         served = set(channels)
         pending = [r for r in await self._deliveries.store.unanswered() if r.channel in served]
         for receipt in pending:
@@ -148,7 +149,11 @@ class AgentLoop:
                 channel=receipt.channel, chat_id=receipt.chat_id, sender_id=receipt.sender_id, text="",
                 message_id=receipt.message_id, recovery=True,
             ))
-        return len(pending)
+        # Accepted by a channel that answered before the turn started (a webhook's 202), never started.
+        unstarted = await self._deliveries.store.unstarted(served)
+        for event in unstarted:
+            await self._bus.publish_inbound(event)
+        return len(pending) + len(unstarted)
 
     async def _consume(self) -> None:
         while True:
@@ -266,8 +271,8 @@ class AgentLoop:
     async def _publish(self, event: InboundEvent, turn_id: str, kind: OutboundKind, text: str,
                        *, delivery: str | None = None, usage: TurnUsage | None = None) -> None:
         await self._bus.publish_outbound(
-            OutboundEvent(channel=event.channel, chat_id=event.chat_id, kind=kind, text=text, turn_id=turn_id,
-                          reply_to=event.message_id, delivery_id=delivery, usage=usage)
+            OutboundEvent(channel=event.route.channel, chat_id=event.route.chat_id, kind=kind, text=text,
+                          turn_id=turn_id, reply_to=event.message_id, delivery_id=delivery, usage=usage)
         )
         if delivery is not None:
-            self._deliveries.delivered(delivery)
+            self._deliveries.handed_over(event.route.channel, delivery)

@@ -1,4 +1,4 @@
-"""Publishes one turn's live output to the channel it came from."""
+"""Publishes one turn's live output to its reply route."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class StreamPublisher:
 
     async def finalize(self, text: str, delivery_id: str, usage: TurnUsage | None = None) -> bool:
         await self._send(OutboundKind.FINAL, text, stream_full_text=True, delivery_id=delivery_id, usage=usage)
-        self._deliveries.delivered(delivery_id)
+        self._deliveries.handed_over(self._event.route.channel, delivery_id)
         return True
 
     async def _send(self, kind: OutboundKind, text: str, *, stream_full_text: bool = False,
@@ -48,8 +48,8 @@ class StreamPublisher:
                     usage: TurnUsage | None = None) -> None:
         await self._bus.publish_outbound(
             OutboundEvent(
-                channel=self._event.channel,
-                chat_id=self._event.chat_id,
+                channel=self._event.route.channel,
+                chat_id=self._event.route.chat_id,
                 kind=kind,
                 text=text,
                 turn_id=self._turn_id,

@@ -2,7 +2,8 @@
 
 Both are written by SqlSessionStore.append, in the transaction of the messages
 they belong to (record_receipt, record_delivery); this store reads them and
-records deliveries.
+records deliveries. It also keeps the messages a channel accepted before their
+turn could start (`accept`), until their turn has a receipt.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ember.core.delivery import Delivery, Receipt
 from ember.core.errors import DuplicateMessage
+from ember.core.events import InboundEvent, ReplyRoute
 from ember.store import schema
 from ember.store.database import Database
 from ember.store.direct import compiled
 
-_i, _o = schema.inbox, schema.outbox
+_i, _o, _a = schema.inbox, schema.outbox, schema.accepted_inbound
 # A duplicate is not an error inside the transaction: the caller sees rowcount 0 and rolls back.
 _ACCEPT = compiled(sqlite_insert(_i).on_conflict_do_nothing(index_elements=["channel", "chat_id", "message_id"]))
 _OWE = compiled(insert(_o))
@@ -33,6 +35,9 @@ _RECEIPT = compiled(select(_i).where(_i.c.channel == bindparam("channel"), _i.c.
 # A committed final answers the message even if an error (its failed send) came after it.
 _ANSWER_OF = compiled(select(_o).where(_o.c.turn_id == bindparam("turn_id"))
                       .order_by((_o.c.kind == "final").desc(), _o.c.created_at.desc()).limit(1))
+_GIVE_UP = compiled(update(_o).where(_o.c.delivery_id == bindparam("delivery_id"), _o.c.delivered_at.is_(None))
+                    .values(failure=bindparam("failure"), attempts=_o.c.attempts + 1))
+_ACCEPT_EARLY = compiled(sqlite_insert(_a).on_conflict_do_nothing(index_elements=["channel", "chat_id", "message_id"]))
 _MARK = compiled(update(_o).where(_o.c.delivery_id == bindparam("delivery_id"), _o.c.delivered_at.is_(None))
                  .values(delivered_at=bindparam("now"), attempts=_o.c.attempts + 1))
 
@@ -65,9 +70,11 @@ def record_delivery(conn: sqlite3.Connection, key: str, delivery: Delivery, now:
         "delivery_id": delivery.delivery_id, "turn_id": delivery.turn_id, "session_key": key,
         "channel": delivery.channel, "chat_id": delivery.chat_id, "reply_to": delivery.reply_to,
         "kind": delivery.kind, "text": delivery.text, "created_at": now, "delivered_at": None, "attempts": 0,
+        "failure": None,
     })
     if delivery.reply_to is not None:
-        conn.execute(_ANSWERED, {"channel": delivery.channel, "chat_id": delivery.chat_id,
+        asked = delivery.question_route
+        conn.execute(_ANSWERED, {"channel": asked.channel, "chat_id": asked.chat_id,
                                  "reply_to": delivery.reply_to, "now": now})
 
 
@@ -96,7 +103,7 @@ class SqlDeliveryStore:
         return await self._db.run_read(find)
 
     async def undelivered(self, channels: Iterable[str], *, older_than_s: float = 0.0) -> list[Delivery]:
-        query = (select(_o).where(_o.c.delivered_at.is_(None), _o.c.channel.in_(list(channels)),
+        query = (select(_o).where(_o.c.delivered_at.is_(None), _o.c.failure.is_(None), _o.c.channel.in_(list(channels)),
                                   _o.c.created_at <= time.time() - older_than_s).order_by(_o.c.created_at))
         async with self._db.read() as conn:
             return [_delivery(row) for row in (await conn.execute(query)).all()]
@@ -116,3 +123,35 @@ class SqlDeliveryStore:
             conn.executemany(_MARK, [{"delivery_id": delivery_id, "now": now} for delivery_id in ids])
 
         await self._db.run_write(mark)
+
+    async def mark_given_up(self, refused: Iterable[tuple[str, str]]) -> None:
+        """(delivery id, why): answers a channel refused for good."""
+        rows = [{"delivery_id": delivery_id, "failure": failure} for delivery_id, failure in refused]
+        if not rows:
+            return
+
+        def give_up(conn: sqlite3.Connection) -> None:
+            conn.executemany(_GIVE_UP, rows)
+
+        await self._db.run_write(give_up)
+
+    async def accept(self, event: InboundEvent) -> bool:
+        """Keep `event` until its turn starts; False: a message with its id was accepted before."""
+        assert event.message_id is not None
+        reply = event.reply
+        row = {"channel": event.channel, "chat_id": event.chat_id, "message_id": event.message_id,
+               "sender_id": event.sender_id, "text": event.text, "accepted_at": time.time(),
+               "reply_channel": reply.channel if reply else None, "reply_chat_id": reply.chat_id if reply else None}
+        return bool(await self._db.run_write(lambda conn: conn.execute(_ACCEPT_EARLY, row).rowcount))
+
+    async def unstarted(self, channels: Iterable[str]) -> list[InboundEvent]:
+        """Accepted messages of `channels` whose turn never got as far as a receipt, oldest first."""
+        started = select(_i.c.message_id).where(_i.c.channel == _a.c.channel, _i.c.chat_id == _a.c.chat_id,
+                                                _i.c.message_id == _a.c.message_id).exists()
+        query = select(_a).where(_a.c.channel.in_(list(channels)), ~started).order_by(_a.c.accepted_at)
+        async with self._db.read() as conn:
+            rows = (await conn.execute(query)).all()
+        return [InboundEvent(channel=row.channel, chat_id=row.chat_id, sender_id=row.sender_id, text=row.text,
+                             message_id=row.message_id,
+                             reply=ReplyRoute(row.reply_channel, row.reply_chat_id) if row.reply_channel else None)
+                for row in rows]

@@ -269,6 +269,22 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             decided_at DOUBLE PRECISION)""",
         "CREATE INDEX approvals_pending ON approvals (status) WHERE status = 'pending'",
     ),
+    (
+        # An answer a channel refused for good (a 4xx from a webhook target): kept, never re-sent.
+        "ALTER TABLE outbox ADD COLUMN failure TEXT",
+        # Messages a channel accepted before their turn could start (a webhook answered 202): each is
+        # published again at start until its turn has a receipt.
+        """CREATE TABLE accepted_inbound (
+            channel TEXT NOT NULL,
+            chat_id TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            sender_id TEXT NOT NULL,
+            text TEXT NOT NULL,
+            reply_channel TEXT,
+            reply_chat_id TEXT,
+            accepted_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (channel, chat_id, message_id))""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -96,6 +96,20 @@ outbox = Table(
     Column("created_at", Float, nullable=False),
     Column("delivered_at", Float),
     Column("attempts", Integer, nullable=False),
+    Column("failure", Text),
+)
+
+accepted_inbound = Table(
+    "accepted_inbound",
+    metadata,
+    Column("channel", Text, primary_key=True),
+    Column("chat_id", Text, primary_key=True),
+    Column("message_id", Text, primary_key=True),
+    Column("sender_id", Text, nullable=False),
+    Column("text", Text, nullable=False),
+    Column("reply_channel", Text),
+    Column("reply_chat_id", Text),
+    Column("accepted_at", Float, nullable=False),
 )
 
 memory_items = Table(

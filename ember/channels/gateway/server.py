@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from ember.app import build_runtime, configured_approval_model, configured_background_model, running
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
-from ember.channels.gateway.turns import CHANNEL, TurnRouter
+from ember.channels.gateway.turns import TurnRouter
 from ember.config import Settings
 from ember.core.errors import ConfigError, EmberError
 from ember.models.base import ModelClient
@@ -107,16 +107,13 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         approval = configured_approval_model(settings, model) if settings.model_configured else None
         runtime = await build_runtime(settings, model, background_model=background, approval_model=approval)
         router = TurnRouter(runtime.bus)
+        runtime.channels.register(router)
 
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            async with running(runtime, channels=[CHANNEL], recover=True):
-                await router.start()
+            async with running(runtime, recover=True):
                 on_ready(listening)
-                try:
-                    yield
-                finally:
-                    await router.stop()
+                yield
 
         options = GatewayOptions(
             agent_id=settings.agent_name.lower().replace(" ", "-"),

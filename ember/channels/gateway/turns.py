@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ember.bus.base import Bus
+from ember.core.channels import ChannelCapabilities
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
-from ember.runtime.tasks import cancel_task
 
 CHANNEL = "http"
 
@@ -45,6 +45,11 @@ class InFlight(Exception):
 
 
 class TurnRouter:
+    """The gateway's channel: each request waits for the events answering its message."""
+
+    name = CHANNEL
+    capabilities = ChannelCapabilities(streams=True)
+
     def __init__(self, bus: Bus) -> None:
         self._bus = bus
         self._waiting: dict[str, asyncio.Queue[OutboundEvent]] = {}
@@ -53,14 +58,12 @@ class TurnRouter:
         # since the part of the draft they would see has lost its beginning.
         self._streaming: set[str] = set()
         self._joined: set[str] = set()
-        self._dispatcher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._dispatcher = asyncio.create_task(self._dispatch(), name="ember-gateway-router")
+        pass
 
     async def stop(self) -> None:
-        await cancel_task(self._dispatcher)
-        self._dispatcher = None
+        pass
 
     def in_flight(self, identity: str, client_id: str | None) -> bool:
         return client_id is not None and f"{identity}:{client_id}" in self._waiting
@@ -94,18 +97,16 @@ class TurnRouter:
             del self._waiting[message_id]
             self._joined.discard(message_id)
 
-    async def _dispatch(self) -> None:
-        while True:
-            event = await self._bus.next_outbound(CHANNEL)
-            key = event.reply_to or ""
-            if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
-                self._streaming.discard(key)
-            else:
-                self._streaming.add(key)
-                if key in self._joined and event.kind is not OutboundKind.APPROVAL_REQUEST:
-                    continue  # a draft without its beginning: the final will say it all
-            queue = self._waiting.get(key)
-            if queue is not None:
-                queue.put_nowait(event)
-            else:
-                log.debug("no request waits for %s of turn %s; dropped", event.kind, event.turn_id)
+    async def deliver(self, event: OutboundEvent) -> None:
+        key = event.reply_to or ""
+        if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
+            self._streaming.discard(key)
+        else:
+            self._streaming.add(key)
+            if key in self._joined and event.kind is not OutboundKind.APPROVAL_REQUEST:
+                return  # a draft without its beginning: the final will say it all
+        queue = self._waiting.get(key)
+        if queue is not None:
+            queue.put_nowait(event)
+        else:
+            log.debug("no request waits for %s of turn %s; dropped", event.kind, event.turn_id)

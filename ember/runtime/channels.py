@@ -1,0 +1,80 @@
+"""The channels one process serves: started and stopped with the runtime, each handed what
+the bus addresses to it, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ember.bus.base import Bus
+from ember.core.channels import Channel, DeliveryRefused
+from ember.runtime.delivery import DeliveryWorker
+from ember.runtime.tasks import stop_tasks
+
+log = logging.getLogger(__name__)
+
+
+class ChannelHub:
+    def __init__(self, bus: Bus, deliveries: DeliveryWorker) -> None:
+        self._bus = bus
+        self._deliveries = deliveries
+        self._channels: dict[str, Channel] = {}
+        self._pumps: list[asyncio.Task[None]] = []
+        self._started: list[Channel] = []
+
+    def register(self, channel: Channel) -> None:
+        """The one hook for adding an entrance (built-in or a plugin's), before the runtime starts."""
+        if channel.name in self._channels:
+            raise ValueError(f"a channel named {channel.name!r} is registered already")
+        self._channels[channel.name] = channel
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._channels)
+
+    @property
+    def confirming(self) -> list[str]:
+        return [name for name, channel in self._channels.items() if channel.capabilities.confirms_delivery]
+
+    def get(self, name: str) -> Channel | None:
+        return self._channels.get(name)
+
+    async def start(self) -> None:
+        """Start every channel, in the order registered; if one fails, those started are stopped."""
+        try:
+            for channel in self._channels.values():
+                await channel.start()
+                self._started.append(channel)
+        except BaseException:
+            await self.stop()
+            raise
+        self._pumps = [asyncio.create_task(self._pump(channel), name=f"ember-channel-{channel.name}")
+                       for channel in self._started]
+
+    async def stop(self) -> None:
+        await stop_tasks(self._pumps, grace_s=0)
+        self._pumps = []
+        for channel in reversed(self._started):
+            try:
+                await channel.stop()
+            except Exception:
+                log.warning("channel %s did not stop cleanly", channel.name, exc_info=True)
+        self._started = []
+
+    async def _pump(self, channel: Channel) -> None:
+        confirms = channel.capabilities.confirms_delivery
+        while True:
+            event = await self._bus.next_outbound(channel.name)
+            try:
+                await channel.deliver(event)
+            except DeliveryRefused as refused:
+                log.warning("%s refused %s of turn %s: %s", channel.name, event.kind, event.turn_id, refused)
+                if event.delivery_id is not None:
+                    self._deliveries.gave_up(event.delivery_id, str(refused))
+                continue
+            except Exception:  # the channel's edge: a committed answer stays owed and is sent again
+                log.warning("%s could not take %s of turn %s", channel.name, event.kind, event.turn_id,
+                            exc_info=True)
+                continue
+            if confirms and event.delivery_id is not None:
+                self._deliveries.delivered(event.delivery_id)
