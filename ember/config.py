@@ -22,6 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
 from ember.models.spec import (
@@ -95,6 +96,10 @@ class Settings(BaseSettings):
     # allow / ask / deny per risk class, per tool and by pattern rules (see README).
     tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
     mcp_servers: McpServers = Field(default_factory=dict)
+    # Signed webhooks in (POST /webhooks/NAME) and answers out; the address rules of web_fetch
+    # (and its allowed hosts) apply to outbound URLs.
+    webhooks: dict[str, WebhookSpec] = Field(default_factory=dict)
+    outbound: dict[str, OutboundSpec] = Field(default_factory=dict)
     # A turn with at least this many tool calls triggers the background reviews.
     review_tool_call_threshold: int = Field(default=3, ge=1)
     consolidation_threshold: int = Field(default=40, ge=4)
@@ -164,6 +169,17 @@ class Settings(BaseSettings):
         if self.models or self.model_roles:
             role_chains(self.models, dict(self.model_roles))
         check_thinking(self.model_max_tokens, self.model_thinking_budget)
+        return self
+
+    @model_validator(mode="after")
+    def _webhooks_reply_to_targets(self) -> Settings:
+        for name in self.outbound:
+            check_name("outbound", name)
+        for name, webhook in self.webhooks.items():
+            check_name("webhooks", name)
+            if webhook.reply_to is not None and webhook.reply_to not in self.outbound:
+                known = ", ".join(self.outbound) or "none is configured"
+                raise ValueError(f"webhooks.{name}.reply_to: no [outbound.{webhook.reply_to}] ({known})")
         return self
 
     @property

@@ -79,7 +79,7 @@ def _nat64(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Target:
+class Target:
     """One checked hop: the URL as written and the addresses it may be fetched from."""
 
     url: httpx.URL
@@ -114,6 +114,24 @@ async def _resolve(host: str, port: int) -> tuple[IPAddress, ...]:
     except socket.gaierror as exc:
         raise ToolFailure(f"could not resolve {host}: {exc.strerror}") from None
     return tuple(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
+
+
+class AddressRefused(ToolFailure):
+    """The URL's host is or resolves to an address that must not be reached."""
+
+
+async def checked_target(raw: str, *, allow_private: bool, allowed_hosts: frozenset[str]) -> Target:
+    """`raw` parsed and resolved, every address checked (unless allowed): the addresses to connect to."""
+    url = _parse(raw)
+    host = url.raw_host.decode("ascii").lower()
+    port = url.port or (443 if url.scheme == "https" else 80)
+    addresses = await _resolve(host, port)
+    if not (allow_private or host.rstrip(".") in allowed_hosts):
+        for address in addresses:
+            if problem := address_problem(address):
+                where = f"{host} is" if host == str(address) else f"{host} resolves to {address},"
+                raise AddressRefused(f"{url} is refused: {where} {problem}; only public addresses can be reached")
+    return Target(url, host, addresses)
 
 
 def _is_text(media_type: str) -> bool:
@@ -269,19 +287,10 @@ class _Fetcher:
                 raise ToolFailure(f"the redirect from {chain[-1]} to {location} was not followed: {exc}") from None
             chain.append(location)
 
-    async def _target(self, raw: str) -> _Target:
-        url = _parse(raw)
-        host = url.raw_host.decode("ascii").lower()
-        port = url.port or (443 if url.scheme == "https" else 80)
-        addresses = await _resolve(host, port)
-        if not (self.allow_private or host.rstrip(".") in self.allowed_hosts):
-            for address in addresses:
-                if problem := address_problem(address):
-                    where = f"{host} is" if host == str(address) else f"{host} resolves to {address},"
-                    raise ToolFailure(f"{url} is refused: {where} {problem}; only public addresses can be fetched")
-        return _Target(url, host, addresses)
+    async def _target(self, raw: str) -> Target:
+        return await checked_target(raw, allow_private=self.allow_private, allowed_hosts=self.allowed_hosts)
 
-    async def _send(self, client: httpx.AsyncClient, target: _Target) -> httpx.Response:
+    async def _send(self, client: httpx.AsyncClient, target: Target) -> httpx.Response:
         """GET the target from the first of its checked addresses that accepts a connection."""
         sni = {"sni_hostname": target.host.rstrip(".")} if target.url.scheme == "https" else {}
         failures = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -37,8 +37,9 @@ from ember.store.sessions import SqlSessionStore
 
 STATIC_DIR = Path(__file__).parent / "static"
 # Open to all: liveness for supervisors, and the page that asks for a key.
+# Webhooks are authenticated by their signatures, checked by their route.
 PUBLIC_PATHS = frozenset({"/", "/healthz"})
-PUBLIC_PREFIXES = ("/static/",)
+PUBLIC_PREFIXES = ("/static/", "/webhooks/")
 
 # The page runs only its own scripts and cannot be framed by another site.
 PAGE_HEADERS = {
@@ -123,7 +124,10 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, options: GatewayOptions, *,
-               lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None) -> Starlette:
+               lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
+               channel_routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """`channel_routes`: the routes of other channels on the gateway's port (webhooks), which
+    authenticate their requests themselves."""
     metrics = GatewayMetrics()
     if services.usage is not None:
         services.usage.observe(metrics.count_usage)
@@ -155,6 +159,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         *openai_api.routes(),
         *native_api.routes(),
         *memory_api.routes(),
+        *channel_routes,
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     return Starlette(

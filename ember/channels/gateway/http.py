@@ -47,12 +47,8 @@ class ApiError(Exception):
         return JSONResponse({"error": detail}, status_code=self.status, headers=self.headers)
 
 
-async def read_json(request: Request, model: type[T], limit: int) -> T:
-    """The request body as `model`: JSON only, at most `limit` bytes, validated."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type != "application/json":
-        raise ApiError(415, f"send the body as application/json (got {content_type or 'no content type'})",
-                       code="unsupported_media_type")
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, at most `limit` bytes."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the body is {declared} bytes; the limit is {limit}", code="body_too_large")
@@ -61,9 +57,19 @@ async def read_json(request: Request, model: type[T], limit: int) -> T:
         body += chunk
         if len(body) > limit:
             raise ApiError(413, f"the body is over the limit of {limit} bytes", code="body_too_large")
+    return bytes(body)
+
+
+async def read_json(request: Request, model: type[T], limit: int) -> T:
+    """The request body as `model`: JSON only, at most `limit` bytes, validated."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise ApiError(415, f"send the body as application/json (got {content_type or 'no content type'})",
+                       code="unsupported_media_type")
+    body = await read_body(request, limit)
     try:
         # pydantic's own parser: deep nesting and lone surrogates are errors, not crashes.
-        return model.model_validate_json(bytes(body))
+        return model.model_validate_json(body)
     except ValidationError as exc:
         errors = exc.errors()
         if errors and errors[0]["type"] == "json_invalid":

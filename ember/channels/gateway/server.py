@@ -14,11 +14,14 @@ from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.routing import BaseRoute
 
-from ember.app import build_runtime, configured_approval_model, configured_background_model, running
+from ember.app import Runtime, build_runtime, configured_approval_model, configured_background_model, running
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.turns import TurnRouter
+from ember.channels.webhooks.inbound import WebhookChannel
+from ember.channels.webhooks.outbound import OutboundWebhooks
 from ember.config import Settings
 from ember.core.errors import ConfigError, EmberError
 from ember.models.base import ModelClient
@@ -97,6 +100,20 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def webhook_channels(settings: Settings, runtime: Runtime) -> list[BaseRoute]:
+    """Register the webhook channels `settings` configures; the routes to serve for them."""
+    if settings.outbound:
+        runtime.channels.register(OutboundWebhooks(
+            settings.outbound, allow_private=settings.web_fetch_allow_private,
+            allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)))
+    if not settings.webhooks:
+        return []
+    webhooks = WebhookChannel(runtime.bus, runtime.deliveries.store, settings.webhooks,
+                              max_body_bytes=settings.gateway_max_body_bytes)
+    runtime.channels.register(webhooks)
+    return list(webhooks.routes())
+
+
 async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str, port: int,
                 on_ready: Callable[[Listening], None]) -> int:
     """Serve until SIGINT or SIGTERM; 0 after a clean stop, 1 if the start failed."""
@@ -108,6 +125,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         runtime = await build_runtime(settings, model, background_model=background, approval_model=approval)
         router = TurnRouter(runtime.bus)
         runtime.channels.register(router)
+        channel_routes = webhook_channels(settings, runtime)
 
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -124,7 +142,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         )
         services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
                                    runtime.identities, runtime.usage)
-        app = create_app(router, services, keys, options, lifespan=lifespan)
+        app = create_app(router, services, keys, options, lifespan=lifespan, channel_routes=channel_routes)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)
         server = _Server(config)

@@ -1,0 +1,1 @@
+"""Webhooks: signed requests in (`POST /webhooks/{name}`) and signed answers out (`[outbound.*]`)."""
