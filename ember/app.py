@@ -42,6 +42,7 @@ from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
+from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
 from ember.tools.approval import ApprovalGate
@@ -51,6 +52,7 @@ from ember.tools.files import file_tools
 from ember.tools.mcp import McpHub, start_mcp
 from ember.tools.memory import memory_tools
 from ember.tools.shell import shell_tool
+from ember.tools.tasks import task_tools
 from ember.tools.web import web_fetch_tool
 from ember.tools.workspace import Workspace
 
@@ -133,7 +135,7 @@ def configured_background_model(settings: Settings) -> ModelClient | None:
     return configured_model(settings, "background") if settings.models else None
 
 
-def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService) -> ToolRegistry:
+def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: SqlTaskStore) -> ToolRegistry:
     """The built-in tools, and the tools of the MCP servers that started."""
     workspace_dir = settings.workspace_dir
     workspace_dir.mkdir(parents=True, exist_ok=True)
@@ -145,6 +147,7 @@ def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService) -> Too
         web_fetch_tool(allow_private=settings.web_fetch_allow_private,
                        allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
         *memory_tools(memory),
+        *task_tools(tasks, default_tz=settings.timezone),
         *mcp.tools(),
     ])
 
@@ -168,6 +171,7 @@ class Runtime:
     identities: Identities
     usage: UsageRecorder
     channels: ChannelHub
+    tasks: SqlTaskStore
     telemetry: Telemetry | None = None  # OpenTelemetry, when otel_endpoint is set
     model: ModelClient | None = None  # closed with the runtime
     background_model: ModelClient | None = None  # consolidation and reviews, when not `model`; closed too
@@ -261,7 +265,9 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, explainer, SqlApprovalStore(db))
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
-    gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory), settings.tool_policy)
+    tasks = SqlTaskStore(db)
+    gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory, tasks),
+                         settings.tool_policy)
     consolidation = ConsolidationWorker(sessions, leases, background, memory,
                                         keep_recent=settings.consolidation_keep_recent)
     runner = BackgroundRunner(
@@ -284,7 +290,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery, spans)
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
-                   identities, usage, ChannelHub(bus, deliveries), spans, model,
+                   identities, usage, ChannelHub(bus, deliveries), tasks, spans, model,
                    background if background_model else None,
                    explainer.model if explainer is not None and approval_model is not model.inner else None)
 

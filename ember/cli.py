@@ -23,6 +23,7 @@ from ember.channels.cli import CHANNEL, CliChannel
 from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import EmberError
+from ember.cron_cli import cron_app
 from ember.memory_cli import memory_app
 from ember.models.base import ModelClient
 from ember.models.demo import LABEL, demo_model
@@ -37,6 +38,7 @@ app.add_typer(sessions_app, name="sessions")
 trace_app = typer.Typer(help="What a turn did: stages, model calls, tool calls, approvals.", no_args_is_help=True)
 app.add_typer(trace_app, name="trace")
 app.add_typer(memory_app, name="memory")
+app.add_typer(cron_app, name="cron")
 app.command()(models)
 app.command()(usage)
 

@@ -25,6 +25,7 @@ from pydantic_settings import (
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
+from ember.core.schedule import zone
 from ember.models.spec import (
     ANTHROPIC_PREFIX,
     DEFAULT_MAX_TOKENS,
@@ -98,6 +99,8 @@ class Settings(BaseSettings):
     mcp_servers: McpServers = Field(default_factory=dict)
     # Signed webhooks in (POST /webhooks/NAME) and answers out; the address rules of web_fetch
     # (and its allowed hosts) apply to outbound URLs.
+    # The time zone of scheduled tasks that name none (IANA, e.g. Europe/Berlin).
+    timezone: str = "UTC"
     webhooks: dict[str, WebhookSpec] = Field(default_factory=dict)
     outbound: dict[str, OutboundSpec] = Field(default_factory=dict)
     # A turn with at least this many tool calls triggers the background reviews.
@@ -152,6 +155,12 @@ class Settings(BaseSettings):
     @classmethod
     def _a_url(cls, value: str | None) -> str | None:
         return check_base_url(value) if value is not None else None
+
+    @field_validator("timezone")
+    @classmethod
+    def _a_zone(cls, value: str) -> str:
+        zone(value)  # a ScheduleError is a ValueError: pydantic names the setting
+        return value
 
     @field_validator("shell_env")
     @classmethod

@@ -53,6 +53,7 @@ from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
 from ember.store.sessions import SqlSessionStore
+from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
 from ember.tools.approval import ApprovalGate
@@ -142,7 +143,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
                      RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s))
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation,
                    await start_mcp({}), deliveries, identities, UsageRecorder(SqlUsageStore(db)),
-                   ChannelHub(bus, deliveries), model=model)
+                   ChannelHub(bus, deliveries), SqlTaskStore(db), model=model)
 
 
 @asynccontextmanager

@@ -143,6 +143,10 @@ def check_content(content: str) -> str:
     return text
 
 
+# Channels that act for a person (a scheduled task runs as its owner): their sender is the identity.
+ACTING_CHANNELS = frozenset({"cron"})
+
+
 def default_identity(principal_or_session: str) -> str:
     """The identity of a principal, or of a session key (`http:alice:work` -> alice), with no bindings."""
     channel, _, rest = principal_or_session.partition(":")
@@ -150,6 +154,8 @@ def default_identity(principal_or_session: str) -> str:
         return LOCAL_IDENTITY
     if channel == "http":
         return rest.partition(":")[0]
+    if channel in ACTING_CHANNELS:
+        return rest
     return f"{channel}:{rest.partition(':')[0]}"
 
 

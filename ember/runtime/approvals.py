@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from ember.bus.base import Bus
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.tasks import CHANNEL as TASK_CHANNEL
 from ember.core.tools import ApprovalRequest, Decision, ToolAction, Verdict
 from ember.store.approvals import EXPIRED, SqlApprovalStore
 from ember.tools.explain import ApprovalExplainer
@@ -79,6 +80,10 @@ class ApprovalBroker:
 
     async def ask(self, event: InboundEvent, turn_id: str, identity: str, action: ToolAction) -> Verdict:
         if not event.can_approve:
+            if event.channel == TASK_CHANNEL and event.metadata.get("grant_approvals") == "true":
+                # a scheduled task's person granted its runs what would ask them
+                return Verdict(Decision.APPROVE_ONCE, "task grant", time.time(),
+                               "the scheduled task was created with approval granted")
             return Verdict(Decision.DENY, "channel", time.time(),
                            f"it needs approval, and the {event.channel} channel cannot ask for it")
         explanation = await self._explainer.explain(action) if self._explainer is not None else None

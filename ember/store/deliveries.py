@@ -8,6 +8,7 @@ turn could start (`accept`), until their turn has a receipt.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
@@ -78,6 +79,17 @@ def record_delivery(conn: sqlite3.Connection, key: str, delivery: Delivery, now:
                                  "reply_to": delivery.reply_to, "now": now})
 
 
+def accept_inbound(conn: sqlite3.Connection, event: InboundEvent, now: float) -> bool:
+    """Inside a write transaction: keep `event` until its turn starts; False: its id is known."""
+    assert event.message_id is not None
+    reply = event.reply
+    return conn.execute(_ACCEPT_EARLY, {
+        "channel": event.channel, "chat_id": event.chat_id, "message_id": event.message_id,
+        "sender_id": event.sender_id, "text": event.text, "metadata_json": json.dumps(dict(event.metadata)),
+        "accepted_at": now, "reply_channel": reply.channel if reply else None,
+        "reply_chat_id": reply.chat_id if reply else None}).rowcount == 1
+
+
 class SqlDeliveryStore:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -137,12 +149,7 @@ class SqlDeliveryStore:
 
     async def accept(self, event: InboundEvent) -> bool:
         """Keep `event` until its turn starts; False: a message with its id was accepted before."""
-        assert event.message_id is not None
-        reply = event.reply
-        row = {"channel": event.channel, "chat_id": event.chat_id, "message_id": event.message_id,
-               "sender_id": event.sender_id, "text": event.text, "accepted_at": time.time(),
-               "reply_channel": reply.channel if reply else None, "reply_chat_id": reply.chat_id if reply else None}
-        return bool(await self._db.run_write(lambda conn: conn.execute(_ACCEPT_EARLY, row).rowcount))
+        return bool(await self._db.run_write(lambda conn: accept_inbound(conn, event, time.time())))
 
     async def unstarted(self, channels: Iterable[str]) -> list[InboundEvent]:
         """Accepted messages of `channels` whose turn never got as far as a receipt, oldest first."""
@@ -152,6 +159,6 @@ class SqlDeliveryStore:
         async with self._db.read() as conn:
             rows = (await conn.execute(query)).all()
         return [InboundEvent(channel=row.channel, chat_id=row.chat_id, sender_id=row.sender_id, text=row.text,
-                             message_id=row.message_id,
+                             message_id=row.message_id, metadata=json.loads(row.metadata_json),
                              reply=ReplyRoute(row.reply_channel, row.reply_chat_id) if row.reply_channel else None)
                 for row in rows]

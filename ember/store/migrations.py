@@ -282,8 +282,39 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             text TEXT NOT NULL,
             reply_channel TEXT,
             reply_chat_id TEXT,
+            metadata_json TEXT NOT NULL,
             accepted_at DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (channel, chat_id, message_id))""",
+    ),
+    (
+        # Scheduled tasks: the next run is advanced in the transaction that claims a run.
+        """CREATE TABLE tasks (
+            id TEXT PRIMARY KEY,
+            identity TEXT NOT NULL,
+            prompt TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            tz TEXT NOT NULL,
+            anchor DOUBLE PRECISION NOT NULL,
+            reply_channel TEXT,
+            reply_chat_id TEXT,
+            missed TEXT NOT NULL,
+            grant_approvals INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            next_run_at DOUBLE PRECISION,
+            runs INTEGER NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX tasks_due ON tasks (next_run_at) WHERE state = 'active'",
+        "CREATE INDEX tasks_owner ON tasks (identity, created_at)",
+        # Every run claimed, and every run missed while Ember was down.
+        """CREATE TABLE task_runs (
+            task_id TEXT NOT NULL,
+            scheduled_for DOUBLE PRECISION NOT NULL,
+            outcome TEXT NOT NULL,
+            message_id TEXT,
+            recorded_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (task_id, scheduled_for, outcome))""",
     ),
 ]
 

@@ -109,6 +109,7 @@ accepted_inbound = Table(
     Column("text", Text, nullable=False),
     Column("reply_channel", Text),
     Column("reply_chat_id", Text),
+    Column("metadata_json", Text, nullable=False),
     Column("accepted_at", Float, nullable=False),
 )
 

@@ -27,6 +27,7 @@ from ember.channels.gateway.metrics import GatewayMetrics
 from ember.channels.gateway.native_api import NativeApi
 from ember.channels.gateway.openai_api import OpenAIApi
 from ember.channels.gateway.schemas import openapi_document
+from ember.channels.gateway.tasks_api import TasksApi
 from ember.channels.gateway.turns import TurnRouter
 from ember.memory.identity import Identities
 from ember.memory.service import MemoryService
@@ -34,6 +35,7 @@ from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.usage import UsageRecorder
 from ember.store.jobs import SqlJobStore
 from ember.store.sessions import SqlSessionStore
+from ember.store.tasks import SqlTaskStore
 
 STATIC_DIR = Path(__file__).parent / "static"
 # Open to all: liveness for supervisors, and the page that asks for a key.
@@ -63,6 +65,7 @@ class GatewayServices:
     memory: MemoryService
     identities: Identities
     usage: UsageRecorder | None = None  # its counts reach /metrics
+    tasks: SqlTaskStore | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,7 @@ class GatewayOptions:
     rate_per_minute: float
     rate_burst: int
     approvers: frozenset[str] = frozenset()  # identities that may answer anyone's approval requests
+    timezone: str = "UTC"  # of tasks created without one
 
 
 class IdentityGate:
@@ -135,6 +139,8 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
     native_api = NativeApi(router, services.sessions, services.approvals, metrics,
                            max_body_bytes=options.max_body_bytes, approvers=options.approvers)
     memory_api = MemoryApi(services.memory, services.identities, max_body_bytes=options.max_body_bytes)
+    tasks_api = (TasksApi(services.tasks, services.identities, max_body_bytes=options.max_body_bytes,
+                          default_tz=options.timezone) if services.tasks is not None else None)
     jobs = services.jobs
     document = openapi_document("Ember gateway", __version__)
 
@@ -159,6 +165,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         *openai_api.routes(),
         *native_api.routes(),
         *memory_api.routes(),
+        *(tasks_api.routes() if tasks_api is not None else []),
         *channel_routes,
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]

@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from ember.app import Runtime, build_runtime, configured_approval_model, configured_background_model, running
+from ember.channels.cron import Scheduler
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.turns import TurnRouter
@@ -126,6 +127,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         router = TurnRouter(runtime.bus)
         runtime.channels.register(router)
         channel_routes = webhook_channels(settings, runtime)
+        runtime.channels.register(Scheduler(runtime.bus, runtime.tasks))
 
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -139,9 +141,10 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
             rate_per_minute=settings.gateway_rate_per_minute,
             rate_burst=settings.gateway_rate_burst,
             approvers=frozenset(settings.gateway_approvers),
+            timezone=settings.timezone,
         )
         services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
-                                   runtime.identities, runtime.usage)
+                                   runtime.identities, runtime.usage, runtime.tasks)
         app = create_app(router, services, keys, options, lifespan=lifespan, channel_routes=channel_routes)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)

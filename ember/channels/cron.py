@@ -1,0 +1,78 @@
+"""The `cron` channel: fires scheduled tasks' runs as messages, each answered to its task's chat.
+
+It polls the store every `poll_s` (so tasks added by `ember cron add` in another
+process are picked up within it) and sleeps no longer than until the next run
+is due. Claiming is one transaction per batch (store/tasks.py), so a run
+fires once whatever crashes, and the clock is injectable for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from ember.bus.base import Bus
+from ember.core.channels import ChannelCapabilities
+from ember.core.events import OutboundEvent
+from ember.core.tasks import CHANNEL
+from ember.runtime.tasks import cancel_task
+from ember.store.tasks import SqlTaskStore
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    name = CHANNEL
+    capabilities = ChannelCapabilities()
+
+    def __init__(self, bus: Bus, tasks: SqlTaskStore, *, clock: Callable[[], float] = time.time,
+                 poll_s: float = 1.0, missed_after_s: float = 60.0, batch: int = 500) -> None:
+        self._bus = bus
+        self._tasks = tasks
+        self._clock = clock
+        self._poll_s = poll_s
+        self._missed_after_s = missed_after_s
+        self._batch = batch
+        self._wake = asyncio.Event()
+        self._runner: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._runner = asyncio.create_task(self._run(), name="ember-scheduler")
+
+    async def stop(self) -> None:
+        await cancel_task(self._runner)
+        self._runner = None
+
+    async def deliver(self, event: OutboundEvent) -> None:
+        """A task without a chat to answer: its answers stay in its own session."""
+
+    def wake(self) -> None:
+        """Look for due runs now (a task was added or changed in this process)."""
+        self._wake.set()
+
+    async def fire_due(self) -> int:
+        """Claim and publish the runs due now; how many were published."""
+        events = await self._tasks.claim_due(self._clock(), missed_after_s=self._missed_after_s, limit=self._batch)
+        for event in events:
+            await self._bus.publish_inbound(event)
+        return len(events)
+
+    async def _run(self) -> None:
+        while True:
+            delay = self._poll_s
+            try:
+                await self.fire_due()
+                due = await self._tasks.next_due_at()
+                if due is not None:
+                    delay = min(delay, max(0.0, due - self._clock()))
+            except Exception:  # the store was busy or failed: the runs stay due, for the next look
+                log.warning("the scheduler could not claim due runs; it tries again", exc_info=True)
+            if delay > 0:
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+            self._wake.clear()
