@@ -22,7 +22,7 @@ from ember.core.tasks import MissedPolicy, Task, TaskState
 from ember.store.tasks import SqlTaskStore, new_task_id
 from ember.tools.tasks import schedule_of
 
-cron_app = typer.Typer(help="Scheduled tasks: add, list, pause, resume, remove, run.", no_args_is_help=True)
+cron_app = typer.Typer(help="Scheduled tasks: add, edit, list, pause, resume, remove, run.", no_args_is_help=True)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 IdArgument = Annotated[str, typer.Argument(help="The task's id (ember cron list shows them).")]
@@ -97,6 +97,38 @@ def add(
             print(task.id)
             for t in task.upcoming():
                 err.print(f"  next: {local_time(t, task.schedule.tz)}", markup=False)
+        return 0
+
+    run_command(main())
+
+
+@cron_app.command("edit")
+def edit(
+    task_id: IdArgument,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="A new prompt.")] = None,
+    cron: Annotated[str | None, typer.Option("--cron", help="A new cron expression.")] = None,
+    every: Annotated[str | None, typer.Option("--every", help="A new interval.")] = None,
+    at: Annotated[str | None, typer.Option("--at", help="A new moment.")] = None,
+    tz: Annotated[str | None, typer.Option("--tz", help="The new schedule's time zone.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Change a task's prompt or schedule; this revokes an approval grant it had."""
+    if sum(value is not None for value in (cron, every, at)) > 1 or not (prompt or cron or every or at):
+        err.print("[red]error:[/red] give --prompt, and at most one of --cron, --every, --at")
+        raise typer.Exit(2)
+    settings = _settings()
+
+    async def main() -> int:
+        async with open_database(settings) as db:
+            try:
+                schedule = (schedule_of(cron=cron, every=every, at=at, tz=tz or settings.timezone, now=time.time())
+                            if cron or every or at else None)
+                task = await SqlTaskStore(db).edit(task_id, prompt=prompt, schedule=schedule)
+            except ScheduleError as exc:
+                raise EmberError(str(exc)) from None
+        if task is None:
+            raise TaskNotFound(f"there is no task {task_id!r}; ember cron list shows the ids")
+        _show(task, as_json)
         return 0
 
     run_command(main())

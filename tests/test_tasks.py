@@ -331,3 +331,16 @@ def test_kill_9_in_the_middle_of_a_run_never_runs_it_twice(launch_gateway: Launc
     assert (listed["id"], listed["state"], listed["runs"]) == (task["id"], "done", 1)
     with sqlite3.connect(f"file:{restarted.home / 'ember.db'}?mode=ro", uri=True) as conn:
         assert conn.execute("SELECT outcome FROM task_runs").fetchall() == [("run",)]
+
+
+async def test_editing_a_task_revokes_its_approval_grant(settings: Settings) -> None:
+    start = utc(2027, 1, 1)
+    calls: list[str] = []
+    deploy = ModelReply(text="", tool_calls=(ToolCall(id="d1", name="deploy", arguments='{"text": "v3"}'),))
+    async with rig(settings, start, tools=[asking_tool(calls)], extra={"ship it again": [deploy]}) as r:
+        task = await add_task(r, Schedule.at("+1m", start), grant=True, prompt="ship it")
+        edited = await r.harness.runtime.tasks.edit(task.id, prompt="ship it again")
+        assert edited is not None and not edited.grant_approvals
+        await r.at(start + 60)
+        said = await closing_text(r.harness, "c1")
+    assert calls == [] and "cannot ask for it" in said

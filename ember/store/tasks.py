@@ -103,6 +103,27 @@ class SqlTaskStore:
             (state.value, next_run, at, task_id)))
         return replace(task, state=state, next_run_at=next_run)
 
+    async def edit(self, task_id: str, *, prompt: str | None = None, schedule: Schedule | None = None,
+                   identity: str | None = None) -> Task | None:
+        """A new prompt or schedule. An edit revokes the approval grant: what was granted was the old task."""
+        task = await self.get(task_id, identity)
+        if task is None:
+            return None
+        now = self.clock()
+        changed = replace(task, prompt=prompt or task.prompt, schedule=schedule or task.schedule,
+                          grant_approvals=False)
+        if schedule is not None and task.state is TaskState.ACTIVE:
+            first = schedule.next_after(schedule.anchor if schedule.kind is ScheduleKind.EVERY else now)
+            if first is None:
+                raise ScheduleError(f"{schedule.describe()} is in the past; the task was not changed")
+            changed = replace(changed, next_run_at=first)
+        await self._db.run_write(lambda conn: conn.execute(
+            "UPDATE tasks SET prompt = ?, kind = ?, spec = ?, tz = ?, anchor = ?, next_run_at = ?, "
+            "grant_approvals = 0, updated_at = ? WHERE id = ?",
+            (changed.prompt, changed.schedule.kind.value, changed.schedule.spec, changed.schedule.tz,
+             changed.schedule.anchor, changed.next_run_at, now, task_id)))
+        return changed
+
     async def runs(self, task_id: str, limit: int = 20) -> list[TaskRun]:
         """The task's latest runs and missed runs, newest first, each run with its answer once it has one."""
         rows = await self._db.run_read(lambda conn: conn.execute(
