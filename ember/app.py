@@ -45,6 +45,7 @@ from ember.store.sessions import SqlSessionStore
 from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
+from ember.tools.a2a import a2a_tools
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import ToolRegistry, Toolset
 from ember.tools.explain import ApprovalExplainer
@@ -148,6 +149,8 @@ def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks:
                        allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
         *memory_tools(memory),
         *task_tools(tasks, default_tz=settings.timezone),
+        *a2a_tools(settings.a2a_agents, allow_private=settings.web_fetch_allow_private,
+                   allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
         *mcp.tools(),
     ])
 
@@ -172,6 +175,7 @@ class Runtime:
     usage: UsageRecorder
     channels: ChannelHub
     tasks: SqlTaskStore
+    tools: Toolset  # what the model may call, behind the approval gate
     telemetry: Telemetry | None = None  # OpenTelemetry, when otel_endpoint is set
     model: ModelClient | None = None  # closed with the runtime
     background_model: ModelClient | None = None  # consolidation and reviews, when not `model`; closed too
@@ -290,7 +294,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery, spans)
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
-                   identities, usage, ChannelHub(bus, deliveries), tasks, spans, model,
+                   identities, usage, ChannelHub(bus, deliveries), tasks, gated, spans, model,
                    background if background_model else None,
                    explainer.model if explainer is not None and approval_model is not model.inner else None)
 

@@ -35,6 +35,7 @@ from ember.models.spec import (
     check_thinking,
     role_chains,
 )
+from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import ToolPolicy
 from ember.tools.mcp.config import McpServers
 
@@ -103,6 +104,8 @@ class Settings(BaseSettings):
     timezone: str = "UTC"
     webhooks: dict[str, WebhookSpec] = Field(default_factory=dict)
     outbound: dict[str, OutboundSpec] = Field(default_factory=dict)
+    # Other agents the call_agent tool may hand work to over A2A.
+    a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
     # A turn with at least this many tool calls triggers the background reviews.
     review_tool_call_threshold: int = Field(default=3, ge=1)
     consolidation_threshold: int = Field(default=40, ge=4)
@@ -143,6 +146,11 @@ class Settings(BaseSettings):
     gateway_rate_burst: int = Field(default=60, ge=1)
     # How long a stopping gateway lets open requests and turns finish.
     gateway_shutdown_grace_s: float = Field(default=20, ge=0)
+    # Where other agents reach this gateway, as its A2A card says (behind a proxy: the proxy's URL);
+    # default: the address `ember serve` listens on.
+    gateway_public_url: str | None = None
+    # The A2A server on the gateway port (/.well-known/agent-card.json and /a2a).
+    a2a_enabled: bool = True
 
     @field_validator("api_keys", mode="before")
     @classmethod

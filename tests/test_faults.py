@@ -143,7 +143,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
                      RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s))
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation,
                    await start_mcp({}), deliveries, identities, UsageRecorder(SqlUsageStore(db)),
-                   ChannelHub(bus, deliveries), SqlTaskStore(db), model=model)
+                   ChannelHub(bus, deliveries), SqlTaskStore(db), ToolRegistry(), model=model)
 
 
 @asynccontextmanager

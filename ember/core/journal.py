@@ -26,6 +26,10 @@ class TurnObserver(Protocol):
     def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
                  reason: str = "", *, explanation: str | None = None) -> None: ...
 
+    def tool_progress(self, tool: str, note: str) -> None:
+        """A running tool's progress (another agent's answer as it streams in)."""
+        ...
+
 
 class Spans(Protocol):
     """Where turns and background jobs are traced beyond Ember's own table (OpenTelemetry)."""
@@ -67,6 +71,10 @@ class Observers:
             observer.approval(call_id, tool, subject, decision, decided_by, decided_at, reason,
                               explanation=explanation)
 
+    def tool_progress(self, tool: str, note: str) -> None:
+        for observer in self.observers:
+            observer.tool_progress(tool, note)
+
 
 def _arguments(raw: str) -> Any:
     try:
@@ -86,6 +94,8 @@ class TurnJournal:
     model_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     approvals: list[dict[str, Any]] = field(default_factory=list)
+    progress: list[dict[str, Any]] = field(default_factory=list)
+    _started: float = field(default_factory=time.perf_counter)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -117,9 +127,12 @@ class TurnJournal:
             entry["explanation"] = redact(explanation)
         self.approvals.append(entry)
 
+    def tool_progress(self, tool: str, note: str) -> None:
+        self.progress.append({"tool": tool, "at_ms": _ms_since(self._started), "note": redact(note)})
+
     def as_dict(self) -> dict[str, Any]:
         return {"stages": self.stages, "model_calls": self.model_calls, "tool_calls": self.tool_calls,
-                "approvals": self.approvals}
+                "approvals": self.approvals, **({"progress": self.progress} if self.progress else {})}
 
 
 def _ms_since(started: float) -> float:

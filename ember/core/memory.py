@@ -143,6 +143,8 @@ def check_content(content: str) -> str:
     return text
 
 
+# Channels whose senders are the gateway's key names, each its own identity by default.
+KEYED_CHANNELS = frozenset({"http", "a2a"})
 # Channels that act for a person (a scheduled task runs as its owner): their sender is the identity.
 ACTING_CHANNELS = frozenset({"cron"})
 
@@ -152,7 +154,7 @@ def default_identity(principal_or_session: str) -> str:
     channel, _, rest = principal_or_session.partition(":")
     if channel == "cli" or not rest:
         return LOCAL_IDENTITY
-    if channel == "http":
+    if channel in KEYED_CHANNELS:
         return rest.partition(":")[0]
     if channel in ACTING_CHANNELS:
         return rest

@@ -102,6 +102,11 @@ class SpanObserver:
                                                         "ember.approval.explained": explanation is not None})
 
 
+    def tool_progress(self, tool: str, note: str) -> None:
+        # No text: a span never carries what an agent or a tool said.
+        trace.get_current_span().add_event("tool_progress", {"gen_ai.tool.name": tool})
+
+
 class Telemetry:
     def __init__(self, endpoint: str, *, service_name: str = "ember", exporter: SpanExporter | None = None) -> None:
         if exporter is None:

@@ -40,7 +40,8 @@ from ember.store.tasks import SqlTaskStore
 STATIC_DIR = Path(__file__).parent / "static"
 # Open to all: liveness for supervisors, and the page that asks for a key.
 # Webhooks are authenticated by their signatures, checked by their route.
-PUBLIC_PATHS = frozenset({"/", "/healthz"})
+# The A2A agent card is public: another agent reads it to learn how to authenticate.
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/.well-known/agent-card.json"})
 PUBLIC_PREFIXES = ("/static/", "/webhooks/")
 
 # The page runs only its own scripts and cannot be framed by another site.

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 from starlette.applications import Starlette
@@ -25,6 +26,9 @@ from ember.channels.webhooks.inbound import WebhookChannel
 from ember.channels.webhooks.outbound import OutboundWebhooks
 from ember.config import Settings
 from ember.core.errors import ConfigError, EmberError
+
+if TYPE_CHECKING:
+    from ember.channels.a2a import A2AServer
 from ember.models.base import ModelClient
 
 
@@ -115,6 +119,21 @@ def webhook_channels(settings: Settings, runtime: Runtime) -> list[BaseRoute]:
     return list(webhooks.routes())
 
 
+def a2a_channel(settings: Settings, runtime: Runtime, public_url: str) -> A2AServer | None:
+    """The A2A server's channel, registered, and its routes; None when a2a_enabled is off."""
+    if not settings.a2a_enabled:
+        return None
+    from ember.channels.a2a import CHANNEL as A2A  # the SDK: only when on
+    from ember.channels.a2a import RPC_PATH, a2a_server, agent_card
+
+    router = TurnRouter(runtime.bus, name=A2A)
+    runtime.channels.register(router)
+    card = agent_card(name=settings.agent_name, url=public_url.rstrip("/") + RPC_PATH, tools=runtime.tools.specs(),
+                      description=f"{settings.agent_name}, a long-running agent on Ember: it answers, uses its "
+                                  "tools with its person's approval, and remembers.")
+    return a2a_server(router, runtime.approvals, card)
+
+
 async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str, port: int,
                 on_ready: Callable[[Listening], None]) -> int:
     """Serve until SIGINT or SIGTERM; 0 after a clean stop, 1 if the start failed."""
@@ -128,12 +147,19 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         runtime.channels.register(router)
         channel_routes = webhook_channels(settings, runtime)
         runtime.channels.register(Scheduler(runtime.bus, runtime.tasks))
+        a2a = a2a_channel(settings, runtime, settings.gateway_public_url or f"http://{host}:{listening.port}")
+        if a2a is not None:
+            channel_routes += a2a.routes
 
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             async with running(runtime, recover=True):
                 on_ready(listening)
-                yield
+                try:
+                    yield
+                finally:
+                    if a2a is not None:
+                        await a2a.aclose()
 
         options = GatewayOptions(
             agent_id=settings.agent_name.lower().replace(" ", "-"),

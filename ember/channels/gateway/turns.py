@@ -47,10 +47,11 @@ class InFlight(Exception):
 class TurnRouter:
     """The gateway's channel: each request waits for the events answering its message."""
 
-    name = CHANNEL
     capabilities = ChannelCapabilities(streams=True)
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, name: str = CHANNEL) -> None:
+        """`name`: the channel (http; a2a routes its requests the same way)."""
+        self.name = name
         self._bus = bus
         self._waiting: dict[str, asyncio.Queue[OutboundEvent]] = {}
         # Messages whose turn has streamed something and not ended yet, and the requests that joined
@@ -83,7 +84,7 @@ class TurnRouter:
         message_id = f"{identity}:{client_id}" if client_id else uuid.uuid4().hex
         if message_id in self._waiting:
             raise InFlight(client_id or message_id)
-        event = InboundEvent(channel=CHANNEL, chat_id=chat_id(identity, key), sender_id=identity, text=text,
+        event = InboundEvent(channel=self.name, chat_id=chat_id(identity, key), sender_id=identity, text=text,
                              message_id=message_id, sender_name=sender_name, stream=stream,
                              can_approve=can_approve, metadata={"evaluation": "true"} if evaluation else {})
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
