@@ -23,7 +23,17 @@ CHROMIUM ?= /usr/bin/chromium
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
 
-test: $(BIN)/.installed $(CHROMIUM)
+# The A2A tests drive an independent client too: @a2a-js/sdk from the npm registry, on Debian's Node.js.
+NODE ?= /usr/bin/node
+
+$(NODE):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm
+
+tests/a2a_js/node_modules: tests/a2a_js/package-lock.json | $(NODE)
+	cd tests/a2a_js && npm ci --no-audit --no-fund --silent
+	touch $@
+
+test: $(BIN)/.installed $(CHROMIUM) tests/a2a_js/node_modules
 	EMBER_TEST_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed

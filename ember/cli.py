@@ -155,6 +155,12 @@ def serve(
         else:
             out.print("[yellow]No API keys configured: anyone on this machine may use it; "
                       "it listens on loopback only. Set EMBER_API_KEYS to require keys.[/yellow]")
+        if settings.a2a_enabled:
+            out.print(f"A2A agent card at {url}/.well-known/agent-card.json")
+        if settings.webhooks:
+            out.print(f"Webhooks: {', '.join(f'{url}/webhooks/{name}' for name in settings.webhooks)}")
+        if settings.outbound:
+            out.print(f"Outbound webhook targets: {', '.join(settings.outbound)}")
         sys.stdout.flush()
 
     run_command(serve_gateway(settings, _model_or_demo(settings), keys, host,
