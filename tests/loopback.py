@@ -22,7 +22,9 @@ def wait_until(condition: Callable[[], bool], *, timeout_s: float = 30.0, what: 
 
 class LoopbackServer:
     def __init__(self, app: Any, name: str) -> None:
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY on accepted sockets only then, and without it
+        # each response waits ~40 ms for the client's delayed ACK (Nagle) before its body goes out.
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._socket.bind(("127.0.0.1", 0))
         self._name = name
         # log_config=None: leave the test process's logging alone.

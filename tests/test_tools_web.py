@@ -41,7 +41,7 @@ class PageServer:
 
     def __init__(self) -> None:
         self.requests: list[str] = []
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY on accept
         self._socket.bind(("127.0.0.1", 0))
         app = Starlette(routes=[
             Route("/page", lambda r: HTMLResponse(PAGE)),

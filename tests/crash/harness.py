@@ -234,7 +234,7 @@ class CrashModelServer:
         self.switch = switch
         self._delay_s = delay_s
         self._numbers = itertools.count(1)
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY on accept
         self._socket.bind(("127.0.0.1", 0))
         app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
