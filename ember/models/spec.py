@@ -17,18 +17,27 @@ ModelRole = Literal["main", "background", "approval"]
 class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # "openai": any OpenAI-compatible endpoint; "anthropic": Claude's Messages API.
     provider: Literal["openai", "anthropic"] = "openai"
     base_url: str | None = Field(default=None, description="required for openai; anthropic's default is its API")
+    # The key itself, or...
     api_key: SecretStr | None = None
     api_key_env: str | None = Field(default=None, description="the environment variable holding the key")
+    # The model's name at the endpoint.
     model: str
+    # Its context in tokens: a prompt too long for one model goes to a larger one in the chain.
     context_window: int | None = Field(default=None, gt=0)
+    # USD per million input tokens (not read from a cache); no price: tokens counted, no cost.
     price_input_per_mtok: float | None = Field(default=None, ge=0)
+    # USD per million output tokens.
     price_output_per_mtok: float | None = Field(default=None, ge=0)
+    # USD per million prompt tokens read from the provider's cache.
     price_cache_read_per_mtok: float | None = Field(default=None, ge=0)
+    # USD per million prompt tokens written to it.
     price_cache_write_per_mtok: float | None = Field(default=None, ge=0)
     # Anthropic's: the answer's token limit (the API requires one), and extended thinking's budget.
     max_tokens: int | None = Field(default=None, gt=0)
+    # Anthropic's extended thinking budget in tokens (off when unset).
     thinking_budget: int | None = Field(default=None, ge=1024)
 
     @field_validator("base_url")

@@ -23,9 +23,12 @@ class A2AAgentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(description="the agent's base URL; its card is at /.well-known/agent-card.json")
+    # Its bearer key, or...
     api_key: SecretStr | None = None
     api_key_env: str | None = Field(default=None, description="the environment variable holding the key")
+    # What it is good for, as the model reads it in the tool's description.
     description: str = ""
+    # The longest one call may take.
     timeout_s: float = Field(default=300.0, gt=0)
 
     @field_validator("url")

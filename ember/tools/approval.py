@@ -30,16 +30,23 @@ class Rule(BaseModel):
     """Matches a call by tool name and subject (shell-style patterns, e.g. `pytest*`)."""
 
     model_config = ConfigDict(extra="forbid")
+    # A tool name pattern (MCP tools are server__tool).
     tool: str = "*"
+    # A pattern for what the call acts on: a path, a command, a URL.
     subject: str = "*"
+    # What a matching call gets.
     decision: Choice
 
 
 class ToolPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # Reading files, searching memory, scheduling.
     read: Choice = "allow"
+    # Writing or deleting files, forgetting, cancelling tasks.
     write: Choice = "ask"
+    # Running commands (shell, MCP servers by default).
     execute: Choice = "ask"
+    # Reaching the network (web_fetch, call_agent).
     network: Choice = "ask"
     # Per tool name; MCP tools are named `server__tool`, and `server__*` covers a server.
     tools: dict[str, Choice] = Field(default_factory=dict)

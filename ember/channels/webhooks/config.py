@@ -38,6 +38,7 @@ def _template(value: str) -> str:
 class WebhookSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # "standard": Standard Webhooks signatures; "github": X-Hub-Signature-256.
     scheme: Literal["standard", "github"] = "standard"
     # Required: a webhook without a secret would run anyone's message, so it is refused at start.
     secret: SecretStr | None = None
@@ -67,9 +68,12 @@ class WebhookSpec(BaseModel):
 class OutboundSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # Where answers are POSTed as JSON.
     url: str
     secret: SecretStr | None = Field(default=None, description="whsec_…: each answer is signed with it")
+    # Per attempt.
     timeout_s: float = Field(default=10.0, gt=0)
+    # Attempts per send on 5xx, 408, 429 or no connection; then the answer stays owed and is sent again later.
     max_attempts: int = Field(default=5, ge=1, le=20)
 
     @field_validator("url")

@@ -19,11 +19,17 @@ class McpServerConfig(BaseModel):
     """One MCP server: a command to run over stdio, or a streamable HTTP URL."""
 
     model_config = ConfigDict(extra="forbid")
+    # A stdio server: the program to run...
     command: str | None = None
+    # ...its arguments...
     args: list[str] = Field(default_factory=list)
+    # ...its environment (it gets nothing else of Ember's)...
     env: dict[str, SecretStr] = Field(default_factory=dict)
+    # ...and its working folder.
     cwd: Path | None = None
+    # Or a streamable HTTP server's URL...
     url: str | None = None
+    # ...with the headers it needs (an Authorization, say).
     headers: dict[str, SecretStr] = Field(default_factory=dict)
     # The risk class of every tool of the server, for the approval policy.
     risk: Risk = Risk.EXECUTE
@@ -31,6 +37,7 @@ class McpServerConfig(BaseModel):
     timeout_s: float = Field(default=30.0, gt=0)
     # Per request while connecting (initialize, the tool listing): a server may be slow to start.
     startup_timeout_s: float = Field(default=30.0, gt=0)
+    # false: configured, not started.
     enabled: bool = True
 
     @model_validator(mode="after")
