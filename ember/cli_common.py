@@ -44,5 +44,8 @@ def setup_logging(settings: Settings, verbose: bool) -> None:
         handlers.append(logging.StreamHandler(sys.stderr))
     logging.basicConfig(level=logging.INFO, handlers=handlers,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    # httpx logs every request's full URL at INFO, and a URL can hold a token (a chat webhook's).
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 

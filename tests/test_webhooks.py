@@ -36,6 +36,7 @@ from tests.modelserver import ModelServer, Reply, serving
 SECRET = "whsec_" + base64.b64encode(b"ember-test-webhook-key-32-bytes!").decode()
 OPS_SECRET = "whsec_" + base64.b64encode(b"the-ops-receiver-key-of-the-test").decode()
 GITHUB_SECRET = "a plain github secret"
+PATH_TOKEN = "path-token-never-logged"  # chat platforms put a webhook's secret in its URL
 
 
 @dataclass
@@ -94,7 +95,7 @@ secret = "{GITHUB_SECRET}"
 message = "GitHub: {{action}} on {{repository.full_name}}"
 
 [outbound.ops]
-url = "{receiver_url}"
+url = "{receiver_url}?token={PATH_TOKEN}"
 secret = "{OPS_SECRET}"
 max_attempts = 3
 """
@@ -243,6 +244,8 @@ def test_a_400_from_the_target_stops_the_retries_and_is_recorded(rig: Rig) -> No
                what="the refusal to be recorded")
     state, failure = delivery_state(rig, f"refused {tag}") or ("", None)
     assert state == "owed" and failure is not None and "answered 400" in failure
+    logged = rig.gateway.output() + (rig.gateway.home / "ember.log").read_text()
+    assert "answered 400" in logged and PATH_TOKEN not in logged + failure
     assert [r["status"] for r in rig.receiver.received if r["body"]["text"] == f"refused {tag}"] == [400]
 
 

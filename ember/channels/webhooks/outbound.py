@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
@@ -50,6 +51,12 @@ def payload(event: OutboundEvent, message_id: str, now: float) -> bytes:
         "text": event.text,
         "timestamp": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds"),
     }, ensure_ascii=False).encode()
+
+
+def _origin(url: str) -> str:
+    """What logs and records show of a target's URL: its path may hold a token (chat webhooks' do)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -106,10 +113,11 @@ class OutboundWebhooks:
         try:
             target = await checked_target(spec.url, allow_private=self._allow_private,
                                           allowed_hosts=self._allowed_hosts)
-        except AddressRefused as exc:
-            raise DeliveryRefused(str(exc)) from None
-        except Exception as exc:  # the host did not resolve: maybe a passing DNS failure
-            raise TargetUnavailable(str(exc)) from None
+        except AddressRefused:
+            raise DeliveryRefused(f"[outbound.{name}] {_origin(spec.url)} is not a public address; allow its host "
+                                  "in web_fetch_allowed_hosts to send there") from None
+        except Exception:  # the host did not resolve: maybe a passing DNS failure
+            raise TargetUnavailable(f"[outbound.{name}] could not resolve {_origin(spec.url)}") from None
         now = self._clock()
         body = payload(event, message_id, now)
         headers = {"Content-Type": "application/json", "Host": target.url.netloc.decode("ascii"),
@@ -129,12 +137,13 @@ class OutboundWebhooks:
             except httpx.ConnectError as exc:
                 failures.append(f"{address}: {exc or type(exc).__name__}")
             except httpx.TransportError as exc:
-                raise TargetUnavailable(f"{spec.url}: {type(exc).__name__}: {exc}") from None
+                raise TargetUnavailable(f"{_origin(spec.url)}: {type(exc).__name__}") from None
         else:
             raise TargetUnavailable(f"could not connect to {target.host} ({'; '.join(failures)})")
         if response.is_success:
             return
-        status = f"{spec.url} answered {response.status_code} {response.reason_phrase}".rstrip()
+        status = (f"[outbound.{name}] {_origin(spec.url)} answered "
+                  f"{response.status_code} {response.reason_phrase}").rstrip()
         if response.status_code >= 500 or response.status_code in _RETRIED_STATUS:
             log.info("%s; delivery %s will be tried again", status, message_id)
             raise TargetUnavailable(status, _retry_after(response))
