@@ -320,3 +320,47 @@ def test_the_layout_fits_phones_tablets_and_desks(page: Page, model: ModelServer
         page.keyboard.press("Escape")
         expect(page.locator("#memory-panel")).to_be_hidden()
     page.screenshot(path=str(gateway.home.parent / f"layout-{width}.png"))  # for a person to look at
+
+
+def test_the_page_says_who_and_which_model_offers_first_prompts_copies_code_and_retries(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gateway.base_url)
+    sign_in(page, gateway, ALICE_KEY)
+    expect(page.locator("#whoami")).to_have_text(f"Signed in as alice · model: {model.model}")
+
+    empty = page.locator(".empty-state")
+    expect(empty).to_contain_text("Ember works for you across days")
+    model.push(Reply(text="Here is how:\n\n```\nprint('hi')\n```"))
+    page.locator(".first-prompt", has_text="What can you do for me?").click()
+    expect(empty).to_have_count(0)
+    expect(page.locator(".message.user")).to_have_text(["What can you do for me?"])
+    copy = answer(page).locator("button.copy")
+    expect(copy).to_have_count(1)
+    copy.click()
+    expect(copy).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == "print('hi')"
+
+    model.push(Reply(status=400, error_message="scripted: the request was refused"))
+    send(page, "try this")
+    retry = page.locator(".message.assistant .error button.retry")
+    expect(retry).to_be_visible()
+    model.push(Reply(text="Second time lucky."))
+    retry.click()
+    expect(answer(page)).to_have_text("Second time lucky.")
+    expect(page.locator(".message.user")).to_have_text(["What can you do for me?", "try this"])
+    session = page.url.split("#", 1)[1]
+    stored = httpx.get(gateway.url(f"/api/sessions/{session}/messages"),
+                       headers={"Authorization": f"Bearer {ALICE_KEY}"}).json()["messages"]
+    assert [m["content"] for m in stored if m["role"] == "user"] == ["What can you do for me?", "try this"]
+    expect(page.locator("#sessions li", has_text=session)).to_contain_text("just now")
+
+
+@pytest.mark.parametrize(("scheme", "background"), [("light", "rgb(246, 246, 244)"), ("dark", "rgb(23, 21, 19)")])
+def test_the_page_follows_the_systems_light_or_dark_theme(page: Page, gateway: GatewayProcess, scheme: str,
+                                                          background: str) -> None:
+    page.emulate_media(color_scheme=scheme)  # type: ignore[arg-type]
+    sign_in(page, gateway, ALICE_KEY)
+    expect(page.locator("#app-view")).to_be_visible()
+    assert page.evaluate("getComputedStyle(document.body).backgroundColor") == background
+    text = page.evaluate("getComputedStyle(document.body).color")
+    assert text != background

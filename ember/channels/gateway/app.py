@@ -77,6 +77,8 @@ class GatewayOptions:
     rate_burst: int
     approvers: frozenset[str] = frozenset()  # identities that may answer anyone's approval requests
     timezone: str = "UTC"  # of tasks created without one
+    agent_name: str = "Ember"
+    model_label: str = ""  # the model that answers, as the page shows it
 
 
 class IdentityGate:
@@ -145,6 +147,12 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
     jobs = services.jobs
     document = openapi_document("Ember gateway", __version__)
 
+    async def me(request: Request) -> Response:
+        """Who the caller is and what answers them, for the page's header."""
+        identity = request.state.identity
+        return JSONResponse({"identity": identity, "person": services.identities.resolve("http", identity),
+                             "agent": options.agent_name, "model": options.model_label, "keys": not keys.open})
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -163,6 +171,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_text, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/api/me", me, methods=["GET"]),
         *openai_api.routes(),
         *native_api.routes(),
         *memory_api.routes(),

@@ -105,6 +105,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def model_label(settings: Settings, model: ModelClient) -> str:
+    """The answering model as a person should read it; the demo model says it is scripted."""
+    if not settings.model_configured:
+        return "the scripted demo model (canned answers, not AI)"
+    return model.name
+
+
 def webhook_channels(settings: Settings, runtime: Runtime) -> list[BaseRoute]:
     """Register the webhook channels `settings` configures; the routes to serve for them."""
     if settings.outbound:
@@ -168,6 +175,8 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
             rate_burst=settings.gateway_rate_burst,
             approvers=frozenset(settings.gateway_approvers),
             timezone=settings.timezone,
+            agent_name=settings.agent_name,
+            model_label=model_label(settings, model),
         )
         services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
                                    runtime.identities, runtime.usage, runtime.tasks)

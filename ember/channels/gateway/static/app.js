@@ -66,6 +66,7 @@ function showSignIn(message) {
   state.view++; // a history still loading is for the signed-out view: drop it
   $("app-view").hidden = true;
   $("sign-out").hidden = true;
+  $("whoami").hidden = true;
   for (const toggle of Object.keys(DRAWERS)) $(toggle).hidden = true;
   $("sessions").replaceChildren();
   $("messages").replaceChildren();
@@ -105,14 +106,25 @@ function enter() {
   $("sign-out").hidden = state.open;
   route();
   memoryPanel.refresh();
+  showWhoami().catch(() => {}); // the header line is a nicety; the page works without it
+}
+
+/** "alice · gpt-4o-mini": who is signed in, and which model answers. */
+async function showWhoami() {
+  const me = await (await api("/api/me")).json();
+  const who = me.keys ? `Signed in as ${me.identity}` : "Open gateway (no keys)";
+  $("whoami").textContent = `${who} · model: ${me.model}`;
+  $("whoami").hidden = false;
 }
 
 // ---- sessions ----
 
-function newSessionKey() {
+function randomId(prefix) {
   const bytes = crypto.getRandomValues(new Uint8Array(6));
-  return `web-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+  return `${prefix}-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
 }
+
+const newSessionKey = () => randomId("web");
 
 function hashKey() {
   try {
@@ -136,9 +148,23 @@ function route() {
 async function refreshSessions() {
   const { sessions } = await (await api("/api/sessions")).json();
   const keys = sessions.map((s) => s.key);
-  const items = sessions.map((s) => sessionItem(s.key, `${s.messages} message${s.messages === 1 ? "" : "s"}`));
+  const items = sessions.map((s) => sessionItem(
+    s.key, `${s.messages} message${s.messages === 1 ? "" : "s"} · ${relativeTime(s.updated_at)}`));
   if (state.session && !keys.includes(state.session)) items.unshift(sessionItem(state.session, "new"));
   $("sessions").replaceChildren(...items);
+}
+
+const UNITS = [["year", 31536000], ["month", 2592000], ["week", 604800], ["day", 86400], ["hour", 3600],
+  ["minute", 60]];
+
+/** "5 minutes ago", "yesterday": how long since `seconds` (Unix time). */
+function relativeTime(seconds) {
+  const ago = Date.now() / 1000 - seconds;
+  const format = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
+  for (const [unit, size] of UNITS) {
+    if (ago >= size) return format.format(-Math.floor(ago / size), unit);
+  }
+  return "just now";
 }
 
 function sessionItem(key, detail) {
@@ -162,10 +188,37 @@ async function openSession(key) {
     const { messages } = await (await api(sessionPath(key))).json();
     if (view === state.view) renderHistory(messages);
   } catch (err) {
-    if (view !== state.view || err.status === 404) return; // 404: nothing said here yet
-    showFailure(err);
+    if (view !== state.view) return;
+    if (err.status === 404) showEmptyState(); // nothing said here yet
+    else showFailure(err);
   }
   if (view === state.view) $("message-input").focus();
+}
+
+const FIRST_PROMPTS = [
+  "What can you do for me?",
+  "Remember that I prefer short answers.",
+  "Remind me every weekday at 9 to check my inbox.",
+];
+
+/** A new session: what Ember is, and a first message to send with one click. */
+function showEmptyState() {
+  const box = el("div", "empty-state");
+  box.append(el("h3", "", "Ember works for you across days."),
+    el("p", "", "It remembers what you tell it, in every session; uses its tools only as you allow; and "
+      + "keeps every conversation, so nothing you said or it answered is lost."));
+  const prompts = el("div", "first-prompts");
+  for (const text of FIRST_PROMPTS) {
+    const button = el("button", "first-prompt", text);
+    button.type = "button";
+    button.addEventListener("click", () => {
+      $("message-input").value = text;
+      $("composer").requestSubmit();
+    });
+    prompts.append(button);
+  }
+  box.append(prompts);
+  $("messages").append(box);
 }
 
 function showFailure(err) {
@@ -185,8 +238,28 @@ function appendMessage(className, text) {
 function appendText(box, markdown, className = "text") {
   const node = el("div", className);
   node.innerHTML = renderMarkdown(markdown); // escaped before any tag is added
+  if (!className.includes("draft")) addCopyButtons(node);
   box.append(node);
   return node;
+}
+
+/** A Copy button on each code block of a committed answer. */
+function addCopyButtons(node) {
+  for (const pre of node.querySelectorAll("pre")) {
+    const button = el("button", "copy", "Copy");
+    button.type = "button";
+    button.setAttribute("aria-label", "Copy the code");
+    button.addEventListener("click", async () => {
+      try {
+        await navigator.clipboard.writeText(pre.textContent);
+        button.textContent = "Copied";
+      } catch {
+        button.textContent = "Copy failed";
+      }
+      setTimeout(() => { button.textContent = "Copy"; }, 1500);
+    });
+    pre.before(button);
+  }
 }
 
 /** A tool call, collapsed; its result is filled in by call id. */
@@ -262,6 +335,7 @@ class LiveTurn {
     this.draftText = "";
     this.results = new Map();
     this.closed = false;
+    this.retry = null;
   }
 
   on(name, data) {
@@ -291,7 +365,17 @@ class LiveTurn {
   }
 
   fail(text) {
-    this.box.append(el("div", "error", text));
+    const card = el("div", "error", text);
+    if (this.retry) {
+      const button = el("button", "retry", "Retry");
+      button.type = "button";
+      button.addEventListener("click", () => {
+        button.disabled = true;
+        this.retry();
+      });
+      card.append(" ", button);
+    }
+    this.box.append(card);
     this.box.setAttribute("role", "alert");
     this.close();
   }
@@ -340,15 +424,28 @@ async function send(event) {
   const text = $("message-input").value;
   if (state.busy || !text.trim()) return;
   $("message-input").value = "";
+  await sendText(text);
+}
+
+/** One turn of `text`: shown, streamed, and on failure offered again with Retry. The message keeps
+ * its id across retries, so the gateway retries the turn it accepted instead of storing it twice. */
+async function sendText(text, messageId = randomId("msg")) {
   setBusy(true);
+  $("messages").querySelector(".empty-state")?.remove();
   appendMessage("user", text);
   const turn = new LiveTurn(appendMessage("assistant running"));
+  turn.retry = () => {
+    if (state.busy) return;
+    turn.box.previousElementSibling?.remove(); // the question is shown again with its new attempt
+    turn.box.remove();
+    sendText(text, messageId);
+  };
   const abort = (state.abort = new AbortController());
   try {
     const response = await api(sessionPath(state.session), {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ text }),
+      body: JSON.stringify({ text, message_id: messageId }),
       signal: abort.signal,
     });
     await readEvents(response, (name, data) => turn.on(name, data));
