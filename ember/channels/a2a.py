@@ -14,10 +14,10 @@ in the store.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
 
 from a2a.auth.user import UnauthenticatedUser, User
 from a2a.helpers import new_task_from_user_message, new_text_part
@@ -108,7 +108,7 @@ def _owner(context: ServerCallContext) -> str:
 class _Turn:
     """An Ember turn relayed into an A2A task; kept while the task waits for an approval answer."""
 
-    events: Any  # asyncio.Queue[OutboundEvent], open while `exit` is
+    events: asyncio.Queue[OutboundEvent]  # open while `exit` is
     exit: AsyncExitStack
     session_key: str
     approval_id: str | None = None
