@@ -280,3 +280,19 @@ async def test_call_agent_refuses_private_addresses_and_reports_failures(setting
     async with serving_runtime(allowed, calling("peer", "hi"), tools=ToolRegistry(a2a_tools({"peer": spec}))) as h:
         final = await h.turn("ask the peer")
     assert final.text.startswith("The peer said: Error: ") and expected in final.text
+
+
+async def test_a_task_is_still_there_after_a_restart(launch_gateway: LaunchGateway, model_server: ModelServer) -> None:
+    first = launch_gateway(model_server, keys={"alice": ALICE})
+    model_server.push(Reply(text="Kept across restarts."))
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=30) as transport:
+        client = await create_client(first.base_url, ClientConfig(streaming=False, httpx_client=transport))
+        task = final_task(await events(client, request("remember this task")))
+    assert first.stop() == 0
+    again = launch_gateway(model_server, keys={"alice": ALICE}, port=first.port)
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=30) as transport:
+        client = await create_client(again.base_url, ClientConfig(streaming=False, httpx_client=transport))
+        kept = await client.get_task(GetTaskRequest(id=task.id))
+        listed = await client.list_tasks(ListTasksRequest(include_artifacts=True))
+    assert kept.status.state == TaskState.TASK_STATE_COMPLETED and answer(kept) == "Kept across restarts."
+    assert [t.id for t in listed.tasks] == [task.id]

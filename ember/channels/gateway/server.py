@@ -138,7 +138,7 @@ def a2a_channel(settings: Settings, runtime: Runtime, public_url: str) -> A2ASer
     card = agent_card(name=settings.agent_name, url=public_url.rstrip("/") + RPC_PATH, tools=runtime.tools.specs(),
                       description=f"{settings.agent_name}, a long-running agent on Ember: it answers, uses its "
                                   "tools with its person's approval, and remembers.")
-    return a2a_server(router, runtime.approvals, card)
+    return a2a_server(router, runtime.approvals, card, settings.home_dir / "a2a.db")
 
 
 async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str, port: int,
