@@ -735,3 +735,23 @@ def test_the_openapi_document_and_the_server_have_the_same_operations(clients: C
             if response.status_code != 405:
                 served.add((path, method))
     assert served == documented
+
+
+def test_sessions_are_renamed_and_put_away_by_their_owner_only(clients: Clients, alice_only: AliceSession) -> None:
+    alice, bob = clients["alice"], clients["bob"]
+    path = f"/api/sessions/{alice_only.key}"
+    assert bob.patch(path, json={"title": "mine now"}).status_code == 404
+    assert bob.delete(path).status_code == 404
+    renamed = alice.patch(path, json={"title": "  Secret   plans "})
+    assert renamed.status_code == 200 and renamed.json()["title"] == "Secret plans"
+    listed = {s["key"]: s for s in alice.get("/api/sessions").json()["sessions"]}
+    assert listed[alice_only.key]["title"] == "Secret plans"
+    assert alice.patch(path, json={"title": "x" * 121}).status_code == 422
+    assert alice.patch(path, json={"colour": "red"}).status_code == 422
+    assert alice.get("/api/sessions", params={"archived": "maybe"}).status_code == 400
+    assert alice.delete(path).status_code == 200
+    assert alice_only.key not in {s["key"] for s in alice.get("/api/sessions").json()["sessions"]}
+    assert alice.patch(path, json={"archived": False}).status_code == 200
+    assert alice_only.key in {s["key"] for s in alice.get("/api/sessions").json()["sessions"]}
+    assert alice.patch(path, json={"title": ""}).json()["title"] == ""
+    assert history(alice, alice_only.key) == alice_only.messages

@@ -97,7 +97,9 @@ def test_sign_in_streams_the_answer_and_a_reload_shows_the_history(
     expect(page.locator("#send")).to_be_enabled()
     session = page.url.split("#", 1)[1]
     assert session.startswith("web-")
-    expect(page.locator("#sessions li", has_text=session)).to_contain_text("2 messages")
+    listed = page.locator(f'#sessions li[data-key="{session}"]')
+    expect(listed).to_contain_text("2 messages")
+    expect(listed.locator("a")).to_have_text("count for me")  # titled by its first message
 
     page.reload()
     expect(page.locator(".message.user")).to_have_text(["count for me"])
@@ -127,7 +129,7 @@ def test_a_wrong_key_shows_an_error_and_no_sessions(
 
     page.locator("#key-input").fill(ALICE_KEY)  # the same page, with the right key, lists it
     page.locator("#sign-in").click()
-    expect(page.locator("#sessions li", has_text="diary")).to_be_visible()
+    expect(page.locator('#sessions li[data-key="diary"]')).to_contain_text("remember this")
     expect(page.locator("#sign-in-error")).to_be_hidden()
 
 
@@ -352,7 +354,7 @@ def test_the_page_says_who_and_which_model_offers_first_prompts_copies_code_and_
     stored = httpx.get(gateway.url(f"/api/sessions/{session}/messages"),
                        headers={"Authorization": f"Bearer {ALICE_KEY}"}).json()["messages"]
     assert [m["content"] for m in stored if m["role"] == "user"] == ["What can you do for me?", "try this"]
-    expect(page.locator("#sessions li", has_text=session)).to_contain_text("just now")
+    expect(page.locator(f'#sessions li[data-key="{session}"]')).to_contain_text("just now")
 
 
 @pytest.mark.parametrize(("scheme", "background"), [("light", "rgb(246, 246, 244)"), ("dark", "rgb(23, 21, 19)")])
@@ -364,3 +366,38 @@ def test_the_page_follows_the_systems_light_or_dark_theme(page: Page, gateway: G
     assert page.evaluate("getComputedStyle(document.body).backgroundColor") == background
     text = page.evaluate("getComputedStyle(document.body).color")
     assert text != background
+
+
+def test_a_session_can_be_found_renamed_and_put_away(page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    sign_in(page, gateway, ALICE_KEY)
+    expect(page.locator("#session-actions")).to_be_hidden()  # nothing to rename before the first message
+    model.push(Reply(text="Noted."))
+    send(page, "plans for the garden")
+    expect(answer(page)).to_have_text("Noted.")
+    session = page.url.split("#", 1)[1]
+    item = page.locator(f'#sessions li[data-key="{session}"]')
+    expect(item.locator("a")).to_have_text("plans for the garden")
+    expect(page.locator("#session-title")).to_have_text("plans for the garden")
+
+    page.once("dialog", lambda dialog: dialog.accept("Garden 2027"))
+    page.locator("#rename-session").click()
+    expect(item.locator("a")).to_have_text("Garden 2027")
+    expect(page.locator("#session-title")).to_have_text("Garden 2027")
+
+    page.locator("#session-filter").fill("garden")
+    expect(item).to_be_visible()
+    page.locator("#session-filter").fill("no such words")
+    expect(item).to_be_hidden()
+    page.locator("#session-filter").fill("")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#archive-session").click()
+    expect(page.locator(f'#sessions li[data-key="{session}"]')).to_have_count(0)
+    assert page.url.split("#", 1)[1] != session  # a new session is open
+    headers = {"Authorization": f"Bearer {ALICE_KEY}"}
+    listed = httpx.get(gateway.url("/api/sessions"), params={"archived": "true"}, headers=headers).json()
+    [kept] = [s for s in listed["sessions"] if s["key"] == session]
+    assert kept["archived"] is True and kept["title"] == "Garden 2027"
+    history = httpx.get(gateway.url(f"/api/sessions/{session}/messages"), headers=headers).json()["messages"]
+    assert [m["content"] for m in history] == ["plans for the garden", "Noted."]  # put away, not erased
+    assert httpx.delete(gateway.url("/api/sessions/never-was"), headers=headers).status_code == 404

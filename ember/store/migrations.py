@@ -316,6 +316,13 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             recorded_at DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (task_id, scheduled_for, outcome))""",
     ),
+    (
+        # What a person calls a session, and the sessions they put away (their history is kept).
+        """CREATE TABLE session_labels (
+            session_key TEXT PRIMARY KEY,
+            title TEXT,
+            archived_at DOUBLE PRECISION)""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

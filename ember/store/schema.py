@@ -99,6 +99,14 @@ outbox = Table(
     Column("failure", Text),
 )
 
+session_labels = Table(
+    "session_labels",
+    metadata,
+    Column("session_key", Text, primary_key=True),
+    Column("title", Text),
+    Column("archived_at", Float),
+)
+
 accepted_inbound = Table(
     "accepted_inbound",
     metadata,

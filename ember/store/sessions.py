@@ -60,12 +60,17 @@ REPAIR_ATTEMPTS = 3
 Parsed = list[tuple[StoredRow, Message | str]]
 
 
+TITLE_CHARS = 80  # of a first message, as a session's title when it has none of its own
+
+
 @dataclass(frozen=True, slots=True)
 class SessionSummary:
     key: str
     message_count: int
     last_consolidated: int
     updated_at: float
+    title: str | None = None  # the person's name for it, else the start of its first message
+    archived: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,16 +171,44 @@ class SqlSessionStore:
             rows = (await conn.execute(select(q).order_by(q.c.created_at))).all()
         return [UnreadableRow(r.session_key, r.seq, r.reason, r.raw) for r in rows]
 
-    async def list_sessions(self, prefix: str = "") -> list[SessionSummary]:
-        """Sessions whose key starts with `prefix`, most recently active first."""
-        s = schema.sessions
-        query = select(s).order_by(s.c.updated_at.desc())
+    async def list_sessions(self, prefix: str = "", *, archived: bool = True) -> list[SessionSummary]:
+        """Sessions whose key starts with `prefix`, most recently active first; `archived`: those a
+        person put away too."""
+        s, labels, m = schema.sessions, schema.session_labels, schema.messages
+        first_words = (select(func.substr(m.c.content, 1, TITLE_CHARS)).where(m.c.session_key == s.c.key,
+                                                                              m.c.role == "user")
+                       .order_by(m.c.seq).limit(1).scalar_subquery())
+        query = (select(s.c.key, s.c.next_seq, s.c.last_consolidated, s.c.updated_at,
+                        func.coalesce(labels.c.title, first_words).label("title"), labels.c.archived_at)
+                 .select_from(s.outerjoin(labels, labels.c.session_key == s.c.key))
+                 .order_by(s.c.updated_at.desc()))
         if prefix:
             # Not LIKE: SQLite's LIKE ignores case, and "Alice" must not list "alice"'s sessions.
             query = query.where(func.substr(s.c.key, 1, len(prefix)) == prefix)
+        if not archived:
+            query = query.where(labels.c.archived_at.is_(None))
         async with self._db.read() as conn:
             rows = (await conn.execute(query)).all()
-        return [SessionSummary(r.key, r.next_seq, r.last_consolidated, r.updated_at) for r in rows]
+        return [SessionSummary(r.key, r.next_seq, r.last_consolidated, r.updated_at, r.title, r.archived_at is not None)
+                for r in rows]
+
+    async def label(self, key: str, *, title: str | None = None, archived: bool | None = None) -> bool:
+        """Rename a session (`title`; "" clears it) or put it away / back (`archived`); False if there is
+        no such session. Its messages are untouched either way."""
+        now = time.time()
+
+        def write(conn: sqlite3.Connection) -> bool:
+            if conn.execute("SELECT 1 FROM sessions WHERE key = ?", (key,)).fetchone() is None:
+                return False
+            conn.execute("INSERT OR IGNORE INTO session_labels (session_key) VALUES (?)", (key,))
+            if title is not None:
+                conn.execute("UPDATE session_labels SET title = ? WHERE session_key = ?", (title or None, key))
+            if archived is not None:
+                conn.execute("UPDATE session_labels SET archived_at = ? WHERE session_key = ?",
+                             (now if archived else None, key))
+            return True
+
+        return await self._db.run_write(write)
 
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str,
                                facts: Sequence[NewMemory] = (), identity: str | None = None) -> bool:

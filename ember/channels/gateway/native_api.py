@@ -29,7 +29,7 @@ from ember.channels.gateway.http import (
     sse,
 )
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
-from ember.channels.gateway.schemas import ApprovalAnswer, MessageRequest
+from ember.channels.gateway.schemas import ApprovalAnswer, MessageRequest, SessionChange
 from ember.channels.gateway.turns import CHANNEL, IN_FLIGHT_TEXT, InFlight, TurnRouter, namespace, session_key
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message
@@ -78,6 +78,7 @@ class NativeApi:
         return [
             Route("/api/sessions", self.list_sessions, methods=["GET"]),
             Route("/api/sessions/{key}/messages", self.messages, methods=["GET", "POST"]),
+            Route("/api/sessions/{key}", self.session, methods=["PATCH", "DELETE"]),
             Route("/api/approvals", self.pending_approvals, methods=["GET"]),
             Route("/api/approvals/{id}", self.answer_approval, methods=["POST"]),
         ]
@@ -109,12 +110,31 @@ class NativeApi:
         return JSONResponse({"id": approval_id, "decision": body.decision})
 
     async def list_sessions(self, request: Request) -> Response:
+        """The caller's sessions, newest first; `?archived=true` lists those put away too."""
         prefix = namespace(request.state.identity)
-        rows = await self._sessions.list_sessions(prefix)
+        archived = request.query_params.get("archived", "false")
+        if archived not in ("true", "false"):
+            raise ApiError(400, f"archived must be true or false; it was {archived[:32]!r}",
+                           code="invalid_parameter", param="archived")
+        rows = await self._sessions.list_sessions(prefix, archived=archived == "true")
         return JSONResponse({"sessions": [
-            {"key": row.key.removeprefix(prefix), "messages": row.message_count, "updated_at": row.updated_at}
+            {"key": row.key.removeprefix(prefix), "messages": row.message_count, "updated_at": row.updated_at,
+             "title": row.title, "archived": row.archived}
             for row in rows
         ]})
+
+    async def session(self, request: Request) -> Response:
+        """PATCH renames a session or puts it away or back; DELETE puts it away (its history is kept)."""
+        key = checked_key(request.path_params["key"], "session")
+        if request.method == "DELETE":
+            change = SessionChange(archived=True)
+        else:
+            change = await read_json(request, SessionChange, self._max_body_bytes)
+        title = None if change.title is None else " ".join(change.title.split())
+        if not await self._sessions.label(session_key(request.state.identity, key), title=title,
+                                          archived=change.archived):
+            raise ApiError(404, f"no session {key!r}", code="session_not_found")
+        return JSONResponse({"key": key, "title": title, "archived": change.archived})
 
     async def messages(self, request: Request) -> Response:
         # One route for both methods, so a 405 on it names both in its Allow header.

@@ -63,6 +63,12 @@ class ChatCompletionRequest(BaseModel):
 CLIENT_ID_PATTERN = r"^[A-Za-z0-9._:@+-]{1,128}$"
 
 
+class SessionChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str | None = Field(default=None, max_length=120, description='A name for the session; "" clears it')
+    archived: bool | None = Field(default=None, description="Put the session away (true) or back (false)")
+
+
 class MessageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(min_length=1, description="The user's message.")

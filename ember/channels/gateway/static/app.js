@@ -147,11 +147,39 @@ function route() {
 
 async function refreshSessions() {
   const { sessions } = await (await api("/api/sessions")).json();
-  const keys = sessions.map((s) => s.key);
+  const current = sessions.find((s) => s.key === state.session);
   const items = sessions.map((s) => sessionItem(
-    s.key, `${s.messages} message${s.messages === 1 ? "" : "s"} · ${relativeTime(s.updated_at)}`));
-  if (state.session && !keys.includes(state.session)) items.unshift(sessionItem(state.session, "new"));
+    s.key, s.title, `${s.messages} message${s.messages === 1 ? "" : "s"} · ${relativeTime(s.updated_at)}`));
+  if (state.session && !current) items.unshift(sessionItem(state.session, null, "new"));
   $("sessions").replaceChildren(...items);
+  filterSessions();
+  $("session-title").textContent = current?.title || state.session;
+  $("session-actions").hidden = !current; // nothing to rename or put away before the first message
+}
+
+/** Shows the sessions whose title or key holds the filter's words. */
+function filterSessions() {
+  const words = $("session-filter").value.toLowerCase().split(/\s+/).filter(Boolean);
+  for (const item of $("sessions").children) {
+    const link = item.querySelector("a");
+    const text = `${link.textContent} ${link.title}`.toLowerCase();
+    item.hidden = !words.every((word) => text.includes(word));
+  }
+}
+
+async function renameSession() {
+  const title = prompt("A name for this session (empty: its first message)", $("session-title").textContent);
+  if (title === null) return;
+  await api(`/api/sessions/${encodeURIComponent(state.session)}`, {
+    method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ title }),
+  });
+  await refreshSessions();
+}
+
+async function archiveSession() {
+  if (!confirm("Delete this session from the list? Its history is kept, and what Ember learned stays.")) return;
+  await api(`/api/sessions/${encodeURIComponent(state.session)}`, { method: "DELETE" });
+  location.hash = encodeURIComponent(newSessionKey());
 }
 
 const UNITS = [["year", 31536000], ["month", 2592000], ["week", 604800], ["day", 86400], ["hour", 3600],
@@ -167,8 +195,9 @@ function relativeTime(seconds) {
   return "just now";
 }
 
-function sessionItem(key, detail) {
-  const link = el("a", "", key);
+function sessionItem(key, title, detail) {
+  const link = el("a", "", title || key);
+  link.title = key;
   link.href = `#${encodeURIComponent(key)}`;
   if (key === state.session) link.setAttribute("aria-current", "page");
   const item = el("li", "session");
@@ -182,6 +211,7 @@ async function openSession(key) {
   state.session = key;
   const view = ++state.view;
   $("session-title").textContent = key;
+  $("session-actions").hidden = true;
   $("messages").replaceChildren();
   refreshSessions().catch(showFailure);
   try {
@@ -471,6 +501,9 @@ $("message-input").addEventListener("keydown", (event) => {
   event.preventDefault();
   $("composer").requestSubmit();
 });
+$("session-filter").addEventListener("input", filterSessions);
+$("rename-session").addEventListener("click", () => renameSession().catch(showFailure));
+$("archive-session").addEventListener("click", () => archiveSession().catch(showFailure));
 $("new-session").addEventListener("click", () => {
   location.hash = encodeURIComponent(newSessionKey());
 });
