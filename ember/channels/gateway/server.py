@@ -26,10 +26,10 @@ from ember.channels.webhooks.inbound import WebhookChannel
 from ember.channels.webhooks.outbound import OutboundWebhooks
 from ember.config import Settings
 from ember.core.errors import ConfigError, EmberError
+from ember.models.base import ModelClient
 
 if TYPE_CHECKING:
     from ember.channels.a2a import A2AServer
-from ember.models.base import ModelClient
 
 
 class ListenError(EmberError):
