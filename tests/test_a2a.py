@@ -195,10 +195,13 @@ async def test_cancelling_a_task_that_waits_for_an_approval_denies_it(clients: d
     waiting = final_task(await events(clients["alice"], request(f"write {name}")))
     cancelled = await clients["alice"].cancel_task(CancelTaskRequest(id=waiting.id))
     assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
-    for _ in range(100):  # the turn ends on its own once the approval is denied
+    for _ in range(200):  # the turn ends on its own once the approval is denied
         if model.requests and model.requests[-1]["messages"][-1]["role"] == "tool":
             break
         await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the cancelled turn did not go on after its approval was denied")
+    assert "not permitted" in model.requests[-1]["messages"][-1]["content"]
     assert not (gateway.home / "workspace" / name).exists()
 
 
