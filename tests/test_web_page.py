@@ -401,3 +401,31 @@ def test_a_session_can_be_found_renamed_and_put_away(page: Page, model: ModelSer
     history = httpx.get(gateway.url(f"/api/sessions/{session}/messages"), headers=headers).json()["messages"]
     assert [m["content"] for m in history] == ["plans for the garden", "Noted."]  # put away, not erased
     assert httpx.delete(gateway.url("/api/sessions/never-was"), headers=headers).status_code == 404
+
+
+def test_a_request_of_a_turn_the_page_is_not_showing_can_be_answered_there(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    model.push(Reply(tool_calls=(tool_call("write_file", path="from-elsewhere.txt", content="hi"),)),
+               Reply(text="Written from elsewhere."))
+    headers = {"Authorization": f"Bearer {ALICE_KEY}"}
+    # Another client starts the turn and goes away while it waits for the approval.
+    with httpx.stream("POST", gateway.url("/api/sessions/elsewhere/messages"), json={"text": "write it"},
+                      headers=headers, timeout=20) as response:
+        for line in response.iter_lines():
+            if line == "event: approval_request":
+                break
+    sign_in(page, gateway, ALICE_KEY)
+    pending = page.locator("#pending-approvals .approval")
+    expect(pending).to_have_count(1)
+    expect(pending.locator(".approval-session")).to_have_text("In session elsewhere")
+    expect(pending.locator(".approval-question")).to_have_text("Allow Ember to write the file from-elsewhere.txt?")
+    pending.locator(".approval-approve_once").click()
+    expect(pending.locator(".approval-outcome")).to_have_text("Allowed.")
+    for _ in range(100):
+        if (gateway.home / "workspace" / "from-elsewhere.txt").exists():
+            break
+        page.wait_for_timeout(100)
+    assert (gateway.home / "workspace" / "from-elsewhere.txt").read_text() == "hi"
+    expect(page.locator("#pending-approvals")).to_be_hidden(timeout=10_000)  # the next look finds none
+    page.goto(gateway.url("/#elsewhere"))
+    expect(answer(page).last).to_have_text("Written from elsewhere.")

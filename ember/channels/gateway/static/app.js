@@ -9,6 +9,9 @@ const KEY_STORE = "ember.apiKey";
 const SESSION_KEY = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
 
 const state = { key: null, open: false, session: null, view: 0, busy: false, abort: null };
+const APPROVALS_POLL_MS = 3000;
+// Approval requests already on the page (in the turn that asked): not listed again as pending.
+const shownApprovals = new Set();
 
 class ApiError extends Error {
   constructor(status, message) {
@@ -70,6 +73,8 @@ function showSignIn(message) {
   for (const toggle of Object.keys(DRAWERS)) $(toggle).hidden = true;
   $("sessions").replaceChildren();
   $("messages").replaceChildren();
+  $("pending-list").replaceChildren();
+  $("pending-approvals").hidden = true;
   memoryPanel.clear();
   $("sign-in-view").hidden = false;
   $("sign-in-error").textContent = message;
@@ -107,7 +112,36 @@ function enter() {
   route();
   memoryPanel.refresh();
   showWhoami().catch(() => {}); // the header line is a nicety; the page works without it
+  refreshApprovals();
 }
+
+/** Requests of turns this page is not showing (another tab, a client that went away), answerable here. */
+async function refreshApprovals() {
+  if ($("app-view").hidden) return;
+  try {
+    const { approvals } = await (await api("/api/approvals")).json();
+    const waiting = approvals.filter((request) => !shownApprovals.has(request.id));
+    const listed = new Set(Array.from($("pending-list").children, (box) => box.dataset.id));
+    for (const box of Array.from($("pending-list").children)) {
+      if (waiting.some((r) => r.id === box.dataset.id)) continue;
+      if (box.querySelector(".approval-outcome") && !box.dataset.kept) {
+        box.dataset.kept = "1"; // answered here: the outcome stays for one more look
+        continue;
+      }
+      box.remove();
+    }
+    for (const request of waiting.filter((r) => !listed.has(r.id))) {
+      const box = approvalBox(request);
+      box.dataset.id = request.id;
+      box.prepend(el("div", "approval-session", `In session ${request.session}`));
+      $("pending-list").append(box);
+    }
+    $("pending-approvals").hidden = $("pending-list").children.length === 0;
+  } catch {
+    // the next look tries again; a signed-out key is noticed by the other requests
+  }
+}
+setInterval(refreshApprovals, APPROVALS_POLL_MS);
 
 /** "alice · gpt-4o-mini": who is signed in, and which model answers. */
 async function showWhoami() {
@@ -383,6 +417,7 @@ class LiveTurn {
       const result = this.results.get(data.call_id);
       if (result) result.textContent = data.text;
     } else if (name === "approval_request") {
+      shownApprovals.add(data.id);
       this.box.append(approvalBox(data));
     } else if (name === "final") {
       if (this.draft) this.draft.remove();
