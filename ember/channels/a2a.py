@@ -46,15 +46,13 @@ from starlette.routing import BaseRoute
 from ember import __version__
 from ember.channels.gateway.turns import TurnRouter, chat_id
 from ember.core.events import OutboundEvent, OutboundKind
-from ember.core.tools import Decision, ToolSpec
+from ember.core.tools import Decision, ToolSpec, decision_from_reply
 from ember.runtime.approvals import ApprovalBroker, Resolution
 
 CHANNEL = "a2a"
 RPC_PATH = "/a2a"
 CARD_PATH = "/.well-known/agent-card.json"
 ANSWER_ARTIFACT = "answer"
-APPROVAL_ANSWERS = {"yes": Decision.APPROVE_ONCE, "y": Decision.APPROVE_ONCE, "approve": Decision.APPROVE_ONCE,
-                    "always": Decision.APPROVE_SESSION}
 APPROVAL_HINT = 'Reply "yes" to allow it once, "always" for the rest of this context, or "no" to deny it.'
 
 # Every JSON-RPC error the SDK answers is a warning in its own logger; the caller gets the error.
@@ -163,7 +161,7 @@ class EmberExecutor(AgentExecutor):
         return _Turn(events, stack, f"{CHANNEL}:{chat_id(caller, context.context_id or '')}")
 
     async def _answer(self, turn: _Turn, caller: str, text: str) -> None:
-        decision = APPROVAL_ANSWERS.get(text.strip().lower().rstrip(".!"), Decision.DENY)
+        decision = decision_from_reply(text)
         if turn.approval_id is not None:
             outcome = await self._approvals.resolve(turn.approval_id, decision, by=caller, scope=turn.session_key)
             if outcome is not Resolution.RESOLVED:

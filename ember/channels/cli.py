@@ -12,14 +12,11 @@ from rich.console import Console
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
-from ember.core.tools import Decision
+from ember.core.tools import decision_from_reply
 from ember.runtime.approvals import ApprovalBroker, Resolution
 
 CHANNEL = "cli"
 TOOL_PREVIEW_CHARS = 200
-ANSWERS = {"y": Decision.APPROVE_ONCE, "yes": Decision.APPROVE_ONCE, "a": Decision.APPROVE_SESSION,
-           "always": Decision.APPROVE_SESSION}
-
 
 async def read_line(prompt: str) -> str:
     """A line from stdin (a terminal or a pipe); EOF reads as an empty answer."""
@@ -112,7 +109,7 @@ class CliChannel:
         self._prompts.print(f"  [y]es once, [a]lways in this session, [N]o (denied after {request.timeout_s:g} s): ",
                             end="", markup=False, highlight=False)
         answer = (await self._ask("")).strip().lower()
-        decision = ANSWERS.get(answer, Decision.DENY)
+        decision = decision_from_reply(answer)
         outcome = await self._approvals.resolve(request.id, decision, by=self._sender_id,
                                                 scope=f"{CHANNEL}:{self._chat_id}")
         if outcome is not Resolution.RESOLVED:

@@ -112,6 +112,10 @@ class Schedule:
         following: datetime = croniter(self.spec, start).get_next(datetime)
         return following.timestamp()
 
+    def first_run(self, now: float) -> float | None:
+        """A new (or newly edited) task's first run: an interval counts from its anchor, the others from now."""
+        return self.next_after(self.anchor if self.kind is ScheduleKind.EVERY else now)
+
     def upcoming(self, after: float, count: int = 3) -> list[float]:
         times: list[float] = []
         t: float | None = after

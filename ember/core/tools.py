@@ -44,6 +44,15 @@ class Decision(enum.StrEnum):
     DENY = "deny"
 
 
+# A person's typed answer to an approval request (the terminal, an A2A message): anything else denies.
+_REPLIES = {"y": Decision.APPROVE_ONCE, "yes": Decision.APPROVE_ONCE, "approve": Decision.APPROVE_ONCE,
+            "a": Decision.APPROVE_SESSION, "always": Decision.APPROVE_SESSION}
+
+
+def decision_from_reply(text: str) -> Decision:
+    return _REPLIES.get(text.strip().lower().rstrip(".!"), Decision.DENY)
+
+
 @dataclass(frozen=True, slots=True)
 class Explanation:
     """The approval model's reading of a call: what it does in plain words, and how risky it is."""

@@ -270,9 +270,10 @@ class AgentLoop:
 
     async def _publish(self, event: InboundEvent, turn_id: str, kind: OutboundKind, text: str,
                        *, delivery: str | None = None, usage: TurnUsage | None = None) -> None:
+        route = event.route
         await self._bus.publish_outbound(
-            OutboundEvent(channel=event.route.channel, chat_id=event.route.chat_id, kind=kind, text=text,
+            OutboundEvent(channel=route.channel, chat_id=route.chat_id, kind=kind, text=text,
                           turn_id=turn_id, reply_to=event.message_id, delivery_id=delivery, usage=usage)
         )
         if delivery is not None:
-            self._deliveries.handed_over(event.route.channel, delivery)
+            self._deliveries.handed_over(route.channel, delivery)

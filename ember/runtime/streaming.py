@@ -22,6 +22,7 @@ class StreamPublisher:
         self._bus = bus
         self._deliveries = deliveries
         self._event = event
+        self._route = event.route  # once: deltas are the hot path
         self._turn_id = turn_id
         self._prefix = prefix
 
@@ -40,7 +41,7 @@ class StreamPublisher:
 
     async def finalize(self, text: str, delivery_id: str, usage: TurnUsage | None = None) -> bool:
         await self._send(OutboundKind.FINAL, text, stream_full_text=True, delivery_id=delivery_id, usage=usage)
-        self._deliveries.handed_over(self._event.route.channel, delivery_id)
+        self._deliveries.handed_over(self._route.channel, delivery_id)
         return True
 
     async def _send(self, kind: OutboundKind, text: str, *, stream_full_text: bool = False,
@@ -48,8 +49,8 @@ class StreamPublisher:
                     usage: TurnUsage | None = None) -> None:
         await self._bus.publish_outbound(
             OutboundEvent(
-                channel=self._event.route.channel,
-                chat_id=self._event.route.chat_id,
+                channel=self._route.channel,
+                chat_id=self._route.chat_id,
                 kind=kind,
                 text=text,
                 turn_id=self._turn_id,

@@ -58,8 +58,7 @@ class SqlTaskStore:
     async def add(self, task: Task) -> Task:
         """`task`, stored with its first run; ScheduleError if it has none left."""
         now = self.clock()
-        # An interval counts from its anchor (when it was made), the others from now.
-        first = task.schedule.next_after(task.schedule.anchor if task.schedule.kind is ScheduleKind.EVERY else now)
+        first = task.schedule.first_run(now)
         if first is None:
             raise ScheduleError(f"{task.schedule.describe()} is in the past; nothing was scheduled")
         added = replace(task, next_run_at=first, created_at=now, state=TaskState.ACTIVE)
@@ -113,7 +112,7 @@ class SqlTaskStore:
         changed = replace(task, prompt=prompt or task.prompt, schedule=schedule or task.schedule,
                           grant_approvals=False)
         if schedule is not None and task.state is TaskState.ACTIVE:
-            first = schedule.next_after(schedule.anchor if schedule.kind is ScheduleKind.EVERY else now)
+            first = schedule.first_run(now)
             if first is None:
                 raise ScheduleError(f"{schedule.describe()} is in the past; the task was not changed")
             changed = replace(changed, next_run_at=first)

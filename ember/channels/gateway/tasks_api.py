@@ -4,7 +4,7 @@ person's task does not exist for a caller (404)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -17,27 +17,18 @@ from ember.core.schedule import ScheduleError
 from ember.core.tasks import MissedPolicy, Task, TaskState
 from ember.memory.identity import Identities
 from ember.store.tasks import SqlTaskStore, new_task_id
-from ember.tools.tasks import MAX_PROMPT_CHARS, schedule_of
+from ember.tools.tasks import ScheduleArgs, schedule_of
 
 
-class TaskWrite(BaseModel):
+class TaskWrite(ScheduleArgs):
+    """What the schedule_task tool takes, and what only a person may set."""
+
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    cron: str | None = None
-    every: str | None = None
-    at: str | None = None
-    tz: str | None = None
     # The caller's session whose chat gets the answers; default: the task's own session only.
     session: str | None = Field(default=None, pattern=SESSION_KEY_PATTERN)
     missed: MissedPolicy = MissedPolicy.SKIP
     grant_approvals: bool = False
-
-    @model_validator(mode="after")
-    def _one_schedule(self) -> TaskWrite:
-        if sum(value is not None for value in (self.cron, self.every, self.at)) != 1:
-            raise ValueError("give exactly one of cron, every or at")
-        return self
 
 
 class TasksApi:
