@@ -68,3 +68,12 @@ class MemoryInputError(EmberError):
 
 class MemoryNotFound(MemoryInputError):
     """No memory of this identity has the id (another identity's memory does not exist for it)."""
+
+
+class SkillError(EmberError):
+    """A skill that cannot be read or admitted as written, or a decision that cannot be taken;
+    the message says what to change."""
+
+
+class SkillNotFound(SkillError):
+    pass

@@ -323,6 +323,63 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             title TEXT,
             archived_at DOUBLE PRECISION)""",
     ),
+    (
+        # Skills, shared (identity '') or one identity's. A change is a new version, never an edit.
+        """CREATE TABLE skills (
+            identity TEXT NOT NULL,
+            name TEXT NOT NULL,
+            description TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            origin TEXT NOT NULL,
+            disk_digest TEXT,
+            use_count INTEGER NOT NULL DEFAULT 0,
+            last_used_at DOUBLE PRECISION,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (identity, name))""",
+        """CREATE TABLE skill_versions (
+            identity TEXT NOT NULL,
+            name TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            files_json TEXT NOT NULL,
+            source TEXT NOT NULL,
+            admitted_by TEXT NOT NULL,
+            turn_id TEXT,
+            job_id TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (identity, name, version))""",
+        """CREATE TABLE skill_proposals (
+            id TEXT PRIMARY KEY,
+            identity TEXT NOT NULL,
+            name TEXT NOT NULL,
+            action TEXT NOT NULL,
+            base_version INTEGER,
+            text TEXT NOT NULL,
+            risk TEXT NOT NULL,
+            risk_reasons TEXT NOT NULL,
+            status TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            session_key TEXT,
+            turn_id TEXT,
+            job_id TEXT,
+            input_tokens INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0,
+            cost_usd DOUBLE PRECISION,
+            created_at DOUBLE PRECISION NOT NULL,
+            decided_at DOUBLE PRECISION,
+            decided_by TEXT,
+            version INTEGER)""",
+        # A review job retried after a crash finds its proposal already written.
+        "CREATE UNIQUE INDEX skill_proposals_by_job ON skill_proposals (job_id)",
+        "CREATE INDEX skill_proposals_by_status ON skill_proposals (identity, status, created_at)",
+        # How far each session's turns have been reviewed for skills; advanced only by a review that succeeded.
+        """CREATE TABLE skill_reviews (
+            session_key TEXT PRIMARY KEY,
+            reviewed_seq BIGINT NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL)""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
