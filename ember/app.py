@@ -35,6 +35,7 @@ from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
 from ember.runtime.usage import UsageRecorder
+from ember.skills.library import SkillLibrary, SkillPolicy, default_folders
 from ember.skills.review import SkillReviewer
 from ember.store.approvals import SqlApprovalStore
 from ember.store.database import Database
@@ -42,6 +43,7 @@ from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
+from ember.store.skills import SqlSkillStore
 from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
@@ -53,6 +55,7 @@ from ember.tools.files import file_tools
 from ember.tools.mcp import McpHub, start_mcp
 from ember.tools.memory import memory_tools
 from ember.tools.shell import shell_tool
+from ember.tools.skills import skill_tools
 from ember.tools.tasks import task_tools
 from ember.tools.web import web_fetch_tool
 from ember.tools.workspace import Workspace
@@ -136,7 +139,8 @@ def configured_background_model(settings: Settings) -> ModelClient | None:
     return configured_model(settings, "background") if settings.models else None
 
 
-def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: SqlTaskStore) -> ToolRegistry:
+def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: SqlTaskStore,
+                  skills: SkillLibrary) -> ToolRegistry:
     """The built-in tools, and the tools of the MCP servers that started."""
     workspace_dir = settings.workspace_dir
     workspace_dir.mkdir(parents=True, exist_ok=True)
@@ -148,6 +152,7 @@ def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks:
         web_fetch_tool(allow_private=settings.web_fetch_allow_private,
                        allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
         *memory_tools(memory),
+        *skill_tools(skills),
         *task_tools(tasks, default_tz=settings.timezone),
         *a2a_tools(settings.a2a_agents, allow_private=settings.web_fetch_allow_private,
                    allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
@@ -175,6 +180,7 @@ class Runtime:
     usage: UsageRecorder
     channels: ChannelHub
     tasks: SqlTaskStore
+    skills: SkillLibrary
     tools: Toolset  # what the model may call, behind the approval gate
     telemetry: Telemetry | None = None  # OpenTelemetry, when otel_endpoint is set
     model: ModelClient | None = None  # closed with the runtime
@@ -183,7 +189,7 @@ class Runtime:
 
 
 def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidation: ConsolidationWorker,
-                  memory_reviewer: MemoryReviewer, skill_reviewer: SkillReviewer,
+                  memory_reviewer: MemoryReviewer, skill_reviewer: SkillReviewer, skills: SkillLibrary,
                   reconciler: FactReconciler) -> dict[str, JobHandler]:
     def for_session(job: Job) -> str:
         if job.session_key is None:
@@ -200,7 +206,11 @@ def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidatio
         await memory_reviewer.review(for_session(job))
 
     async def review_skills(job: Job) -> None:
-        await skill_reviewer.review(for_session(job))
+        await skill_reviewer.review(for_session(job), job.id)
+        await skills.curate()
+
+    async def curate_skills(job: Job) -> None:
+        await skills.curate()
 
     async def archive(job: Job) -> None:
         await memory.archive_session(await sessions.load(for_session(job)))
@@ -219,7 +229,15 @@ def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidatio
         JobKind.EMBED: embed,
         JobKind.REVIEW_MEMORY: review_memory,
         JobKind.REVIEW_SKILLS: review_skills,
+        JobKind.CURATE_SKILLS: curate_skills,
     }
+
+
+def skill_library(settings: Settings, db: Database) -> SkillLibrary:
+    """The skills of `db`, with the bundled folders and the person's."""
+    policy = SkillPolicy(settings.skills_auto_admit, settings.skills_index_chars, settings.skills_archive_after_days)
+    return SkillLibrary(SqlSkillStore(db), default_folders(settings.skills_path), policy,
+                        workspace=settings.workspace_dir)
 
 
 def memory_service(settings: Settings, db: Database, embedder: Embedder | None = None) -> MemoryService:
@@ -270,14 +288,17 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
     tasks = SqlTaskStore(db)
-    gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory, tasks),
+    skills = skill_library(settings, db)
+    await skills.sync()
+    gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory, tasks, skills),
                          settings.tool_policy)
     consolidation = ConsolidationWorker(sessions, leases, background, memory,
                                         keep_recent=settings.consolidation_keep_recent)
     runner = BackgroundRunner(
         jobs,
         _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, background, memory),
-                      SkillReviewer(sessions, leases, memory), FactReconciler(memory, background)),
+                      SkillReviewer(sessions, leases, background, memory, skills, cost=background.cost_of), skills,
+                      FactReconciler(memory, background)),
         HostLock(settings.home_dir / "locks" / "background-runner"),
         retry=RetryPolicy(max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s),
         spans=spans,
@@ -286,7 +307,9 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
     pipeline = Pipeline(
         context=ContextStage(sessions, memory, persona, identities,
-                             RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens)),
+                             RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens),
+                             # The index tells the model to call skill_view: only where it can.
+                             skills if any(spec.name == "skill_view" for spec in gated.specs()) else None),
         inference=InferenceStage(model, gated, sessions, limits, usage),
         response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(settings.consolidation_threshold)),
     )
@@ -294,7 +317,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery, spans)
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
-                   identities, usage, ChannelHub(bus, deliveries), tasks, gated, spans, model,
+                   identities, usage, ChannelHub(bus, deliveries), tasks, skills, gated, spans, model,
                    background if background_model else None,
                    explainer.model if explainer is not None and approval_model is not model.inner else None)
 
@@ -324,6 +347,7 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
         stack.push_async_callback(runtime.usage.stop)  # after the turns and jobs: their last counts
         await runtime.runner.start()
         stack.push_async_callback(runtime.runner.stop)
+        await runtime.runner.schedule(JobKind.CURATE_SKILLS, "all")
         await runtime.deliveries.start(channels, confirming=runtime.channels.confirming)
         stack.push_async_callback(runtime.deliveries.stop)
         await runtime.loop.start()

@@ -135,6 +135,15 @@ class Settings(BaseSettings):
     memory_profile_facts: int = Field(default=30, ge=0, le=200)
     # ...then recalled memories within this many tokens.
     memory_recall_tokens: int = Field(default=800, ge=0, le=20_000)
+    # Skills: the person's own skill folders (default: HOME/skills), each NAME/SKILL.md.
+    skills_dir: Path | None = None
+    # Which skills the background review proposes are admitted without a person: "none" (all wait
+    # as pending), or "low-risk" (those that neither run commands, write files nor reach the network).
+    skills_auto_admit: Literal["none", "low-risk"] = "none"
+    # The prompt's index of skills (names and descriptions), at most this many characters.
+    skills_index_chars: int = Field(default=4_000, ge=200, le=50_000)
+    # A skill unused this many days is archived: out of the index, its history kept.
+    skills_archive_after_days: float = Field(default=90, gt=0)
     # Channel principals bound to one person, whose memory they share:
     # [identities] alice = ["http:alice", "telegram:123456"]
     identities: dict[str, list[str]] = Field(default_factory=dict)
@@ -232,6 +241,10 @@ class Settings(BaseSettings):
     @property
     def workspace_dir(self) -> Path:
         return (self.workspace or self.home_dir / "workspace").expanduser()
+
+    @property
+    def skills_path(self) -> Path:
+        return (self.skills_dir or self.home_dir / "skills").expanduser()
 
     @property
     def database_path(self) -> Path:

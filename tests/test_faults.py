@@ -21,7 +21,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from ember.app import Runtime, _job_handlers, build_runtime, configured_model, memory_service, open_database
+from ember.app import (
+    Runtime,
+    _job_handlers,
+    build_runtime,
+    configured_model,
+    memory_service,
+    open_database,
+    skill_library,
+)
 from ember.bus.memory import InProcessBus
 from ember.config import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
@@ -123,9 +131,11 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     leases = LocalLeases(home / "locks" / "sessions")
     bus = bus or InProcessBus()
     approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s)
+    skills = skill_library(settings, db)
     consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
     handlers = _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, model, memory),
-                             SkillReviewer(sessions, leases, memory), FactReconciler(memory, model))
+                             SkillReviewer(sessions, leases, model, memory, skills), skills,
+                             FactReconciler(memory, model))
     if embed is not None:
         handlers[JobKind.EMBED] = embed(memory)
     runner = BackgroundRunner(jobs, handlers, HostLock(home / "locks" / "background-runner"),
@@ -143,7 +153,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
                      RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s))
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation,
                    await start_mcp({}), deliveries, identities, UsageRecorder(SqlUsageStore(db)),
-                   ChannelHub(bus, deliveries), SqlTaskStore(db), ToolRegistry(), model=model)
+                   ChannelHub(bus, deliveries), SqlTaskStore(db), skills, ToolRegistry(), model=model)
 
 
 @asynccontextmanager

@@ -14,6 +14,7 @@ class JobKind(enum.StrEnum):
     ARCHIVE = "archive_messages"  # copy a session's new messages into the archival memory tier
     MEMORY_UPKEEP = "memory_upkeep"  # write recall counts, archive what faded
     RECONCILE_FACTS = "reconcile_facts"  # ask the model whether new keyless facts replace older ones
+    CURATE_SKILLS = "curate_skills"  # archive the skills unused for long
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,17 +53,23 @@ class MeteredModel:
             if span is not None:
                 span.end()
 
+    def cost_of(self, reply: ModelReply) -> float | None:
+        """What `reply` cost at the configured price of the model that answered; None if it has none."""
+        return cost_usd(self._prices.get(reply.model or self.inner.name), **_tokens(reply))
+
     def _count(self, reply: ModelReply) -> UsageRow:
-        model = reply.model or self.inner.name
-        tokens = {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
-                  "cache_read_tokens": reply.cache_read_tokens, "cache_write_tokens": reply.cache_write_tokens}
-        row = UsageRow(at=time.time(), model=model, scope=current_scope.get(), **tokens,
-                       cost_usd=cost_usd(self._prices.get(model), **tokens))
+        row = UsageRow(at=time.time(), model=reply.model or self.inner.name, scope=current_scope.get(),
+                       **_tokens(reply), cost_usd=self.cost_of(reply))
         self._record(row)
         return row
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def _tokens(reply: ModelReply) -> dict[str, int]:
+    return {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
+            "cache_read_tokens": reply.cache_read_tokens, "cache_write_tokens": reply.cache_write_tokens}
 
 
 def _describe(span: Span, reply: ModelReply, row: UsageRow) -> None:

@@ -13,6 +13,7 @@ from ember.core.messages import Message, Role, Session
 from ember.core.turn import PipelineContext, StreamSink
 from ember.memory.identity import Identities
 from ember.memory.service import MemoryService, PromptMemory, RecallBudget
+from ember.skills.library import SkillLibrary
 from ember.store.sessions import SessionStore
 
 StreamFactory = Callable[[str], StreamSink]
@@ -86,13 +87,14 @@ def _in_window(session: Session) -> Callable[[MemoryRecord], bool]:
 
 class ContextStage:
     """The prompt is built from sections, most stable first, so providers can
-    cache its prefix: the system text, the person's profile facts, this
+    cache its prefix: the system text, the skills index, the person's profile facts, this
     session's episodes, the history; then, just before the newest message,
     the memories it recalls (they change every turn)."""
 
     def __init__(self, sessions: SessionStore, memory: MemoryService, persona: Persona, identities: Identities,
-                 budget: RecallBudget) -> None:
+                 budget: RecallBudget, skills: SkillLibrary | None = None) -> None:
         self._sessions = sessions
+        self._skills = skills
         self._memory = memory
         self._persona = persona
         self._identities = identities
@@ -147,6 +149,8 @@ class ContextStage:
 
     async def _system_text(self, session: Session, identity: str, memory: PromptMemory) -> str:
         parts = [fill(self._persona.system_prompt, agent_name=self._persona.agent_name)]
+        if self._skills is not None and (index := await self._skills.index(identity)):
+            parts.append(index)
         if memory.profile:
             parts.append(PROFILE_HEADING + "\n" + "\n".join(f"- {r.content}" for r in memory.profile))
         episodes = await self._memory.episodes(identity, session.key, EPISODES_IN_PROMPT)
