@@ -28,6 +28,7 @@ from ember.memory_cli import memory_app
 from ember.models.base import ModelClient
 from ember.models.demo import LABEL, demo_model
 from ember.models_cli import models
+from ember.skills_cli import skills_app
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
 from ember.usage_cli import usage
@@ -38,6 +39,7 @@ app.add_typer(sessions_app, name="sessions")
 trace_app = typer.Typer(help="What a turn did: stages, model calls, tool calls, approvals.", no_args_is_help=True)
 app.add_typer(trace_app, name="trace")
 app.add_typer(memory_app, name="memory")
+app.add_typer(skills_app, name="skills")
 app.add_typer(cron_app, name="cron")
 app.command()(models)
 app.command()(usage)

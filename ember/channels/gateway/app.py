@@ -27,12 +27,14 @@ from ember.channels.gateway.metrics import GatewayMetrics
 from ember.channels.gateway.native_api import NativeApi
 from ember.channels.gateway.openai_api import OpenAIApi
 from ember.channels.gateway.schemas import openapi_document
+from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
 from ember.channels.gateway.turns import TurnRouter
 from ember.memory.identity import Identities
 from ember.memory.service import MemoryService
 from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.usage import UsageRecorder
+from ember.skills.library import SkillLibrary
 from ember.store.jobs import SqlJobStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.tasks import SqlTaskStore
@@ -67,6 +69,7 @@ class GatewayServices:
     identities: Identities
     usage: UsageRecorder | None = None  # its counts reach /metrics
     tasks: SqlTaskStore | None = None
+    skills: SkillLibrary | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,8 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
     memory_api = MemoryApi(services.memory, services.identities, max_body_bytes=options.max_body_bytes)
     tasks_api = (TasksApi(services.tasks, services.identities, max_body_bytes=options.max_body_bytes,
                           default_tz=options.timezone) if services.tasks is not None else None)
+    skills_api = (SkillsApi(services.skills, services.identities, max_body_bytes=options.max_body_bytes)
+                  if services.skills is not None else None)
     jobs = services.jobs
     document = openapi_document("Ember gateway", __version__)
 
@@ -176,6 +181,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         *native_api.routes(),
         *memory_api.routes(),
         *(tasks_api.routes() if tasks_api is not None else []),
+        *(skills_api.routes() if skills_api is not None else []),
         *channel_routes,
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
