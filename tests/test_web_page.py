@@ -8,15 +8,22 @@ session of its own.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
+from ember.core.skills import Proposal, ProposalStatus, SkillRisk
+from ember.skills.format import render_skill_md
+from ember.store.database import Database
+from ember.store.skills import SqlSkillStore, new_proposal_id
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import CANNED_EXPLANATION, ModelServer, Reply, serving, tool_call
 
@@ -276,6 +283,100 @@ def test_the_memory_panel_lists_searches_forgets_and_escapes(
         expect(contents).to_have_text([attack, cello])
     page.wait_for_timeout(200)
     assert dialogs == []
+
+
+def propose_skill(gateway: GatewayProcess, identity: str, name: str, description: str, body: str, *,
+                  reason: str, risk: SkillRisk = SkillRisk.LOW, risk_reasons: tuple[str, ...] = ()) -> str:
+    """A pending proposal for `identity`, written into the running gateway's database as a review would."""
+    proposal = Proposal(id=new_proposal_id(), identity=identity, name=name, action="create",
+                        text=render_skill_md(name, description, body), risk=risk, risk_reasons=risk_reasons,
+                        status=ProposalStatus.PENDING, reason=reason, created_at=time.time(), job_id=None)
+
+    async def write() -> None:
+        db = Database(gateway.home / "ember.db")
+        await db.open()
+        try:
+            await SqlSkillStore(db).finish_review(f"http:{identity}:review-{name}", 0, proposal)
+        finally:
+            await db.close()
+
+    # Sync Playwright keeps an event loop running in this thread: the store's loop gets a thread of its own.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, write()).result()
+    return proposal.id
+
+
+def test_the_skills_panel_lists_skills_and_approves_or_rejects_proposals(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    attack = "<script>window.__pwned = 1</script> <img src=x onerror=\"window.__pwned = 2\">"
+    weekly = propose_skill(gateway, "alice", "weekly-report", "Write the weekly report.",
+                           f"1. Gather the week's notes.\n2. {attack}", reason="asked every Friday")
+    risky = propose_skill(gateway, "alice", "purge-downloads", "Delete old downloads.", "1. Run rm -rf.",
+                          reason="tidied up twice", risk=SkillRisk.HIGH, risk_reasons=("runs commands",))
+    page.set_viewport_size({"width": 390, "height": 800})  # a phone: the panel is in the memory drawer
+    page.emulate_media(reduced_motion="reduce")
+    sign_in(page, gateway, ALICE_KEY)
+    page.locator("#open-memory").click()
+    panel = page.locator("#skills-section")
+    expect(panel.get_by_role("heading", name="Skills", exact=True)).to_be_visible()
+
+    bundled = panel.locator('#skills .skill[data-name="web-research"]')
+    expect(bundled.locator(".skill-meta")).to_contain_text("shared · version ")
+    expect(bundled.locator(".skill-description")).not_to_be_empty()
+
+    proposals = panel.locator("#skill-proposals .skill-proposal")
+    expect(proposals).to_have_count(2)
+    report = proposals.and_(page.locator(f'[data-id="{weekly}"]'))
+    expect(report.locator(".skill-name")).to_have_text("weekly-report")
+    expect(report.locator(".skill-proposal-risk")).to_have_text("Risk: low")
+    expect(report.locator(".skill-proposal-reason")).to_have_text("Why: asked every Friday")
+    diff = report.locator("pre.skill-diff")
+    expect(diff).to_contain_text("+description: Write the weekly report.")
+    expect(diff).to_contain_text(f"+2. {attack}")  # shown literally, as text
+    expect(diff.locator(".diff-add").first).to_be_visible()
+    assert panel.locator("script, img, [onerror]").count() == 0
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    purge = proposals.and_(page.locator(f'[data-id="{risky}"]'))
+    expect(purge.locator(".skill-proposal-risk")).to_have_text("Risk: high (runs commands)")
+    card = box(page, f'.skill-proposal[data-id="{weekly}"]')
+    assert card["x"] >= 0 and card["x"] + card["width"] <= 390, card  # fits the phone's width
+
+    page.get_by_role("button", name="Approve skill weekly-report").click()
+    expect(report).to_have_count(0)
+    learned = panel.locator('#skills .skill[data-name="weekly-report"]')
+    expect(learned.locator(".skill-meta")).to_have_text("learned · version 1")
+    expect(learned.locator(".skill-description")).to_have_text("Write the weekly report.")
+
+    page.get_by_role("button", name="Reject skill purge-downloads").click()
+    expect(proposals).to_have_count(0)
+    expect(panel.locator("#skill-proposals-section")).to_be_hidden()
+    expect(panel.locator("#skills-error")).to_be_hidden()
+    headers = {"Authorization": f"Bearer {ALICE_KEY}"}
+    names = [skill["name"] for skill in httpx.get(gateway.url("/api/skills"), headers=headers).json()]
+    assert "weekly-report" in names and "purge-downloads" not in names
+    expect(panel.locator('#skills .skill[data-name="purge-downloads"]')).to_have_count(0)
+
+    # A proposal a review makes meanwhile shows up when the next turn ends; one decided elsewhere
+    # while the page still offers it gets an error line, and the lists show what it became.
+    late = propose_skill(gateway, "alice", "water-plants", "Remind about the plants.", "1. Remind.",
+                         reason="asked twice")
+    page.keyboard.press("Escape")
+    model.push(Reply(text="Noted."))
+    send(page, "thanks")
+    expect(answer(page)).to_have_text("Noted.")
+    page.locator("#open-memory").click()
+    expect(proposals).to_have_count(1)
+    decided = httpx.post(gateway.url(f"/api/skills/pending/{late}"), json={"decision": "reject"}, headers=headers)
+    assert decided.status_code == 200, decided.text
+    page.get_by_role("button", name="Approve skill water-plants").click()
+    expect(panel.locator("#skills-error")).to_contain_text("Could not approve skill water-plants")
+    expect(proposals).to_have_count(0)
+    expect(panel.locator('#skills .skill[data-name="water-plants"]')).to_have_count(0)
+
+    page.keyboard.press("Escape")
+    page.locator("#sign-out").click()
+    expect(page.locator("#skills li, #skill-proposals li")).to_have_count(0)
+    expect(page.locator("#skills-error")).to_be_hidden()
 
 
 def box(page: Page, selector: str) -> dict[str, float]:

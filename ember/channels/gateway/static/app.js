@@ -4,6 +4,7 @@
 import { $, el } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { MemoryPanel } from "./memory.js";
+import { SkillsPanel } from "./skills.js";
 
 const KEY_STORE = "ember.apiKey";
 const SESSION_KEY = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
@@ -35,7 +36,9 @@ async function api(path, options = {}) {
 }
 
 const sessionPath = (key) => `/api/sessions/${encodeURIComponent(key)}/messages`;
-const memoryPanel = new MemoryPanel(api, () => showSignIn("Your key is no longer accepted. Sign in again."));
+const signedOut = () => showSignIn("Your key is no longer accepted. Sign in again.");
+const memoryPanel = new MemoryPanel(api, signedOut);
+const skillsPanel = new SkillsPanel(api, signedOut);
 
 // ---- signing in ----
 
@@ -76,6 +79,7 @@ function showSignIn(message) {
   $("pending-list").replaceChildren();
   $("pending-approvals").hidden = true;
   memoryPanel.clear();
+  skillsPanel.clear();
   $("sign-in-view").hidden = false;
   $("sign-in-error").textContent = message;
   $("sign-in-error").hidden = !message;
@@ -111,6 +115,7 @@ function enter() {
   $("sign-out").hidden = state.open;
   route();
   memoryPanel.refresh();
+  skillsPanel.refresh();
   showWhoami().catch(() => {}); // the header line is a nicety; the page works without it
   refreshApprovals();
 }
@@ -525,6 +530,7 @@ async function sendText(text, messageId = randomId("msg")) {
   }
   refreshSessions().catch(showFailure);
   memoryPanel.refresh(); // the turn may have remembered something
+  skillsPanel.refresh(); // use counts, and what reviews have proposed since
   $("message-input").focus();
 }
 
