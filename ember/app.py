@@ -338,6 +338,7 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
         if runtime.telemetry is not None:  # last but the store: the spans of everything that stopped
             stack.callback(runtime.telemetry.shutdown)
         stack.push_async_callback(runtime.memory.close)
+        stack.push_async_callback(runtime.skills.close)
         for model in (runtime.model, runtime.background_model, runtime.approval_model):
             if model is not None:
                 stack.push_async_callback(model.aclose)

@@ -351,6 +351,7 @@ async def test_skill_view_reads_files_and_puts_scripts_in_the_workspace(tmp_path
 async def test_the_index_stays_within_its_budget_in_a_stable_order(tmp_path: Path, db: Any) -> None:
     settings = Settings(home=tmp_path / "home", skills_index_chars=2_000)
     library = skill_library(settings, db)
+    await library.sync()
     for n in range(300):
         name = f"skill-{n:04d}"
         await library.store.add_version(NewVersion(SHARED, name, f"Does task number {n} " + "well " * 30,
@@ -435,3 +436,17 @@ async def test_skills_survive_a_restart(skills_settings: Settings) -> None:
     async with agent(skills_settings, Reviews()) as h:
         final = await h.turn("use weekly-report")
     assert "Group it by project." in final.text
+
+
+async def test_a_folder_added_while_running_reaches_a_later_turn(skills_settings: Settings) -> None:
+    async with agent(skills_settings, Reviews()) as h:
+        await h.turn("hello")
+        write_skill(skills_settings.skills_path, "fresh-one", "Brand new steps.")
+
+        async def listed() -> None:
+            while "- fresh-one:" not in await h.runtime.skills.index(IDENTITY):
+                await asyncio.sleep(0.2)  # read in the background, never by the turn itself
+
+        await asyncio.wait_for(listed(), 20)
+        final = await h.turn("use fresh-one")
+    assert "Brand new steps." in final.text

@@ -77,6 +77,7 @@ class SkillLibrary:
         self.load_errors: dict[str, str] = {}  # folder -> why it was not loaded
         self._signature: tuple[tuple[str, int], ...] | None = None
         self._checked_at = 0.0
+        self._refresh: asyncio.Task[None] | None = None
         self._sync_lock = asyncio.Lock()
         self._indexes: dict[str, tuple[object, str]] = {}  # identity -> (freshness, text)
 
@@ -138,16 +139,30 @@ class SkillLibrary:
             found[doc.name] = (path, doc, files, origin)  # a later folder (the person's) wins
         return found, errors
 
-    async def _sync_now_and_then(self) -> None:
-        if self._folders and self._clock() - self._checked_at >= CHANGE_CHECK_S:
-            self._checked_at = self._clock()
+    def _look_at_folders_now_and_then(self) -> None:
+        """A turn never waits for the folders: an edit is read in the background, for the next turn."""
+        if not self._folders or time.monotonic() - self._checked_at < CHANGE_CHECK_S:
+            return
+        if self._refresh is None or self._refresh.done():
+            self._checked_at = time.monotonic()
+            self._refresh = asyncio.create_task(self._sync_logged(), name="ember-skill-folders")
+
+    async def _sync_logged(self) -> None:
+        try:
             await self.sync()
+        except Exception:  # the store's versions stay as they were; the next look tries again
+            log.warning("could not read the skill folders", exc_info=True)
+
+    async def close(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+            await asyncio.gather(self._refresh, return_exceptions=True)
 
     # What the model sees
 
     async def index(self, identity: str) -> str:
         """The prompt's section: name and description of each active skill, by name, within the budget."""
-        await self._sync_now_and_then()
+        self._look_at_folders_now_and_then()
         freshness = await self.store.freshness(identity)
         cached = self._indexes.get(identity)
         if cached is not None and cached[0] == freshness:
@@ -160,21 +175,22 @@ class SkillLibrary:
     def _render_index(self, skills: Sequence[Skill]) -> str:
         if not skills:
             return ""
+        def omitted(count: int) -> str:
+            return f"({count} more skills are not listed; skill_view with a word for the name lists those that match.)"
+
         lines, used = [INDEX_HEADING], len(INDEX_HEADING)
         for shown, skill in enumerate(skills):
             description = " ".join(skill.description.split())
             if len(description) > INDEX_LINE_CHARS:
                 description = description[:INDEX_LINE_CHARS - 1].rstrip() + "…"
             line = f"- {skill.name}: {description}"
-            rest = len(skills) - shown
-            note = (f"({rest} more skills are not listed; skill_view with a word for the name lists the ones "
-                    "that match it.)")
-            if (used + len(line) + 1 + len(note) + 1 > self.policy.index_chars and rest > 1) or \
-                    used + len(line) + 1 > self.policy.index_chars:
-                lines.append(note)
+            after = len(skills) - shown - 1
+            # Room for this line, and for the note on the ones after it if there are any.
+            if used + 1 + len(line) + (1 + len(omitted(after)) if after else 0) > self.policy.index_chars:
+                lines.append(omitted(after + 1))
                 break
             lines.append(line)
-            used += len(line) + 1
+            used += 1 + len(line)
         return "\n".join(lines)
 
     async def find(self, identity: str | None, name: str) -> Skill:
