@@ -14,6 +14,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.context import PROFILE_HEADING
 from ember.pipeline.inference import TRUNCATED_NOTE, iteration_cap_text
+from ember.skills.review import REVIEW_INSTRUCTION as SKILL_REVIEW_INSTRUCTION
 from tests.conftest import EPISODES_HEADING, IDENTITY, job_counts, of_kind, session_key, tool_run
 
 
@@ -108,7 +109,8 @@ async def test_reasoning_is_replayed_only_within_its_own_turn(start) -> None:  #
 
 async def test_review_signals_follow_the_tool_call_threshold(start, settings) -> None:  # type: ignore[no-untyped-def]
     calls = tuple(ToolCall(id=f"c{i}", name="list_dir", arguments="{}") for i in range(2))
-    model = FunctionModel(lambda m, t: ModelReply(text="NONE") if REVIEW_INSTRUCTION in m[0].content
+    model = FunctionModel(lambda m, t: ModelReply(text="NONE") if m[0].content.startswith(
+                          (REVIEW_INSTRUCTION, SKILL_REVIEW_INSTRUCTION))
                           else ModelReply(tool_calls=calls) if m[-1].role is Role.USER and m[-1].content == "busy turn"
                           else ModelReply(text="ok"))
     config = settings.model_copy(update={"review_tool_call_threshold": 2})
@@ -117,7 +119,7 @@ async def test_review_signals_follow_the_tool_call_threshold(start, settings) ->
         await h.runtime.runner.wait_idle()
         counts = await job_counts(h.runtime.db)
         facts = await h.runtime.memory.store.list(IDENTITY, kinds=(MemoryKind.FACT,))
-        skills = await h.runtime.memory.store.list(IDENTITY, kinds=(MemoryKind.PROCEDURAL,))
+        proposals = await h.runtime.skills.proposals(None, None)
         asked = len(model.requests)
         await h.turn("and now?")  # the next prompt shows what memory holds for the person
         prompt = model.requests[asked]
@@ -125,12 +127,10 @@ async def test_review_signals_follow_the_tool_call_threshold(start, settings) ->
     assert of_kind(counts, JobKind.REVIEW_SKILLS) == {"done": 1}
     assert of_kind(counts, JobKind.REVIEW_MEMORY) == {"done": 1}
     assert {status for _, status in counts} == {"done"}
-    assert facts == []  # the model found no facts
-    # Skill notes are not prompt material: the note is kept, and the next prompt carries no memory at all.
-    assert len(skills) == 1 and "list_dir" in skills[0].content
+    assert facts == [] and proposals == []  # the model found no facts and nothing worth a skill
+    # The next prompt carries no memory at all.
     assert PROFILE_HEADING not in prompt[0].content and EPISODES_HEADING not in prompt[0].content
     assert [m.role for m in prompt].count(Role.SYSTEM) == 1
-    assert not any(skills[0].content in m.content for m in prompt)
 
 
 async def test_workspace_tools_see_only_the_workspace(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
+from ember.skills.review import REVIEW_INSTRUCTION as SKILL_REVIEW_INSTRUCTION
 from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import SqlJobStore
@@ -195,7 +196,7 @@ async def test_a_failing_review_leaves_the_answer_delivered_and_saved(start, set
     script = [ModelReply(text="", tool_calls=tuple(calls)), ModelReply(text="All done.")]
 
     def model_fn(messages: list[Message], tools: object) -> ModelReply:
-        if REVIEW_INSTRUCTION in messages[0].content:
+        if messages[0].content.startswith((REVIEW_INSTRUCTION, SKILL_REVIEW_INSTRUCTION)):
             raise RuntimeError("review model is down")
         return script.pop(0)
 
@@ -208,8 +209,9 @@ async def test_a_failing_review_leaves_the_answer_delivered_and_saved(start, set
         counts = await h.runtime.jobs.counts()
     assert final.kind is OutboundKind.FINAL and final.text == "All done."
     assert history[-1].content == "All done."
-    assert counts.get("failed") == 1  # the memory review gave up after its retries
-    assert any("review_memory" in r.getMessage() and "review model is down" in r.getMessage() for r in caplog.records)
+    assert counts.get("failed") == 2  # the memory and skill reviews gave up after their retries
+    for kind in ("review_memory", "review_skills"):
+        assert any(kind in r.getMessage() and "review model is down" in r.getMessage() for r in caplog.records)
     assert not h.chats["c1"].of(OutboundKind.ERROR)
 
 

@@ -406,6 +406,7 @@ def test_front_matter_is_parsed_strictly() -> None:
 
 def test_a_review_answer_must_be_the_structure_asked_for() -> None:
     assert parse_answer('```json\n{"action": "none"}\n```').action == "none"
+    assert parse_answer("NONE.").action == "none"  # what a model says when told there may be nothing
     assert parse_answer('<think>hm</think>Sure: {"action": "create", "name": "x"}').name == "x"
     with pytest.raises(ValueError, match="not the JSON asked for"):
         parse_answer("I think a skill would help.")

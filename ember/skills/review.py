@@ -68,6 +68,8 @@ class ReviewFormatError(ValueError):
 
 def parse_answer(text: str) -> ReviewAnswer:
     text = strip_thinking(text).strip()
+    if text.strip(" .!`'\"").lower() in ("none", "nothing"):  # what models say when told there may be nothing
+        return ReviewAnswer(action="none")
     fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.DOTALL)
     candidate = fenced[1] if fenced else text[text.find("{"):text.rfind("}") + 1]
     try:

@@ -75,6 +75,7 @@ from starlette.routing import Route
 from ember.memory.consolidation import SUMMARY_INSTRUCTION
 from ember.memory.review import REVIEW_INSTRUCTION
 from ember.runtime.loop import NOT_RESUMED_TEXT
+from ember.skills.review import REVIEW_INSTRUCTION as SKILL_REVIEW_INSTRUCTION
 from ember.store.sessions import INTERRUPTED_RESULT
 from tests.gatewayproc import GatewayProcess, free_port, gateway_env
 
@@ -300,6 +301,10 @@ class CrashModelServer:
         if system.startswith(REVIEW_INSTRUCTION):
             return _Reply("review", "<think>SECRET review</think>\n- The user runs crash tests.\n"
                                     "- The user keeps notes in notes.txt.")
+        if system.startswith(SKILL_REVIEW_INSTRUCTION):
+            return _Reply("review", "<think>SECRET skill review</think>" + json.dumps({
+                "action": "create", "name": "read-the-notes", "description": "Read the notes before answering.",
+                "body": "1. Read notes.txt.\n2. Answer from it.", "reason": "every question needed the notes"}))
         return self._turn(messages, number)
 
     def _turn(self, messages: list[dict[str, Any]], number: int) -> _Reply:
