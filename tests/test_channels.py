@@ -79,3 +79,40 @@ async def test_a_failed_delivery_stays_owed_and_a_refused_one_is_not_sent_again(
     async with open_database(refused) as db, db.read() as conn:
         rows = (await conn.execute(select(schema.outbox.c.delivered_at, schema.outbox.c.failure))).all()
     assert [tuple(row) for row in rows] == [(None, "the platform said 403")]
+
+
+class SlowChatChannel(PluginChannel):
+    """Holds every delivery to the chat "slow" until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__("lanes")
+        self.release = asyncio.Event()
+
+    async def deliver(self, event: OutboundEvent) -> None:
+        if event.chat_id == "slow":
+            await self.release.wait()
+        self.events.append(event)
+
+
+async def test_one_chats_slow_delivery_holds_up_no_other_chat_and_keeps_its_own_order(settings: Settings) -> None:
+    runtime = await build_runtime(settings, ScriptedModel([]), tools=ToolRegistry())
+    channel = SlowChatChannel()
+    runtime.channels.register(channel)
+
+    def event(chat: str, text: str) -> OutboundEvent:
+        return OutboundEvent(channel="lanes", chat_id=chat, kind=OutboundKind.DELTA, text=text, turn_id="t")
+
+    async with running(runtime):
+        for text in ("s1", "s2", "s3"):
+            await runtime.bus.publish_outbound(event("slow", text))
+        for text in ("f1", "f2"):
+            await runtime.bus.publish_outbound(event("fast", text))
+        async with asyncio.timeout(10):
+            while len(channel.events) < 2:
+                await asyncio.sleep(0.01)
+        assert [e.text for e in channel.events] == ["f1", "f2"]  # the slow chat still waits
+        channel.release.set()
+        async with asyncio.timeout(10):
+            while len(channel.events) < 5:
+                await asyncio.sleep(0.01)
+    assert [e.text for e in channel.events if e.chat_id == "slow"] == ["s1", "s2", "s3"]

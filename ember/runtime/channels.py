@@ -1,5 +1,6 @@
 """The channels one process serves: started and stopped with the runtime, each handed what
-the bus addresses to it, in order."""
+the bus addresses to it: in order within a chat, and chats side by side, so one chat's slow
+delivery (a rate-limited edit, a target that retries) never holds up another's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 
 from ember.bus.base import Bus
 from ember.core.channels import Channel, DeliveryRefused
+from ember.core.events import OutboundEvent
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.tasks import stop_tasks
 
@@ -20,6 +22,8 @@ class ChannelHub:
         self._deliveries = deliveries
         self._channels: dict[str, Channel] = {}
         self._pumps: list[asyncio.Task[None]] = []
+        self._lanes: dict[tuple[str, str], asyncio.Queue[OutboundEvent]] = {}
+        self._lane_tasks: set[asyncio.Task[None]] = set()
         self._started: list[Channel] = []
 
     def register(self, channel: Channel) -> None:
@@ -53,7 +57,8 @@ class ChannelHub:
 
     async def stop(self) -> None:
         await stop_tasks(self._pumps, grace_s=0)
-        self._pumps = []
+        await stop_tasks(list(self._lane_tasks), grace_s=0)
+        self._pumps, self._lanes = [], {}
         for channel in reversed(self._started):
             try:
                 await channel.stop()
@@ -62,19 +67,34 @@ class ChannelHub:
         self._started = []
 
     async def _pump(self, channel: Channel) -> None:
-        confirms = channel.capabilities.confirms_delivery
         while True:
             event = await self._bus.next_outbound(channel.name)
-            try:
-                await channel.deliver(event)
-            except DeliveryRefused as refused:
-                log.warning("%s refused %s of turn %s: %s", channel.name, event.kind, event.turn_id, refused)
-                if event.delivery_id is not None:
-                    self._deliveries.gave_up(event.delivery_id, str(refused))
-                continue
-            except Exception:  # the channel's edge: a committed answer stays owed and is sent again
-                log.warning("%s could not take %s of turn %s", channel.name, event.kind, event.turn_id,
-                            exc_info=True)
-                continue
-            if confirms and event.delivery_id is not None:
-                self._deliveries.delivered(event.delivery_id)
+            key = (channel.name, event.chat_id)
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = self._lanes[key] = asyncio.Queue()
+                task = asyncio.create_task(self._drain(channel, key, lane),
+                                           name=f"ember-channel-{channel.name}-{event.chat_id}")
+                self._lane_tasks.add(task)
+                task.add_done_callback(self._lane_tasks.discard)
+            lane.put_nowait(event)
+
+    async def _drain(self, channel: Channel, key: tuple[str, str], lane: asyncio.Queue[OutboundEvent]) -> None:
+        """One chat's events, in order; the lane goes when it is empty (no await between the look and that)."""
+        while not lane.empty():
+            await self._hand(channel, lane.get_nowait())
+        del self._lanes[key]
+
+    async def _hand(self, channel: Channel, event: OutboundEvent) -> None:
+        try:
+            await channel.deliver(event)
+        except DeliveryRefused as refused:
+            log.warning("%s refused %s of turn %s: %s", channel.name, event.kind, event.turn_id, refused)
+            if event.delivery_id is not None:
+                self._deliveries.gave_up(event.delivery_id, str(refused))
+            return
+        except Exception:  # the channel's edge: a committed answer stays owed and is sent again
+            log.warning("%s could not take %s of turn %s", channel.name, event.kind, event.turn_id, exc_info=True)
+            return
+        if channel.capabilities.confirms_delivery and event.delivery_id is not None:
+            self._deliveries.delivered(event.delivery_id)
