@@ -22,6 +22,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
+from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
@@ -120,6 +122,8 @@ class Settings(BaseSettings):
     webhooks: dict[str, WebhookSpec] = Field(default_factory=dict)
     # Where answers can be POSTed, signed.
     outbound: dict[str, OutboundSpec] = Field(default_factory=dict)
+    # A Telegram bot (see README): token, allowed_users, mode, edit_interval_ms, ...
+    telegram: TelegramSpec | None = None
     # Other agents the call_agent tool may hand work to over A2A.
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
     # A turn with at least this many tool calls triggers the background reviews.
@@ -241,6 +245,13 @@ class Settings(BaseSettings):
     @property
     def workspace_dir(self) -> Path:
         return (self.workspace or self.home_dir / "workspace").expanduser()
+
+    @property
+    def telegram_bot(self) -> TelegramSpec | None:
+        """The Telegram bot to run: `[telegram]`, or the defaults when only EMBER_TELEGRAM_TOKEN is set."""
+        if self.telegram is not None:
+            return self.telegram
+        return TelegramSpec() if os.environ.get(TELEGRAM_TOKEN_ENV) and not self._from_code_only else None
 
     @property
     def skills_path(self) -> Path:

@@ -18,6 +18,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefined
 
+from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec
 from ember.config import Settings
 from ember.models.spec import ModelSpec
@@ -34,9 +35,10 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
     ("[webhooks.NAME]", WebhookSpec, "A signed webhook: `POST /webhooks/NAME`."),
     ("[outbound.NAME]", OutboundSpec, "A URL that answers are POSTed to, signed."),
     ("[a2a_agents.NAME]", A2AAgentSpec, "Another agent the `call_agent` tool may hand work to."),
+    ("[telegram]", TelegramSpec, "A Telegram bot `ember serve` runs (also on when only EMBER_TELEGRAM_TOKEN is set)."),
 ]
 # Tables documented by the rows above, not as keys of their own.
-NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_agents"}
+NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_agents", "telegram"}
 
 
 def comments(model: type[BaseModel]) -> dict[str, str]:

@@ -41,6 +41,7 @@ async def run_checks(settings: Settings, console: Console) -> int:
     _check_config(settings, report)
     await _check_store(settings, report)
     await _check_model(settings, report)
+    await _check_channels(settings, report)
     return 1 if report.failures else 0
 
 
@@ -128,3 +129,21 @@ async def _check_model(settings: Settings, report: Report) -> None:
             report.warn(f"{named} {model.base_url} {said}")
         else:
             report.ok(f"{named} {model.base_url} {said}")
+
+
+async def _check_channels(settings: Settings, report: Report) -> None:
+    """Each chat platform's credentials, asked without sending anything."""
+    spec = settings.telegram_bot
+    if spec is None:
+        return
+    from ember.channels.telegram.channel import probe
+
+    try:
+        name = await asyncio.wait_for(probe(spec), MODEL_CHECK_TIMEOUT_S)
+    except Exception as exc:  # the SDK's errors, a timeout, a missing token: all say what is wrong
+        report.fail(f"telegram: {exc or type(exc).__name__}")
+        return
+    allowed = len(spec.allowed_users)
+    report.ok(f"telegram: the token is {name}'s; {spec.mode}; {allowed} allowed user{'s' * (allowed != 1)}")
+    if not allowed:
+        report.warn("telegram: allowed_users is empty, so the bot refuses everyone")

@@ -380,6 +380,32 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             reviewed_seq BIGINT NOT NULL,
             updated_at DOUBLE PRECISION NOT NULL)""",
     ),
+    (
+        # The messages a chat platform shows of each answer (a draft, then its parts), so that a
+        # final re-sent after a crash edits them rather than sending a second copy.
+        """CREATE TABLE channel_messages (
+            channel TEXT NOT NULL,
+            turn_id TEXT NOT NULL,
+            part INTEGER NOT NULL,
+            chat_id TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            digest TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (channel, turn_id, part))""",
+        # Which delivery each answer's messages show in full.
+        """CREATE TABLE channel_finals (
+            channel TEXT NOT NULL,
+            turn_id TEXT NOT NULL,
+            delivery_id TEXT,
+            finished_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (channel, turn_id))""",
+        # Per-chat counters a platform needs to survive a restart (QQ's msg_seq).
+        """CREATE TABLE channel_counters (
+            channel TEXT NOT NULL,
+            name TEXT NOT NULL,
+            value BIGINT NOT NULL,
+            PRIMARY KEY (channel, name))""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -41,10 +41,10 @@ from ember.store.tasks import SqlTaskStore
 
 STATIC_DIR = Path(__file__).parent / "static"
 # Open to all: liveness for supervisors, and the page that asks for a key.
-# Webhooks are authenticated by their signatures, checked by their route.
+# Webhooks and chat platforms' callbacks are authenticated by their signatures, checked by their route.
 # The A2A agent card is public: another agent reads it to learn how to authenticate.
 PUBLIC_PATHS = frozenset({"/", "/healthz", "/.well-known/agent-card.json"})
-PUBLIC_PREFIXES = ("/static/", "/webhooks/")
+PUBLIC_PREFIXES = ("/static/", "/webhooks/", "/channels/")
 
 # The page runs only its own scripts and cannot be framed by another site.
 PAGE_HEADERS = {

@@ -126,6 +126,23 @@ def webhook_channels(settings: Settings, runtime: Runtime) -> list[BaseRoute]:
     return list(webhooks.routes())
 
 
+def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None) -> list[BaseRoute]:
+    """Register the chat platforms `settings` configures; the routes of those called back."""
+    routes: list[BaseRoute] = []
+    spec = settings.telegram_bot
+    if spec is not None:
+        from ember.channels.telegram.channel import TelegramChannel  # the SDK: only when configured
+        from ember.store.approvals import SqlApprovalStore
+        from ember.store.channel_messages import SqlChannelMessages
+
+        telegram = TelegramChannel(spec, runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db),
+                                   runtime.approvals, SqlApprovalStore(runtime.db), runtime.identities,
+                                   public_url=public_url)
+        runtime.channels.register(telegram)
+        routes += telegram.routes()
+    return routes
+
+
 def a2a_channel(settings: Settings, runtime: Runtime, public_url: str) -> A2AServer | None:
     """The A2A server's channel, registered, and its routes; None when a2a_enabled is off."""
     if not settings.a2a_enabled:
@@ -153,6 +170,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         router = TurnRouter(runtime.bus)
         runtime.channels.register(router)
         channel_routes = webhook_channels(settings, runtime)
+        channel_routes += chat_channels(settings, runtime, settings.gateway_public_url)
         runtime.channels.register(Scheduler(runtime.bus, runtime.tasks))
         a2a = a2a_channel(settings, runtime, settings.gateway_public_url or f"http://{host}:{listening.port}")
         if a2a is not None:

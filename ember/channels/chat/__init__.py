@@ -1,0 +1,1 @@
+"""What every chat platform channel shares: streaming by edits, splitting long answers."""

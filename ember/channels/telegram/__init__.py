@@ -1,0 +1,1 @@
+"""Telegram: a bot polled or called back, streaming by edits, approvals by buttons."""
