@@ -1,0 +1,1 @@
+"""WeCom (企业微信) and WeChat Official Account callbacks: signatures and the AES message envelope."""
