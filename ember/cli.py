@@ -333,6 +333,12 @@ def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
         token = "token set" if telegram.key() else "NO TOKEN"
         rows.append(("telegram", telegram.mode, f"{token}, {len(telegram.allowed_users)} allowed users, edits every "
                                                 f"{telegram.edit_interval_ms} ms"))
+    if settings.wecom is not None:
+        rows.append(("wecom", f"corp {settings.wecom.corp_id}, app {settings.wecom.agent_id}",
+                     "POST /channels/wecom" + ("" if settings.wecom.key() else ", NO SECRET")))
+    if settings.wechat is not None:
+        rows.append(("wechat", f"app {settings.wechat.app_id}",
+                     "POST /channels/wechat" + ("" if settings.wechat.key() else ", NO SECRET")))
     if as_json:
         print(json.dumps([{"channel": c, "name": n, "state": d} for c, n, d in rows], indent=2))
         return

@@ -25,6 +25,7 @@ from pydantic_settings import (
 from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
+from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
 from ember.core.schedule import zone
@@ -124,6 +125,10 @@ class Settings(BaseSettings):
     outbound: dict[str, OutboundSpec] = Field(default_factory=dict)
     # A Telegram bot (see README): token, allowed_users, mode, edit_interval_ms, ...
     telegram: TelegramSpec | None = None
+    # A WeCom (企业微信) self-built app, called back at /channels/wecom: corp_id, agent_id, token, encoding_aes_key, ...
+    wecom: WeComSpec | None = None
+    # A WeChat Official Account (微信公众号), called back at /channels/wechat: app_id, token, encoding_aes_key, ...
+    wechat: WeChatOfficialSpec | None = None
     # Other agents the call_agent tool may hand work to over A2A.
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
     # A turn with at least this many tool calls triggers the background reviews.

@@ -20,6 +20,7 @@ from pydantic_core import PydanticUndefined
 
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec
+from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
 from ember.config import Settings
 from ember.models.spec import ModelSpec
 from ember.tools.a2a import A2AAgentSpec
@@ -36,9 +37,11 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
     ("[outbound.NAME]", OutboundSpec, "A URL that answers are POSTed to, signed."),
     ("[a2a_agents.NAME]", A2AAgentSpec, "Another agent the `call_agent` tool may hand work to."),
     ("[telegram]", TelegramSpec, "A Telegram bot `ember serve` runs (also on when only EMBER_TELEGRAM_TOKEN is set)."),
+    ("[wecom]", WeComSpec, "A WeCom (企业微信) self-built app, called back at `/channels/wecom`."),
+    ("[wechat]", WeChatOfficialSpec, "A WeChat Official Account (微信公众号), called back at `/channels/wechat`."),
 ]
 # Tables documented by the rows above, not as keys of their own.
-NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_agents", "telegram"}
+NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_agents", "telegram", "wecom", "wechat"}
 
 
 def comments(model: type[BaseModel]) -> dict[str, str]:

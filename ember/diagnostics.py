@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Coroutine
+from typing import Any
 
 from rich.console import Console
 from sqlalchemy import text
@@ -133,17 +135,25 @@ async def _check_model(settings: Settings, report: Report) -> None:
 
 async def _check_channels(settings: Settings, report: Report) -> None:
     """Each chat platform's credentials, asked without sending anything."""
-    spec = settings.telegram_bot
-    if spec is None:
-        return
-    from ember.channels.telegram.channel import probe
+    if (spec := settings.telegram_bot) is not None:
+        from ember.channels.telegram.channel import probe as telegram_probe
 
+        if (name := await _probe("telegram", telegram_probe(spec), report)) is not None:
+            allowed = len(spec.allowed_users)
+            report.ok(f"telegram: the token is {name}'s; {spec.mode}; {allowed} allowed user{'s' * (allowed != 1)}")
+            if not allowed:
+                report.warn("telegram: allowed_users is empty, so the bot refuses everyone")
+    for label, weixin in (("wecom", settings.wecom), ("wechat", settings.wechat)):
+        if weixin is not None:
+            from ember.channels.wecom.channel import probe as weixin_probe
+
+            if (said := await _probe(label, weixin_probe(weixin), report)) is not None:
+                report.ok(f"{label}: {said}")
+
+
+async def _probe(label: str, check: Coroutine[Any, Any, str], report: Report) -> str | None:
     try:
-        name = await asyncio.wait_for(probe(spec), MODEL_CHECK_TIMEOUT_S)
-    except Exception as exc:  # the SDK's errors, a timeout, a missing token: all say what is wrong
-        report.fail(f"telegram: {exc or type(exc).__name__}")
-        return
-    allowed = len(spec.allowed_users)
-    report.ok(f"telegram: the token is {name}'s; {spec.mode}; {allowed} allowed user{'s' * (allowed != 1)}")
-    if not allowed:
-        report.warn("telegram: allowed_users is empty, so the bot refuses everyone")
+        return await asyncio.wait_for(check, MODEL_CHECK_TIMEOUT_S)
+    except Exception as exc:  # the SDK's errors, a timeout, a missing secret: all say what is wrong
+        report.fail(f"{label}: {exc or type(exc).__name__}")
+        return None

@@ -128,18 +128,28 @@ def webhook_channels(settings: Settings, runtime: Runtime) -> list[BaseRoute]:
 
 def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None) -> list[BaseRoute]:
     """Register the chat platforms `settings` configures; the routes of those called back."""
-    routes: list[BaseRoute] = []
-    spec = settings.telegram_bot
-    if spec is not None:
-        from ember.channels.telegram.channel import TelegramChannel  # the SDK: only when configured
-        from ember.store.approvals import SqlApprovalStore
-        from ember.store.channel_messages import SqlChannelMessages
+    from ember.store.approvals import SqlApprovalStore
+    from ember.store.channel_messages import SqlChannelMessages
 
-        telegram = TelegramChannel(spec, runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db),
-                                   runtime.approvals, SqlApprovalStore(runtime.db), runtime.identities,
-                                   public_url=public_url)
-        runtime.channels.register(telegram)
-        routes += telegram.routes()
+    shared = (runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db), runtime.approvals,
+              SqlApprovalStore(runtime.db), runtime.identities)
+    platforms = []
+    if (telegram := settings.telegram_bot) is not None:
+        from ember.channels.telegram.channel import TelegramChannel  # the SDK: only when configured
+
+        platforms.append(TelegramChannel(telegram, *shared, public_url=public_url))
+    if settings.wecom is not None:
+        from ember.channels.wecom.channel import WeComChannel
+
+        platforms.append(WeComChannel(settings.wecom, *shared))
+    if settings.wechat is not None:
+        from ember.channels.wecom.channel import WeChatOfficialChannel
+
+        platforms.append(WeChatOfficialChannel(settings.wechat, *shared))
+    routes: list[BaseRoute] = []
+    for channel in platforms:
+        runtime.channels.register(channel)
+        routes += channel.routes()
     return routes
 
 

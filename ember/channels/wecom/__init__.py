@@ -1,1 +1,2 @@
-"""WeCom (企业微信) and WeChat Official Account callbacks: signatures and the AES message envelope."""
+"""WeCom (企业微信) self-built apps and WeChat Official Accounts (微信公众号): the callback crypto, and the
+`wecom` and `wechat` channels."""

@@ -1,0 +1,363 @@
+"""The `wecom` and `wechat` channels: a WeCom (企业微信) self-built app and a WeChat Official Account.
+
+Both platforms push each message as a signed XML POST to /channels/NAME and wait 5 s for the answer;
+without one they drop the connection and push the same MsgId again, three times. A text message is
+kept in the store before anything is answered, so a retry finds it and runs no second turn; a retry
+is answered empty at once.
+
+The POST then waits up to `passive_reply_s` for the turn's first message (its answer, or an approval
+request). If that comes in time and in one piece, it is the POST's response (a passive reply);
+otherwise the POST answers empty and `deliver` sends the message through the send API. Exactly one of
+the two: a waiting POST is an entry in `_windows`, and the POST closing it and `deliver` claiming it
+each look and act without an await in between.
+
+Answers are cut into messages of at most 2048 UTF-8 bytes (the platforms' limit for text). The parts
+sent are recorded, so an answer re-sent after a restart sends none twice. There are no buttons: an
+approval request is text naming a short id, answered by `/approve ID`, `/always ID` or `/deny ID` from
+the turn's person or an approver; such a command is no turn. Messages other than text get a short
+note; events (a follow, a menu click) are answered empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from ember.bus.base import Bus
+from ember.channels.chat.editing import digest
+from ember.channels.chat.split import split_message
+from ember.channels.gateway.http import ApiError, read_body
+from ember.channels.wecom.api import (
+    CredentialsRefused,
+    PlatformUnavailable,
+    WeixinApi,
+    official_endpoints,
+    wecom_endpoints,
+)
+from ember.channels.wecom.callback import Callbacks, OfficialCallbacks, WeComCallbacks
+from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
+from ember.channels.wecom.crypto import MAX_XML_CHARS, text_reply
+from ember.core.channels import ChannelCapabilities
+from ember.core.errors import ConfigError
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.tools import Decision
+from ember.memory.identity import Identities
+from ember.runtime.approvals import ApprovalBroker, Resolution
+from ember.store.approvals import SqlApprovalStore
+from ember.store.channel_messages import SqlChannelMessages
+from ember.store.deliveries import SqlDeliveryStore
+
+MAX_MESSAGE_BYTES = 2048
+REFUSAL = ("Sorry, I only talk with the people my owner allowed. If that should include you, "
+           "send them your {id_label}: {user_id}.")
+ONLY_TEXT = "Sorry, I can only read text messages."
+_COMMAND = re.compile(r"[/／](approve|always|deny)\s+(\S+)", re.IGNORECASE)
+DECISIONS = {"approve": Decision.APPROVE_ONCE, "always": Decision.APPROVE_SESSION, "deny": Decision.DENY}
+DECIDED = {Decision.APPROVE_ONCE: "Allowed once.", Decision.APPROVE_SESSION: "Allowed for the rest of this "
+           "conversation.", Decision.DENY: "Denied."}
+_REMEMBERED = 1_024  # approval short ids, and the message ids of commands answered
+
+log = logging.getLogger(__name__)
+V = TypeVar("V")
+
+
+def byte_pieces(text: str, limit: int) -> list[str]:
+    """`text` cut where `split_message` would cut it, in pieces of at most `limit` UTF-8 bytes."""
+    return _pieces(text, limit, limit)
+
+
+def _pieces(text: str, limit: int, chars: int) -> list[str]:
+    pieces: list[str] = []
+    for piece in split_message(text, chars):
+        size = len(piece.encode())
+        # Too many bytes (CJK, emoji): cut again, with fewer characters in the same proportion.
+        pieces += [piece] if size <= limit else _pieces(piece, limit, max(1, len(piece) * limit // size))
+    return pieces
+
+
+@dataclass(frozen=True, slots=True)
+class Platform:
+    """What one app's channel talks through, and whom it talks to."""
+
+    callbacks: Callbacks
+    api: WeixinApi
+    allowed_users: frozenset[str]  # empty: everyone the platform lets write to the app
+    approvers: frozenset[str]
+    passive_reply_s: float
+
+
+class _WeixinChannel:
+    name: str
+    path: str
+    id_label: str  # what the platform calls a person's id, for the refusal
+    everyone: str  # who may write when allowed_users is empty
+    empty_answer: str  # the response that answers a push with nothing
+    # Any text of this many characters fits one message (UTF-8 takes at most 4 bytes a character);
+    # answers are cut by their bytes, so most messages carry more.
+    capabilities = ChannelCapabilities(max_message_chars=MAX_MESSAGE_BYTES // 4, confirms_delivery=True)
+
+    def __init__(self, platform: Platform, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,
+                 approvals: ApprovalBroker, approval_rows: SqlApprovalStore, identities: Identities) -> None:
+        self._callbacks = platform.callbacks
+        self._api = platform.api
+        self._allowed = platform.allowed_users
+        self._approvers = platform.approvers
+        self._passive_reply_s = platform.passive_reply_s
+        self._bus = bus
+        self._inbox = inbox
+        self._messages = messages
+        self._approvals = approvals
+        self._approval_rows = approval_rows
+        self._identities = identities
+        # (chat id, message id) -> the text its POST answers with; None: it answers empty.
+        self._windows: dict[tuple[str, str], asyncio.Future[str | None]] = {}
+        self._refused: set[str] = set()  # told once per run; nothing of theirs is stored
+        self._short_ids: dict[str, str] = {}  # "7" -> the approval request's id
+        self._answered: dict[str, None] = {}  # commands and other one-off pushes, by message id
+
+    async def start(self) -> None:
+        try:
+            await self._api.check()  # a wrong id or secret fails the start; nothing is sent
+        except CredentialsRefused as exc:
+            raise ConfigError(f"[{self.name}] {exc}") from None
+        except PlatformUnavailable as exc:
+            log.warning("%s: %s; answers wait until it can be reached", self.name, exc)
+        if not self._allowed:
+            log.warning("[%s] allowed_users is empty: %s may talk to the agent", self.name, self.everyone)
+
+    async def stop(self) -> None:
+        for window in self._windows.values():
+            if not window.done():
+                window.set_result(None)  # answered empty: the answer stays owed, sent after the restart
+        await self._api.aclose()
+
+    def routes(self) -> list[Route]:
+        return [Route(self.path, self.verify, methods=["GET"]), Route(self.path, self.receive, methods=["POST"])]
+
+    # In
+
+    async def verify(self, request: Request) -> Response:
+        """The platform's check of the callback URL, when it is saved in the console."""
+        return PlainTextResponse(self._callbacks.verify_url(request.query_params))
+
+    async def receive(self, request: Request) -> Response:
+        deadline = asyncio.get_running_loop().time() + self._passive_reply_s
+        callback = self._callbacks.open(request.query_params, await read_body(request, MAX_XML_CHARS))
+        fields = callback.fields
+        reply = await self._handle(fields, deadline)
+        if reply is None:
+            return PlainTextResponse(self.empty_answer)
+        xml = text_reply(fields.get("FromUserName", ""), fields.get("ToUserName", ""), reply,
+                         create_time=int(time.time()))
+        return Response(self._callbacks.seal(callback, xml), media_type="application/xml")
+
+    async def _handle(self, fields: Mapping[str, str], deadline: float) -> str | None:
+        """The passive reply to a push, or None: answered empty."""
+        sender, kind = fields.get("FromUserName", ""), fields.get("MsgType", "")
+        if not sender or not kind:
+            raise ApiError(400, "the message has no FromUserName or MsgType", code="invalid_callback")
+        self._check_recipient(fields)
+        if kind == "event":
+            return None  # a follow, a menu click, entering the app: nothing to answer
+        if self._allowed and sender not in self._allowed:
+            return self._refuse(sender)
+        message_id = fields.get("MsgId") or f"{sender}:{fields.get('CreateTime', '')}"
+        text = fields.get("Content", "").strip() if kind == "text" else ""
+        command = _COMMAND.fullmatch(text)
+        if kind != "text" or command:
+            if not self._first_time(message_id):
+                return None  # a retry: answered already
+            if command is None:
+                return ONLY_TEXT
+            return await self._command(sender, command[1].lower(), command[2])
+        if not text:
+            return None
+        event = InboundEvent(channel=self.name, chat_id=sender, sender_id=sender, text=text, message_id=message_id,
+                             stream=False, can_approve=True)
+        return await self._turn(event, deadline)
+
+    def _check_recipient(self, fields: Mapping[str, str]) -> None:
+        """Refuse a message meant for another app sharing this one's keys."""
+
+    def _refuse(self, sender: str) -> str | None:
+        if sender in self._refused:
+            return None
+        self._refused.add(sender)
+        log.info("%s: refused user %s", self.name, sender)
+        return REFUSAL.format(id_label=self.id_label, user_id=sender)
+
+    def _first_time(self, message_id: str) -> bool:
+        if message_id in self._answered:
+            return False
+        _remember(self._answered, message_id, None)
+        return True
+
+    async def _turn(self, event: InboundEvent, deadline: float) -> str | None:
+        """Keep and publish the message; its turn's first message, if it comes before `deadline`."""
+        if not await self._inbox.accept(event):
+            return None  # a retry of a kept message: its turn runs, and answers, once
+        assert event.message_id is not None
+        key = (event.chat_id, event.message_id)
+        window = self._windows[key] = asyncio.get_running_loop().create_future()
+        try:
+            await self._bus.publish_inbound(event)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.shield(window)
+        finally:
+            del self._windows[key]  # closed: from here on `deliver` sends through the API
+        return window.result() if window.done() else None
+
+    async def _command(self, sender: str, verb: str, ref: str) -> str:
+        approval_id = self._short_ids.get(ref, ref)
+        row = await self._approval_rows.get(approval_id)
+        if row is None:
+            return f"No approval request {ref} is waiting (those from before a restart have expired)."
+        if self._identities.resolve(self.name, sender) != row.identity and sender not in self._approvers:
+            return "This request is not yours to answer."
+        decision = DECISIONS[verb]
+        outcome = await self._approvals.resolve(approval_id, decision, by=f"{self.name}:{sender}",
+                                                scope=row.session_key)
+        if outcome is Resolution.RESOLVED:
+            return DECIDED[decision]
+        if outcome is Resolution.EXPIRED:
+            return "This request expired before it was answered (it timed out, or Ember restarted); nothing ran."
+        return "This request was answered already."
+
+    # Out
+
+    async def deliver(self, event: OutboundEvent) -> None:
+        if event.kind is OutboundKind.APPROVAL_REQUEST:
+            await self._ask(event)
+        elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
+            await self._answer(event)
+
+    async def _answer(self, event: OutboundEvent) -> None:
+        delivery = event.delivery_id
+        finished = await self._messages.finished(self.name, event.turn_id) if delivery is not None else None
+        if delivery is not None and finished == delivery:
+            return  # shown already: a re-send after a restart
+        pieces = byte_pieces(event.text, MAX_MESSAGE_BYTES) if event.text.strip() else []
+        if self._claim(event, pieces[0] if len(pieces) == 1 else None):
+            if delivery is not None:
+                await self._messages.record(self.name, event.chat_id, event.turn_id, 0, f"passive:{event.reply_to}")
+                await self._messages.finish(self.name, event.turn_id, delivery, {0: digest(pieces[0])})
+            return
+        # The parts a cut-off send of this answer got out (an earlier answer's parts are sent over).
+        sent = await self._messages.parts(self.name, event.turn_id) if delivery is not None and finished is None \
+            else {}
+        for part, piece in enumerate(pieces):
+            if part in sent:
+                continue
+            message_id = await self._api.send_text(event.chat_id, piece)
+            if delivery is not None:
+                await self._messages.record(self.name, event.chat_id, event.turn_id, part,
+                                            message_id or f"{delivery}:{part}")
+        if delivery is not None:
+            await self._messages.finish(self.name, event.turn_id, delivery,
+                                        {part: digest(piece) for part, piece in enumerate(pieces)})
+
+    async def _ask(self, event: OutboundEvent) -> None:
+        assert event.approval is not None
+        short = str(await self._messages.next_counter(self.name, "approval"))
+        _remember(self._short_ids, short, event.approval.id)
+        hint = (f"\n\n/always {short} allows it for the rest of this conversation.\n"
+                f"Reply /approve {short} or /deny {short}")
+        text = byte_pieces(event.text, MAX_MESSAGE_BYTES - len(hint.encode()))[0] + hint
+        if not self._claim(event, text):
+            await self._api.send_text(event.chat_id, text)
+
+    def _claim(self, event: OutboundEvent, text: str | None) -> bool:
+        """Hand `text` to the POST still waiting for this turn's first message, if there is one (None: it
+        answers empty now). True when `text` is that POST's passive reply, so nothing is to be sent."""
+        window = self._windows.get((event.chat_id, event.reply_to or ""))
+        if window is None or window.done():
+            return False
+        window.set_result(text)
+        return text is not None
+
+
+class WeComChannel(_WeixinChannel):
+    """A WeCom self-built app (企业微信自建应用), its "receive messages" API pointed at /channels/wecom."""
+
+    name = "wecom"
+    path = "/channels/wecom"
+    id_label = "WeCom UserID"
+    everyone = "every member of the corp who can see the app"
+    empty_answer = ""  # an empty 200: answered, nothing to show
+
+    def __init__(self, spec: WeComSpec, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,
+                 approvals: ApprovalBroker, approval_rows: SqlApprovalStore, identities: Identities, *,
+                 http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        secret = spec.key()
+        if not secret:
+            raise ConfigError("[wecom] needs the app's secret: secret = \"…\" or EMBER_WECOM_SECRET")
+        self._agent_id = str(spec.agent_id)
+        callbacks = WeComCallbacks(spec.token.get_secret_value(), spec.encoding_aes_key.get_secret_value(),
+                                   spec.corp_id)
+        api = WeixinApi(spec.api_base_url, wecom_endpoints(spec.corp_id, secret, spec.agent_id), secret, http=http,
+                        clock=clock)
+        super().__init__(Platform(callbacks, api, frozenset(spec.allowed_users), frozenset(spec.approvers),
+                                  spec.passive_reply_s), bus, inbox, messages, approvals, approval_rows, identities)
+
+    def _check_recipient(self, fields: Mapping[str, str]) -> None:
+        agent_id = fields.get("AgentID")
+        if agent_id and agent_id != self._agent_id:
+            raise ApiError(403, f"the message is for agent {agent_id[:16]}, not this app ({self._agent_id})",
+                           code="wrong_agent")
+
+
+class WeChatOfficialChannel(_WeixinChannel):
+    """A WeChat Official Account (微信公众号), its server configuration pointed at /channels/wechat."""
+
+    name = "wechat"
+    path = "/channels/wechat"
+    id_label = "OpenID"
+    everyone = "everyone who follows the account"
+    empty_answer = "success"  # what the platform asks for when there is no passive reply
+
+    def __init__(self, spec: WeChatOfficialSpec, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,
+                 approvals: ApprovalBroker, approval_rows: SqlApprovalStore, identities: Identities, *,
+                 http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        secret = spec.key()
+        if not secret:
+            raise ConfigError("[wechat] needs the account's AppSecret: secret = \"…\" or EMBER_WECHAT_SECRET")
+        key = spec.encoding_aes_key.get_secret_value() if spec.encoding_aes_key is not None else None
+        callbacks = OfficialCallbacks(spec.token.get_secret_value(), key, spec.app_id)
+        api = WeixinApi(spec.api_base_url, official_endpoints(spec.app_id, secret), secret, http=http, clock=clock)
+        super().__init__(Platform(callbacks, api, frozenset(spec.allowed_users), frozenset(spec.approvers),
+                                  spec.passive_reply_s), bus, inbox, messages, approvals, approval_rows, identities)
+
+
+async def probe(spec: WeComSpec | WeChatOfficialSpec) -> str:
+    """Whether the id and secret work (a token is fetched; nothing is sent): a line to show, or ConfigError."""
+    secret = spec.key()
+    if not secret:
+        raise ConfigError("the secret is not set")
+    endpoints = wecom_endpoints(spec.corp_id, secret, spec.agent_id) if isinstance(spec, WeComSpec) \
+        else official_endpoints(spec.app_id, secret)
+    api = WeixinApi(spec.api_base_url, endpoints, secret)
+    try:
+        await api.check()
+    except PlatformUnavailable as exc:
+        raise ConfigError(str(exc)) from None
+    finally:
+        await api.aclose()
+    return f"{api.platform} issued an access token"
+
+
+def _remember(kept: dict[str, V], key: str, value: V) -> None:
+    kept[key] = value
+    if len(kept) > _REMEMBERED:
+        del kept[next(iter(kept))]  # the oldest
