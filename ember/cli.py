@@ -339,6 +339,9 @@ def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
     if settings.wechat is not None:
         rows.append(("wechat", f"app {settings.wechat.app_id}",
                      "POST /channels/wechat" + ("" if settings.wechat.key() else ", NO SECRET")))
+    if settings.qq is not None:
+        rows.append(("qq", f"app {settings.qq.app_id}",
+                     "POST /channels/qq" + ("" if settings.qq.key() else ", NO SECRET")))
     if as_json:
         print(json.dumps([{"channel": c, "name": n, "state": d} for c, n, d in rows], indent=2))
         return

@@ -22,6 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ember.channels.qq.config import QQSpec
 from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
@@ -129,6 +130,8 @@ class Settings(BaseSettings):
     wecom: WeComSpec | None = None
     # A WeChat Official Account (微信公众号), called back at /channels/wechat: app_id, token, encoding_aes_key, ...
     wechat: WeChatOfficialSpec | None = None
+    # A QQ official bot, called back at gateway_public_url/channels/qq: app_id, secret (or EMBER_QQ_SECRET), ...
+    qq: QQSpec | None = None
     # Other agents the call_agent tool may hand work to over A2A.
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
     # A turn with at least this many tool calls triggers the background reviews.

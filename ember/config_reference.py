@@ -18,6 +18,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefined
 
+from ember.channels.qq.config import QQSpec
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
@@ -38,10 +39,12 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
     ("[a2a_agents.NAME]", A2AAgentSpec, "Another agent the `call_agent` tool may hand work to."),
     ("[telegram]", TelegramSpec, "A Telegram bot `ember serve` runs (also on when only EMBER_TELEGRAM_TOKEN is set)."),
     ("[wecom]", WeComSpec, "A WeCom (企业微信) self-built app, called back at `/channels/wecom`."),
+    ("[qq]", QQSpec, "A QQ official bot in webhook mode, called back at `/channels/qq`."),
     ("[wechat]", WeChatOfficialSpec, "A WeChat Official Account (微信公众号), called back at `/channels/wechat`."),
 ]
 # Tables documented by the rows above, not as keys of their own.
-NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_agents", "telegram", "wecom", "wechat"}
+NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_agents", "telegram", "wecom", "wechat",
+          "qq"}
 
 
 def comments(model: type[BaseModel]) -> dict[str, str]:

@@ -149,6 +149,11 @@ async def _check_channels(settings: Settings, report: Report) -> None:
 
             if (said := await _probe(label, weixin_probe(weixin), report)) is not None:
                 report.ok(f"{label}: {said}")
+    if settings.qq is not None:
+        from ember.channels.qq.channel import probe as qq_probe
+
+        if (said := await _probe("qq", qq_probe(settings.qq), report)) is not None:
+            report.ok(f"qq: {said}")
 
 
 async def _probe(label: str, check: Coroutine[Any, Any, str], report: Report) -> str | None:

@@ -146,6 +146,10 @@ def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None) 
         from ember.channels.wecom.channel import WeChatOfficialChannel
 
         platforms.append(WeChatOfficialChannel(settings.wechat, *shared))
+    if settings.qq is not None:
+        from ember.channels.qq.channel import QQChannel
+
+        platforms.append(QQChannel(settings.qq, *shared))
     routes: list[BaseRoute] = []
     for channel in platforms:
         runtime.channels.register(channel)

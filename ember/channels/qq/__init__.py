@@ -1,1 +1,1 @@
-"""QQ official bot (QQ 机器人): the webhook's Ed25519 signatures and callback-URL validation."""
+"""QQ official bot (QQ 机器人): the webhook channel, its Ed25519 signatures, and the OpenAPI it replies through."""
