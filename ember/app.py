@@ -303,7 +303,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
         retry=RetryPolicy(max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s),
         spans=spans,
     )
-    persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template)
+    persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template, settings.intro_templates)
     limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
     pipeline = Pipeline(
         context=ContextStage(sessions, memory, persona, identities,

@@ -72,7 +72,11 @@ class Settings(BaseSettings):
         "Use the tools when they help; say plainly when you cannot do something."
     )
     # Prepended by the system to the first answer of a new session; empty disables it.
+    # Placeholders: {agent_name}, {channel}, {language}.
     intro_template: str = ""
+    # Introductions per channel, per language of the first message, or both, the most specific
+    # first: {"telegram:zh" = "…", "telegram" = "…", "zh" = "我是 {agent_name}。"}; else intro_template.
+    intro_templates: dict[str, str] = Field(default_factory=dict)
 
     # The model's name at its endpoint (gpt-4o-mini, qwen2.5, …), or "anthropic:claude-…".
     model: str | None = None

@@ -232,3 +232,19 @@ async def test_a_turn_cancelled_after_its_commit_delivers_the_committed_answer(d
     # The consolidation it called for was committed with it, though step 4 never ran (I6).
     assert ("wake", "") not in rig.log
     assert await job_counts(db) == {(JobKind.ARCHIVE, "pending"): 1, (JobKind.CONSOLIDATE, "pending"): 1}
+
+
+async def test_the_introduction_is_chosen_by_channel_and_by_the_first_messages_language(
+        start, settings) -> None:  # type: ignore[no-untyped-def]
+    config = settings.model_copy(update={
+        "intro_template": "I am {agent_name}.",
+        "intro_templates": {"zh": "我是 {agent_name}（{channel}）。", "test:ja": "{agent_name} です。"}})
+    async with start(FunctionModel(lambda messages, tools: ModelReply(text="OK")), config=config) as h:
+        chinese = await h.turn("你好，请帮我看看", chat="zh")
+        japanese = await h.turn("こんにちは", chat="ja")
+        english = await h.turn("hello", chat="en")
+        again = await h.turn("你好", chat="en")  # not a new session: no introduction
+    assert chinese.text == "我是 Ember（test）。\n\nOK"
+    assert japanese.text == "Ember です。\n\nOK"
+    assert english.text == "I am Ember.\n\nOK"
+    assert again.text == "OK"

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from ember.core.delivery import Receipt
 from ember.core.events import InboundEvent
+from ember.core.language import language_of
 from ember.core.memory import ROLE_SUBJECTS, MemoryKind, MemoryRecord
 from ember.core.messages import Message, Role, Session
 from ember.core.turn import PipelineContext, StreamSink
@@ -27,6 +28,15 @@ class Persona:
     agent_name: str
     system_prompt: str
     intro_template: str = ""
+    # By "channel:language", "channel" or "language" (the first message's), the most specific first.
+    intro_templates: Mapping[str, str] = field(default_factory=dict)
+
+    def intro_for(self, channel: str, language: str) -> str:
+        templates = self.intro_templates
+        for key in (f"{channel}:{language}", channel, language):
+            if key in templates:
+                return templates[key]
+        return self.intro_template
 
 
 def fill(template: str, **values: str) -> str:
@@ -135,7 +145,9 @@ class ContextStage:
         )
 
     def _intro(self, event: InboundEvent) -> str:
-        return fill(self._persona.intro_template, agent_name=self._persona.agent_name, channel=event.channel)
+        language = language_of(event.text)
+        return fill(self._persona.intro_for(event.channel, language), agent_name=self._persona.agent_name,
+                    channel=event.channel, language=language)
 
     async def _prompt(self, session: Session, identity: str, text: str) -> list[Message]:
         memory = await self._memory.for_prompt(identity, text, budget=self._budget, exclude=_in_window(session))
