@@ -356,5 +356,5 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
         await runtime.channels.start()
         stack.push_async_callback(runtime.channels.stop)  # first: no new messages while turns finish
         if recover:
-            await runtime.loop.recover(channels)
+            await runtime.loop.recover(channels, runtime.channels.capabilities)
         yield runtime

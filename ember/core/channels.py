@@ -15,6 +15,9 @@ class ChannelCapabilities:
     streams: bool = False  # shows deltas as they come (a live request, a terminal)
     edits: bool = False  # streams by editing one message it has sent (chat platforms)
     buttons: bool = False  # can put an approval to a person as buttons
+    # Asks its person to approve a tool call (buttons, or a typed /approve): a turn resumed after
+    # a restart can still ask. Its turns stream when it `edits`.
+    approvals: bool = False
     max_message_chars: int | None = None  # longer answers are split by the channel
     # Reports each delivery itself (a remote target that can fail): an answer counts as delivered
     # only once `deliver` has returned, and one `deliver` refuses for good is never re-sent.

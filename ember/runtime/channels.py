@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 from ember.bus.base import Bus
-from ember.core.channels import Channel, DeliveryRefused
+from ember.core.channels import Channel, ChannelCapabilities, DeliveryRefused
 from ember.core.events import OutboundEvent
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.tasks import stop_tasks
@@ -42,6 +42,10 @@ class ChannelHub:
 
     def get(self, name: str) -> Channel | None:
         return self._channels.get(name)
+
+    @property
+    def capabilities(self) -> dict[str, ChannelCapabilities]:
+        return {name: channel.capabilities for name, channel in self._channels.items()}
 
     async def start(self) -> None:
         """Start every channel, in the order registered; if one fails, those started are stopped."""

@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Literal
@@ -32,6 +32,7 @@ from typing import Literal
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from ember.bus.base import Bus
+from ember.core.channels import ChannelCapabilities
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import EmberError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
@@ -137,22 +138,30 @@ class AgentLoop:
         self._consumer = None
         await stop_tasks(self._turns, grace_s)
 
-    async def recover(self, channels: Iterable[str]) -> int:
+    async def recover(self, channels: Iterable[str],
+                      capabilities: Mapping[str, ChannelCapabilities] | None = None) -> int:
         """Queue every accepted message of `channels` whose turn never answered (a crash
         cut it off); each is resumed or answered with a notice, under its session's lease.
         Other channels' messages are left to the process that serves them. Messages a channel
-        accepted whose turn never started are published again."""
+        accepted whose turn never started are published again. A channel's `capabilities`
+        say whether its resumed turns stream and may ask for approval, as its live ones do."""
         served = set(channels)
+        known = capabilities or {}
+
+        def live(event: InboundEvent) -> InboundEvent:
+            can = known.get(event.channel)
+            return dataclasses.replace(event, stream=can.edits, can_approve=can.approvals) if can else event
+
         pending = [r for r in await self._deliveries.store.unanswered() if r.channel in served]
         for receipt in pending:
-            await self._bus.publish_inbound(InboundEvent(
+            await self._bus.publish_inbound(live(InboundEvent(
                 channel=receipt.channel, chat_id=receipt.chat_id, sender_id=receipt.sender_id, text="",
                 message_id=receipt.message_id, recovery=True,
-            ))
+            )))
         # Accepted by a channel that answered before the turn started (a webhook's 202), never started.
         unstarted = await self._deliveries.store.unstarted(served)
         for event in unstarted:
-            await self._bus.publish_inbound(event)
+            await self._bus.publish_inbound(live(event))
         return len(pending) + len(unstarted)
 
     async def _consume(self) -> None:

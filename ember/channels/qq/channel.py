@@ -119,7 +119,8 @@ def _remember(memory: dict[str, str], key: str, value: str) -> None:
 
 class QQChannel:
     name = CHANNEL
-    capabilities = ChannelCapabilities(streams=False, edits=False, buttons=False, max_message_chars=MAX_MESSAGE_CHARS,
+    capabilities = ChannelCapabilities(streams=False, edits=False, buttons=False, approvals=True,
+                                       max_message_chars=MAX_MESSAGE_CHARS,
                                        confirms_delivery=True)
 
     def __init__(self, spec: QQSpec, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,

@@ -125,7 +125,8 @@ class TelegramPlatform:
 
 class TelegramChannel:
     name = CHANNEL
-    capabilities = ChannelCapabilities(streams=True, edits=True, buttons=True, max_message_chars=MAX_MESSAGE_CHARS,
+    capabilities = ChannelCapabilities(streams=True, edits=True, buttons=True, approvals=True,
+                                       max_message_chars=MAX_MESSAGE_CHARS,
                                        confirms_delivery=True)
 
     def __init__(self, spec: TelegramSpec, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,

@@ -105,7 +105,7 @@ class _WeixinChannel:
     empty_answer: str  # the response that answers a push with nothing
     # Any text of this many characters fits one message (UTF-8 takes at most 4 bytes a character);
     # answers are cut by their bytes, so most messages carry more.
-    capabilities = ChannelCapabilities(max_message_chars=MAX_MESSAGE_BYTES // 4, confirms_delivery=True)
+    capabilities = ChannelCapabilities(max_message_chars=MAX_MESSAGE_BYTES // 4, approvals=True, confirms_delivery=True)
 
     def __init__(self, platform: Platform, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,
                  approvals: ApprovalBroker, approval_rows: SqlApprovalStore, identities: Identities) -> None:
