@@ -208,10 +208,10 @@ class TelegramChannel:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 60.0)
                 continue
-            for update in updates:
-                # Confirmed by the next call's offset, once this one's message is kept.
-                await self._handle(update)
-                offset = update.update_id + 1
+            # Confirmed by the next call's offset, once their messages are kept.
+            await self._handle(*updates)
+            if updates:
+                offset = updates[-1].update_id + 1
 
     def routes(self) -> list[Route]:
         return [Route(WEBHOOK_PATH, self.receive, methods=["POST"])] if self._spec.mode == "webhook" else []
@@ -229,35 +229,43 @@ class TelegramChannel:
             await self._handle(update)
         return JSONResponse({"ok": True})
 
-    async def _handle(self, update: Update) -> None:
-        if update.callback_query is not None:
-            await self._tapped(update)
-            return
+    async def _handle(self, *updates: Update) -> None:
+        """Keep the updates' messages (in one group commit), then start their turns in order."""
+        events = []
+        for update in updates:
+            if update.callback_query is not None:
+                await self._tapped(update)
+            elif (event := await self._message(update)) is not None:
+                events.append(event)
+        kept = await asyncio.gather(*(self._inbox.accept(event) for event in events))
+        for event, new in zip(events, kept):
+            if new:  # else a replayed update: its turn ran, or runs, once
+                self._start_typing(event.chat_id)
+                await self._bus.publish_inbound(event)
+
+    async def _message(self, update: Update) -> InboundEvent | None:
+        """The update's message as the agent's, if it is one to answer."""
         message = update.message
         if message is None or message.from_user is None or not (message.text or message.caption):
-            return
+            return None
         user = message.from_user
         if user.id not in self._allowed:
             if user.id not in self._refused:
                 self._refused.add(user.id)
                 log.info("telegram: refused user %s", user.id)
                 await self._quietly(self._bot.send_message(message.chat_id, REFUSAL.format(user_id=user.id)))
-            return
+            return None
         text = message.text or message.caption or ""
         if message.chat.type in ("group", "supergroup") and self._spec.group_replies == "mention":
             mention = f"@{self.username}"
             replied = message.reply_to_message is not None and message.reply_to_message.from_user is not None \
                 and message.reply_to_message.from_user.id == self._bot_id
             if mention.lower() not in text.lower() and not replied:
-                return
+                return None
             text = text.replace(mention, "").strip() or text
-        event = InboundEvent(channel=CHANNEL, chat_id=str(message.chat_id), sender_id=str(user.id), text=text,
-                             message_id=str(message.message_id), sender_name=user.full_name or None,
-                             stream=True, can_approve=True)
-        if not await self._inbox.accept(event):
-            return  # a replayed update: its turn ran, or runs, once
-        self._start_typing(event.chat_id)
-        await self._bus.publish_inbound(event)
+        return InboundEvent(channel=CHANNEL, chat_id=str(message.chat_id), sender_id=str(user.id), text=text,
+                            message_id=str(message.message_id), sender_name=user.full_name or None,
+                            stream=True, can_approve=True)
 
     def _start_typing(self, chat_id: str) -> None:
         if chat_id not in self._typing or self._typing[chat_id].done():
