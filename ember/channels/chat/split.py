@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？…])\s+")
+# A Latin sentence ends at its punctuation and the space after it; a Chinese or Japanese one at
+# its punctuation, which no space follows.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？…；])")
 
 
 def _cut(text: str, limit: int) -> int:

@@ -35,6 +35,7 @@ from starlette.routing import Route
 
 from ember.bus.base import Bus
 from ember.channels.chat.editing import digest
+from ember.channels.chat.plain import plain_text
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.qq.api import AccessToken, QQApi, QQUnavailable, TokenRefused
@@ -271,7 +272,7 @@ class QQChannel:
         if event.delivery_id is not None and await self._messages.finished(CHANNEL, event.turn_id) \
                 == event.delivery_id:
             return  # shown already (a re-send after a restart, a replayed message)
-        pieces = split_message(event.text, MAX_MESSAGE_CHARS)
+        pieces = split_message(plain_text(event.text), MAX_MESSAGE_CHARS)  # QQ shows text as it is
         digests = {part: digest(text) for part, text in enumerate(pieces)}
         shown = await self._messages.digests(CHANNEL, event.turn_id)
         for part, text in enumerate(pieces):

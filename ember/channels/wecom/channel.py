@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from starlette.routing import Route
 
 from ember.bus.base import Bus
 from ember.channels.chat.editing import digest
+from ember.channels.chat.plain import plain_text
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.wecom.api import (
@@ -46,14 +46,14 @@ from ember.channels.wecom.api import (
     wecom_endpoints,
 )
 from ember.channels.wecom.callback import Callbacks, OfficialCallbacks, WeComCallbacks
+from ember.channels.wecom.commands import ApprovalCommands, command, hint
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
 from ember.channels.wecom.crypto import MAX_XML_CHARS, text_reply
 from ember.core.channels import ChannelCapabilities
 from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
-from ember.core.tools import Decision
 from ember.memory.identity import Identities
-from ember.runtime.approvals import ApprovalBroker, Resolution
+from ember.runtime.approvals import ApprovalBroker
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
 from ember.store.deliveries import SqlDeliveryStore
@@ -62,11 +62,7 @@ MAX_MESSAGE_BYTES = 2048
 REFUSAL = ("Sorry, I only talk with the people my owner allowed. If that should include you, "
            "send them your {id_label}: {user_id}.")
 ONLY_TEXT = "Sorry, I can only read text messages."
-_COMMAND = re.compile(r"[/／](approve|always|deny)\s+(\S+)", re.IGNORECASE)
-DECISIONS = {"approve": Decision.APPROVE_ONCE, "always": Decision.APPROVE_SESSION, "deny": Decision.DENY}
-DECIDED = {Decision.APPROVE_ONCE: "Allowed once.", Decision.APPROVE_SESSION: "Allowed for the rest of this "
-           "conversation.", Decision.DENY: "Denied."}
-_REMEMBERED = 1_024  # approval short ids, and the message ids of commands answered
+_REMEMBERED = 1_024  # the message ids of commands answered
 
 log = logging.getLogger(__name__)
 V = TypeVar("V")
@@ -112,18 +108,15 @@ class _WeixinChannel:
         self._callbacks = platform.callbacks
         self._api = platform.api
         self._allowed = platform.allowed_users
-        self._approvers = platform.approvers
         self._passive_reply_s = platform.passive_reply_s
         self._bus = bus
         self._inbox = inbox
         self._messages = messages
-        self._approvals = approvals
-        self._approval_rows = approval_rows
-        self._identities = identities
+        self._commands = ApprovalCommands(self.name, approvals, approval_rows, identities, messages,
+                                          platform.approvers)
         # (chat id, message id) -> the text its POST answers with; None: it answers empty.
         self._windows: dict[tuple[str, str], asyncio.Future[str | None]] = {}
         self._refused: set[str] = set()  # told once per run; nothing of theirs is stored
-        self._short_ids: dict[str, str] = {}  # "7" -> the approval request's id
         self._answered: dict[str, None] = {}  # commands and other one-off pushes, by message id
 
     async def start(self) -> None:
@@ -174,13 +167,13 @@ class _WeixinChannel:
             return self._refuse(sender)
         message_id = fields.get("MsgId") or f"{sender}:{fields.get('CreateTime', '')}"
         text = fields.get("Content", "").strip() if kind == "text" else ""
-        command = _COMMAND.fullmatch(text)
-        if kind != "text" or command:
+        typed = command(text)
+        if kind != "text" or typed:
             if not self._first_time(message_id):
                 return None  # a retry: answered already
-            if command is None:
+            if typed is None:
                 return ONLY_TEXT
-            return await self._command(sender, command[1].lower(), command[2])
+            return await self._commands.answer(sender, *typed)
         if not text:
             return None
         event = InboundEvent(channel=self.name, chat_id=sender, sender_id=sender, text=text, message_id=message_id,
@@ -219,22 +212,6 @@ class _WeixinChannel:
             del self._windows[key]  # closed: from here on `deliver` sends through the API
         return window.result() if window.done() else None
 
-    async def _command(self, sender: str, verb: str, ref: str) -> str:
-        approval_id = self._short_ids.get(ref, ref)
-        row = await self._approval_rows.get(approval_id)
-        if row is None:
-            return f"No approval request {ref} is waiting (those from before a restart have expired)."
-        if self._identities.resolve(self.name, sender) != row.identity and sender not in self._approvers:
-            return "This request is not yours to answer."
-        decision = DECISIONS[verb]
-        outcome = await self._approvals.resolve(approval_id, decision, by=f"{self.name}:{sender}",
-                                                scope=row.session_key)
-        if outcome is Resolution.RESOLVED:
-            return DECIDED[decision]
-        if outcome is Resolution.EXPIRED:
-            return "This request expired before it was answered (it timed out, or Ember restarted); nothing ran."
-        return "This request was answered already."
-
     # Out
 
     async def deliver(self, event: OutboundEvent) -> None:
@@ -248,7 +225,8 @@ class _WeixinChannel:
         finished = await self._messages.finished(self.name, event.turn_id) if delivery is not None else None
         if delivery is not None and finished == delivery:
             return  # shown already: a re-send after a restart
-        pieces = byte_pieces(event.text, MAX_MESSAGE_BYTES) if event.text.strip() else []
+        # A text message shows its characters as they are: Markdown markers would show too.
+        pieces = byte_pieces(plain_text(event.text), MAX_MESSAGE_BYTES) if event.text.strip() else []
         if self._claim(event, pieces[0] if len(pieces) == 1 else None):
             if delivery is not None:
                 await self._messages.record(self.name, event.chat_id, event.turn_id, 0, f"passive:{event.reply_to}")
@@ -269,12 +247,8 @@ class _WeixinChannel:
                                         {part: digest(piece) for part, piece in enumerate(pieces)})
 
     async def _ask(self, event: OutboundEvent) -> None:
-        assert event.approval is not None
-        short = str(await self._messages.next_counter(self.name, "approval"))
-        _remember(self._short_ids, short, event.approval.id)
-        hint = (f"\n\n/always {short} allows it for the rest of this conversation.\n"
-                f"Reply /approve {short} or /deny {short}")
-        text = byte_pieces(event.text, MAX_MESSAGE_BYTES - len(hint.encode()))[0] + hint
+        note = hint(await self._commands.short_id(event))
+        text = byte_pieces(event.text, MAX_MESSAGE_BYTES - len(note.encode()))[0] + note
         if not self._claim(event, text):
             await self._api.send_text(event.chat_id, text)
 
