@@ -339,6 +339,8 @@ def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
     if settings.wechat is not None:
         rows.append(("wechat", f"app {settings.wechat.app_id}",
                      "POST /channels/wechat" + ("" if settings.wechat.key() else ", NO SECRET")))
+    if settings.wecom_bot is not None:
+        rows.append(("wecom_bot", "smart bot", "POST /channels/wecom-bot"))
     if settings.qq is not None:
         rows.append(("qq", f"app {settings.qq.app_id}",
                      "POST /channels/qq" + ("" if settings.qq.key() else ", NO SECRET")))

@@ -26,7 +26,7 @@ from ember.channels.qq.config import QQSpec
 from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
-from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
+from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComSpec
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
 from ember.core.schedule import zone
@@ -134,6 +134,8 @@ class Settings(BaseSettings):
     wecom: WeComSpec | None = None
     # A WeChat Official Account (微信公众号), called back at /channels/wechat: app_id, token, encoding_aes_key, ...
     wechat: WeChatOfficialSpec | None = None
+    # A WeCom smart bot (企业微信智能机器人), called back at /channels/wecom-bot: token, encoding_aes_key, ...
+    wecom_bot: WeComBotSpec | None = None
     # A QQ official bot, called back at gateway_public_url/channels/qq: app_id, secret (or EMBER_QQ_SECRET), ...
     qq: QQSpec | None = None
     # Other agents the call_agent tool may hand work to over A2A.

@@ -21,7 +21,7 @@ from pydantic_core import PydanticUndefined
 from ember.channels.qq.config import QQSpec
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec
-from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
+from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComSpec
 from ember.config import Settings
 from ember.models.spec import ModelSpec
 from ember.tools.a2a import A2AAgentSpec
@@ -40,11 +40,12 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
     ("[telegram]", TelegramSpec, "A Telegram bot `ember serve` runs (also on when only EMBER_TELEGRAM_TOKEN is set)."),
     ("[wecom]", WeComSpec, "A WeCom (企业微信) self-built app, called back at `/channels/wecom`."),
     ("[qq]", QQSpec, "A QQ official bot in webhook mode, called back at `/channels/qq`."),
+    ("[wecom_bot]", WeComBotSpec, "A WeCom smart bot (企业微信智能机器人), called back at `/channels/wecom-bot`."),
     ("[wechat]", WeChatOfficialSpec, "A WeChat Official Account (微信公众号), called back at `/channels/wechat`."),
 ]
 # Tables documented by the rows above, not as keys of their own.
 NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_agents", "telegram", "wecom", "wechat",
-          "qq"}
+          "wecom_bot", "qq"}
 
 
 def comments(model: type[BaseModel]) -> dict[str, str]:

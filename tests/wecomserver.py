@@ -12,6 +12,10 @@ refuses, so a test notices), and whatever errcodes a test queues with `refuse_ne
 The platform's side: `wecom_push` / `wechat_push` build a message push as the platform sends it (signed,
 and encrypted with MessageCrypto where the mode says so), the `*_url_check`s the console's URL check, and
 `read_reply` opens a passive reply as the platform would.
+
+The smart bot's side: `bot_text` / `bot_refresh` write its JSON messages, `bot_push` seals one as the platform
+does (receive id ""), `read_bot_reply` opens a sealed JSON reply, and `POST /cgi-bin/aibot/response` keeps
+what a response_url was sent (`FakeWeixin.responses`; each response_code takes one message).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ember.channels.wecom.crypto import MessageCrypto, cdata, parse_message, url_signature
+from ember.channels.wecom.crypto import MessageCrypto, cdata, parse_message, signature, url_signature
 from tests.loopback import LoopbackServer
 
 CORP_ID = "ww1436e0e65a779aee"
@@ -68,6 +72,7 @@ class FakeWeixin:
     send_calls: int = 0
     # errcodes to answer the next sends with, before looking at them
     refusals: list[int] = field(default_factory=list)
+    responses: list[dict[str, object]] = field(default_factory=list)  # what response_urls were sent
     _tokens: dict[str, str] = field(default_factory=dict)  # platform -> its valid token
     _expired: set[str] = field(default_factory=set)
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
@@ -143,8 +148,18 @@ class FakeWeixin:
                                  "invalidtag": "", "msgid": f"msg{number}"})
         return JSONResponse({"errcode": 0, "errmsg": "ok"})
 
+    async def _respond(self, request: Request) -> JSONResponse:
+        code = request.query_params.get("response_code", "")
+        body = json.loads(await request.body())
+        with self._lock:
+            if not code or any(r["response_code"] == code for r in self.responses):
+                return _error(60140, "invalid response_code")  # unknown, or used already
+            self.responses.append({"response_code": code, **body})
+        return JSONResponse({"errcode": 0, "errmsg": "ok"})
+
     def app(self) -> Starlette:
         return Starlette(routes=[
+            Route("/cgi-bin/aibot/response", self._respond, methods=["POST"]),
             Route("/cgi-bin/gettoken", self._gettoken, methods=["GET"]),
             Route("/cgi-bin/token", self._token, methods=["GET"]),
             Route(SEND_PATHS["wecom"], self._send, methods=["POST"]),
@@ -224,3 +239,50 @@ def read_reply(body: str, receive_id: str) -> dict[str, str]:
         return fields
     crypto = MessageCrypto(TOKEN, AES_KEY, receive_id)
     return parse_message(crypto.decrypt_message(fields["MsgSignature"], fields["TimeStamp"], fields["Nonce"], body))
+
+
+# The smart bot's side of a callback
+
+BOT_ID = "aib0123456789abcdef"
+
+
+def bot_text(user: str, content: str, msg_id: str, *, chat_id: str | None = None,
+             response_url: str = "") -> dict[str, object]:
+    """A text message as the platform writes it (document 100719), before it is encrypted."""
+    message: dict[str, object] = {"msgid": msg_id, "aibotid": BOT_ID, "chattype": "group" if chat_id else "single",
+                                  "from": {"userid": user}, "msgtype": "text", "text": {"content": content}}
+    if chat_id:
+        message["chatid"] = chat_id
+    if response_url:
+        message["response_url"] = response_url
+    return message
+
+
+def bot_refresh(user: str, stream_id: str, msg_id: str) -> dict[str, object]:
+    """A stream refresh: the platform asking for more of a stream (its own msgid, the stream's id)."""
+    return {"msgid": msg_id, "aibotid": BOT_ID, "chattype": "single", "from": {"userid": user},
+            "msgtype": "stream", "stream": {"id": stream_id}}
+
+
+def bot_push(message: dict[str, object]) -> Push:
+    sealed = MessageCrypto(TOKEN, AES_KEY, "").encrypt(json.dumps(message, ensure_ascii=False))
+    return Push({"msg_signature": sealed.signature, "timestamp": sealed.timestamp, "nonce": sealed.nonce},
+                json.dumps({"encrypt": sealed.encrypted}))
+
+
+def bot_url_check(echo: str) -> dict[str, str]:
+    sealed = MessageCrypto(TOKEN, AES_KEY, "").encrypt(echo)
+    return {"msg_signature": sealed.signature, "timestamp": sealed.timestamp, "nonce": sealed.nonce,
+            "echostr": sealed.encrypted}
+
+
+def read_bot_reply(body: str, nonce: str) -> dict[str, object]:
+    """A sealed JSON reply's message, its signature and nonce checked as the platform would; {} for an empty one."""
+    if body == "":
+        return {}
+    envelope = json.loads(body)
+    assert set(envelope) == {"encrypt", "msgsignature", "timestamp", "nonce"}, envelope
+    assert envelope["nonce"] == nonce
+    assert envelope["msgsignature"] == signature(TOKEN, envelope["timestamp"], nonce, envelope["encrypt"])
+    message: dict[str, object] = json.loads(MessageCrypto(TOKEN, AES_KEY, "").decrypt(envelope["encrypt"]))
+    return message

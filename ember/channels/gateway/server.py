@@ -146,6 +146,10 @@ def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None) 
         from ember.channels.wecom.channel import WeChatOfficialChannel
 
         platforms.append(WeChatOfficialChannel(settings.wechat, *shared))
+    if settings.wecom_bot is not None:
+        from ember.channels.wecom.bot import WeComBotChannel
+
+        platforms.append(WeComBotChannel(settings.wecom_bot, *shared))
     if settings.qq is not None:
         from ember.channels.qq.channel import QQChannel
 

@@ -5,11 +5,16 @@ is a ciphertext too). An Official Account signs every request with a plain `?sig
 the timestamp and the nonce; in safe (or compatible) mode a push also has `encrypt_type=aes` and a
 `msg_signature` over its `<Encrypt>`. A bad signature is a 401, a request that cannot be read a 400, and
 a push in the wrong mode for the configuration a 403. A passive reply goes back sealed as the push came.
+
+A WeCom smart bot (智能机器人) signs and encrypts the same way, for the receive id "" (its docs: "企业内部智能
+机器人场景中，ReceiveId为\"\""), but its bodies are JSON: `{"encrypt": …}` in, and a passive reply
+`{"encrypt", "msgsignature", "timestamp", "nonce"}` out (`BotCallbacks`).
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -50,10 +55,7 @@ class WeComCallbacks:
         self._crypto = MessageCrypto(token, encoding_aes_key, corp_id)
 
     def verify_url(self, query: Mapping[str, str]) -> str:
-        msg_signature, timestamp, nonce, echostr = _required(query, "msg_signature", "timestamp", "nonce", "echostr")
-        echostr = echostr.replace(" ", "+")  # base64 has no spaces: a "+" sent unescaped reads as one
-        _signed(msg_signature, signature(self._token, timestamp, nonce, echostr))
-        return _readable(self._crypto.decrypt, echostr)
+        return _echo(self._crypto, self._token, query)
 
     def open(self, query: Mapping[str, str], body: bytes) -> Callback:
         msg_signature, timestamp, nonce = _required(query, "msg_signature", "timestamp", "nonce")
@@ -94,6 +96,43 @@ class OfficialCallbacks:
         if not callback.sealed or self._crypto is None:
             return reply_xml
         return self._crypto.encrypt_reply(reply_xml, callback.nonce)
+
+
+class BotCallbacks:
+    """A smart bot's callbacks: `open` gives a push's plaintext (a JSON message) and the nonce its reply reuses."""
+
+    def __init__(self, token: str, encoding_aes_key: str) -> None:
+        self._token = token
+        self._crypto = MessageCrypto(token, encoding_aes_key, "")
+
+    def verify_url(self, query: Mapping[str, str]) -> str:
+        return _echo(self._crypto, self._token, query)
+
+    def open(self, query: Mapping[str, str], body: bytes) -> tuple[str, str]:
+        msg_signature, timestamp, nonce = _required(query, "msg_signature", "timestamp", "nonce")
+        try:
+            envelope = json.loads(body)
+        except ValueError:
+            raise ApiError(400, "the body is not JSON", code="invalid_callback") from None
+        encrypted = envelope.get("encrypt") if isinstance(envelope, dict) else None
+        if not isinstance(encrypted, str) or not encrypted:
+            raise ApiError(400, "the body has no \"encrypt\"", code="invalid_callback")
+        _signed(msg_signature, signature(self._token, timestamp, nonce, encrypted))
+        return _readable(self._crypto.decrypt, encrypted), nonce
+
+    def seal(self, nonce: str, reply_json: str) -> str:
+        """A passive reply's body. The timestamp goes as a string, as Tencent's JSON sample library writes it."""
+        sealed = self._crypto.encrypt(reply_json, nonce=nonce)
+        return json.dumps({"encrypt": sealed.encrypted, "msgsignature": sealed.signature,
+                           "timestamp": sealed.timestamp, "nonce": sealed.nonce})
+
+
+def _echo(crypto: MessageCrypto, token: str, query: Mapping[str, str]) -> str:
+    """WeCom's URL check: the plaintext of `echostr`, once its signature checks out."""
+    msg_signature, timestamp, nonce, echostr = _required(query, "msg_signature", "timestamp", "nonce", "echostr")
+    echostr = echostr.replace(" ", "+")  # base64 has no spaces: a "+" sent unescaped reads as one
+    _signed(msg_signature, signature(token, timestamp, nonce, echostr))
+    return _readable(crypto.decrypt, echostr)
 
 
 def _required(query: Mapping[str, str], *names: str) -> list[str]:

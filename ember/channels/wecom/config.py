@@ -1,6 +1,7 @@
-"""`[wecom]` and `[wechat]` in ember.toml: a WeCom (企业微信) self-built app and a WeChat Official Account
-(微信公众号). The platforms call back at /channels/wecom and /channels/wechat; answers go back in that
-callback's response, or later through the platform's send API."""
+"""`[wecom]`, `[wecom_bot]` and `[wechat]` in ember.toml: a WeCom (企业微信) self-built app, a WeCom smart bot
+(智能机器人) and a WeChat Official Account (微信公众号). The platforms call back at /channels/wecom,
+/channels/wecom-bot and /channels/wechat; answers go back in that callback's response (the smart bot's as a
+stream it keeps asking for), or later through the platform's send API (the smart bot's `response_url`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ WECOM_API_BASE_URL = "https://qyapi.weixin.qq.com"
 WECHAT_API_BASE_URL = "https://api.weixin.qq.com"
 # The platforms drop the connection and retry after 5 s without an answer: a passive reply must come before.
 MAX_PASSIVE_REPLY_S = 4.5
+# A smart bot's stream is asked for at most 6 minutes after the person's message (the docs' "最多等待6min").
+MAX_STREAM_WINDOW_S = 330.0
 
 
 def _checked_key(value: SecretStr | None) -> SecretStr | None:
@@ -72,6 +75,33 @@ class WeComSpec(BaseModel):
         if self.secret is not None:
             return self.secret.get_secret_value()
         return os.environ.get(WECOM_SECRET_ENV) or None
+
+
+class WeComBotSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The Token of the smart bot's API settings (API模式, in the bot's page of the admin console): it signs every
+    # callback.
+    token: SecretStr
+    # The EncodingAESKey of those settings (43 characters): callbacks and passive replies are encrypted with it.
+    encoding_aes_key: SecretStr
+    # WeCom UserIDs that may talk to the agent; empty: everyone who can chat with the bot.
+    allowed_users: list[str] = Field(default_factory=list)
+    # UserIDs that may answer anyone's approval requests (besides the person whose turn asks).
+    approvers: list[str] = Field(default_factory=list)
+    # How long after a message its stream waits for the answer; then the stream ends with a note and the answer
+    # follows through the message's response_url. Below the platform's 6 minutes, so the stream's end is ours.
+    stream_window_s: float = Field(default=300.0, gt=0, le=MAX_STREAM_WINDOW_S)
+
+    @field_validator("token")
+    @classmethod
+    def _token_is_letters_and_digits(cls, value: SecretStr) -> SecretStr:
+        return _checked_token(value)
+
+    @field_validator("encoding_aes_key")
+    @classmethod
+    def _key_is_43_base64_characters(cls, value: SecretStr | None) -> SecretStr | None:
+        return _checked_key(value)
 
 
 class WeChatOfficialSpec(BaseModel):
