@@ -7,7 +7,6 @@ person can give; strangers get one refusal and leave nothing."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -16,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -30,14 +28,14 @@ from ember.channels.qq.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP, QQSign
 from ember.config import Settings
 from ember.core.errors import ConfigError
 from ember.core.events import OutboundEvent, OutboundKind
-from ember.core.messages import Message, Role, ToolCall
-from ember.core.tools import Risk
+from ember.core.messages import Message, Role
 from ember.memory.embeddings import HashingEmbedder
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
-from ember.tools.base import FunctionTool, ToolRegistry
+from ember.tools.base import ToolRegistry
+from tests.chatplatform import asking_model, writing_tool
 from tests.loopback import LoopbackServer
 from tests.qqserver import APP_ID, SECRET, FakeQQ, serving_qq
 
@@ -315,26 +313,6 @@ async def test_429s_are_waited_out_with_the_same_msg_seq(settings: Settings, qq:
     assert texts == ["Patience."]
     assert [(r.status, r.msg_seq) for r in qq.refusals] == [(429, 1), (429, 1)]
     assert [r.msg_seq for r in qq.replies] == [1]
-
-
-class WriteArgs(BaseModel):
-    path: str
-
-
-def writing_tool(ran: list[str]) -> FunctionTool[WriteArgs]:
-    async def write(args: WriteArgs) -> str:
-        ran.append(args.path)
-        return f"wrote {args.path}"
-    return FunctionTool("write_note", "Write a note file.", WriteArgs, write, risk=Risk.WRITE,
-                        subject=lambda a: a.path, verb="write the file")
-
-
-def asking_model() -> FunctionModel:
-    def reply(messages: list[Message], tools: Any) -> ModelReply:
-        if messages[-1].role is Role.TOOL:
-            return ModelReply(text=f"Result: {messages[-1].content}")
-        return ModelReply(tool_calls=(ToolCall("w1", "write_note", json.dumps({"path": "notes.txt"})),))
-    return FunctionModel(reply)
 
 
 def request_id(text: str) -> str:

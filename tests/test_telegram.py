@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import BaseModel
 from starlette.applications import Starlette
 
 from ember.app import Runtime, build_runtime, running
@@ -28,13 +27,13 @@ from ember.channels.telegram.channel import TelegramChannel
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.telegram.markup import telegram_html
 from ember.config import Settings
-from ember.core.messages import Message, Role, ToolCall
-from ember.core.tools import Risk
+from ember.core.messages import Message, Role
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
-from ember.tools.base import FunctionTool, ToolRegistry
+from ember.tools.base import ToolRegistry
+from tests.chatplatform import asking_model, writing_tool
 from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import LoopbackServer, wait_until
 from tests.telegramserver import BOT_USERNAME, TOKEN, FakeTelegram, Shown, render, serving_telegram
@@ -196,26 +195,6 @@ async def test_in_a_group_it_answers_when_mentioned_or_replied_to(
     assert first == ["Re: what time is it?"]
     assert both == ["Re: what time is it?", "Re: and tomorrow?"]
     assert len(model.requests) == 2
-
-
-class WriteArgs(BaseModel):
-    path: str
-
-
-def writing_tool(ran: list[str]) -> FunctionTool[WriteArgs]:
-    async def write(args: WriteArgs) -> str:
-        ran.append(args.path)
-        return f"wrote {args.path}"
-    return FunctionTool("write_note", "Write a note file.", WriteArgs, write, risk=Risk.WRITE,
-                        subject=lambda a: a.path, verb="write the file")
-
-
-def asking_model() -> FunctionModel:
-    def reply(messages: list[Message], tools: Any) -> ModelReply:
-        if messages[-1].role is Role.TOOL:
-            return ModelReply(text=f"Result: {messages[-1].content}")
-        return ModelReply(tool_calls=(ToolCall("w1", "write_note", json.dumps({"path": "notes.txt"})),))
-    return FunctionModel(reply)
 
 
 async def approval_card(fake: FakeTelegram, chat_id: int) -> Shown:

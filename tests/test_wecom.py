@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,13 +26,13 @@ from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
 from ember.config import Settings
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message as ChatMessage
-from ember.core.messages import Role, ToolCall
-from ember.core.tools import Risk
+from ember.core.messages import Role
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
-from ember.tools.base import FunctionTool, ToolRegistry
+from ember.tools.base import ToolRegistry
+from tests.chatplatform import asking_model, writing_tool
 from tests.loopback import LoopbackServer
 from tests.wecomserver import (
     ACCOUNT,
@@ -337,26 +336,6 @@ async def test_a_final_sent_again_after_a_restart_sends_nothing_twice(
         await again.deliver(final)
         await again.stop()
     assert fake.texts(ANA) == answer.split("\n\n")
-
-
-class WriteArgs(BaseModel):
-    path: str
-
-
-def writing_tool(ran: list[str]) -> FunctionTool[WriteArgs]:
-    async def write(args: WriteArgs) -> str:
-        ran.append(args.path)
-        return f"wrote {args.path}"
-    return FunctionTool("write_note", "Write a note file.", WriteArgs, write, risk=Risk.WRITE,
-                        subject=lambda a: a.path, verb="write the file")
-
-
-def asking_model() -> FunctionModel:
-    def reply(messages: list[ChatMessage], tools: Any) -> ModelReply:
-        if messages[-1].role is Role.TOOL:
-            return ModelReply(text=f"Result: {messages[-1].content}")
-        return ModelReply(tool_calls=(ToolCall("w1", "write_note", '{"path": "notes.txt"}'),))
-    return FunctionModel(reply)
 
 
 async def approval_request(served: Served, fake: FakeWeixin, push: Push) -> tuple[str, str]:

@@ -38,9 +38,24 @@ def _checked_token(value: SecretStr) -> SecretStr:
     return value
 
 
-class WeComSpec(BaseModel):
+class _Sealed(BaseModel):
+    """A platform whose callbacks are signed with a token and sealed with an EncodingAESKey: both are
+    checked as they are read, and their values never reach an error message."""
+
     model_config = ConfigDict(extra="forbid")
 
+    @field_validator("token", check_fields=False)
+    @classmethod
+    def _token_is_letters_and_digits(cls, value: SecretStr) -> SecretStr:
+        return _checked_token(value)
+
+    @field_validator("encoding_aes_key", check_fields=False)
+    @classmethod
+    def _key_is_43_base64_characters(cls, value: SecretStr | None) -> SecretStr | None:
+        return _checked_key(value)
+
+
+class WeComSpec(_Sealed):
     # The corp's ID (企业ID, "ww…"), under My Company in the admin console; every callback is sealed for it.
     corp_id: str = Field(min_length=1)
     # The self-built app's AgentId, on the app's page in the admin console.
@@ -61,25 +76,13 @@ class WeComSpec(BaseModel):
     # a later answer goes through the send API. 0: every answer through the API.
     passive_reply_s: float = Field(default=4.0, ge=0, le=MAX_PASSIVE_REPLY_S)
 
-    @field_validator("token")
-    @classmethod
-    def _token_is_letters_and_digits(cls, value: SecretStr) -> SecretStr:
-        return _checked_token(value)
-
-    @field_validator("encoding_aes_key")
-    @classmethod
-    def _key_is_43_base64_characters(cls, value: SecretStr | None) -> SecretStr | None:
-        return _checked_key(value)
-
     def key(self) -> str | None:
         if self.secret is not None:
             return self.secret.get_secret_value()
         return os.environ.get(WECOM_SECRET_ENV) or None
 
 
-class WeComBotSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WeComBotSpec(_Sealed):
     # The Token of the smart bot's API settings (API模式, in the bot's page of the admin console): it signs every
     # callback.
     token: SecretStr
@@ -93,20 +96,8 @@ class WeComBotSpec(BaseModel):
     # follows through the message's response_url. Below the platform's 6 minutes, so the stream's end is ours.
     stream_window_s: float = Field(default=300.0, gt=0, le=MAX_STREAM_WINDOW_S)
 
-    @field_validator("token")
-    @classmethod
-    def _token_is_letters_and_digits(cls, value: SecretStr) -> SecretStr:
-        return _checked_token(value)
 
-    @field_validator("encoding_aes_key")
-    @classmethod
-    def _key_is_43_base64_characters(cls, value: SecretStr | None) -> SecretStr | None:
-        return _checked_key(value)
-
-
-class WeChatOfficialSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WeChatOfficialSpec(_Sealed):
     # The account's AppID ("wx…"), under Settings and Development > Basic Configuration.
     app_id: str = Field(min_length=1)
     # The account's AppSecret; or EMBER_WECHAT_SECRET, which keeps it out of the file.
@@ -124,16 +115,6 @@ class WeChatOfficialSpec(BaseModel):
     # How long a push waits for its answer to send it back as the response (the passive reply);
     # a later answer goes through the customer-service send API. 0: every answer through the API.
     passive_reply_s: float = Field(default=4.0, ge=0, le=MAX_PASSIVE_REPLY_S)
-
-    @field_validator("token")
-    @classmethod
-    def _token_is_letters_and_digits(cls, value: SecretStr) -> SecretStr:
-        return _checked_token(value)
-
-    @field_validator("encoding_aes_key")
-    @classmethod
-    def _key_is_43_base64_characters(cls, value: SecretStr | None) -> SecretStr | None:
-        return _checked_key(value)
 
     def key(self) -> str | None:
         if self.secret is not None:

@@ -1,0 +1,36 @@
+"""What the chat platforms' tests share: a tool that needs approval, and a model that calls it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+from ember.core.messages import Message, Role, ToolCall
+from ember.core.tools import Risk
+from ember.models.base import ModelReply
+from ember.models.scripted import FunctionModel
+from ember.tools.base import FunctionTool
+
+
+class WriteArgs(BaseModel):
+    path: str
+
+
+def writing_tool(ran: list[str]) -> FunctionTool[WriteArgs]:
+    """A write-risk tool (so it asks first) that records each path it was allowed to write."""
+    async def write(args: WriteArgs) -> str:
+        ran.append(args.path)
+        return f"wrote {args.path}"
+    return FunctionTool("write_note", "Write a note file.", WriteArgs, write, risk=Risk.WRITE,
+                        subject=lambda a: a.path, verb="write the file")
+
+
+def asking_model() -> FunctionModel:
+    """Calls write_note on notes.txt, then answers with what the call returned."""
+    def reply(messages: list[Message], tools: Any) -> ModelReply:
+        if messages[-1].role is Role.TOOL:
+            return ModelReply(text=f"Result: {messages[-1].content}")
+        return ModelReply(tool_calls=(ToolCall("w1", "write_note", json.dumps({"path": "notes.txt"})),))
+    return FunctionModel(reply)
