@@ -19,7 +19,8 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import IntegrityError
 
 from ember.app import (
     Runtime,
@@ -33,7 +34,7 @@ from ember.app import (
 from ember.bus.memory import InProcessBus
 from ember.config import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
-from ember.core.errors import ModelError
+from ember.core.errors import ModelError, StoreBusy, StoreUnavailable
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.messages import Message, Role
@@ -583,3 +584,27 @@ async def test_a_store_locked_past_the_busy_timeout_says_so(settings: Settings, 
     assert failed.kind is OutboundKind.ERROR
     assert "inside Ember" not in failed.text
     assert "busy" in failed.text or "locked" in failed.text
+
+
+async def test_a_locked_or_broken_store_raises_embers_own_errors_not_the_drivers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 200)
+    db = database.Database(tmp_path / "ember.db")
+    await db.open()
+    try:
+        with write_locked(db.path):
+            with pytest.raises(StoreBusy, match="Send the message again"):
+                await db.run_write(lambda conn: conn.execute("CREATE TABLE t (x)"))
+            with pytest.raises(StoreBusy):
+                async with db.write() as conn:
+                    await conn.execute(text("CREATE TABLE u (x)"))
+        await db.run_write(lambda conn: conn.execute("CREATE TABLE t (x)"))  # free again: it goes through
+        with pytest.raises(IntegrityError):  # a caller's own conflict stays the caller's to read
+            await db.run_write(lambda conn: conn.execute("INSERT INTO jobs (id) VALUES (NULL)"))
+    finally:
+        await db.close()
+    (tmp_path / "ember.db").write_bytes(b"not a database, just bytes " * 100)
+    (tmp_path / "ember.db-wal").unlink(missing_ok=True)
+    broken = database.Database(tmp_path / "ember.db")
+    with pytest.raises(StoreUnavailable, match="the store failed"):
+        await broken.open()

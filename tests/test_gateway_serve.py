@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -166,3 +167,22 @@ def test_concurrent_requests_on_one_session_run_one_at_a_time(launch_gateway: La
     for question, answer in pairs:
         assert question["role"] == "user" and answer["content"] == f"echo: {question['content']}"
     wait_until(lambda: len(model_server.requests) == 8, what="eight model calls")
+
+
+def test_a_store_locked_past_its_busy_timeout_is_a_503_to_retry(launch_gateway: LaunchGateway) -> None:
+    """Another process holds the database's write lock longer than the busy timeout (10 s): a
+    write is refused with 503 and Retry-After, never a 500; once the lock goes, the retry works."""
+    gateway = launch_gateway(None)
+    path = gateway.home / "ember.db"
+    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        refused = httpx.post(gateway.url("/api/memory"), json={"content": "I like green tea."}, timeout=60)
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+    assert refused.json()["error"]["code"] == "store_unavailable"
+    assert "busy" in refused.json()["error"]["message"] and "sqlite" not in refused.text.lower()
+    retried = httpx.post(gateway.url("/api/memory"), json={"content": "I like green tea."}, timeout=60)
+    assert retried.status_code == 201

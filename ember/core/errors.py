@@ -58,6 +58,18 @@ class StoreError(EmberError):
     """The store cannot be used as it is (for example, a newer schema)."""
 
 
+class StoreBusy(StoreError):
+    """Another writer held the store past the busy timeout: nothing of the write was kept; try again."""
+
+    def __init__(self, message: str = "Ember's database stayed busy (another process held it too long). "
+                                      "Send the message again.") -> None:
+        super().__init__(message)
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be opened, read or written (a disk error, a full disk, a lost connection)."""
+
+
 class DuplicateMessage(StoreError):
     """The (channel, message_id) was already accepted: nothing was written."""
 

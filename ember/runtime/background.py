@@ -18,8 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-from sqlalchemy.exc import SQLAlchemyError
-
+from ember.core.errors import StoreError
 from ember.core.journal import Spans
 from ember.core.usage import UsageScope, current_scope
 from ember.runtime.leases import HostLock
@@ -174,5 +173,5 @@ class BackgroundRunner:
         """A job's outcome not written stays `running` until the next start requeues it."""
         try:
             await bookkeeping
-        except SQLAlchemyError:
+        except StoreError:
             log.warning("could not record the outcome of background job %s (%s)", job.kind, job.id, exc_info=True)

@@ -17,10 +17,9 @@ import logging
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from ember.bus.base import Bus
 from ember.core.delivery import Delivery
+from ember.core.errors import StoreError
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.runtime.tasks import cancel_task
 from ember.store.deliveries import SqlDeliveryStore
@@ -117,5 +116,5 @@ class DeliveryWorker:
     async def _guarded(self, work: Coroutine[Any, Any, object]) -> None:
         try:
             await work
-        except SQLAlchemyError:
+        except StoreError:
             log.warning("delivery bookkeeping failed; it will be retried", exc_info=True)

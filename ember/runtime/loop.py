@@ -29,12 +29,10 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
-
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
 from ember.core.delivery import Delivery, Receipt, delivery_id
-from ember.core.errors import EmberError
+from ember.core.errors import EmberError, StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
 from ember.core.journal import Observers, Spans, TurnJournal, TurnObserver
 from ember.core.leases import SessionLeases
@@ -104,11 +102,8 @@ class _Turn:
 
 
 def error_text(exc: BaseException, turn_id: str) -> str:
-    if isinstance(exc, EmberError):
+    if isinstance(exc, EmberError):  # a StoreBusy says to send the message again
         return f"Sorry, I could not answer: {exc}"
-    if isinstance(exc, OperationalError) and "locked" in str(exc.orig):
-        return ("Sorry, I could not answer: Ember's database stayed busy (another process held it too long). "
-                "Send the message again.")
     return f"Sorry, something went wrong inside Ember ({type(exc).__name__}). Turn id for the logs: {turn_id}"
 
 
@@ -246,7 +241,7 @@ class AgentLoop:
                                      turn_id=turn.turn_id, text=text, kind="error")
         try:
             await self._deliveries.store.record(event.session_key, delivery)
-        except SQLAlchemyError:
+        except StoreError:
             log.warning("could not record the failure of turn %s", turn.turn_id, exc_info=True)
             return None
         return delivery.delivery_id
@@ -255,7 +250,7 @@ class AgentLoop:
         trace.finished_at = time.time()
         try:
             await self._traces.record(trace)
-        except SQLAlchemyError:
+        except StoreError:
             log.warning("could not record the trace of turn %s", trace.turn_id, exc_info=True)
 
     async def _run_turn(self, event: InboundEvent, turn: _Turn) -> None:

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import event
+from sqlalchemy.exc import DatabaseError, InterfaceError, InternalError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
 from ember.store.direct import Outcome, ThreadConnection, Work
 from ember.store.migrations import migrate
 
@@ -51,6 +53,28 @@ async def complete_despite_cancel(write: Awaitable[T]) -> tuple[T, bool]:
             if task.done():
                 raise
             interrupted = True
+
+
+def store_error(exc: SQLAlchemyError) -> StoreError | None:
+    """Ember's own error for a driver's failure the runtime acts on, so no caller reads a driver's
+    exception or its text; None for the rest (an IntegrityError is its caller's to read, a
+    ProgrammingError a bug)."""
+    if isinstance(exc, OperationalError) and any(word in str(exc.orig) for word in ("locked", "busy")):
+        return StoreBusy()
+    # A bare DatabaseError is a file that is not (or no longer) a database.
+    if isinstance(exc, OperationalError | InterfaceError | InternalError) or type(exc) is DatabaseError:
+        return StoreUnavailable(f"the store failed: {exc.orig}")
+    return None
+
+
+@asynccontextmanager
+async def _as_store_errors() -> AsyncIterator[None]:
+    try:
+        yield
+    except SQLAlchemyError as exc:
+        if (own := store_error(exc)) is not None:
+            raise own from exc
+        raise
 
 
 def _sqlite_engine(path: Path, *, synchronous: str, immediate: bool) -> AsyncEngine:
@@ -120,7 +144,7 @@ class Database:
         SQLite's busy handler, which polls with sleeps and lets a late writer win.
         """
         try:
-            async with self._write_turn, self._writer.begin() as conn:
+            async with _as_store_errors(), self._write_turn, self._writer.begin() as conn:
                 yield conn
         finally:
             # Counted once it has ended, so whatever was read while it was open counts as older.
@@ -128,7 +152,7 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        async with self._reader.connect() as conn, conn.begin():
+        async with _as_store_errors(), self._reader.connect() as conn, conn.begin():
             yield conn
 
     async def run_write(self, work: Work[T]) -> T:
@@ -144,14 +168,16 @@ class Database:
         self._queued.append(queued)
         if self._committer is None:
             self._committer = asyncio.create_task(self._commit_queued(), name="ember-db-commit")
-        result, cancelled = await complete_despite_cancel(queued.done)
+        async with _as_store_errors():
+            result, cancelled = await complete_despite_cancel(queued.done)
         if cancelled:
             raise asyncio.CancelledError
         return result
 
     async def run_read(self, work: Work[T]) -> T:
         """`work(conn)` in one read transaction (one snapshot) on the reader thread."""
-        return await self._direct_reader.read(work)
+        async with _as_store_errors():
+            return await self._direct_reader.read(work)
 
     async def _commit_queued(self) -> None:
         """Commit the queue in batches, until it is empty. Each batch takes the

@@ -30,6 +30,7 @@ from ember.channels.gateway.schemas import openapi_document
 from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
 from ember.channels.gateway.turns import TurnRouter
+from ember.core.errors import StoreBusy, StoreUnavailable
 from ember.memory.identity import Identities
 from ember.memory.service import MemoryService
 from ember.runtime.approvals import ApprovalBroker
@@ -128,6 +129,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return ApiError(exc.status_code, message.get(exc.status_code, str(exc.detail)), headers=headers).response()
 
 
+async def _store_down(request: Request, exc: Exception) -> Response:
+    """The store was busy past its timeout, or failed: nothing was half done; the client may retry."""
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return ApiError(503, f"{exc}", code="store_unavailable", headers={"Retry-After": "1"}).response()
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return ApiError(500, f"internal error ({type(exc).__name__}); see the server log").response()
@@ -189,7 +196,8 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         routes=routes,
         middleware=[Middleware(IdentityGate, keys=keys,
                                limiter=RateLimiter(options.rate_per_minute, options.rate_burst))],
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, StoreBusy: _store_down,
+                            StoreUnavailable: _store_down, Exception: _unexpected},
         lifespan=lifespan,
     )
 
