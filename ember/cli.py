@@ -20,6 +20,7 @@ from ember.app import (
     running,
 )
 from ember.channels.cli import CHANNEL, CliChannel
+from ember.channels_cli import channels
 from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import EmberError
@@ -43,6 +44,7 @@ app.add_typer(skills_app, name="skills")
 app.add_typer(cron_app, name="cron")
 app.command()(models)
 app.command()(usage)
+app.command()(channels)
 
 SessionOption = Annotated[str, typer.Option("--session", "-s", help="Session name (the CLI's chat id).")]
 
@@ -314,46 +316,6 @@ def doctor() -> None:
 
     settings = settings_or_exit()
     run_command(run_checks(settings, out))
-
-
-@app.command()
-def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """The entrances `ember serve` runs with this configuration, and how each is set up."""
-    settings = settings_or_exit()
-    rows = [("http", "the gateway", f"http://{settings.gateway_host}:{settings.gateway_port}/ and /v1, "
-                                    f"{len(settings.api_keys) or 'no'} API keys")]
-    rows += [("webhook", name, f"POST /webhooks/{name}" + (f", answers to {spec.reply_to}" if spec.reply_to else ""))
-             for name, spec in settings.webhooks.items()]
-    rows += [("outbound", name, "answers POSTed, signed") for name in settings.outbound]
-    rows.append(("cron", "scheduled tasks", "ember cron list"))
-    if settings.a2a_enabled:
-        rows.append(("a2a", "agent to agent", "/.well-known/agent-card.json and POST /a2a"))
-    telegram = settings.telegram_bot
-    if telegram is not None:
-        token = "token set" if telegram.key() else "NO TOKEN"
-        rows.append(("telegram", telegram.mode, f"{token}, {len(telegram.allowed_users)} allowed users, edits every "
-                                                f"{telegram.edit_interval_ms} ms"))
-    if settings.wecom is not None:
-        rows.append(("wecom", f"corp {settings.wecom.corp_id}, app {settings.wecom.agent_id}",
-                     "POST /channels/wecom" + ("" if settings.wecom.key() else ", NO SECRET")))
-    if settings.wechat is not None:
-        rows.append(("wechat", f"app {settings.wechat.app_id}",
-                     "POST /channels/wechat" + ("" if settings.wechat.key() else ", NO SECRET")))
-    if settings.wecom_bot is not None:
-        rows.append(("wecom_bot", "smart bot", "POST /channels/wecom-bot"))
-    if settings.qq is not None:
-        rows.append(("qq", f"app {settings.qq.app_id}",
-                     "POST /channels/qq" + ("" if settings.qq.key() else ", NO SECRET")))
-    if as_json:
-        print(json.dumps([{"channel": c, "name": n, "state": d} for c, n, d in rows], indent=2))
-        return
-    table = Table()
-    for column in ("channel", "name", "set up"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*(escape(cell) for cell in row))
-    out.print(table)
-    out.print("`ember doctor` checks each one's credentials without sending anything.")
 
 
 @app.command()
