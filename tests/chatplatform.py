@@ -1,12 +1,16 @@
-"""What the chat platforms' tests share: a tool that needs approval, and a model that calls it."""
+"""What the chat platforms' tests share: a tool that needs approval, a model that calls it, and
+what a test reads back: the texts a chat shows, and what was kept of a sender."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
 
+from ember.app import Runtime
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.tools import Risk
 from ember.models.base import ModelReply
@@ -34,3 +38,18 @@ def asking_model() -> FunctionModel:
             return ModelReply(text=f"Result: {messages[-1].content}")
         return ModelReply(tool_calls=(ToolCall("w1", "write_note", json.dumps({"path": "notes.txt"})),))
     return FunctionModel(reply)
+
+
+async def texts_when(texts: Callable[[], list[str]], count: int, *, timeout_s: float = 30) -> list[str]:
+    """`texts()` once it has `count` of them, and a moment after (anything sent twice shows by then)."""
+    async with asyncio.timeout(timeout_s):
+        while len(texts()) < count:
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    return texts()
+
+
+async def kept(runtime: Runtime, sender: str) -> int:
+    """How many of `sender`'s messages the store kept."""
+    return await runtime.db.run_read(lambda conn: conn.execute(
+        "SELECT COUNT(*) FROM accepted_inbound WHERE sender_id = ?", (sender,)).fetchone()[0])

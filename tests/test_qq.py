@@ -35,7 +35,7 @@ from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, writing_tool
+from tests.chatplatform import asking_model, kept, texts_when, writing_tool
 from tests.loopback import LoopbackServer
 from tests.qqserver import APP_ID, SECRET, FakeQQ, serving_qq
 
@@ -124,17 +124,7 @@ def answering(text: str | Callable[[str], str]) -> FunctionModel:
 
 
 async def replies(fake: FakeQQ, chat: str, count: int = 1, *, timeout_s: float = 30) -> list[str]:
-    """The chat's texts once it has `count` of them, and a moment after (anything sent twice shows by then)."""
-    async with asyncio.timeout(timeout_s):
-        while len(fake.texts(chat)) < count:
-            await asyncio.sleep(0.05)
-    await asyncio.sleep(0.3)
-    return fake.texts(chat)
-
-
-async def kept(runtime: Runtime, sender: str) -> int:
-    return await runtime.db.run_read(lambda conn: conn.execute(
-        "SELECT COUNT(*) FROM accepted_inbound WHERE sender_id = ?", (sender,)).fetchone()[0])
+    return await texts_when(lambda: fake.texts(chat), count, timeout_s=timeout_s)
 
 
 async def test_the_callback_url_check_is_answered_with_its_signature(settings: Settings, qq: FakeQQ) -> None:

@@ -32,7 +32,7 @@ from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, writing_tool
+from tests.chatplatform import asking_model, kept, texts_when, writing_tool
 from tests.loopback import LoopbackServer
 from tests.wecomserver import (
     ACCOUNT,
@@ -150,17 +150,8 @@ def answering(text: str | Callable[[str], str], *, gate: asyncio.Event | None = 
 
 
 async def sent(fake: FakeWeixin, user: str, count: int = 1, *, timeout_s: float = 30) -> list[str]:
-    """What the API sent `user`, once it is `count` messages (and a moment later: anything sent twice shows)."""
-    async with asyncio.timeout(timeout_s):
-        while len(fake.texts(user)) < count:
-            await asyncio.sleep(0.02)
-    await asyncio.sleep(0.3)
-    return fake.texts(user)
-
-
-async def kept(runtime: Runtime, sender: str) -> int:
-    return await runtime.db.run_read(lambda conn: conn.execute(
-        "SELECT COUNT(*) FROM accepted_inbound WHERE sender_id = ?", (sender,)).fetchone()[0])
+    """What the API sent `user`, once it is `count` messages."""
+    return await texts_when(lambda: fake.texts(user), count, timeout_s=timeout_s)
 
 
 async def test_the_url_checks_answer_the_echo_and_refuse_a_bad_signature(

@@ -26,9 +26,9 @@ from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, writing_tool
+from tests.chatplatform import asking_model, kept, writing_tool
 from tests.loopback import LoopbackServer
-from tests.test_wecom import OnLoop, answering, kept
+from tests.test_wecom import OnLoop, answering
 from tests.wecomserver import (
     AES_KEY,
     TOKEN,
