@@ -42,6 +42,7 @@ from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
 from ember.store.memories import SqlMemoryStore
+from ember.store.migrations import MigrationProgress
 from ember.store.sessions import SqlSessionStore
 from ember.store.skills import SqlSkillStore
 from ember.store.tasks import SqlTaskStore
@@ -247,10 +248,12 @@ def memory_service(settings: Settings, db: Database, embedder: Embedder | None =
 
 
 @asynccontextmanager
-async def open_database(settings: Settings) -> AsyncIterator[Database]:
-    """The store alone, migrated, for commands that only read or check it."""
+async def open_database(settings: Settings, *,
+                        progress: MigrationProgress | None = None) -> AsyncIterator[Database]:
+    """The store alone, migrated, for commands that only read or check it;
+    `progress` follows the migrations, if any are pending (Database.open)."""
     db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
-    await db.open()
+    await db.open(progress)
     try:
         yield db
     finally:

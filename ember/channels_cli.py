@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli_common import out, settings_or_exit
+from ember.cli_common import out, print_json, settings_or_exit
 
 
 def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
@@ -40,7 +39,7 @@ def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
         rows.append(("qq", f"app {settings.qq.app_id}",
                      "POST /channels/qq" + ("" if settings.qq.key() else ", NO SECRET")))
     if as_json:
-        print(json.dumps([{"channel": c, "name": n, "state": d} for c, n, d in rows], indent=2))
+        print_json([{"channel": c, "name": n, "state": d} for c, n, d in rows])
         return
     table = Table()
     for column in ("channel", "name", "set up"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import Annotated
 
@@ -16,15 +15,15 @@ from ember.app import (
     configured_approval_model,
     configured_background_model,
     configured_model,
-    open_database,
     running,
 )
 from ember.channels.cli import CHANNEL, CliChannel
 from ember.channels_cli import channels
-from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
+from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import EmberError
 from ember.cron_cli import cron_app
+from ember.mcp_cli import mcp_app
 from ember.memory_cli import memory_app
 from ember.models.base import ModelClient
 from ember.models.demo import LABEL, demo_model
@@ -42,6 +41,7 @@ app.add_typer(trace_app, name="trace")
 app.add_typer(memory_app, name="memory")
 app.add_typer(skills_app, name="skills")
 app.add_typer(cron_app, name="cron")
+app.add_typer(mcp_app, name="mcp")
 app.command()(models)
 app.command()(usage)
 app.command()(channels)
@@ -202,12 +202,11 @@ def sessions_list(as_json: Annotated[bool, typer.Option("--json", help="Print JS
     settings = settings_or_exit()
 
     async def main() -> int:
-        async with open_database(settings) as db:
+        async with open_store(settings) as db:
             rows = await SqlSessionStore(db).list_sessions()
         if as_json:
-            print(json.dumps([{"key": row.key, "messages": row.message_count,
-                               "last_consolidated": row.last_consolidated, "updated_at": row.updated_at}
-                              for row in rows], indent=2))
+            print_json([{"key": row.key, "messages": row.message_count,
+                         "last_consolidated": row.last_consolidated, "updated_at": row.updated_at} for row in rows])
             return 0
         table = Table("session", "messages", "consolidated up to", "last active")
         for row in rows:
@@ -227,14 +226,14 @@ def sessions_show(
     settings = settings_or_exit()
 
     async def main() -> int:
-        async with open_database(settings) as db:
+        async with open_store(settings) as db:
             store = SqlSessionStore(db)
             resolved = await _session_key_or_exit(store, key)
             if resolved is None:
                 return 1
             messages = await store.history(resolved)
         if as_json:
-            print(json.dumps([m.to_json_dict() for m in messages], ensure_ascii=False, indent=2))
+            print_json([m.to_json_dict() for m in messages])
             return 0
         for m in messages:
             calls = " ".join(f"[{c.name}({c.arguments})]" for c in m.tool_calls)
@@ -256,15 +255,15 @@ def trace_list(
     settings = settings_or_exit()
 
     async def main() -> int:
-        async with open_database(settings) as db:
+        async with open_store(settings) as db:
             key = None
             if session is not None and (key := await _session_key_or_exit(SqlSessionStore(db), session)) is None:
                 return 1
             traces = await SqlTraceStore(db).recent(limit, key)
         if as_json:
-            print(json.dumps([{"turn_id": t.turn_id, "session": t.session_key, "status": t.status,
-                               "started_at": t.started_at, "tool_calls": len(t.detail.get("tool_calls", []))}
-                              for t in traces], indent=2))
+            print_json([{"turn_id": t.turn_id, "session": t.session_key, "status": t.status,
+                         "started_at": t.started_at, "tool_calls": len(t.detail.get("tool_calls", []))}
+                        for t in traces])
             return 0
         table = Table("turn", "session", "status", "started", "tool calls")
         table.columns[0].no_wrap = True
@@ -287,7 +286,7 @@ def trace_show(turn_id: Annotated[str, typer.Argument(
     settings = settings_or_exit()
 
     async def main() -> int:
-        async with open_database(settings) as db:
+        async with open_store(settings) as db:
             traces = SqlTraceStore(db)
             matches = await traces.turn_ids(turn_id) if turn_id else []
             if len(matches) > 1 and turn_id not in matches:
@@ -299,9 +298,9 @@ def trace_show(turn_id: Annotated[str, typer.Argument(
             err.print(f"no turn {turn_id!r}; `ember trace list` shows recent ones", markup=False)
             return 1
         if as_json:
-            print(json.dumps({"turn_id": trace.turn_id, "session": trace.session_key, "status": trace.status,
-                              "error": trace.error, "started_at": trace.started_at,
-                              "finished_at": trace.finished_at, **trace.detail}, indent=2, default=str))
+            print_json({"turn_id": trace.turn_id, "session": trace.session_key, "status": trace.status,
+                        "error": trace.error, "started_at": trace.started_at, "finished_at": trace.finished_at,
+                        **trace.detail})
             return 0
         show_trace(trace, out)
         return 0
@@ -324,40 +323,6 @@ def demo() -> None:
     from ember.demo import run_demo
 
     run_command(run_demo(out))
-
-
-mcp_app = typer.Typer(help="Inspect MCP servers.", no_args_is_help=True)
-app.add_typer(mcp_app, name="mcp")
-
-
-@mcp_app.command("list")
-def mcp_list() -> None:
-    """Connect to each configured MCP server and show its state and tools."""
-    from ember.tools.mcp import start_mcp
-
-    settings = settings_or_exit()
-    setup_logging(settings, verbose=False)
-
-    async def main() -> int:
-        hub = await start_mcp(settings.mcp_servers)
-        try:
-            statuses = hub.status()
-        finally:
-            await hub.close()
-        if not statuses:
-            out.print("No MCP servers configured; add a [mcp_servers.<name>] table to ember.toml.", markup=False)
-            return 0
-        table = Table("server", "transport", "status", "risk", "tools", "error")
-        for s in statuses:
-            state = {"connected": "[green]connected[/green]", "failed": "[red]failed[/red]"}.get(s.state, s.state)
-            if not settings.mcp_servers[s.name].enabled:
-                state = "disabled"
-            table.add_row(escape(s.name), escape(f"{s.transport}: {s.target}"), state, s.risk.value,
-                          escape(", ".join(s.tools)), escape(s.error or ""))
-        out.print(table)
-        return 0
-
-    run_command(main())
 
 
 def _when(timestamp: float) -> str:

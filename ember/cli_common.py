@@ -3,21 +3,87 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from types import TracebackType
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import Progress, TaskID
 
+from ember.app import open_database
 from ember.config import Settings, load_settings
 from ember.core.errors import EmberError
+from ember.store.database import Database
 
 # soft_wrap: never break a line a user may copy (the configure hint) at the terminal width.
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_json(value: object) -> None:
+    """What every `--json` prints: one JSON document on standard output, no markup, no colour."""
+    print(json.dumps(value, ensure_ascii=False, indent=2, default=str), flush=True)
+
+
+class ProgressBar:
+    """A long command's progress, on standard error; `bar(done, total)` reports it
+    (total None: not known yet). A report may come from another thread (the store's).
+
+    Drawn only when standard error is an interactive terminal, and only from the
+    first report on: a command with nothing to report (a store without pending
+    migrations) shows nothing. It is erased when done reaches total, or on
+    leaving the `with` block. Pipes, scripts and `--json` output never see it.
+    """
+
+    def __init__(self, description: str) -> None:
+        self._description = description
+        self._progress: Progress | None = None
+        self._task = TaskID(0)
+
+    @property
+    def shown(self) -> bool:
+        return err.is_interactive
+
+    def __call__(self, done: int, total: int | None) -> None:
+        if not self.shown:
+            return
+        if self._progress is None:
+            # No redirection: standard output written meanwhile stays on standard output.
+            self._progress = Progress(console=err, transient=True, redirect_stdout=False, redirect_stderr=False)
+            self._task = self._progress.add_task(self._description, total=total)
+            self._progress.start()
+        self._progress.update(self._task, completed=done, total=total)
+        if total is not None and done >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+@asynccontextmanager
+async def open_store(settings: Settings) -> AsyncIterator[Database]:
+    """The store, migrated, with a bar over the migrations when some are pending
+    (a new home, an upgrade); gone before the command prints anything."""
+    with ProgressBar("upgrading the store") as bar:
+        async with open_database(settings, progress=bar) as db:
+            bar.close()
+            yield db
+
 
 def settings_or_exit() -> Settings:
     try:

@@ -3,7 +3,6 @@ picks up what these commands change within a second or two."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Annotated
 
@@ -11,8 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.app import open_database
-from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
+from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.config import Settings
 from ember.core.errors import EmberError
 from ember.core.events import ReplyRoute
@@ -48,7 +46,7 @@ def _route(session: str) -> ReplyRoute:
 
 def _show(task: Task, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(task.to_json_dict(), ensure_ascii=False, indent=2))
+        print_json(task.to_json_dict())
         return
     out.print(f"{task.id} [{task.state.value}] {escape(task.schedule.describe())}")
     for t in task.upcoming():
@@ -83,7 +81,7 @@ def add(
     async def main() -> int:
         route = _route(session) if session else None
         owner = identity or (default_identity(f"{route.channel}:{route.chat_id}") if route else LOCAL_IDENTITY)
-        async with open_database(settings) as db:
+        async with open_store(settings) as db:
             try:
                 schedule = schedule_of(cron=cron, every=every, at=at, tz=tz or settings.timezone, now=time.time())
                 task = await SqlTaskStore(db).add(Task(id=new_task_id(), identity=owner, prompt=prompt,
@@ -119,7 +117,7 @@ def edit(
     settings = _settings()
 
     async def main() -> int:
-        async with open_database(settings) as db:
+        async with open_store(settings) as db:
             try:
                 schedule = (schedule_of(cron=cron, every=every, at=at, tz=tz or settings.timezone, now=time.time())
                             if cron or every or at else None)
@@ -140,10 +138,10 @@ def list_tasks(as_json: JsonOption = False) -> None:
     settings = _settings()
 
     async def main() -> int:
-        async with open_database(settings) as db:
+        async with open_store(settings) as db:
             tasks = await SqlTaskStore(db).list()
         if as_json:
-            print(json.dumps([task.to_json_dict() for task in tasks], ensure_ascii=False, indent=2))
+            print_json([task.to_json_dict() for task in tasks])
             return 0
         if not tasks:
             out.print("No scheduled tasks. Add one: ember cron add --every 1d --prompt '…'")
@@ -165,7 +163,7 @@ def _change(task_id: str, as_json: bool, change: str) -> None:
     settings = _settings()
 
     async def main() -> int:
-        async with open_database(settings) as db:
+        async with open_store(settings) as db:
             store = SqlTaskStore(db)
             if change == "run":
                 task = await store.make_due(task_id)

@@ -16,13 +16,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress
 from rich.table import Table
 
-from ember.app import memory_service, open_database
-from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
+from ember.app import memory_service
+from ember.cli_common import (
+    ProgressBar,
+    err,
+    open_store,
+    out,
+    print_json,
+    run_command,
+    settings_or_exit,
+    setup_logging,
+)
 from ember.config import Settings
 from ember.core.errors import MemoryInputError
 from ember.core.memory import (
@@ -49,7 +56,7 @@ AllOption = Annotated[bool, typer.Option("--all", help="Include superseded and a
 @asynccontextmanager
 async def _memory(settings: Settings, *, search: bool = True) -> AsyncIterator[MemoryService]:
     """The memory service; with `search`, its embedder too (commands that only list need none)."""
-    async with open_database(settings) as db:
+    async with open_store(settings) as db:
         service = memory_service(settings, db) if search else MemoryService(SqlMemoryStore(db), None)
         await service.open()
         yield service
@@ -59,10 +66,6 @@ def _settings() -> Settings:
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)
     return settings
-
-
-def _print_json(value: object) -> None:
-    print(json.dumps(value, ensure_ascii=False, indent=2))
 
 
 def _when(timestamp: float) -> str:
@@ -85,9 +88,9 @@ async def _finish_embedding(memory: MemoryService) -> None:
     pending = await memory.store.count_unembedded()
     if not pending:
         return
-    with Progress(console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("embedding", total=pending)
-        await memory.flush_embeddings(progress=lambda done: progress.update(task, completed=done))
+    with ProgressBar("embedding") as bar:
+        bar(0, pending)
+        await memory.flush_embeddings(progress=lambda done: bar(done, pending))
 
 
 @memory_app.command("add")
@@ -107,7 +110,7 @@ def add(
             outcome = await memory.remember(identity, text, subject=subject, key=key, source="ember memory add")
             await _finish_embedding(memory)
         if as_json:
-            _print_json({**outcome.record.to_json_dict(), "created": outcome.created,
+            print_json({**outcome.record.to_json_dict(), "created": outcome.created,
                          "superseded": list(outcome.superseded)})
         else:
             print(outcome.record.id)
@@ -133,7 +136,7 @@ def search(
         async with _memory(settings) as memory:
             hits = await memory.search(identity, query, limit=limit, include_inactive=include_all)
         if as_json:
-            _print_json([hit.to_json_dict() for hit in hits])
+            print_json([hit.to_json_dict() for hit in hits])
         elif hits:
             out.print(_table([h.record for h in hits], [h.score for h in hits]))
         else:
@@ -159,7 +162,7 @@ def list_memories(
             records = await memory.store.list(
                 identity, kinds=(kind,) if kind else (), include_inactive=include_all, limit=limit)
         if as_json:
-            _print_json([r.to_json_dict() for r in records])
+            print_json([r.to_json_dict() for r in records])
         else:
             out.print(_table(records) if records else "No memories yet.")
         return 0
@@ -180,7 +183,7 @@ def history(
         async with _memory(settings, search=False) as memory:
             chain = await memory.store.history(identity, memory_id)
         if as_json:
-            _print_json([r.to_json_dict() for r in chain])
+            print_json([r.to_json_dict() for r in chain])
         else:
             out.print(_table(chain))
         return 0
@@ -223,7 +226,8 @@ def reindex() -> None:
 
     async def main() -> int:
         async with _memory(settings) as memory:
-            rows = await memory.store.reindex_text()
+            with ProgressBar("indexing") as bar:
+                rows = await memory.store.reindex_text(progress=bar)
             await _finish_embedding(memory)
         out.print(f"text index rebuilt: {rows} memories; vectors complete")
         return 0
@@ -242,16 +246,20 @@ def import_memories(
 
     async def main() -> int:
         added = known = bad = 0
+        lines = None if str(file) == "-" else _count_lines(file)
         async with _memory(settings) as memory:
-            for batch, problems in _batches(file, identity):
-                for number, problem in problems:
-                    err.print(f"line {number}: {problem}; skipped", markup=False)
-                bad += len(problems)
-                if batch:
-                    outcomes = await memory.remember_many(batch)
-                    added += sum(o.created for o in outcomes)
-                    known += sum(not o.created for o in outcomes)
-                    err.print(f"imported {added + known} so far", markup=False)
+            with ProgressBar("importing") as bar:
+                for batch, problems in _batches(file, identity):
+                    for number, problem in problems:
+                        err.print(f"line {number}: {problem}; skipped", markup=False)
+                    bad += len(problems)
+                    if batch:
+                        outcomes = await memory.remember_many(batch)
+                        added += sum(o.created for o in outcomes)
+                        known += sum(not o.created for o in outcomes)
+                        if not bar.shown:  # the bar says it on a terminal
+                            err.print(f"imported {added + known} so far", markup=False)
+                    bar(added + known + bad, lines)
             await _finish_embedding(memory)
         out.print(f"imported {added} new, {known} already known, {bad} bad line(s) skipped")
         return 1 if bad and not added and not known else 0
@@ -274,6 +282,15 @@ def _batches(file: Path, identity: str) -> Iterator[tuple[list[NewMemory], list[
             yield batch, problems
             batch, problems = [], []
     yield batch, problems
+
+
+def _count_lines(file: Path) -> int | None:
+    """The non-blank lines of an import file: the bar's total (None when it cannot be read)."""
+    try:
+        with file.open("rb") as stream:
+            return sum(1 for line in stream if line.strip())
+    except OSError:
+        return None  # _open says why
 
 
 def _open(file: Path) -> Any:

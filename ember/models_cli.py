@@ -5,7 +5,6 @@ A key is never printed: only where it comes from and whether it is set.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Annotated
 
@@ -13,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from ember.app import model_endpoints, model_specs
-from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
+from ember.cli_common import err, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.diagnostics import probe_model
 from ember.models.spec import ANTHROPIC_BASE_URL, ROLES, role_chains
@@ -64,6 +63,8 @@ def models(
     setup_logging(settings, verbose=False)
     rows = model_rows(settings)
     if not rows:
+        if as_json:
+            print_json([])
         err.print(f"No model is configured; `ember run` uses the scripted demo model. Configure one with:\n"
                   f"  {CONFIGURE_MODEL_HINT}", markup=False)
         raise typer.Exit(1)
@@ -75,7 +76,7 @@ def models(
                 row = next(row for row in rows if row.name == name)
                 row.state = "up" if state == "up" else f"up; {said}" if state == "unlisted" else f"down: {said}"
         if as_json:
-            out.print_json(json.dumps([asdict(row) for row in rows]))
+            print_json([asdict(row) for row in rows])
             return 0
         for row in rows:  # two lines a model: readable in 80 columns, where a table wraps every cell
             prices = ("$" + " / $".join("?" if p is None else f"{p:g}" for p in (

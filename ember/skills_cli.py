@@ -8,7 +8,6 @@ at its next turn.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,8 +17,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.app import open_database, skill_library
-from ember.cli_common import out, run_command, settings_or_exit, setup_logging
+from ember.app import skill_library
+from ember.cli_common import ProgressBar, err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
+from ember.core.errors import SkillError
 from ember.core.memory import LOCAL_IDENTITY
 from ember.core.skills import Proposal, ProposalStatus
 from ember.skills.library import SkillLibrary
@@ -38,14 +38,10 @@ ProposalArgument = Annotated[str, typer.Argument(help="The proposal's id (ember 
 async def _library() -> AsyncIterator[SkillLibrary]:
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)
-    async with open_database(settings) as db:
+    async with open_store(settings) as db:
         library = skill_library(settings, db)
         await library.sync()
         yield library
-
-
-def _print_json(value: object) -> None:
-    print(json.dumps(value, ensure_ascii=False, indent=2))
 
 
 def _when(timestamp: float | None) -> str:
@@ -73,7 +69,7 @@ def list_skills(identity: IdentityOption = None, archived: Annotated[bool, typer
             skills = await library.skills(identity, include_archived=archived)
             errors = library.load_errors
         if as_json:
-            _print_json([skill.to_json_dict() for skill in skills])
+            print_json([skill.to_json_dict() for skill in skills])
             return 0
         table = Table()
         for column in ("name", "scope", "version", "status", "uses", "last used", "description"):
@@ -99,7 +95,7 @@ def show(name: NameArgument, identity: IdentityOption = None,
         async with _library() as library:
             skill, chosen, history = await library.show(identity, name, version)
         if as_json:
-            _print_json({**skill.to_json_dict(), "shown": chosen.to_json_dict(),
+            print_json({**skill.to_json_dict(), "shown": chosen.to_json_dict(),
                          "history": [v.to_json_dict(with_text=False) for v in history]})
             return 0
         out.print(f"[bold]{skill.name}[/bold] version {chosen.version} of {len(history)} ({skill.status.value})")
@@ -117,11 +113,17 @@ def show(name: NameArgument, identity: IdentityOption = None,
 
 @skills_app.command("diff")
 def diff(name: NameArgument, identity: IdentityOption = None, version: Annotated[int | None, typer.Option(
-        "--version", help="The version whose change to show [default: current].")] = None) -> None:
+        "--version", help="The version whose change to show [default: current].")] = None,
+         as_json: JsonOption = False) -> None:
     """What a version changed from the one before it."""
     async def body() -> int:
         async with _library() as library:
-            text = await library.diff(identity, name, version)
+            skill, chosen, _ = await library.show(identity, name, version)
+            text = await library.diff(identity, name, chosen.version)
+        if as_json:
+            print_json({"name": skill.name, "identity": skill.identity or None, "version": chosen.version,
+                        "diff": text})
+            return 0
         print(text or "(no change)", end="" if text.endswith("\n") else "\n")
         return 0
 
@@ -135,7 +137,7 @@ def pending(identity: IdentityOption = None, as_json: JsonOption = False) -> Non
         async with _library() as library:
             proposals = await library.proposals(identity)
         if as_json:
-            _print_json([p.to_json_dict() for p in proposals])
+            print_json([p.to_json_dict() for p in proposals])
             return 0
         if not proposals:
             out.print("No proposals are pending.")
@@ -153,7 +155,7 @@ def proposals(identity: IdentityOption = None, as_json: JsonOption = False) -> N
         async with _library() as library:
             found = await library.proposals(identity, None)
         if as_json:
-            _print_json([p.to_json_dict() for p in found])
+            print_json([p.to_json_dict() for p in found])
             return 0
         for proposal in found:
             _proposal_lines(proposal, diff=False)
@@ -203,14 +205,28 @@ def rollback(name: NameArgument, version: Annotated[int, typer.Argument(help="Th
 
 
 @skills_app.command("import")
-def import_skill(path: Annotated[Path, typer.Argument(help="A folder with a SKILL.md.")]) -> None:
-    """Add a skill folder as a shared skill, admitted at once; a name that exists gets a new version."""
+def import_skill(paths: Annotated[list[Path], typer.Argument(
+        metavar="PATH", help="Folders, each with a SKILL.md.")]) -> None:
+    """Add skill folders as shared skills, admitted at once; a name that exists gets a new version.
+    A folder that cannot be imported is named with why, and the others are imported."""
     async def body() -> int:
+        imported: list[str] = []  # printed once the bar is gone: it is drawn on standard error only
         async with _library() as library:
-            added = await library.import_folder(path, LOCAL_IDENTITY)
-        files = f" with {len(added.files)} files" if added.files else ""
-        out.print(f"Imported {added.name} as version {added.version}{files}.")
-        return 0
+            with ProgressBar("importing skills") as bar:
+                for done, path in enumerate(paths):
+                    if len(paths) > 1:
+                        bar(done, len(paths))
+                    try:
+                        added = await library.import_folder(path, LOCAL_IDENTITY)
+                    except SkillError as exc:
+                        which = f"{path}: " if len(paths) > 1 else ""
+                        err.print(f"[red]error:[/red] {escape(which + str(exc))}")
+                    else:
+                        files = f" with {len(added.files)} files" if added.files else ""
+                        imported.append(f"Imported {added.name} as version {added.version}{files}.")
+        for line in imported:
+            out.print(line, markup=False)
+        return 0 if len(imported) == len(paths) else 1
 
     run_command(body())
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import json
 import re
 import time
 from typing import Annotated
@@ -13,8 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.app import open_database
-from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
+from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.store.usage import SqlUsageStore
 
 _SPAN = re.compile(r"(\d+)\s*([hdw])")
@@ -57,10 +55,10 @@ def usage(
         raise typer.Exit(2) from None
 
     async def main() -> int:
-        async with open_database(settings) as db:
+        async with open_store(settings) as db:
             groups = await SqlUsageStore(db).totals(by.value, start)
         if as_json:
-            out.print_json(json.dumps(groups))
+            print_json(groups)
             return 0
         if not groups:
             out.print("No model calls recorded" + (f" since {since}." if since else "."), markup=False)

@@ -142,6 +142,32 @@ def test_models_without_any_model_says_how_to_configure_one(tmp_path: Path) -> N
     assert CONFIGURE_MODEL_HINT in done.stderr and "demo" in done.stderr
 
 
+def test_models_json_without_any_model_is_an_empty_list(tmp_path: Path) -> None:
+    done = ember(ember_env(tmp_path, None), "models", "--json")
+
+    assert done.returncode == 1 and json.loads(done.stdout) == []
+    assert CONFIGURE_MODEL_HINT in done.stderr
+
+
+def test_mcp_list_json_names_each_server_its_state_and_error(tmp_path: Path) -> None:
+    env = ember_env(tmp_path, None)
+    assert json.loads(ember(env, "mcp", "list", "--json").stdout) == []  # none configured
+    (tmp_path / "ember.toml").write_text("""
+[mcp_servers.broken]
+command = "/nonexistent/mcp-server"
+[mcp_servers.later]
+command = "/nonexistent/other-server"
+enabled = false
+""")
+    done = ember(env, "mcp", "list", "--json")
+    assert done.returncode == 0, done.stderr
+    servers = {server["name"]: server for server in json.loads(done.stdout)}
+    assert set(servers["broken"]) == {"name", "transport", "target", "state", "risk", "tools", "error"}
+    assert servers["broken"]["state"] == "failed" and "no such file or command" in servers["broken"]["error"]
+    assert servers["broken"]["transport"] == "stdio" and servers["broken"]["tools"] == []
+    assert servers["later"]["state"] == "disabled" and servers["later"]["error"] is None
+
+
 def test_a_fall_over_is_in_the_turns_trace(tmp_path: Path, model_server: ModelServer) -> None:
     (tmp_path / "ember.toml").write_text(f"""
 [models.dead]

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ember.core.memory import NewMemory
+from ember.store.database import Database
+from ember.store.memories import REINDEX_BATCH, SqlMemoryStore
+
 EMBER = str(Path(sys.executable).with_name("ember"))
 
 
@@ -70,3 +74,35 @@ def test_bad_input_is_one_clear_line(tmp_path: Path) -> None:
                        (("add", "x" * 9000), "at most")):
         done = ember(tmp_path, *args)
         assert done.returncode == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+async def test_reindex_reports_its_progress_over_the_rows(db: Database) -> None:
+    """What `ember memory reindex`'s bar follows: every REINDEX_BATCH rows, up to all of them."""
+    store = SqlMemoryStore(db)
+    total = 2 * REINDEX_BATCH + 7
+    await store.write_many([NewMemory(identity="alice" if n % 2 else "bob", content=f"Note number {n}.")
+                            for n in range(total)])
+    reports: list[tuple[int, int]] = []
+    assert await store.reindex_text(lambda done, of: reports.append((done, of))) == total
+    assert reports == [(0, total), (REINDEX_BATCH, total), (2 * REINDEX_BATCH, total), (total, total)]
+    counts = await store.consistency()
+    assert counts["rows"] == counts["text_rows"] == total and counts["rows_without_text"] == 0
+
+
+def test_json_stays_one_document_when_a_bar_is_drawn(tmp_path: Path) -> None:
+    """On a terminal a new store's migrations draw a bar on standard error, once;
+    standard output is the JSON alone, and off a terminal standard error stays empty."""
+    plain = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
+
+    def listed(home: Path, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([EMBER, "memory", "list", "--json"], env=plain | {"EMBER_HOME": str(home)} | env,
+                              capture_output=True, text=True, timeout=120)
+
+    terminal = {"TTY_COMPATIBLE": "1", "TERM": "xterm-256color"}
+    first = listed(tmp_path / "a", **terminal)
+    assert first.returncode == 0 and json.loads(first.stdout) == []
+    assert "upgrading the store" in first.stderr
+    second = listed(tmp_path / "a", **terminal)
+    assert json.loads(second.stdout) == [] and second.stderr == ""  # nothing pending: no bar
+    piped = listed(tmp_path / "b")
+    assert json.loads(piped.stdout) == [] and piped.stderr == ""

@@ -86,6 +86,25 @@ def test_the_terminal_lists_imports_diffs_and_rolls_back(tmp_path: Path) -> None
     assert missing.returncode == 1 and "come close: tidy-notes" in missing.stderr
 
 
+def test_the_terminal_imports_several_folders_and_prints_a_diff_as_json(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    folders = [write_skill(tmp_path / "src", name, f"Do {name}.") for name in ("alpha-notes", "beta-notes")]
+    bad = tmp_path / "src" / "no-skill-md"
+    bad.mkdir()
+    done = skills(home, "import", str(folders[0]), str(bad), str(folders[1]))
+    assert done.returncode == 1, done.stderr  # one of them failed, and is named
+    assert done.stdout.splitlines() == ["Imported alpha-notes as version 1.", "Imported beta-notes as version 1."]
+    assert f"{bad}: " in done.stderr and "has no SKILL.md" in done.stderr and "Traceback" not in done.stderr
+
+    (folders[0] / "SKILL.md").write_text(render_skill_md("alpha-notes", "The alpha-notes procedure.", "Do less."))
+    assert skills(home, "import", str(folders[0])).returncode == 0
+    shown = json.loads(skills(home, "diff", "alpha-notes", "--json").stdout)
+    assert shown["name"] == "alpha-notes" and shown["version"] == 2 and shown["identity"] is None
+    assert "-Do alpha-notes." in shown["diff"] and "+Do less." in shown["diff"]
+    first = json.loads(skills(home, "diff", "alpha-notes", "--version", "1", "--json").stdout)
+    assert first["version"] == 1 and "+Do alpha-notes." in first["diff"]
+
+
 def test_the_terminal_approves_and_rejects_proposals(tmp_path: Path) -> None:
     home = tmp_path / "home"
     assert skills(home, "list").returncode == 0  # creates the store

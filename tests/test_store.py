@@ -220,6 +220,20 @@ async def test_migrations_are_idempotent_and_match_the_query_schema(tmp_path: Pa
     await db.close()
 
 
+async def test_migrations_report_their_progress_only_when_some_are_pending(tmp_path: Path) -> None:
+    """What `ember`'s bar over an upgrade follows: each migration of a new store, nothing on the next start."""
+    fresh: list[tuple[int, int]] = []
+    db = Database(tmp_path / "ember.db")
+    await db.open(lambda done, pending: fresh.append((done, pending)))
+    await db.close()
+    assert fresh == [(done, SCHEMA_VERSION) for done in range(SCHEMA_VERSION + 1)]
+    again: list[tuple[int, int]] = []
+    db = Database(tmp_path / "ember.db")
+    await db.open(lambda done, pending: again.append((done, pending)))
+    await db.close()
+    assert again == []
+
+
 async def test_newer_schema_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     db = Database(tmp_path / "ember.db")
     await db.open()

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
 from ember.store.direct import Outcome, ThreadConnection, Work
-from ember.store.migrations import migrate
+from ember.store.migrations import MigrationProgress, migrate
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -119,11 +119,12 @@ class Database:
         arbitrary, so whoever caches what it read must assume they changed it."""
         return self._write_epoch
 
-    async def open(self) -> None:
+    async def open(self, progress: MigrationProgress | None = None) -> None:
+        """Create or migrate the store; `progress` follows the migrations, if any are pending."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             async with self.write() as conn:
-                await migrate(conn)
+                await migrate(conn, progress)
         except BaseException:
             await self.close()
             raise

@@ -37,6 +37,9 @@ from ember.store.segment import COMMON_ROWS, distinctive, expression, indexed_fo
 
 _BM25 = f"bm25(memory_fts, {', '.join(map(str, TEXT_WEIGHTS))})"
 _LEXICAL = f"SELECT rowid, -{_BM25} FROM memory_fts WHERE memory_fts MATCH ? ORDER BY {_BM25} LIMIT ?"
+REINDEX_BATCH = 500  # rows between two reports of reindex_text's progress
+_REINDEX_ROWS = ("SELECT num, identity, content, created_at, context_json FROM memory_items "
+                 "WHERE num > ? ORDER BY num LIMIT ?")
 _VECTOR_COUNTS = "SELECT identity, model, COUNT(*) AS n, MAX(rev) AS rev FROM memory_vectors GROUP BY identity, model"
 
 
@@ -344,19 +347,31 @@ class SqlMemoryStore:
 
     # -- upkeep --------------------------------------------------------------------
 
-    async def reindex_text(self) -> int:
+    async def reindex_text(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Rebuild the text index from the rows, and drop vectors left without a
-        row; returns how many rows the index holds."""
+        row; returns how many rows the index holds.
+
+        One transaction, so a search meanwhile sees the old index or the new
+        one. `progress(done, total)` is called before the first row and after
+        every REINDEX_BATCH rows, on the store's writer thread: keep it quick.
+        """
         def rebuild(conn: sqlite3.Connection) -> int:
             conn.execute("DELETE FROM memory_fts")
             conn.execute("DELETE FROM memory_vectors WHERE num NOT IN (SELECT num FROM memory_items)")
             conn.execute("DELETE FROM memory_vector_heads")
             conn.execute(f"INSERT INTO memory_vector_heads (identity, model, rows, rev) SELECT identity, model, n, rev "
                          f"FROM ({_VECTOR_COUNTS})")
-            rows = conn.execute("SELECT num, identity, content, created_at, context_json FROM memory_items").fetchall()
-            for num, identity, content, created_at, context in rows:
-                write_text_row(conn, num, identity, content, created_at, Context.from_json(context))
-            return len(rows)
+            total = conn.execute("SELECT COUNT(*) FROM memory_items").fetchone()[0]
+            if progress is not None:
+                progress(0, total)
+            done = last = 0
+            while batch := conn.execute(_REINDEX_ROWS, (last, REINDEX_BATCH)).fetchall():
+                for num, identity, content, created_at, context in batch:
+                    write_text_row(conn, num, identity, content, created_at, Context.from_json(context))
+                done, last = done + len(batch), batch[-1][0]
+                if progress is not None:
+                    progress(done, total)
+            return done
 
         return await self._db.run_write(rebuild)
 

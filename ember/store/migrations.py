@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ember.core.errors import StoreError
 
 Step = str | Callable[[AsyncConnection], Awaitable[None]]
+MigrationProgress = Callable[[int, int], None]  # (migrations applied, migrations pending)
 
 
 async def _move_old_memories(conn: AsyncConnection) -> None:
@@ -411,8 +412,12 @@ MIGRATIONS: list[tuple[Step, ...]] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-async def migrate(conn: AsyncConnection) -> int:
-    """Bring the schema up to SCHEMA_VERSION; returns the version found before."""
+async def migrate(conn: AsyncConnection, progress: MigrationProgress | None = None) -> int:
+    """Bring the schema up to SCHEMA_VERSION; returns the version found before.
+
+    `progress(done, pending)` is called only when some migrations are pending:
+    once before the first (done 0), then after each one.
+    """
     await conn.execute(text(
         "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
     ))
@@ -421,6 +426,9 @@ async def migrate(conn: AsyncConnection) -> int:
         raise StoreError(
             f"the database has schema version {found}, newer than this Ember ({SCHEMA_VERSION}); upgrade Ember"
         )
+    pending = SCHEMA_VERSION - found
+    if progress is not None and pending:
+        progress(0, pending)
     for version in range(found + 1, SCHEMA_VERSION + 1):
         for step in MIGRATIONS[version - 1]:
             if isinstance(step, str):
@@ -430,4 +438,6 @@ async def migrate(conn: AsyncConnection) -> int:
         await conn.execute(
             text("INSERT INTO schema_version (version, applied_at) VALUES (:v, :t)"), {"v": version, "t": time.time()}
         )
+        if progress is not None:
+            progress(version - found, pending)
     return found
