@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ember.bus.memory import InProcessBus
+from ember.channels.gateway.turns import CHANNEL as GATEWAY_CHANNEL
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import ModelNotConfigured
 from ember.core.jobs import JobKind
@@ -22,6 +23,7 @@ from ember.memory.reconcile import FactReconciler
 from ember.memory.review import MemoryReviewer
 from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelClient, ModelEndpoint
+from ember.models.demo import DEMO_NAME
 from ember.models.metered import MeteredModel
 from ember.models.router import ModelRouter, Route
 from ember.models.spec import ANTHROPIC_PREFIX, ModelRole, ModelSpec, role_chains
@@ -34,6 +36,7 @@ from ember.runtime.channels import ChannelHub
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
+from ember.runtime.titles import SessionTitler
 from ember.runtime.usage import UsageRecorder
 from ember.skills.library import SkillLibrary, SkillPolicy, default_folders
 from ember.skills.review import SkillReviewer
@@ -191,7 +194,7 @@ class Runtime:
 
 def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidation: ConsolidationWorker,
                   memory_reviewer: MemoryReviewer, skill_reviewer: SkillReviewer, skills: SkillLibrary,
-                  reconciler: FactReconciler) -> dict[str, JobHandler]:
+                  reconciler: FactReconciler, titler: SessionTitler) -> dict[str, JobHandler]:
     def for_session(job: Job) -> str:
         if job.session_key is None:
             raise ValueError(f"{job.kind} job {job.id} has no session key")
@@ -222,6 +225,9 @@ def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidatio
     async def reconcile(job: Job) -> None:
         await reconciler.reconcile()
 
+    async def title(job: Job) -> None:
+        await titler.title(for_session(job))
+
     return {
         JobKind.ARCHIVE: archive,
         JobKind.MEMORY_UPKEEP: upkeep,
@@ -231,6 +237,7 @@ def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidatio
         JobKind.REVIEW_MEMORY: review_memory,
         JobKind.REVIEW_SKILLS: review_skills,
         JobKind.CURATE_SKILLS: curate_skills,
+        JobKind.TITLE_SESSION: title,
     }
 
 
@@ -301,7 +308,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
         jobs,
         _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, background, memory),
                       SkillReviewer(sessions, leases, background, memory, skills, cost=background.cost_of), skills,
-                      FactReconciler(memory, background)),
+                      FactReconciler(memory, background), SessionTitler(sessions, background)),
         HostLock(settings.home_dir / "locks" / "background-runner"),
         retry=RetryPolicy(max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s),
         spans=spans,
@@ -314,7 +321,10 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
                              # The index tells the model to call skill_view: only where it can.
                              skills if any(spec.name == "skill_view" for spec in gated.specs()) else None),
         inference=InferenceStage(model, gated, sessions, limits, usage),
-        response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(settings.consolidation_threshold)),
+        response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(
+            settings.consolidation_threshold,
+            # The scripted demo model has no titles to give.
+            frozenset({GATEWAY_CHANNEL}) if settings.session_titles and background.name != DEMO_NAME else frozenset())),
     )
     deliveries = DeliveryWorker(SqlDeliveryStore(db), bus)
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)

@@ -142,6 +142,9 @@ class Settings(BaseSettings):
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
     # A turn with at least this many tool calls triggers the background reviews.
     review_tool_call_threshold: int = Field(default=3, ge=1)
+    # After the first exchange of a gateway session (the web page, the APIs), the background model
+    # names it in a few words: one short model call. False: the list shows its first words.
+    session_titles: bool = True
     # Unconsolidated messages in a session before the background consolidates them into memory.
     consolidation_threshold: int = Field(default=40, ge=4)
     # Messages kept out of a consolidation so the model still sees the latest exchange verbatim.

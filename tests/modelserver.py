@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ember.runtime.titles import TITLE_INSTRUCTION
 from ember.tools.explain import EXPLAIN_INSTRUCTION
 from tests.loopback import LoopbackServer, started
 
@@ -155,6 +156,11 @@ class ModelServer:
         # Answers the approval model's requests, kept out of `requests` and the script (None: scripted too).
         self.explainer: Callable[[dict[str, Any]], Reply] | None = lambda body: Reply(text=CANNED_EXPLANATION)
         self.explained: list[dict[str, Any]] = []
+        # Answers the background model's requests for a session title, kept out of `requests` and the
+        # script like the explanations (None: scripted too). By default no title: sessions keep their
+        # first words, which tests read.
+        self.titler: Callable[[dict[str, Any]], Reply] | None = lambda body: Reply(text="")
+        self.titled: list[dict[str, Any]] = []
         self._script: deque[Reply] = deque()
         self._server = LoopbackServer(Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -182,6 +188,11 @@ class ModelServer:
             self.explained.append(body)
             reply = self.explainer(body)
             chunks = stream_chunks(reply, body, len(self.explained))
+            return StreamingResponse(self._events(chunks, reply), media_type="text/event-stream")
+        if self.titler is not None and TITLE_INSTRUCTION in str(messages[0].get("content")):
+            self.titled.append(body)
+            reply = self.titler(body)
+            chunks = stream_chunks(reply, body, len(self.titled))
             return StreamingResponse(self._events(chunks, reply), media_type="text/event-stream")
         self.requests.append(body)
         number = len(self.requests)

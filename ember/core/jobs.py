@@ -15,6 +15,7 @@ class JobKind(enum.StrEnum):
     MEMORY_UPKEEP = "memory_upkeep"  # write recall counts, archive what faded
     RECONCILE_FACTS = "reconcile_facts"  # ask the model whether new keyless facts replace older ones
     CURATE_SKILLS = "curate_skills"  # archive the skills unused for long
+    TITLE_SESSION = "title_session"  # name a session from its first exchange
 
 
 @dataclass(frozen=True, slots=True)

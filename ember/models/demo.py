@@ -39,5 +39,8 @@ def _demo_reply(messages: list[Message], tools: list[ToolSpec]) -> ModelReply:
     )
 
 
+DEMO_NAME = "scripted-demo"
+
+
 def demo_model() -> FunctionModel:
-    return FunctionModel(_demo_reply, name="scripted-demo", chunk_size=6, delta_delay_s=0.01)
+    return FunctionModel(_demo_reply, name=DEMO_NAME, chunk_size=6, delta_delay_s=0.01)

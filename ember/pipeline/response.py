@@ -29,6 +29,7 @@ class Scheduler(Protocol):
 @dataclass(frozen=True, slots=True)
 class DerivedWorkPolicy:
     consolidation_threshold: int
+    titled_channels: frozenset[str] = frozenset()  # whose sessions the background model names
 
 
 class ResponseStage:
@@ -71,9 +72,17 @@ class ResponseStage:
         # The answer about to be committed counts toward the threshold.
         if should_consolidate(ctx.session.unconsolidated_count + 1, self._policy.consolidation_threshold):
             jobs.append(JobRequest(JobKind.CONSOLIDATE, key, key, turn))
+        if ctx.event.channel in self._policy.titled_channels and _first_exchange(ctx):
+            jobs.append(JobRequest(JobKind.TITLE_SESSION, key, key, turn))
         if result.total_tool_calls > 0:
             if result.should_review_skills:
                 jobs.append(JobRequest(JobKind.REVIEW_SKILLS, key, key, turn))
             if result.should_review_memory:
                 jobs.append(JobRequest(JobKind.REVIEW_MEMORY, key, key, turn))
         return jobs
+
+
+def _first_exchange(ctx: PipelineContext) -> bool:
+    """The turn answers the session's first message (seq 0), even if it was resumed."""
+    messages = ctx.session.messages
+    return bool(messages) and messages[0].seq == 0 and messages[0].turn_id == ctx.turn_id

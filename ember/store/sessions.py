@@ -210,6 +210,18 @@ class SqlSessionStore:
 
         return await self._db.run_write(write)
 
+    async def name_if_untitled(self, key: str, title: str) -> bool:
+        """Give the session `title` unless it has one (a person's name for it, or an earlier
+        one); True when written."""
+        def write(conn: sqlite3.Connection) -> bool:
+            if conn.execute("SELECT 1 FROM sessions WHERE key = ?", (key,)).fetchone() is None:
+                return False
+            conn.execute("INSERT OR IGNORE INTO session_labels (session_key) VALUES (?)", (key,))
+            return conn.execute("UPDATE session_labels SET title = ? WHERE session_key = ? AND title IS NULL",
+                                (title, key)).rowcount == 1
+
+        return bool(await self._db.run_write(write))
+
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str,
                                facts: Sequence[NewMemory] = (), identity: str | None = None) -> bool:
         """Move `last_consolidated` from `expected` forward to `new` and record
