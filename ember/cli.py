@@ -21,7 +21,9 @@ from ember.channels.cli import CHANNEL, CliChannel
 from ember.channels_cli import channels
 from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.core.delivery import interleaved
 from ember.core.errors import EmberError
+from ember.core.messages import Message
 from ember.cron_cli import cron_app
 from ember.mcp_cli import mcp_app
 from ember.memory_cli import memory_app
@@ -29,6 +31,7 @@ from ember.models.base import ModelClient
 from ember.models.demo import LABEL, demo_model
 from ember.models_cli import models
 from ember.skills_cli import skills_app
+from ember.store.deliveries import SqlDeliveryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
 from ember.usage_cli import usage
@@ -231,11 +234,17 @@ def sessions_show(
             resolved = await _session_key_or_exit(store, key)
             if resolved is None:
                 return 1
-            messages = await store.history(resolved)
+            entries = interleaved(await store.history(resolved), await SqlDeliveryStore(db).failures(resolved))
         if as_json:
-            print_json([m.to_json_dict() for m in messages])
+            print_json([{**m.to_json_dict(), "kind": "message"} if isinstance(m, Message) else
+                        {"seq": None, "role": "assistant", "content": m.text, "kind": "error", "turn_id": m.turn_id}
+                        for m in entries])
             return 0
-        for m in messages:
+        for m in entries:
+            if not isinstance(m, Message):  # the turn never answered: how it ended
+                out.print(f"[bold red]{'':>5} {'error':<9}[/bold red]", end=" ")
+                out.print(m.text, markup=False)
+                continue
             calls = " ".join(f"[{c.name}({c.arguments})]" for c in m.tool_calls)
             out.print(f"[bold]{m.seq:>5} {m.role.value:<9}[/bold]", end=" ")
             out.print(f"{m.content} {calls}".strip(), markup=False)

@@ -152,7 +152,12 @@ def test_model_failure_is_reported_and_the_question_kept(
     assert "HTTP 500" in one_line(done.stderr)
     assert "after 2 attempts" in one_line(done.stderr)
     assert len(model_server.requests) == 2
-    assert [(m["role"], m["content"]) for m in stored(env, "down")] == [("user", "are you there?")]
+    # The question is kept with the record of how its turn ended, which the model never reads.
+    kept = stored(env, "down")
+    assert [(m["role"], m["kind"]) for m in kept] == [("user", "message"), ("assistant", "error")]
+    assert kept[0]["content"] == "are you there?" and kept[1]["seq"] is None
+    assert "HTTP 500" in kept[1]["content"]
+    assert "error" in ember(env, "sessions", "show", "down").stdout.splitlines()[-1]
 
 
 def test_chat_without_a_model_says_how_to_configure_one(tmp_path: Path) -> None:

@@ -642,9 +642,9 @@ def test_a_failing_model_is_a_502_on_the_openai_route(clients: Clients,
     key = fresh("failing-openai")
     model.responder = failing
     response = chat(alice, "please fail", session=key)
-    assert_error(response, 502, "turn_failed")
+    error = assert_error(response, 502, "turn_failed")
     assert response.headers["X-Ember-Session"] == key
-    assert [(m["role"], m["content"]) for m in history(alice, key)] == [("user", "please fail")]
+    assert unanswered_with(history(alice, key), "please fail") == error["message"]
 
 
 def test_a_failing_model_ends_the_openai_stream_with_one_error(clients: Clients,
@@ -659,7 +659,7 @@ def test_a_failing_model_ends_the_openai_stream_with_one_error(clients: Clients,
     assert len(errors) == 1
     assert set(errors[0].json()["error"]) == ERROR_FIELDS
     assert events[-1].data == "[DONE]"
-    assert [(m["role"], m["content"]) for m in history(alice, key)] == [("user", "please fail")]
+    assert unanswered_with(history(alice, key), "please fail") == errors[0].json()["error"]["message"]
 
 
 def test_a_failing_model_is_one_error_event_on_the_native_stream(clients: Clients,
@@ -669,12 +669,78 @@ def test_a_failing_model_is_one_error_event_on_the_native_stream(clients: Client
     model.responder = failing
     events = send(alice, key, "please fail")
     assert [e.name for e in events] == ["error"]
-    assert events[0].json()["text"]
-    assert [(m["role"], m["content"]) for m in history(alice, key)] == [("user", "please fail")]
-    # The session goes on: the next turn answers, and the model sees the unanswered message.
+    assert unanswered_with(history(alice, key), "please fail") == events[0].json()["text"]
+    # The session goes on: the next turn answers, and the model sees the unanswered message
+    # but not the error record, which is the history's, not the conversation's.
     model.responder = answer_to
     assert final_text(send(alice, key, "try again")) == "echo: try again"
-    assert "please fail" in seen_by_model(model, "try again")
+    seen = seen_by_model(model, "try again")
+    assert "please fail" in seen and events[0].json()["text"] not in seen
+    assert [(m["role"], m["kind"]) for m in history(alice, key)] == [
+        ("user", "message"), ("assistant", "error"), ("user", "message"), ("assistant", "message")]
+
+
+def unanswered_with(messages: list[dict[str, Any]], question: str) -> str:
+    """The history of a session whose one turn failed: its question, then the error record in the
+    place of the answer (not a message the model reads: no seq). The record's text."""
+    assert [(m["role"], m["content"], m["kind"]) for m in messages][:1] == [("user", question, "message")]
+    assert [(m["role"], m["kind"], m["seq"]) for m in messages[1:]] == [("assistant", "error", None)]
+    assert messages[1]["turn_id"] == messages[0]["turn_id"]
+    text: str = messages[1]["content"]
+    assert text.startswith("Sorry")
+    return text
+
+
+def test_a_retry_of_a_failed_message_answers_it_in_place_of_the_error(clients: Clients,
+                                                                      model: ModelServer) -> None:
+    alice = clients["alice"]
+    key = fresh("retried")
+    model.responder = failing
+    body = {"text": "flaky question", "message_id": "m-flaky-1"}
+    events = sse_events(alice.post(f"/api/sessions/{key}/messages", json=body).text)
+    assert [e.name for e in events] == ["error"]
+    failed = history(alice, key)
+    assert failed[1]["kind"] == "error" and failed[1]["message_id"] == "m-flaky-1"  # what a Retry resends
+    model.responder = answer_to
+    events = sse_events(alice.post(f"/api/sessions/{key}/messages", json=body).text)
+    assert final_text(events) == "echo: flaky question"
+    assert [(m["role"], m["content"], m["kind"]) for m in history(alice, key)] == [
+        ("user", "flaky question", "message"), ("assistant", "echo: flaky question", "message")]
+
+
+# --- stopping a turn -----------------------------------------------------------------------------
+
+
+def test_stop_ends_the_running_turn_and_its_history_says_so(clients: Clients, model: ModelServer) -> None:
+    alice, bob = clients["alice"], clients["bob"]
+    key = fresh("stopped")
+    model.responder = lambda body: Reply(text=SLOW_ANSWER * 3, chunk_delay_s=0.05)
+    request = alice.build_request("POST", f"/api/sessions/{key}/messages",
+                                  json={"text": "write at length", "message_id": "m-stop-1"})
+    response = alice.send(request, stream=True)
+    try:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line == "event: delta")
+        # Another identity cannot see the session, let alone stop its turn.
+        assert_error(bob.post(f"/api/sessions/{key}/stop"), 404, "session_not_found")
+        stopping = alice.post(f"/api/sessions/{key}/stop")
+        assert stopping.status_code == 202, stopping.text
+        assert stopping.json()["status"] == "stopping"
+        rest = sse_events("\n".join(lines))
+    finally:
+        response.close()
+    ends = [e for e in rest if e.name in ("final", "error")]
+    assert [e.name for e in ends] == ["error"]
+    assert ends[0].json()["turn_id"] == stopping.json()["turn_id"]
+    assert ends[0].json()["text"].startswith("Stopped")
+    model.responder = answer_to
+    messages = history(alice, key)
+    assert [(m["role"], m["kind"]) for m in messages] == [("user", "message"), ("assistant", "error")]
+    assert messages[1]["content"] == ends[0].json()["text"] and messages[1]["message_id"] == "m-stop-1"
+    assert_error(alice.post(f"/api/sessions/{key}/stop"), 409, "no_running_turn")
+    assert_error(alice.post(f"/api/sessions/{fresh('never')}/stop"), 404, "session_not_found")
+    # The session goes on.
+    assert final_text(send(alice, key, "short please")) == "echo: short please"
 
 
 # --- metrics -------------------------------------------------------------------------------------
@@ -755,3 +821,31 @@ def test_sessions_are_renamed_and_put_away_by_their_owner_only(clients: Clients,
     assert alice_only.key in {s["key"] for s in alice.get("/api/sessions").json()["sessions"]}
     assert alice.patch(path, json={"title": ""}).json()["title"] == ""
     assert history(alice, alice_only.key) == alice_only.messages
+
+
+# --- titles --------------------------------------------------------------------------------------
+
+
+def test_the_background_model_titles_a_session_after_its_first_exchange(clients: Clients,
+                                                                        model: ModelServer) -> None:
+    alice = clients["alice"]
+    key = fresh("titled")
+    before = len(model.titled)
+    model.titler = lambda body: Reply(text='Title: "Planning the spring garden."')
+    try:
+        assert final_text(send(alice, key, "what should I plant in March?")) == "echo: what should I plant in March?"
+
+        def title() -> str | None:
+            return {s["key"]: s["title"] for s in sessions_snapshot(alice)}[key]
+
+        wait_until(lambda: title() == "Planning the spring garden", timeout_s=20, what="the model's title")
+        asked = model.titled[before]["messages"]
+        assert "what should I plant in March?" in asked[-1]["content"]
+        assert "echo: what should I plant in March?" in asked[-1]["content"]  # it read the answer too
+        # Only the first exchange is titled, and a person's name for the session wins.
+        send(alice, key, "and in April?")
+        assert alice.patch(f"/api/sessions/{key}", json={"title": "Garden"}).status_code == 200
+        assert title() == "Garden"
+        assert len(model.titled) == before + 1
+    finally:
+        model.titler = lambda body: Reply(text="")

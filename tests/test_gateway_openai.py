@@ -165,10 +165,12 @@ def test_a_failing_model_is_an_api_error_for_the_sdk(client: openai.OpenAI, mode
     model.push(*[Reply(status=500)] * 4)
     with pytest.raises(openai.APIError):
         streamed(client, "fail me streaming", session="s-fail")
-    # The questions are kept; no answer was invented.
-    assert [(m["role"], m["content"]) for m in history(gateway, "s-fail")] == [
-        ("user", "fail me"), ("user", "fail me streaming"),
-    ]
+    # The questions are kept, each with the record of its failure; no answer was invented.
+    kept = history(gateway, "s-fail")
+    assert [(m["role"], m["kind"]) for m in kept] == [
+        ("user", "message"), ("assistant", "error"), ("user", "message"), ("assistant", "error")]
+    assert [m["content"] for m in kept if m["role"] == "user"] == ["fail me", "fail me streaming"]
+    assert all("could not answer" in m["content"] for m in kept if m["kind"] == "error")
 
 
 def test_wrong_key_is_an_authentication_error(gateway: GatewayProcess) -> None:

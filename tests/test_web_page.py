@@ -530,3 +530,275 @@ def test_a_request_of_a_turn_the_page_is_not_showing_can_be_answered_there(
     expect(page.locator("#pending-approvals")).to_be_hidden(timeout=10_000)  # the next look finds none
     page.goto(gateway.url("/#elsewhere"))
     expect(answer(page).last).to_have_text("Written from elsewhere.")
+
+
+def test_stop_ends_the_turn_keeps_what_it_showed_and_a_reload_offers_it_again(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    sign_in(page, gateway, ALICE_KEY)
+    words = " ".join(f"word{i:02d}" for i in range(200))
+    model.push(Reply(text=words, chunk_delay_s=0.05))
+    send(page, "write a lot")
+    draft = page.locator(".message.assistant .draft")
+    expect(draft).to_contain_text("word03")
+    expect(page.locator("#send")).to_be_disabled()
+    page.locator("#stop").click()
+    card = page.locator(".message.assistant .error")
+    expect(card).to_contain_text("Stopped")
+    expect(draft).to_contain_text("word03")  # what had streamed stays on the page
+    expect(page.locator("#stop")).to_be_hidden()
+    expect(page.locator("#send")).to_be_enabled()
+
+    page.reload()  # the history says the turn was stopped, and offers it again
+    expect(page.locator(".message.user")).to_have_text(["write a lot"])
+    expect(card).to_contain_text("Stopped")
+    model.push(Reply(text="A short answer this time."))
+    card.locator("button.retry").click()
+    expect(answer(page)).to_have_text("A short answer this time.")
+    expect(page.locator(".message.user")).to_have_text(["write a lot"])
+    expect(card).to_have_count(0)
+
+
+def test_the_key_is_kept_for_the_tab_unless_the_person_asks_to_be_remembered(
+        page: Page, gateway: GatewayProcess) -> None:
+    sign_in(page, gateway, ALICE_KEY)
+    expect(page.locator("#sign-out")).to_be_visible()
+    assert page.evaluate("localStorage.length") == 0
+    page.reload()
+    expect(page.locator("#sign-out")).to_be_visible()  # the tab's session still holds it
+    other_tab = page.context.new_page()
+    other_tab.goto(gateway.url("/"))
+    expect(other_tab.locator("#key-input")).to_be_visible()  # but nowhere else
+    other_tab.close()
+
+    page.locator("#sign-out").click()
+    page.locator("#key-input").fill(ALICE_KEY)
+    page.locator("#remember-key").check()
+    page.locator("#sign-in").click()
+    expect(page.locator("#sign-out")).to_be_visible()
+    remembered = page.context.new_page()
+    remembered.goto(gateway.url("/"))
+    expect(remembered.locator("#sign-out")).to_be_visible()
+    remembered.locator("#sign-out").click()
+    assert remembered.evaluate("localStorage.length") == 0
+
+
+def test_an_answer_with_a_table_renders_its_header_aligned_cells_and_body(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    model.push(Reply(text=(
+        "Prices:\n\n"
+        "| Fruit | Colour | Price |\n"
+        "|:------|:------:|------:|\n"
+        "| apple | **red** | `1\\|2` |\n"  # an escaped pipe stays in its cell
+        "| [kiwi](https://example.com/kiwi) | green |\n"  # too few cells: padded
+        "| plum | purple | 3 | extra |\n\n"  # too many: cut
+        "a | b, but no delimiter row"
+    )))
+    sign_in(page, gateway, ALICE_KEY)
+    send(page, "a table please")
+
+    table = answer(page).locator(".table-wrap > table")
+    expect(table).to_have_count(1)
+    headers = table.locator("thead th")
+    expect(headers).to_have_text(["Fruit", "Colour", "Price"])
+    assert [th.get_attribute("class") for th in headers.all()] == ["align-left", "align-center", "align-right"]
+    rows = table.locator("tbody tr")
+    expect(rows).to_have_count(3)
+    expect(rows.nth(0).locator("td")).to_have_text(["apple", "red", "1|2"])
+    expect(rows.nth(0).locator("td strong")).to_have_text("red")
+    expect(rows.nth(0).locator("td code")).to_have_text("1|2")
+    expect(rows.nth(1).locator("td")).to_have_text(["kiwi", "green", ""])
+    expect(rows.nth(1).locator("td a")).to_have_attribute("href", "https://example.com/kiwi")
+    expect(rows.nth(2).locator("td")).to_have_text(["plum", "purple", "3"])
+    aligned = [td.evaluate("td => getComputedStyle(td).textAlign") for td in rows.nth(2).locator("td").all()]
+    assert aligned == ["left", "center", "right"]
+    expect(answer(page).locator("p")).to_have_text(["Prices:", "a | b, but no delimiter row"])
+
+
+def test_code_in_a_named_language_is_highlighted_and_copies_exactly_as_written(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    code = ("def greet(name):\n"
+            "    # say hi & <wave>\n"
+            "    return f\"<b>hi</b> {name}\" if name else 'nobody'")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gateway.base_url)
+    model.push(Reply(text=f"Like this:\n\n```python\n{code}\n```\n\nDone."))
+    sign_in(page, gateway, ALICE_KEY)
+    send(page, "some python")
+
+    block = answer(page).locator("pre > code.language-python")
+    expect(block).to_have_count(1)
+    keywords = block.locator(".tok-keyword").all_inner_texts()
+    assert {"def", "return", "if", "else"} <= set(keywords), keywords
+    expect(block.locator(".tok-string")).to_have_text(['"<b>hi</b> {name}"', "'nobody'"])
+    expect(block.locator(".tok-comment")).to_have_text("# say hi & <wave>")
+    assert block.evaluate("code => code.textContent") == code
+    keyword_colour = block.locator(".tok-keyword").first.evaluate("span => getComputedStyle(span).color")
+    assert keyword_colour != block.evaluate("code => getComputedStyle(code).color")  # the stylesheet colours it
+
+    copy = answer(page).locator("button.copy")
+    expect(copy).to_have_count(1)
+    copy.click()
+    expect(copy).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == code
+
+
+def test_hostile_text_in_tables_and_highlighted_code_is_shown_not_run(
+        page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
+    img = "<img src=x onerror=window.__pwned=1>"
+    script = "</span><script>window.__pwned=2</script>"
+    model.push(Reply(text=(
+        f"| name | note |\n|---|:---:|\n| {img} | `{img}` |\n\n"
+        f"```html\n{img}\n<script>window.__pwned=3</script>\n```\n\n"
+        f"```python\nx = \"{script}\"  # {img}\n```\n\n"
+        f"```js\nlet s = '{script}'; /* {img} */\n```"
+    )))
+    sign_in(page, gateway, ALICE_KEY)
+    send(page, "be nasty")
+    expect(answer(page).locator("pre")).to_have_count(3)
+
+    for attempt in ("live", "reloaded"):
+        messages = page.locator("#messages")
+        expect(messages.locator("td"), attempt).to_have_text([img, img])
+        codes = messages.locator("pre > code")
+        expect(codes, attempt).to_have_text([f"{img}\n<script>window.__pwned=3</script>",
+                                             f'x = "{script}"  # {img}', f"let s = '{script}'; /* {img} */"])
+        expect(codes.nth(0).locator(".tok-tag").first, attempt).to_have_text("<img")
+        expect(codes.nth(1).locator(".tok-string"), attempt).to_have_text(f'"{script}"')
+        assert messages.locator("img, script, [onerror], [src]").count() == 0, attempt
+        classes = messages.locator("pre span").evaluate_all("spans => spans.map((s) => s.className)")
+        assert classes and all(c.startswith("tok-") for c in classes), (attempt, classes)
+        page.wait_for_timeout(200)
+        assert page.evaluate("typeof window.__pwned") == "undefined", attempt
+        page.reload()
+
+
+@pytest.mark.parametrize("width", [390, 768])
+def test_a_wide_table_scrolls_in_its_wrapper_instead_of_widening_the_page(
+        page: Page, model: ModelServer, gateway: GatewayProcess, width: int) -> None:
+    columns = range(10)
+    model.push(Reply(text="\n".join([
+        "| " + " | ".join(f"column_{n}_heading" for n in columns) + " |",
+        "|" + "---|" * len(columns),
+        "| " + " | ".join(f"value_{n}_is_rather_long" for n in columns) + " |",
+    ])))
+    page.set_viewport_size({"width": width, "height": 800})
+    sign_in(page, gateway, ALICE_KEY)
+    send(page, "a wide table")
+
+    wrap = answer(page).locator(".table-wrap")
+    expect(wrap.locator("th")).to_have_count(len(columns))
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    assert page.evaluate("(m => m.scrollWidth <= m.clientWidth)(document.getElementById('messages'))")
+    chat, table = box(page, "#messages"), box(page, ".table-wrap")
+    assert table["x"] >= chat["x"] and table["x"] + table["width"] <= chat["x"] + chat["width"], (chat, table)
+    assert wrap.evaluate("w => w.scrollWidth > w.clientWidth")
+    assert wrap.evaluate("w => { w.scrollLeft = 200; return w.scrollLeft; }") > 0
+
+
+RENDER = """async (markdown) => (await import("/static/markdown.js")).renderMarkdown(markdown)"""
+
+# Renders fenced code in each language, and tables, from fixed and from (seeded) random pieces of
+# hostile text; returns what went wrong: an element or attribute not of ours, or code not kept as written.
+RENDERER_FUZZ = """async (tags) => {
+  const { renderMarkdown } = await import("/static/markdown.js");
+  const pieces = ["<", ">", "&", "&lt;", "&amp;", '"', "'", "`", "\\\\", "\\n", " ", "\\t", "#", "//", "/*", "*/",
+    "--", "<!--", "-->", "=", ":", ";", "|", "\\\\|", "{", "}", "[", "]", "$", "@", "!", "0x1F", "1.5e3", "def",
+    "return", "if", "<img src=x onerror=window.__pwned=1>", "</span>", "<script>", "'''", '\"\"\"', "**", "_",
+    "[a](https://a.example/x)", "---", ":-:", "é", "🙂"];
+  let seed = 7;
+  const random = (n) => Math.floor((seed = (seed * 16807) % 2147483647) / 2147483647 * n);
+  const sample = () => Array.from({ length: 1 + random(30) }, () => pieces[random(pieces.length)]).join("");
+  const tokens = /^tok-(keyword|string|comment|number|property|tag|attr)$/;
+  const tableTags = new Set(["DIV", "TABLE", "THEAD", "TBODY", "TR", "TH", "TD", "P", "BR", "CODE", "STRONG", "EM",
+    "A", "UL", "OL", "LI", "H4"]);
+  const problems = [];
+  const render = (markdown) => {
+    const box = document.createElement("div");
+    box.innerHTML = renderMarkdown(markdown);
+    return box;
+  };
+  for (const tag of tags) {
+    for (let n = 0; n < 150; n++) {
+      const code = sample().replace(/`{3,}/g, "``");  // a line of ``` would end the block
+      for (const markdown of ["```" + tag + "\\n" + code + "\\n```", "```" + tag + "\\n" + code]) {
+        const box = render(markdown);
+        const block = box.querySelector("pre > code");
+        const kept = block?.textContent === code && block.className === `language-${tag}`;
+        if (!kept) problems.push([markdown, box.innerHTML]);
+        for (const el of box.querySelectorAll("*")) {
+          const ours = el.tagName === "SPAN" ? tokens.test(el.className) && !el.children.length
+            : ["PRE", "CODE"].includes(el.tagName);
+          if (!ours || el.attributes.length > (el.tagName === "PRE" ? 0 : 1)) problems.push([markdown, el.outerHTML]);
+        }
+      }
+    }
+  }
+  for (let n = 0; n < 300; n++) {
+    const markdown = `| ${sample()} | b |\\n|:--|--:|\\n| ${sample()} | ${sample()} |`.replace(/`{3,}/g, "``");
+    for (const el of render(markdown).querySelectorAll("*")) {
+      const allowed = [...el.attributes].every((a) => (el.tagName === "A" && ["href", "target", "rel"].includes(a.name))
+        || (a.name === "class" && /^(table-wrap|align-(left|right))$/.test(a.value)));
+      if (!tableTags.has(el.tagName) || !allowed) problems.push([markdown, el.outerHTML]);
+    }
+  }
+  await new Promise((resolve) => setTimeout(resolve, 200));  // any image of the model's would have failed by now
+  if (window.__pwned !== undefined) problems.push(["window.__pwned", String(window.__pwned)]);
+  return problems.slice(0, 5);
+}"""
+
+LANGUAGE_TAGS = ["python", "py", "js", "javascript", "jsx", "ts", "typescript", "tsx", "bash", "sh", "shell", "zsh",
+                 "json", "sql", "go", "rust", "rs", "java", "c", "cpp", "c++", "yaml", "yml", "toml", "html", "xml",
+                 "css"]
+
+
+def test_the_renderer_keeps_every_languages_code_as_written_and_adds_only_its_own_markup(
+        page: Page, gateway: GatewayProcess) -> None:
+    page.goto(gateway.url("/"))
+    expect(page.locator("#key-input")).to_be_visible()
+    assert page.evaluate(RENDERER_FUZZ, LANGUAGE_TAGS) == []
+
+    def render(markdown: str) -> str:
+        return str(page.evaluate(RENDER, markdown))
+
+    assert render("```\n<b>&</b>\n```") == "<pre><code>&lt;b&gt;&amp;&lt;/b&gt;</code></pre>"  # no tag: plain
+    assert render("```constructor\nx\n```") == "<pre><code>x</code></pre>"  # unknown: plain
+    assert render('```python\nx = "still streaming') == (  # an unclosed fence and string: a draft
+        '<pre><code class="language-python">x = <span class="tok-string">&quot;still streaming</span></code></pre>')
+    assert render("```SQL\nselect 1 -- one\n```") == (
+        '<pre><code class="language-sql"><span class="tok-keyword">select</span> <span class="tok-number">1</span>'
+        ' <span class="tok-comment">-- one</span></code></pre>')
+    assert render("| a | b |\n|---|--:|\n| 1 |") == (
+        '<div class="table-wrap"><table><thead><tr><th>a</th><th class="align-right">b</th></tr></thead>'
+        '<tbody><tr><td>1</td><td class="align-right"></td></tr></tbody></table></div>')
+    assert render("| a | b |\n|---|\n| 1 | 2 |") == "<p>| a | b |<br>|---|<br>| 1 | 2 |</p>"  # cells ≠ delimiters
+
+
+def contrast(foreground: str, background: str) -> float:
+    """The WCAG contrast ratio of two computed `rgb(r, g, b)` colours."""
+    def luminance(rgb: str) -> float:
+        channels = [int(part) / 255 for part in rgb[rgb.index("(") + 1:rgb.index(")")].split(",")[:3]]
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    light, dark = sorted((luminance(foreground), luminance(background)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_highlighted_code_is_legible_in_both_themes(page: Page, gateway: GatewayProcess, scheme: str) -> None:
+    page.emulate_media(color_scheme=scheme)  # type: ignore[arg-type]
+    page.goto(gateway.url("/"))
+    expect(page.locator("#key-input")).to_be_visible()
+    colours = page.evaluate("""async () => {
+      const { renderMarkdown } = await import("/static/markdown.js");
+      const box = document.createElement("div");
+      box.className = "message assistant";
+      box.innerHTML = renderMarkdown('```python\\n# c\\ndef f(): return "s", 1\\n```\\n```html\\n<a href="x">\\n```'
+        + "\\n```json\\n{\\"k\\": true}\\n```");
+      document.body.append(box);
+      const spans = [...box.querySelectorAll("span")];
+      return { background: getComputedStyle(box.querySelector("pre")).backgroundColor,
+               tokens: Object.fromEntries(spans.map((s) => [s.className, getComputedStyle(s).color])) };
+    }""")
+    assert set(colours["tokens"]) == {f"tok-{kind}" for kind in
+                                      ("comment", "keyword", "string", "number", "tag", "attr", "property")}
+    for kind, colour in colours["tokens"].items():
+        assert contrast(colour, colours["background"]) >= 4.5, (scheme, kind, colour, colours["background"])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ember.core.events import ReplyRoute
+from ember.core.messages import Message
 
 if TYPE_CHECKING:
     from ember.core.events import InboundEvent
@@ -57,3 +59,18 @@ class Delivery:
 
 def delivery_id(turn_id: str, seq: int) -> str:
     return f"{turn_id}:{seq}"
+
+
+def interleaved(messages: Sequence[Message], failures: Sequence[Delivery]) -> list[Message | Delivery]:
+    """A history as a person reads it: each unanswered turn's error (a failure, a stop) right after
+    that turn's last message. The errors are not messages: the model never reads them."""
+    last_of_turn = {m.turn_id: i for i, m in enumerate(messages) if m.turn_id is not None}
+    after: dict[int, list[Delivery]] = {}
+    for failure in failures:
+        if (index := last_of_turn.get(failure.turn_id)) is not None:
+            after.setdefault(index, []).append(failure)
+    entries: list[Message | Delivery] = []
+    for index, message in enumerate(messages):
+        entries.append(message)
+        entries.extend(after.get(index, ()))
+    return entries

@@ -23,6 +23,15 @@ class StreamSink(Protocol):
         ...
 
 
+class TurnControl(Protocol):
+    """Stops the turn running in a session: where the agent loop runs it (in this process, or,
+    scaled out, wherever it holds the session's lease)."""
+
+    def stop_turn(self, session_key: str) -> str | None:
+        """Cancel it, keeping what it committed; the turn's id, or None if none was running."""
+        ...
+
+
 @dataclass(slots=True, kw_only=True)
 class PipelineContext:
     """What ContextStage prepared: the session (with the user message already

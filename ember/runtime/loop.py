@@ -13,7 +13,8 @@
             publish the final only if not done.outbound_sent
         on an exception: publish exactly one error response
         on a cancellation: deliver the answer if it was committed, else one
-            "interrupted" error
+            "interrupted" error; a person's stop (stop_turn) also records that
+            error, so the history explains the question it leaves unanswered
         record the turn's trace
 """
 
@@ -37,6 +38,7 @@ from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsa
 from ember.core.journal import Observers, Spans, TurnJournal, TurnObserver
 from ember.core.leases import SessionLeases
 from ember.core.messages import Message, Role
+from ember.core.redact import redact_text
 from ember.core.tools import ToolRun
 from ember.core.turn import PipelineContext
 from ember.pipeline.context import ContextStage
@@ -72,6 +74,7 @@ class RecoveryPolicy:
 
 
 INTERRUPTED_TEXT = "Sorry, this turn was interrupted before it finished (Ember is shutting down)."
+STOPPED_TEXT = "Stopped: you stopped this turn before it finished. What it had done so far is kept."
 NOT_RESUMED_TEXT = ("Sorry, Ember stopped while working on this message and did not finish it. "
                     "Send it again if it still matters.")
 
@@ -87,6 +90,7 @@ class _Turn:
     ctx: PipelineContext | None = None
     delivered: bool = False
     trace: TurnTrace | None = None
+    stop_requested: bool = False  # by a person (stop_turn), not by Ember shutting down
 
     @property
     def observer(self) -> TurnObserver:
@@ -121,6 +125,7 @@ class AgentLoop:
         self._deliveries = deliveries
         self._recovery = recovery
         self._turns: set[asyncio.Task[None]] = set()
+        self._running: dict[str, tuple[_Turn, asyncio.Task[None]]] = {}  # by session key, under its lease
         self._consumer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -132,6 +137,18 @@ class AgentLoop:
         await cancel_task(self._consumer)
         self._consumer = None
         await stop_tasks(self._turns, grace_s)
+
+    def stop_turn(self, session_key: str) -> str | None:
+        """Cancel the turn running in `session_key`, for the person who asked it: its committed
+        steps stay, and the history records that it was stopped. The turn's id, or None when
+        no turn is running there."""
+        running = self._running.get(session_key)
+        if running is None:
+            return None
+        turn, task = running
+        turn.stop_requested = True
+        task.cancel()
+        return turn.turn_id
 
     async def recover(self, channels: Iterable[str],
                       capabilities: Mapping[str, ChannelCapabilities] | None = None) -> int:
@@ -178,24 +195,40 @@ class AgentLoop:
                 if not fresh and await self._already_handled(event, turn):
                     return
                 turn.trace = TurnTrace(turn_id=turn.turn_id, session_key=event.session_key, started_at=time.time())
-                with self._spans.turn(turn.turn_id, event.session_key) if self._spans else nullcontext():
-                    await self._run_turn(event, turn)
+                task = asyncio.current_task()
+                assert task is not None
+                self._running[event.session_key] = (turn, task)
+                try:
+                    with self._spans.turn(turn.turn_id, event.session_key) if self._spans else nullcontext():
+                        await self._run_turn(event, turn)
+                finally:
+                    del self._running[event.session_key]
             turn.trace.status = "ok"
         except asyncio.CancelledError:
+            stopped = turn.stop_requested
+            if stopped:  # the person's stop ends this turn only: the task carries on to record it
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
             if turn.trace is not None:
-                turn.trace.status, turn.trace.error = "cancelled", "the turn was stopped before it finished"
+                turn.trace.status, turn.trace.error = (
+                    ("stopped", "stopped by the person who asked") if stopped
+                    else ("cancelled", "the turn was stopped before it finished"))
             answer = turn.undelivered_answer()
             if answer is not None:  # committed before the cancel: deliver the record, not an error
                 await self._deliveries.send(Delivery.replying(
                     event, delivery_id=delivery_id(turn.turn_id, answer.seq or 0), turn_id=turn.turn_id,
                     text=answer.content))
+            elif stopped and not turn.delivered:
+                recorded = await self._record_failure(event, turn, STOPPED_TEXT)
+                await self._publish(event, turn.turn_id, OutboundKind.ERROR, STOPPED_TEXT, delivery=recorded)
             elif not turn.delivered and not event.recovery:
                 await self._publish(event, turn.turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
-            raise
+            if not stopped:
+                raise
         except Exception as exc:  # the loop's edge: one error response, logged once
             log.exception("turn %s of %s failed", turn.turn_id, event.session_key)
             if turn.trace is not None:
-                turn.trace.status, turn.trace.error = "failed", f"{type(exc).__name__}: {exc}"
+                # A model's or a tool's error text may quote a key: the trace keeps it redacted.
+                turn.trace.status, turn.trace.error = "failed", redact_text(f"{type(exc).__name__}: {exc}")
             text = error_text(exc, turn.turn_id)
             recorded = await self._record_failure(event, turn, text)
             await self._publish(event, turn.turn_id, OutboundKind.ERROR, text, delivery=recorded)

@@ -114,6 +114,16 @@ class SqlDeliveryStore:
 
         return await self._db.run_read(find)
 
+    async def failures(self, session_key: str) -> list[Delivery]:
+        """The error each turn of the session ended with, for the turns that never committed an
+        answer (a failure, a stop): the latest per turn, oldest turn first."""
+        answered = select(_o.c.turn_id).where(_o.c.session_key == session_key, _o.c.kind == "final")
+        query = (select(_o).where(_o.c.session_key == session_key, _o.c.kind == "error",
+                                  _o.c.turn_id.not_in(answered)).order_by(_o.c.created_at))
+        async with self._db.read() as conn:
+            rows = (await conn.execute(query)).all()
+        return list({row.turn_id: _delivery(row) for row in rows}.values())
+
     async def undelivered(self, channels: Iterable[str], *, older_than_s: float = 0.0) -> list[Delivery]:
         query = (select(_o).where(_o.c.delivered_at.is_(None), _o.c.failure.is_(None), _o.c.channel.in_(list(channels)),
                                   _o.c.created_at <= time.time() - older_than_s).order_by(_o.c.created_at))

@@ -407,6 +407,12 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             value BIGINT NOT NULL,
             PRIMARY KEY (channel, name))""",
     ),
+    (
+        # A session's history shows the error each unanswered turn ended with.
+        "CREATE INDEX outbox_by_session ON outbox (session_key, kind)",
+        # The activity page lists the newest turns first.
+        "CREATE INDEX traces_by_start ON traces (started_at)",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -7,7 +7,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Row, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ember.store import schema
@@ -59,12 +59,15 @@ class SqlTraceStore:
         async with self._db.read() as conn:
             return [_trace(row) for row in (await conn.execute(query)).all()]
 
-    async def recent(self, limit: int, session_key: str | None = None) -> list[TurnTrace]:
-        """The latest turns, newest first."""
+    async def recent(self, limit: int, session_key: str | None = None, *, prefix: str = "") -> list[TurnTrace]:
+        """The latest turns, newest first: of one session, and/or of the sessions whose key starts with `prefix`."""
         t = schema.traces
         query = select(t).order_by(t.c.started_at.desc()).limit(limit)
         if session_key is not None:
             query = query.where(t.c.session_key == session_key)
+        if prefix:
+            # Not LIKE: SQLite's LIKE ignores case, and "Alice" must not see "alice"'s turns.
+            query = query.where(func.substr(t.c.session_key, 1, len(prefix)) == prefix)
         async with self._db.read() as conn:
             return [_trace(row) for row in (await conn.execute(query)).all()]
 

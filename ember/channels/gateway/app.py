@@ -20,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ember import __version__
+from ember.channels.gateway.activity_api import ActivityApi
 from ember.channels.gateway.auth import ApiKeys, RateLimiter
 from ember.channels.gateway.http import ApiError
 from ember.channels.gateway.memory_api import MemoryApi
@@ -31,14 +32,17 @@ from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
 from ember.channels.gateway.turns import TurnRouter
 from ember.core.errors import StoreBusy, StoreUnavailable
+from ember.core.turn import TurnControl
 from ember.memory.identity import Identities
 from ember.memory.service import MemoryService
 from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.usage import UsageRecorder
 from ember.skills.library import SkillLibrary
+from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import SqlJobStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.tasks import SqlTaskStore
+from ember.store.traces import SqlTraceStore
 
 STATIC_DIR = Path(__file__).parent / "static"
 # Open to all: liveness for supervisors, and the page that asks for a key.
@@ -71,6 +75,9 @@ class GatewayServices:
     usage: UsageRecorder | None = None  # its counts reach /metrics
     tasks: SqlTaskStore | None = None
     skills: SkillLibrary | None = None
+    deliveries: SqlDeliveryStore | None = None  # the errors turns ended with, shown in the history
+    turns: TurnControl | None = None  # stops a running turn
+    traces: SqlTraceStore | None = None  # what each turn did: /api/activity
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +157,14 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         services.usage.observe(metrics.count_usage)
     openai_api = OpenAIApi(router, metrics, agent_id=options.agent_id, max_body_bytes=options.max_body_bytes)
     native_api = NativeApi(router, services.sessions, services.approvals, metrics,
-                           max_body_bytes=options.max_body_bytes, approvers=options.approvers)
+                           max_body_bytes=options.max_body_bytes, approvers=options.approvers,
+                           deliveries=services.deliveries, turns=services.turns)
     memory_api = MemoryApi(services.memory, services.identities, max_body_bytes=options.max_body_bytes)
     tasks_api = (TasksApi(services.tasks, services.identities, max_body_bytes=options.max_body_bytes,
                           default_tz=options.timezone) if services.tasks is not None else None)
     skills_api = (SkillsApi(services.skills, services.identities, max_body_bytes=options.max_body_bytes)
                   if services.skills is not None else None)
+    activity_api = ActivityApi(services.traces) if services.traces is not None else None
     jobs = services.jobs
     document = openapi_document("Ember gateway", __version__)
 
@@ -189,6 +198,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         *memory_api.routes(),
         *(tasks_api.routes() if tasks_api is not None else []),
         *(skills_api.routes() if skills_api is not None else []),
+        *(activity_api.routes() if activity_api is not None else []),
         *channel_routes,
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]

@@ -9,6 +9,7 @@ import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -24,6 +25,7 @@ EVALUATION_HEADER = "X-Ember-Evaluation"
 KEEPALIVE_S = 15.0
 _SESSION_KEY = re.compile(SESSION_KEY_PATTERN)
 _CLIENT_ID = re.compile(CLIENT_ID_PATTERN)
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,9}")
 
 _ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 502: "server_error",
                 500: "server_error"}
@@ -105,6 +107,27 @@ def checked_key(key: str, where: str) -> str:
         raise ApiError(400, f"{where} {key[:64]!r} is not a session key: use 1-128 letters, digits and . _ @ + -",
                        code="invalid_session_key")
     return key
+
+
+def known_params(request: Request, known: tuple[str, ...]) -> QueryParams:
+    """The query parameters, when all are known: a misspelt one (`?limt=5`) is an error, not ignored."""
+    params = request.query_params
+    for name in params:
+        if name not in known:
+            raise ApiError(400, f"unknown parameter {name[:32]!r}; this route takes {', '.join(known)}",
+                           code="invalid_parameter", param=name[:64])
+    return params
+
+
+def query_limit(params: QueryParams, default: int, most: int) -> int:
+    """The `limit` query parameter: `default` when absent, else a whole number from 1 to `most` (400 otherwise)."""
+    raw = params.get("limit")
+    if raw is None:
+        return default
+    if not _WHOLE_NUMBER.fullmatch(raw) or not 1 <= int(raw) <= most:
+        raise ApiError(400, f"limit must be a whole number from 1 to {most}; it was {raw[:32]!r}",
+                       code="invalid_parameter", param="limit")
+    return int(raw)
 
 
 def evaluation_requested(request: Request) -> bool:

@@ -8,7 +8,6 @@ Another person's memory does not exist for a caller (404, never 403).
 
 from __future__ import annotations
 
-import re
 import unicodedata
 
 from starlette.datastructures import QueryParams
@@ -17,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ember.channels.gateway.http import ApiError, read_json
+from ember.channels.gateway.http import ApiError, known_params, query_limit, read_json
 from ember.channels.gateway.schemas import (
     MAX_LIST_LIMIT,
     MAX_QUERY_CHARS,
@@ -30,30 +29,9 @@ from ember.core.memory import MemoryKind
 from ember.memory.identity import Identities
 from ember.memory.service import MemoryService
 
-_WHOLE_NUMBER = re.compile(r"[0-9]{1,9}")
 _FLAGS = {"true": True, "false": False}
 _LIST_PARAMS = ("kind", "all", "limit")
 _SEARCH_PARAMS = ("q", *_LIST_PARAMS)
-
-
-def _params(request: Request, known: tuple[str, ...]) -> QueryParams:
-    """The query parameters, when all are known: a misspelt one (`?limt=5`) is an error, not ignored."""
-    params = request.query_params
-    for name in params:
-        if name not in known:
-            raise ApiError(400, f"unknown parameter {name[:32]!r}; this route takes {', '.join(known)}",
-                           code="invalid_parameter", param=name[:64])
-    return params
-
-
-def _limit(params: QueryParams, default: int, most: int) -> int:
-    raw = params.get("limit")
-    if raw is None:
-        return default
-    if not _WHOLE_NUMBER.fullmatch(raw) or not 1 <= int(raw) <= most:
-        raise ApiError(400, f"limit must be a whole number from 1 to {most}; it was {raw[:32]!r}",
-                       code="invalid_parameter", param="limit")
-    return int(raw)
 
 
 def _kinds(params: QueryParams) -> tuple[MemoryKind, ...]:
@@ -107,16 +85,16 @@ class MemoryApi:
         return await (self.add(request) if request.method == "POST" else self.list_memories(request))
 
     async def list_memories(self, request: Request) -> Response:
-        params = _params(request, _LIST_PARAMS)
+        params = known_params(request, _LIST_PARAMS)
         records = await self._memory.store.list(
             self._person(request), kinds=_kinds(params), include_inactive=_include_inactive(params),
-            limit=_limit(params, 100, MAX_LIST_LIMIT))
+            limit=query_limit(params, 100, MAX_LIST_LIMIT))
         return JSONResponse([record.to_json_dict() for record in records])
 
     async def search(self, request: Request) -> Response:
-        params = _params(request, _SEARCH_PARAMS)
+        params = known_params(request, _SEARCH_PARAMS)
         query, kinds = _query(params), _kinds(params)
-        include_inactive, limit = _include_inactive(params), _limit(params, 10, MAX_SEARCH_LIMIT)
+        include_inactive, limit = _include_inactive(params), query_limit(params, 10, MAX_SEARCH_LIMIT)
         try:
             hits = await self._memory.search(self._person(request), query, limit=limit,
                                              include_inactive=include_inactive, kinds=kinds)

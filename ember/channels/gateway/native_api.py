@@ -31,10 +31,13 @@ from ember.channels.gateway.http import (
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.schemas import ApprovalAnswer, MessageRequest, SessionChange
 from ember.channels.gateway.turns import CHANNEL, IN_FLIGHT_TEXT, InFlight, TurnRouter, namespace, session_key
+from ember.core.delivery import Delivery, interleaved
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message
 from ember.core.tools import ApprovalRequest, Decision
+from ember.core.turn import TurnControl
 from ember.runtime.approvals import ApprovalBroker, Resolution
+from ember.store.deliveries import SqlDeliveryStore
 from ember.store.sessions import SqlSessionStore
 
 
@@ -61,13 +64,24 @@ def event_payload(event: OutboundEvent, identity: str) -> dict[str, Any]:
 
 
 def message_payload(message: Message) -> dict[str, Any]:
-    return {**message.to_json_dict(), "turn_id": message.turn_id}
+    return {**message.to_json_dict(), "turn_id": message.turn_id, "kind": "message"}
+
+
+def failure_payload(failure: Delivery, identity: str) -> dict[str, Any]:
+    """How a turn that never answered ended, in the place of its answer."""
+    asked = failure.reply_to or ""
+    return {"seq": None, "role": "assistant", "content": failure.text, "tool_calls": [], "tool_call_id": None,
+            "name": None, "turn_id": failure.turn_id, "kind": "error",
+            "message_id": asked.removeprefix(f"{identity}:") if asked.startswith(f"{identity}:") else None}
 
 
 class NativeApi:
     def __init__(self, router: TurnRouter, sessions: SqlSessionStore, approvals: ApprovalBroker,
-                 metrics: GatewayMetrics, *, max_body_bytes: int, approvers: frozenset[str] = frozenset()) -> None:
+                 metrics: GatewayMetrics, *, max_body_bytes: int, approvers: frozenset[str] = frozenset(),
+                 deliveries: SqlDeliveryStore | None = None, turns: TurnControl | None = None) -> None:
         self._router = router
+        self._deliveries = deliveries
+        self._turns = turns
         self._approvers = approvers
         self._sessions = sessions
         self._approvals = approvals
@@ -78,6 +92,7 @@ class NativeApi:
         return [
             Route("/api/sessions", self.list_sessions, methods=["GET"]),
             Route("/api/sessions/{key}/messages", self.messages, methods=["GET", "POST"]),
+            Route("/api/sessions/{key}/stop", self.stop, methods=["POST"]),
             Route("/api/sessions/{key}", self.session, methods=["PATCH", "DELETE"]),
             Route("/api/approvals", self.pending_approvals, methods=["GET"]),
             Route("/api/approvals/{id}", self.answer_approval, methods=["POST"]),
@@ -142,10 +157,26 @@ class NativeApi:
 
     async def history(self, request: Request) -> Response:
         key = checked_key(request.path_params["key"], "session")
-        messages = await self._sessions.history(session_key(request.state.identity, key))
+        identity = request.state.identity
+        full_key = session_key(identity, key)
+        messages = await self._sessions.history(full_key)
         if not messages:
             raise ApiError(404, f"no session {key!r}", code="session_not_found")
-        return JSONResponse({"key": key, "messages": [message_payload(m) for m in messages]})
+        failures = await self._deliveries.failures(full_key) if self._deliveries is not None else []
+        return JSONResponse({"key": key, "messages": [
+            message_payload(entry) if isinstance(entry, Message) else failure_payload(entry, identity)
+            for entry in interleaved(messages, failures)]})
+
+    async def stop(self, request: Request) -> Response:
+        """Stop the turn running in the session; its stream ends with the error that says so."""
+        key = checked_key(request.path_params["key"], "session")
+        full_key = session_key(request.state.identity, key)
+        turn_id = self._turns.stop_turn(full_key) if self._turns is not None else None
+        if turn_id is None:
+            if not await self._sessions.history(full_key):
+                raise ApiError(404, f"no session {key!r}", code="session_not_found")
+            raise ApiError(409, f"no turn is running in session {key!r}", code="no_running_turn")
+        return JSONResponse({"key": key, "turn_id": turn_id, "status": "stopping"}, status_code=202)
 
     async def send(self, request: Request) -> Response:
         key = checked_key(request.path_params["key"], "session")

@@ -183,13 +183,23 @@ class StoredToolCall(BaseModel):
 
 
 class StoredMessage(BaseModel):
-    seq: int
+    seq: int | None  # None for an error record, which is not a message the model reads
     role: str
     content: str
     tool_calls: list[StoredToolCall]
     tool_call_id: str | None
     turn_id: str | None
     name: str | None = None
+    # "error": how a turn that never answered ended (it failed, or was stopped); `message_id` is the
+    # client's id of its question, which a retry sends again.
+    kind: Literal["message", "error"] = "message"
+    message_id: str | None = None
+
+
+class TurnStopping(BaseModel):
+    key: str
+    turn_id: str
+    status: Literal["stopping"]
 
 
 class History(BaseModel):
@@ -258,7 +268,7 @@ class MemoryHits(RootModel[list[MemoryHit]]):
 
 _SCHEMAS: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest, MessageRequest, ApprovalAnswer, ErrorBody, ChatCompletion, ModelList, SessionList,
-    History, Health, PendingApprovals, ApprovalAnswered, MemoryWrite, MemoryItem, MemoryList, MemoryHits,
+    History, TurnStopping, Health, PendingApprovals, ApprovalAnswered, MemoryWrite, MemoryItem, MemoryList, MemoryHits,
 )
 
 
@@ -356,6 +366,9 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
                                {"200": _SSE, **body_errors, **_errors(409)}, body=MessageRequest,
                                params=[_SESSION_PARAM, _EVALUATION_HEADER]),
         },
+        "/api/sessions/{key}/stop": {"post": _operation(
+            "Stop the turn running in a session; what it committed stays, and its history says it was stopped",
+            {"202": _json(TurnStopping, "Stopping"), **_errors(400, 404, 409)}, params=[_SESSION_PARAM])},
         "/api/approvals": {"get": _operation("The caller's approval requests waiting for an answer",
                                              {"200": _json(PendingApprovals, "Pending requests")})},
         "/api/approvals/{id}": {"post": _operation(

@@ -215,7 +215,9 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
             model_label=model_label(settings, model),
         )
         services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
-                                   runtime.identities, runtime.usage, runtime.tasks, runtime.skills)
+                                   runtime.identities, runtime.usage, runtime.tasks, runtime.skills,
+                                   deliveries=runtime.deliveries.store, turns=runtime.loop,
+                                   traces=runtime.traces)
         app = create_app(router, services, keys, options, lifespan=lifespan, channel_routes=channel_routes)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)

@@ -1,7 +1,8 @@
 // The gateway's chat page: sign in, pick a session, stream turns over the native API.
 // Model text reaches the DOM only through renderMarkdown (which escapes first) or textContent.
 
-import { $, el } from "./dom.js";
+import { startActivity } from "./activity.js";
+import { $, el, relativeTime } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { MemoryPanel } from "./memory.js";
 import { SkillsPanel } from "./skills.js";
@@ -35,10 +36,11 @@ async function api(path, options = {}) {
   throw new ApiError(response.status, message);
 }
 
-const sessionPath = (key) => `/api/sessions/${encodeURIComponent(key)}/messages`;
+const sessionPath = (key, action = "messages") => `/api/sessions/${encodeURIComponent(key)}/${action}`;
 const signedOut = () => showSignIn("Your key is no longer accepted. Sign in again.");
 const memoryPanel = new MemoryPanel(api, signedOut);
 const skillsPanel = new SkillsPanel(api, signedOut);
+startActivity(async (path) => (await api(path)).json());
 
 // ---- signing in ----
 
@@ -59,7 +61,7 @@ async function start() {
       state.open = true; // the gateway has no keys: nothing to sign in with
       return enter();
     }
-    state.key = localStorage.getItem(KEY_STORE);
+    state.key = sessionStorage.getItem(KEY_STORE) ?? localStorage.getItem(KEY_STORE);
     if (state.key && await accepted()) return enter();
     showSignIn(state.key ? "The saved key is no longer accepted. Sign in again." : "");
   } catch (err) {
@@ -96,7 +98,8 @@ async function signIn(event) {
   } catch (err) {
     return showSignIn(`Could not sign in: ${err.message}`);
   }
-  localStorage.setItem(KEY_STORE, key);
+  // Kept for this tab's session only, unless the person asks to be remembered on this device.
+  ($("remember-key").checked ? localStorage : sessionStorage).setItem(KEY_STORE, key);
   $("key-input").value = "";
   enter();
 }
@@ -104,6 +107,7 @@ async function signIn(event) {
 function signOut() {
   state.abort?.abort();
   localStorage.removeItem(KEY_STORE);
+  sessionStorage.removeItem(KEY_STORE);
   showSignIn("");
 }
 
@@ -221,19 +225,6 @@ async function archiveSession() {
   location.hash = encodeURIComponent(newSessionKey());
 }
 
-const UNITS = [["year", 31536000], ["month", 2592000], ["week", 604800], ["day", 86400], ["hour", 3600],
-  ["minute", 60]];
-
-/** "5 minutes ago", "yesterday": how long since `seconds` (Unix time). */
-function relativeTime(seconds) {
-  const ago = Date.now() / 1000 - seconds;
-  const format = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
-  for (const [unit, size] of UNITS) {
-    if (ago >= size) return format.format(-Math.floor(ago / size), unit);
-  }
-  return "just now";
-}
-
 function sessionItem(key, title, detail) {
   const link = el("a", "", title || key);
   link.title = key;
@@ -346,9 +337,19 @@ function renderHistory(messages) {
   const results = new Map();
   let box = null;
   let turnId = null;
+  let question = null;
   for (const m of messages) {
     if (m.role === "user") {
       appendMessage("user", m.content);
+      question = m.content;
+      box = null;
+    } else if (m.kind === "error") {
+      // The turn never answered (it failed, or was stopped): its record says why, and offers it again.
+      if (!box || m.turn_id !== turnId) box = appendMessage("assistant");
+      const turn = new LiveTurn(box);
+      const asked = question;
+      if (m.message_id && asked !== null) turn.retry = () => turn.resend(asked, m.message_id);
+      turn.fail(m.content);
       box = null;
     } else if (m.role === "assistant") {
       if (!box || (m.turn_id && turnId && m.turn_id !== turnId)) box = appendMessage("assistant");
@@ -454,6 +455,14 @@ class LiveTurn {
     this.closed = true;
     this.box.classList.remove("running");
   }
+
+  /** Send the question again with its id: the gateway retries the turn it accepted. */
+  resend(text, messageId) {
+    if (state.busy) return;
+    this.box.previousElementSibling?.remove(); // the question is shown again with its new attempt
+    this.box.remove();
+    sendText(text, messageId);
+  }
 }
 
 /** Calls `onEvent(name, data)` for each Server-Sent Event of the response. */
@@ -487,6 +496,19 @@ function setBusy(busy) {
   state.busy = busy;
   $("send").disabled = busy;
   $("message-input").disabled = busy;
+  $("stop").hidden = !busy;
+  $("stop").disabled = false;
+}
+
+/** Ask the gateway to stop the running turn; its stream then ends with the record that says so,
+ * and what the turn had shown stays on the page. */
+async function stopTurn() {
+  $("stop").disabled = true;
+  try {
+    await api(sessionPath(state.session, "stop"), { method: "POST" });
+  } catch (err) {
+    if (err.status !== 409) showFailure(err); // 409: it had just finished
+  }
 }
 
 async function send(event) {
@@ -504,12 +526,7 @@ async function sendText(text, messageId = randomId("msg")) {
   $("messages").querySelector(".empty-state")?.remove();
   appendMessage("user", text);
   const turn = new LiveTurn(appendMessage("assistant running"));
-  turn.retry = () => {
-    if (state.busy) return;
-    turn.box.previousElementSibling?.remove(); // the question is shown again with its new attempt
-    turn.box.remove();
-    sendText(text, messageId);
-  };
+  turn.retry = () => turn.resend(text, messageId);
   const abort = (state.abort = new AbortController());
   try {
     const response = await api(sessionPath(state.session), {
@@ -537,6 +554,7 @@ async function sendText(text, messageId = randomId("msg")) {
 $("sign-in-form").addEventListener("submit", signIn);
 $("sign-out").addEventListener("click", signOut);
 $("composer").addEventListener("submit", send);
+$("stop").addEventListener("click", () => stopTurn());
 $("message-input").addEventListener("keydown", (event) => {
   if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
   event.preventDefault();

@@ -8,3 +8,16 @@ export function el(tag, className, text) {
   if (text !== undefined) node.textContent = text;
   return node;
 }
+
+const UNITS = [["year", 31536000], ["month", 2592000], ["week", 604800], ["day", 86400], ["hour", 3600],
+  ["minute", 60]];
+
+/** "5 minutes ago", "yesterday": how long since `seconds` (Unix time). */
+export function relativeTime(seconds) {
+  const ago = Date.now() / 1000 - seconds;
+  const format = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
+  for (const [unit, size] of UNITS) {
+    if (ago >= size) return format.format(-Math.floor(ago / size), unit);
+  }
+  return "just now";
+}
