@@ -29,11 +29,17 @@ NODE ?= /usr/bin/node
 $(NODE):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm
 
+# The Redis bus's tests run a throwaway Debian redis-server (tests/redisserver.py).
+REDIS_SERVER ?= /usr/bin/redis-server
+
+$(REDIS_SERVER):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server
+
 tests/a2a_js/node_modules: tests/a2a_js/package-lock.json | $(NODE)
 	cd tests/a2a_js && npm ci --no-audit --no-fund --silent
 	touch $@
 
-test: $(BIN)/.installed $(CHROMIUM) tests/a2a_js/node_modules
+test: $(BIN)/.installed $(CHROMIUM) $(REDIS_SERVER) tests/a2a_js/node_modules
 	EMBER_TEST_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed

@@ -6,12 +6,16 @@ this is the one place that knows them all.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import AsyncIterator, Collection, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ember.bus.base import Bus
 from ember.bus.memory import InProcessBus
+from ember.bus.redis import RedisBus, RedisBusConfig
 from ember.channels.gateway.turns import CHANNEL as GATEWAY_CHANNEL
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import ModelNotConfigured
@@ -173,7 +177,7 @@ class Runtime:
     jobs: SqlJobStore
     traces: SqlTraceStore
     memory: MemoryService
-    bus: InProcessBus
+    bus: Bus
     approvals: ApprovalBroker
     runner: BackgroundRunner
     loop: AgentLoop
@@ -293,7 +297,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     memory = memory_service(settings, db, embedder)
     await memory.open()
     leases = LocalLeases(settings.home_dir / "locks" / "sessions")
-    bus = InProcessBus()
+    bus = message_bus(settings)
     approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, explainer, SqlApprovalStore(db))
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
@@ -335,6 +339,16 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
                    explainer.model if explainer is not None and approval_model is not model.inner else None)
 
 
+def message_bus(settings: Settings) -> Bus:
+    """Redis Streams when `redis_url` is set, else the in-process queues."""
+    if settings.redis_url is None:
+        return InProcessBus()
+    # Unique per process, so that another can tell its pending messages from its own.
+    process = f"{socket.gethostname()}-{os.getpid()}".replace(":", "-")
+    return RedisBus(settings.redis_url.get_secret_value(), process=process,
+                    config=RedisBusConfig(namespace=settings.redis_namespace))
+
+
 @asynccontextmanager
 async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bool = False) -> AsyncIterator[Runtime]:
     """Start the background runner, the delivery worker, the loop and the registered channels;
@@ -356,6 +370,8 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
             if model is not None:
                 stack.push_async_callback(model.aclose)
         stack.push_async_callback(runtime.mcp.close)
+        await runtime.bus.start()
+        stack.push_async_callback(runtime.bus.close)  # after the loop and the channels
         await runtime.approvals.recover()
         await runtime.usage.start()
         stack.push_async_callback(runtime.usage.stop)  # after the turns and jobs: their last counts

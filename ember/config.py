@@ -180,6 +180,12 @@ class Settings(BaseSettings):
     # "FULL" survives power loss; "NORMAL" survives a process crash only.
     sqlite_synchronous: str = Field(default="FULL", pattern="^(FULL|NORMAL)$")
 
+    # The message bus: Redis Streams at this URL (redis://[:password@]host:port/db) instead of the
+    # in-process queues, so that several processes can share the turns; its password is never logged.
+    redis_url: SecretStr | None = None
+    # The prefix of Ember's keys in that Redis: deployments sharing one Redis each need their own.
+    redis_namespace: str = Field(default="ember", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
     # OpenTelemetry traces over OTLP/HTTP (e.g. "http://127.0.0.1:4318"); off when unset.
     otel_endpoint: str | None = Field(default=None, pattern=r"^https?://")
     # The service.name of those traces.

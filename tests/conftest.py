@@ -34,8 +34,10 @@ IDENTITY = default_identity(f"{CHANNEL}:{SENDER}")
 # The system message's section of this session's episodic summaries (ember/pipeline/context.py).
 EPISODES_HEADING = "Earlier in this conversation:"
 
-# The scripted OpenAI-compatible and Anthropic servers, as the `model_server` and `anthropic_server` fixtures.
-pytest_plugins = ("tests.modelserver", "tests.anthropicserver", "tests.gatewayproc")
+# The scripted OpenAI-compatible and Anthropic servers, as the `model_server` and `anthropic_server` fixtures;
+# a throwaway Redis as `redis_server`; headless Chromium as `browser` and `page`.
+pytest_plugins = ("tests.modelserver", "tests.anthropicserver", "tests.gatewayproc", "tests.redisserver",
+                  "tests.browser")
 
 
 @pytest.fixture(autouse=True)

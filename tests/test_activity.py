@@ -11,18 +11,17 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
+from tests.browser import answer, box, needs_chromium, send, sign_in
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, serving, tool_call
 from tests.test_gateway_api import assert_error, sse_events
-from tests.test_web_page import CHROMIUM, CHROMIUM_ARGS, answer, box, send, sign_in
 
 SECRETS = {
     "alice": "alice-secret-0123456789",
@@ -217,31 +216,7 @@ def test_bad_parameters_are_400s_and_an_unknown_turn_is_a_404(clients: Clients, 
 
 # --- the page ------------------------------------------------------------------------------------
 
-chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh profile whose uncaught script errors fail the test."""
-    context = browser.new_context()
-    page = context.new_page()
-    page.set_default_timeout(10_000)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert errors == [], f"the page threw: {errors}"
-
-
-@chromium
+@needs_chromium
 @pytest.mark.parametrize("width", [390, 1280])
 def test_the_activity_panel_lists_the_turn_and_opens_its_tools(
         page: Page, model: ModelServer, gateway: GatewayProcess, clients: Clients, width: int) -> None:

@@ -10,37 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from ember.core.skills import Proposal, ProposalStatus, SkillRisk
 from ember.skills.format import render_skill_md
 from ember.store.database import Database
 from ember.store.skills import SqlSkillStore, new_proposal_id
+from tests.browser import answer, box, needs_chromium, send, sign_in
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import CANNED_EXPLANATION, ModelServer, Reply, serving, tool_call
 
-CHROMIUM = os.environ.get("EMBER_TEST_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ALICE_KEY = "alice-secret-0123456789"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
@@ -53,35 +41,6 @@ def model() -> Iterator[ModelServer]:
 def gateway(model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayProcess:
     """`ember serve` with one key, alice's."""
     return launch_module_gateway(model, keys={"alice": ALICE_KEY})
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh profile (empty localStorage) whose uncaught script errors fail the test."""
-    context = browser.new_context()
-    page = context.new_page()
-    page.set_default_timeout(10_000)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert errors == [], f"the page threw: {errors}"
-
-
-def sign_in(page: Page, gateway: GatewayProcess, key: str) -> None:
-    page.goto(gateway.url("/"))
-    page.locator("#key-input").fill(key)
-    page.locator("#sign-in").click()
-
-
-def send(page: Page, text: str) -> None:
-    page.locator("#message-input").fill(text)
-    page.locator("#send").click()
-
-
-def answer(page: Page) -> Locator:
-    """The committed answer text of the last turn (drafts excluded)."""
-    return page.locator(".message.assistant").last.locator(".text:not(.draft)")
 
 
 def test_sign_in_streams_the_answer_and_a_reload_shows_the_history(
@@ -377,12 +336,6 @@ def test_the_skills_panel_lists_skills_and_approves_or_rejects_proposals(
     page.locator("#sign-out").click()
     expect(page.locator("#skills li, #skill-proposals li")).to_have_count(0)
     expect(page.locator("#skills-error")).to_be_hidden()
-
-
-def box(page: Page, selector: str) -> dict[str, float]:
-    found = page.locator(selector).bounding_box()
-    assert found is not None, f"{selector} has no box"
-    return found
 
 
 @pytest.mark.parametrize(("width", "sessions_inline", "memory_inline"), [

@@ -6,9 +6,22 @@ from ember.core.events import InboundEvent, OutboundEvent
 
 
 class Bus(Protocol):
+    """Carries accepted messages to the agent loop and what it sends back to the channels.
+    At least once: the inbox and the outbox, not the bus, make each message one turn and
+    each answer one delivery."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
     async def publish_inbound(self, event: InboundEvent) -> None: ...
 
     async def next_inbound(self) -> InboundEvent: ...
+
+    async def ack_inbound(self, event: InboundEvent) -> None:
+        """`event` (as next_inbound gave it) was handled: its turn's outcome is committed. One
+        never acknowledged is delivered again, to this process or another."""
+        ...
 
     async def publish_outbound(self, event: OutboundEvent) -> None: ...
 

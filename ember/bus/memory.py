@@ -13,11 +13,21 @@ class InProcessBus:
         self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
         self._outbound: defaultdict[str, asyncio.Queue[OutboundEvent]] = defaultdict(asyncio.Queue)
 
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
     async def publish_inbound(self, event: InboundEvent) -> None:
         self._inbound.put_nowait(event)
 
     async def next_inbound(self) -> InboundEvent:
         return await self._inbound.get()
+
+    async def ack_inbound(self, event: InboundEvent) -> None:
+        """Nothing to do: a process that dies loses its queue, and start-up recovery
+        republishes what the inbox holds unanswered."""
 
     async def publish_outbound(self, event: OutboundEvent) -> None:
         self._outbound[event.channel].put_nowait(event)

@@ -89,3 +89,8 @@ class SkillError(EmberError):
 
 class SkillNotFound(SkillError):
     pass
+
+
+class BusUnavailable(EmberError):
+    """The message bus (Redis) could not be reached within its retry budget. What was being
+    published may or may not have arrived: the bus is at-least-once, so send it again."""

@@ -179,9 +179,15 @@ class AgentLoop:
     async def _consume(self) -> None:
         while True:
             event = await self._bus.next_inbound()
-            task = asyncio.create_task(self._on_inbound(event), name=f"ember-turn-{event.session_key}")
+            task = asyncio.create_task(self._handle(event), name=f"ember-turn-{event.session_key}")
             self._turns.add(task)
             task.add_done_callback(self._turns.discard)
+
+    async def _handle(self, event: InboundEvent) -> None:
+        """The event's turn, then its acknowledgement: a turn cut off (a shutdown, a crash) is
+        never acknowledged, so the bus delivers it again and its receipt resumes it."""
+        await self._on_inbound(event)
+        await self._bus.ack_inbound(event)
 
     async def _on_inbound(self, event: InboundEvent) -> None:
         # Every turn gets a receipt, so a crash cannot hide it. An id minted

@@ -31,7 +31,7 @@ from ember.channels.gateway.schemas import openapi_document
 from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
 from ember.channels.gateway.turns import TurnRouter
-from ember.core.errors import StoreBusy, StoreUnavailable
+from ember.core.errors import BusUnavailable, StoreBusy, StoreUnavailable
 from ember.core.turn import TurnControl
 from ember.memory.identity import Identities
 from ember.memory.service import MemoryService
@@ -142,6 +142,12 @@ async def _store_down(request: Request, exc: Exception) -> Response:
     return ApiError(503, f"{exc}", code="store_unavailable", headers={"Retry-After": "1"}).response()
 
 
+async def _bus_down(request: Request, exc: Exception) -> Response:
+    """The message bus could not take the message: nothing was accepted; the client may retry."""
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return ApiError(503, f"{exc}", code="bus_unavailable", headers={"Retry-After": "1"}).response()
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return ApiError(500, f"internal error ({type(exc).__name__}); see the server log").response()
@@ -207,7 +213,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         middleware=[Middleware(IdentityGate, keys=keys,
                                limiter=RateLimiter(options.rate_per_minute, options.rate_burst))],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, StoreBusy: _store_down,
-                            StoreUnavailable: _store_down, Exception: _unexpected},
+                            StoreUnavailable: _store_down, BusUnavailable: _bus_down, Exception: _unexpected},
         lifespan=lifespan,
     )
 

@@ -32,6 +32,7 @@ from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.schemas import ApprovalAnswer, MessageRequest, SessionChange
 from ember.channels.gateway.turns import CHANNEL, IN_FLIGHT_TEXT, InFlight, TurnRouter, namespace, session_key
 from ember.core.delivery import Delivery, interleaved
+from ember.core.errors import BusUnavailable
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message
 from ember.core.tools import ApprovalRequest, Decision
@@ -210,5 +211,7 @@ class NativeApi:
                         return
         except InFlight:  # a twin request got in between the handler's check and here
             yield sse(OutboundKind.ERROR.value, {"turn_id": None, "text": IN_FLIGHT_TEXT, "code": "in_flight"})
+        except BusUnavailable as exc:  # the message was not handed over: the client sends it again
+            yield sse(OutboundKind.ERROR.value, {"turn_id": None, "text": str(exc), "code": "bus_unavailable"})
         finally:
             clock.abandoned()

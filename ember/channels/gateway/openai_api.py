@@ -42,6 +42,7 @@ from ember.channels.gateway.http import (
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.schemas import ChatCompletionRequest
 from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRouter
+from ember.core.errors import BusUnavailable
 from ember.core.events import OutboundEvent, OutboundKind, TurnUsage
 
 
@@ -134,6 +135,10 @@ class OpenAIApi:
         except InFlight:  # a twin request got in between the handler's check and here
             error = {"message": IN_FLIGHT_TEXT, "type": "invalid_request_error", "code": "in_flight", "param": None}
             yield sse(None, {"error": error})
+            yield sse(None, "[DONE]")
+        except BusUnavailable as exc:  # the message was not handed over: the client sends it again
+            yield sse(None, {"error": {"message": str(exc), "type": "server_error", "code": "bus_unavailable",
+                                       "param": None}})
             yield sse(None, "[DONE]")
         finally:
             clock.abandoned()

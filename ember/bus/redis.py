@@ -1,0 +1,422 @@
+"""The scale-out bus: Redis Streams shared by gateway and worker processes.
+
+Inbound (channel -> agent loop). A message goes to the stream
+`{ns}:inbound:{shard}`, its shard a stable hash (CRC-32) of its session key,
+so one session's messages keep their order in one stream. Every process reads
+the shards in one consumer group, `workers`, under its own consumer name
+(`process`): each entry goes to one worker. An entry stays pending until
+`ack_inbound` (XACK, then XDEL: the stream holds only what is not done yet),
+which the agent loop calls once the work the message started is durable: its
+turn's answer or failure committed, or the message recognized as already
+handled. A worker keeps the entries it holds fresh (XCLAIM JUSTID resets their
+idle time) every third of `claim_idle_ms`, and takes over, with XAUTOCLAIM,
+entries idle longer than that: those of a consumer that died or hung. The
+bus is therefore at-least-once; the store's inbox turns that into one turn per
+message (a redelivered message is recognized by its receipt), and the outbox
+into one delivery per answer (`delivery_id`). Within one worker a shard's
+entries arrive in order; two workers may each take one of two messages of a
+session sent back to back, and the session lease then runs them one at a time.
+All processes must agree on the number of shards: it is recorded in Redis, and
+a process configured otherwise refuses to start.
+
+Outbound (agent loop -> channels) is addressed to the process that holds the
+client's connection. Publishing an inbound message with a `message_id` records
+the route `{ns}:route:{channel}:{message_id}` -> this process (with a TTL).
+An outbound event whose `reply_to` has a route goes to that process's stream
+`{ns}:outbound:to:{process}:{channel}`, if the process is reading that channel:
+a reader keeps its stream alive with a TTL of `reader_ttl_ms`, renewed while
+it reads, and the event is added with NOMKSTREAM (one Lua script, so the check
+and the add are one step). Every other event, with no route (a scheduled task,
+a webhook's outbound target) or whose route's process is gone, goes to
+`{ns}:outbound:any:{channel}`, which the readers of the channel share in the
+group `gateways`: one process delivers it, so a push channel (Telegram, a
+webhook target) served by several processes sends it once. A gateway's request
+waits in the process that published its message, so the events answering it
+reach that process and no other. Outbound entries are read with NOACK: what
+must arrive is in the outbox, which delivers it again. Both streams are trimmed
+to about `outbound_maxlen` entries.
+
+Redis down or restarted. Publishing retries for `publish_timeout_s`, then raises
+`BusUnavailable`. Consumers (`next_inbound`, `next_outbound`) never give up:
+they log the outage once, retry with backoff, and re-create their consumer
+groups (MKSTREAM, from the stream's start) when Redis lost them. A Redis that
+restarts without persistence loses the entries it held: those not yet read
+(their messages were never run: a channel that recorded them has them
+published again by the inbox's recovery, the others were refused with
+`BusUnavailable` to their sender or are lost with Redis, so run Redis with
+`appendonly yes` where that matters), the pending entries (their worker still
+holds them and finishes them; the ack then finds nothing), routes (events fall
+back to the shared stream) and outbound events not yet read (committed answers
+are in the outbox). Messages published after the restart are delivered.
+
+Logging: event text is user content and is never logged; the Redis URL is
+logged without its password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from ember.bus.codec import decode_inbound, decode_outbound, encode_inbound, encode_outbound
+from ember.core.errors import BusUnavailable, ConfigError
+from ember.core.events import InboundEvent, OutboundEvent
+
+log = logging.getLogger(__name__)
+
+WORKERS = "workers"  # the consumer group of the inbound shards
+READERS = "gateways"  # the consumer group of the outbound streams
+# What "Redis is not there" looks like (a restarting Redis's LOADING is a ConnectionError too).
+_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+T = TypeVar("T")
+
+# KEYS: the route, the shared stream. ARGV: the prefix of process streams, the channel, maxlen, payload,
+# and "1" when the event has a route to look up.
+_PUBLISH_OUTBOUND = """
+local process = ARGV[5] == '1' and redis.call('GET', KEYS[1])
+if process then
+  local id = redis.call('XADD', ARGV[1] .. process .. ':' .. ARGV[2], 'NOMKSTREAM',
+                        'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[4])
+  if id then return id end
+end
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[4])
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedisBusConfig:
+    namespace: str = "ember"  # the prefix of every key: several deployments can share one Redis
+    shards: int = 4
+    claim_idle_ms: int = 30_000  # a pending entry idle this long is a dead consumer's: taken over
+    block_ms: int = 1_000  # the longest a read blocks between upkeeps
+    publish_timeout_s: float = 5.0  # how long publishing retries before BusUnavailable
+    outbound_maxlen: int = 10_000
+    reader_ttl_ms: int = 10_000  # a process's outbound stream lives this long after it stops reading
+    route_ttl_s: int = 86_400
+
+    def __post_init__(self) -> None:
+        numbers = (self.shards, self.claim_idle_ms, self.block_ms, self.publish_timeout_s, self.outbound_maxlen,
+                   self.reader_ttl_ms, self.route_ttl_s)
+        if min(numbers) <= 0:
+            raise ConfigError("the Redis bus's shards, timeouts, TTLs and maxlen must be positive")
+        if not self.namespace or ":" in self.namespace:
+            raise ConfigError("the Redis bus's namespace must be a non-empty name without ':'")
+
+
+def shard_of(session_key: str, shards: int) -> int:
+    """The inbound shard of a session: the same in every process and Python run."""
+    return zlib.crc32(session_key.encode("utf-8", "surrogatepass")) % shards
+
+
+def redacted_url(url: str) -> str:
+    """The URL as it may be logged: without its password or query (which can carry one)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(a malformed Redis URL)"
+    host = f"[{host}]" if ":" in host else host
+    user = f"{parts.username}:***@" if parts.password else (f"{parts.username}@" if parts.username else "")
+    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    stream: str
+    entry_id: str
+
+
+@dataclass(slots=True)
+class _Outbox:
+    """One channel's reading state in this process."""
+
+    own: str  # the stream addressed to this process
+    shared: str
+    ready: deque[OutboundEvent] = field(default_factory=deque)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    next_beat: float = 0.0
+    groups_made: bool = False
+
+
+class _Backoff:
+    """A consumer's wait between tries while Redis is away: logged once per outage."""
+
+    def __init__(self, where: str, reader: str) -> None:
+        self._where, self._reader, self._delay, self._failing = where, reader, 0.05, False
+
+    async def wait(self, exc: BaseException) -> None:
+        if not self._failing:
+            log.warning("Redis bus at %s unreachable (%s reading, %s); retrying with backoff",
+                        self._where, self._reader, type(exc).__name__)
+            self._failing = True
+        await asyncio.sleep(self._delay)
+        self._delay = min(self._delay * 2, 2.0)
+
+    def recovered(self) -> None:
+        if self._failing:
+            log.info("Redis bus at %s reachable again (%s reading)", self._where, self._reader)
+        self._failing, self._delay = False, 0.05
+
+
+class RedisBus:
+    """The `Bus` on Redis Streams, plus `ack_inbound`. `process` names this process (its consumer
+    and its outbound address): unique among the processes sharing the Redis, e.g. host-pid."""
+
+    def __init__(self, url: str, *, process: str, config: RedisBusConfig | None = None) -> None:
+        if not process or ":" in process or any(c.isspace() for c in process):
+            raise ConfigError("the Redis bus's process name must be non-empty, without ':' or spaces")
+        self._where, self._process = redacted_url(url), process
+        self._config = config or RedisBusConfig()
+        ns = self._config.namespace
+        self._ns = ns
+        self._shards = [f"{ns}:inbound:{i}" for i in range(self._config.shards)]
+        try:
+            self._client = Redis.from_url(url, decode_responses=True, retry=Retry(NoBackoff(), 0),
+                                         socket_connect_timeout=2.0,
+                                         socket_timeout=self._config.block_ms / 1000 + 5.0)
+        except ValueError as exc:
+            raise ConfigError(f"the Redis URL {self._where} is not valid: {exc}") from None
+        self._publish_script = self._client.register_script(_PUBLISH_OUTBOUND)
+        self._ready: deque[tuple[_Entry, InboundEvent]] = deque()
+        # id(event) -> (the event, kept so the id is not reused, and the entry it came from)
+        self._delivered: dict[int, tuple[InboundEvent, _Entry]] = {}
+        self._inbound_lock = asyncio.Lock()
+        self._next_upkeep = 0.0
+        self._groups_made = False
+        self._outboxes: dict[str, _Outbox] = {}
+
+    async def start(self) -> None:
+        """Connect, check the shard count and create the inbound groups; BusUnavailable if Redis is not there."""
+        try:
+            shards = await self._retrying("connect", self._claim_shard_count)
+            if shards != self._config.shards:
+                raise ConfigError(f"the Redis bus at {self._where} has {shards} inbound shards; this process "
+                                  f"is configured with {self._config.shards}: every process must use the same")
+            await self._retrying("create the inbound groups", self._create_inbound_groups)
+        except BaseException:
+            await self.close()
+            raise
+        log.info("Redis bus at %s: process %s, %d inbound shards", self._where, self._process, shards)
+
+    async def close(self) -> None:
+        """Disconnect. What this process was handed and did not ack stays pending: another worker takes it over."""
+        self._ready.clear()
+        self._delivered.clear()
+        self._outboxes.clear()
+        await self._client.aclose()
+
+    # -- inbound
+
+    async def publish_inbound(self, event: InboundEvent) -> None:
+        payload = encode_inbound(event)
+        stream = self._shards[shard_of(event.session_key, self._config.shards)]
+
+        async def send() -> None:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.xadd(stream, {"event": payload})
+                if event.message_id is not None and event.reply is None:
+                    pipe.set(self._route(event.channel, event.message_id), self._process,
+                             ex=self._config.route_ttl_s)
+                await pipe.execute()
+
+        await self._retrying(f"publish a message of {event.session_key}", send)
+
+    async def next_inbound(self) -> InboundEvent:
+        """The next message for this worker: new, or taken over from a dead consumer."""
+        async with self._inbound_lock:
+            backoff = _Backoff(self._where, "inbound")
+            while not self._ready:
+                try:
+                    await self._upkeep()
+                    reply = await self._client.xreadgroup(
+                        WORKERS, self._process, dict.fromkeys(self._shards, ">"), count=1,
+                        block=min(self._config.block_ms, self._upkeep_every_ms))
+                    for stream, entries in reply or []:
+                        await self._take(stream, entries)
+                except _DOWN as exc:
+                    await backoff.wait(exc)
+                except ResponseError as exc:
+                    if not _lost_group(exc):
+                        raise
+                    log.warning("Redis bus at %s lost the inbound groups; creating them again", self._where)
+                    self._groups_made, self._next_upkeep = False, 0.0
+                else:
+                    backoff.recovered()
+            entry, event = self._ready.popleft()
+            self._delivered[id(event)] = (event, entry)
+            return event
+
+    async def ack_inbound(self, event: InboundEvent) -> None:
+        """The work `event` started is durable: its entry is done. Call it with the object
+        `next_inbound` returned. Not raising: an ack lost to an outage costs one redelivery,
+        which the inbox recognizes."""
+        held = self._delivered.get(id(event))
+        if held is None or held[0] is not event:
+            log.debug("ack of an inbound event this bus did not hand out (or acked already)")
+            return
+        del self._delivered[id(event)]
+        try:
+            await self._retrying("acknowledge a message", lambda: self._ack(held[1]))
+        except BusUnavailable as exc:
+            log.warning("%s It will be delivered again, and recognized as handled.", exc)
+
+    @property
+    def _upkeep_every_ms(self) -> int:
+        return max(1, self._config.claim_idle_ms // 3)
+
+    async def _upkeep(self) -> None:
+        """Keep the held entries fresh and take over the entries dead consumers left."""
+        now = time.monotonic()
+        if now < self._next_upkeep:
+            return
+        if not self._groups_made:
+            await self._create_inbound_groups()
+        held: dict[str, list[str]] = {}
+        for entry in self._held():
+            held.setdefault(entry.stream, []).append(entry.entry_id)
+        for stream, ids in held.items():
+            await self._client.xclaim(stream, WORKERS, self._process, 0, ids, justid=True)
+        for stream in self._shards:
+            _cursor, entries, _deleted = await self._client.xautoclaim(
+                stream, WORKERS, self._process, self._config.claim_idle_ms, "0-0", count=100)
+            if entries:
+                log.info("took over %d inbound entries of %s idle for over %d ms",
+                         len(entries), stream, self._config.claim_idle_ms)
+                await self._take(stream, entries)
+        self._next_upkeep = now + self._upkeep_every_ms / 1000
+
+    def _held(self) -> set[_Entry]:
+        return {entry for entry, _ in self._ready} | {entry for _, entry in self._delivered.values()}
+
+    async def _take(self, stream: str, entries: list[tuple[str, dict[str, str] | None]]) -> None:
+        held = self._held()
+        for entry_id, fields in entries:
+            entry = _Entry(stream, entry_id)
+            if entry in held:
+                continue
+            try:
+                event = decode_inbound((fields or {}).get("event", ""))
+            except ValueError as exc:
+                log.warning("skipped the malformed inbound entry %s of %s: %s", entry_id, stream, exc)
+                await self._ack(entry)
+                continue
+            self._ready.append((entry, event))
+
+    async def _ack(self, entry: _Entry) -> None:
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.xack(entry.stream, WORKERS, entry.entry_id)
+            pipe.xdel(entry.stream, entry.entry_id)
+            await pipe.execute()
+
+    async def _claim_shard_count(self) -> int:
+        key = f"{self._ns}:inbound:shards"
+        await self._client.set(key, self._config.shards, nx=True)
+        return int(await self._client.get(key) or self._config.shards)
+
+    async def _create_inbound_groups(self) -> None:
+        for stream in self._shards:
+            await self._create_group(stream, WORKERS)
+        self._groups_made = True
+
+    # -- outbound
+
+    async def publish_outbound(self, event: OutboundEvent) -> None:
+        payload = encode_outbound(event)
+        routed = event.reply_to is not None
+        keys = [self._route(event.channel, event.reply_to or ""), f"{self._ns}:outbound:any:{event.channel}"]
+        args = [f"{self._ns}:outbound:to:", event.channel, self._config.outbound_maxlen, payload, int(routed)]
+        await self._retrying(f"publish an event to {event.channel}",
+                             lambda: self._publish_script(keys=keys, args=args))
+
+    async def next_outbound(self, channel: str) -> OutboundEvent:
+        """The next event for `channel` in this process: addressed to it, or for any reader of the channel."""
+        box = self._outboxes.get(channel)
+        if box is None:
+            box = self._outboxes[channel] = _Outbox(own=f"{self._ns}:outbound:to:{self._process}:{channel}",
+                                                   shared=f"{self._ns}:outbound:any:{channel}")
+        async with box.lock:
+            backoff = _Backoff(self._where, f"channel {channel}")
+            while not box.ready:
+                try:
+                    await self._beat(box)
+                    reply = await self._client.xreadgroup(
+                        READERS, self._process, {box.own: ">", box.shared: ">"}, count=100, noack=True,
+                        block=min(self._config.block_ms, self._beat_every_ms))
+                except _DOWN as exc:
+                    await backoff.wait(exc)
+                    continue
+                except ResponseError as exc:
+                    if not _lost_group(exc):
+                        raise
+                    box.groups_made, box.next_beat = False, 0.0
+                    continue
+                backoff.recovered()
+                for stream, entries in reply or []:
+                    for entry_id, fields in entries:
+                        try:
+                            box.ready.append(decode_outbound((fields or {}).get("event", "")))
+                        except ValueError as exc:
+                            log.warning("skipped the malformed outbound entry %s of %s: %s", entry_id, stream, exc)
+            return box.ready.popleft()
+
+    @property
+    def _beat_every_ms(self) -> int:
+        return max(1, self._config.reader_ttl_ms // 3)
+
+    async def _beat(self, box: _Outbox) -> None:
+        """This process reads the channel: keep its stream (the address events are sent to) alive."""
+        now = time.monotonic()
+        if now < box.next_beat:
+            return
+        if not box.groups_made or not await self._client.pexpire(box.own, self._config.reader_ttl_ms):
+            await self._create_group(box.own, READERS)  # MKSTREAM: the stream is there from now on
+            await self._create_group(box.shared, READERS)
+            await self._client.pexpire(box.own, self._config.reader_ttl_ms)
+            box.groups_made = True
+        box.next_beat = now + self._beat_every_ms / 1000
+
+    # -- shared
+
+    def _route(self, channel: str, message_id: str) -> str:
+        return f"{self._ns}:route:{channel}:{message_id}"
+
+    async def _create_group(self, stream: str, group: str) -> None:
+        try:
+            await self._client.xgroup_create(stream, group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def _retrying(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        """`op`, tried again while Redis is unreachable, for up to publish_timeout_s; then BusUnavailable."""
+        timeout = self._config.publish_timeout_s
+        try:
+            async for attempt in AsyncRetrying(stop=stop_after_delay(timeout), reraise=True,
+                                               wait=wait_exponential(multiplier=0.05, max=1.0),
+                                               retry=retry_if_exception_type(_DOWN)):
+                with attempt:
+                    return await op()
+        except _DOWN as exc:
+            raise BusUnavailable(f"The message bus (Redis at {self._where}) is unreachable: could not {what} "
+                                 f"within {timeout:g} s ({type(exc).__name__}).") from exc
+        raise AssertionError("tenacity ended without a result")
+
+
+def _lost_group(exc: ResponseError) -> bool:
+    return str(exc).startswith("NOGROUP")
