@@ -26,7 +26,6 @@ import asyncio
 import base64
 import json
 import os
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from ember.core.tasks import Task
 from ember.store.database import Database
 from ember.store.deliveries import accept_inbound
 from ember.store.tasks import SqlTaskStore, new_task_id
+from ember.store.tx import Statement, Tx
 from tests.gatewayproc import GatewayProcess, free_port, gateway_env
 from tests.loopback import LoopbackServer, started
 from tests.modelserver import MODEL, Reply, serving
@@ -200,15 +200,15 @@ async def scheduler_round(tasks: int) -> tuple[list[float], int, int, int, float
             await asyncio.sleep(1.0)  # a second firing of anything would show up meanwhile
             await scheduler.stop()
             consumer.cancel()
-            recorded = await db.run_read(lambda conn: conn.execute(
-                "SELECT COUNT(*) FROM task_runs WHERE outcome = 'run'").fetchone()[0])
+            recorded = await db.run_read(lambda tx: tx.execute(Statement(
+                "SELECT COUNT(*) FROM task_runs WHERE outcome = 'run'")).fetchone()[0])
             # The floor: as many run messages kept by one bare transaction.
             events = [InboundEvent(channel="floor", chat_id=str(i), sender_id="b", text="x", message_id=str(i))
                       for i in range(tasks)]
 
-            def keep_all(conn: sqlite3.Connection) -> None:
+            def keep_all(tx: Tx) -> None:
                 for event in events:
-                    accept_inbound(conn, event, 0.0)
+                    accept_inbound(tx, event, 0.0)
 
             floor_started = time.perf_counter()
             await db.run_write(keep_all)

@@ -39,6 +39,7 @@ from ember.memory.text_index import INDEX_MIN_ROWS
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
+from ember.store.tx import Statement
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo10.json"
 KS = (1, 5, 10)
@@ -183,9 +184,9 @@ async def ingest(conversation: Conversation, db: Database, memory: MemoryService
                     else Message.assistant(t.said, name=t.speaker) for t in turns]
         await sessions.append(session, messages)
         # The conversation happened on its own dates, not today.
-        await db.run_write(lambda conn, key=key, turns=turns: conn.executemany(
-            "UPDATE messages SET created_at = ? WHERE session_key = ? AND seq = ?",
-            [(t.when, key, seq) for seq, t in enumerate(turns)]))
+        await db.run_write(lambda tx, key=key, turns=turns: tx.executemany(
+            Statement("UPDATE messages SET created_at = :at WHERE session_key = :key AND seq = :seq"),
+            [{"at": t.when, "key": key, "seq": seq} for seq, t in enumerate(turns)]))
         await memory.archive_session(await sessions.load(key))
         where.update({(key, seq): t.dia_id for seq, t in enumerate(turns)})
     await memory.flush_embeddings()

@@ -53,7 +53,7 @@ class RoundTrips:
         """Trace the one-hop threads' connections; sqlite3 wants that set on their own thread.
         Their statements run on those threads, outside any task: they count under the thread's name."""
         for thread, direct in (("one-hop writer", db._direct_writer), ("one-hop reader", db._direct_reader)):
-            await direct.read(lambda conn, thread=thread: conn.set_trace_callback(self._traced(thread)))
+            await direct.read(lambda tx, thread=thread: tx.connection.set_trace_callback(self._traced(thread)))
 
     def _traced(self, thread: str) -> Callable[[str], None]:
         tally = [0, False]  # statements, is_write: one transaction at a time per thread

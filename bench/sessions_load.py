@@ -68,6 +68,7 @@ from ember.core.messages import Message, Role
 from ember.memory.consolidation import SUMMARY_INSTRUCTION
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
+from ember.store.tx import Statement
 
 CHANNEL = "load"
 THRESHOLD = 20  # consolidation due every 20 messages
@@ -270,8 +271,8 @@ async def one_run(home: Path, sessions: int, turns: int, concurrency: int, profi
 
 async def jobs_by_kind(runtime: Runtime) -> dict[str, dict[str, int]]:
     """The job table by kind and status: every row is a job a turn queued with its answer."""
-    rows = await runtime.db.run_read(
-        lambda conn: conn.execute("SELECT kind, status, count(*) FROM jobs GROUP BY kind, status").fetchall())
+    rows = await runtime.db.run_read(lambda tx: tx.execute(
+        Statement("SELECT kind, status, count(*) FROM jobs GROUP BY kind, status")).fetchall())
     table: dict[str, dict[str, int]] = {}
     for kind, status, count in rows:
         table.setdefault(kind, {})[status] = count

@@ -38,7 +38,9 @@ from ember.models.scripted import FunctionModel
 from ember.models.spec import ModelSpec
 from ember.skills.format import render_skill_md
 from ember.store.database import Database
+from ember.store.tx import Statement
 
+_ONE = Statement("SELECT 1")  # the floor: an empty read
 WORDS = ["report", "invoice", "deploy", "backup", "review", "summary", "schedule", "research", "translate", "draft",
          "email", "budget", "meeting", "notes", "release", "test", "migrate", "archive", "calendar", "travel"]
 
@@ -77,8 +79,7 @@ async def store_figures(home: Path, count: int, views: int, runs: int, rng: rand
         print(f"\n1. folders: {installed} skills; first read {ms(first)} ms, re-read unchanged {ms(recheck)} ms, "
               f"change check {ms(unchanged)} ms")
 
-        floor = statistics.median(await timed(lambda: db.run_read(lambda c: c.execute("SELECT 1").fetchone()),
-                                              runs * 20))
+        floor = statistics.median(await timed(lambda: db.run_read(lambda tx: tx.execute(_ONE).fetchone()), runs * 20))
         cold = []
         for run in range(runs):  # each person's first index is built from the store
             cold += await timed(lambda run=run: library.index(f"person-{run}"), 1)
@@ -137,9 +138,9 @@ async def review_figures(home: Path) -> None:
         [proposal] = await runtime.skills.proposals(None)
     db = Database(settings.database_path)  # read once the usage counts were written, at stop
     await db.open()
-    rows = await db.run_read(lambda c: c.execute(
+    rows = await db.run_read(lambda tx: tx.execute(Statement(
         "SELECT SUM(input_tokens), SUM(output_tokens), SUM(cost_usd) FROM model_usage "
-        "WHERE job_kind = 'review_skills'").fetchone())
+        "WHERE job_kind = 'review_skills'")).fetchone())
     await db.close()
     print(f"4. review job: proposal {proposal.name} [{proposal.status.value}], on it: {proposal.input_tokens} in / "
           f"{proposal.output_tokens} out tokens, ${proposal.cost_usd:.6f}; usage table under review_skills: "

@@ -62,6 +62,7 @@ async def _check_store(settings: Settings, report: Report) -> None:
     try:
         async with open_database(settings) as db:
             async with db.read() as conn:
+                # SQLite-only: PRAGMA integrity_check; a PostgreSQL store needs a check of its own.
                 integrity = (await conn.execute(text("PRAGMA integrity_check"))).scalar_one()
             store = SqlSessionStore(db)
             sessions = await store.list_sessions()

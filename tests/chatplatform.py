@@ -15,6 +15,7 @@ from ember.core.messages import Message, Role, ToolCall
 from ember.core.tools import Risk
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
+from ember.store.tx import Statement
 from ember.tools.base import FunctionTool
 
 
@@ -51,5 +52,5 @@ async def texts_when(texts: Callable[[], list[str]], count: int, *, timeout_s: f
 
 async def kept(runtime: Runtime, sender: str) -> int:
     """How many of `sender`'s messages the store kept."""
-    return await runtime.db.run_read(lambda conn: conn.execute(
-        "SELECT COUNT(*) FROM accepted_inbound WHERE sender_id = ?", (sender,)).fetchone()[0])
+    return await runtime.db.run_read(lambda tx: tx.execute(Statement(
+        "SELECT COUNT(*) FROM accepted_inbound WHERE sender_id = :sender"), {"sender": sender}).fetchone()[0])

@@ -55,6 +55,7 @@ from ember.runtime.channels import ChannelHub
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
+from ember.runtime.titles import SessionTitler
 from ember.runtime.usage import UsageRecorder
 from ember.skills.review import SkillReviewer
 from ember.store import database, schema
@@ -64,6 +65,7 @@ from ember.store.jobs import Job, SqlJobStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
+from ember.store.tx import Statement
 from ember.store.usage import SqlUsageStore
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import FunctionTool, ToolRegistry
@@ -136,7 +138,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
     handlers = _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, model, memory),
                              SkillReviewer(sessions, leases, model, memory, skills), skills,
-                             FactReconciler(memory, model))
+                             FactReconciler(memory, model), SessionTitler(sessions, model))
     if embed is not None:
         handlers[JobKind.EMBED] = embed(memory)
     runner = BackgroundRunner(jobs, handlers, HostLock(home / "locks" / "background-runner"),
@@ -594,13 +596,13 @@ async def test_a_locked_or_broken_store_raises_embers_own_errors_not_the_drivers
     try:
         with write_locked(db.path):
             with pytest.raises(StoreBusy, match="Send the message again"):
-                await db.run_write(lambda conn: conn.execute("CREATE TABLE t (x)"))
+                await db.run_write(lambda tx: tx.execute(Statement("CREATE TABLE t (x)")))
             with pytest.raises(StoreBusy):
                 async with db.write() as conn:
                     await conn.execute(text("CREATE TABLE u (x)"))
-        await db.run_write(lambda conn: conn.execute("CREATE TABLE t (x)"))  # free again: it goes through
+        await db.run_write(lambda tx: tx.execute(Statement("CREATE TABLE t (x)")))  # free again: it goes through
         with pytest.raises(IntegrityError):  # a caller's own conflict stays the caller's to read
-            await db.run_write(lambda conn: conn.execute("INSERT INTO jobs (id) VALUES (NULL)"))
+            await db.run_write(lambda tx: tx.execute(Statement("INSERT INTO jobs (id) VALUES (NULL)")))
     finally:
         await db.close()
     (tmp_path / "ember.db").write_bytes(b"not a database, just bytes " * 100)

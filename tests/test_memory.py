@@ -21,6 +21,7 @@ from ember.models.scripted import FunctionModel
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
+from ember.store.tx import Statement
 
 
 class Clock:
@@ -199,7 +200,8 @@ async def test_the_vector_count_searches_check_is_kept_by_the_database(memory: M
     assert count == 3 and rev > 0 and (await memory.store.vector_state("bob", model))[0] == 1
     await memory.store.purge("alice", written[0].record.id)
     assert await memory.store.vector_state("alice", model) == (2, rev)  # a search sees the purge: it reloads
-    await db.run_write(lambda conn: conn.execute("UPDATE memory_vector_heads SET rows = 9 WHERE identity = 'bob'"))
+    await db.run_write(lambda tx: tx.execute(
+        Statement("UPDATE memory_vector_heads SET rows = 9 WHERE identity = 'bob'")))
     assert (await memory.store.consistency())["miscounted_vectors"] == 1  # `ember doctor` reports it
     await memory.store.reindex_text()
     assert (await memory.store.consistency())["miscounted_vectors"] == 0
@@ -253,12 +255,12 @@ async def test_the_prompt_gets_stable_profile_facts_then_what_the_message_recall
 async def test_an_unreadable_vector_is_set_aside_and_embedded_again(memory: MemoryService, db: Database) -> None:
     kept = await memory.remember("alice", "My cat is called Mochi.")
     await memory.flush_embeddings()
-    await db.run_write(lambda conn: conn.execute("UPDATE memory_vectors SET vector = x'00ff'"))
+    await db.run_write(lambda tx: tx.execute(Statement("UPDATE memory_vectors SET vector = x'00ff'")))
     hits = await memory.search("alice", "cat")
     assert [h.record.id for h in hits] == [kept.record.id]  # found by its words meanwhile
     assert (await memory.store.consistency())["unembedded"] == 1
     assert await memory.flush_embeddings() == 1
-    blob = await db.run_read(lambda conn: conn.execute("SELECT vector FROM memory_vectors").fetchone()[0])
+    blob = await db.run_read(lambda tx: tx.execute(Statement("SELECT vector FROM memory_vectors")).fetchone()[0])
     assert np.frombuffer(blob, dtype=np.float32).shape == (HashingEmbedder().dimensions,)
 
 
@@ -273,7 +275,7 @@ async def test_a_new_embedding_model_re_embeds_everything(db: Database, memory: 
     await replaced.open()
     assert (await replaced.store.consistency())["unembedded"] == 1
     assert await replaced.flush_embeddings() == 1
-    models = await db.run_read(lambda conn: conn.execute("SELECT DISTINCT model FROM memory_vectors").fetchall())
+    models = await db.run_read(lambda tx: tx.execute(Statement("SELECT DISTINCT model FROM memory_vectors")).fetchall())
     assert models == [("other-model",)]
 
 

@@ -20,6 +20,7 @@ from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.segment import query_terms
 from ember.store.sessions import SqlSessionStore
+from ember.store.tx import Statement
 from tests.test_memory import FACTS, QUESTIONS
 
 MIN_ROWS = 60
@@ -152,8 +153,8 @@ async def test_the_nearest_vectors_are_proposed_and_scored_exactly(db: Database)
     assert np.allclose(dense.own[dense.rows[nums[123]]], 1.0, atol=1e-5)  # exact, not the 8-bit codes
     # A vector written again moves in the index too.
     moved = -vectors[123]
-    await db.run_write(lambda conn: conn.execute("UPDATE memory_items SET embedding_model = NULL WHERE num = ?",
-                                                 (nums[123],)))
+    await db.run_write(lambda tx: tx.execute(
+        Statement("UPDATE memory_items SET embedding_model = NULL WHERE num = :num"), {"num": nums[123]}))
     await store.set_vectors("test-64", [(pending[123], moved.astype(np.float32).tobytes(), None)])
     after = await index.scores("alice", moved)
     assert after is not None and np.isclose(after.own[after.rows[nums[123]]], 1.0, atol=1e-5)

@@ -65,6 +65,7 @@ from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import Context, WriteOutcome
 from ember.store.segment import owner_token
 from ember.store.sessions import SqlSessionStore
+from ember.store.tx import Statement, Tx
 
 T = TypeVar("T")
 ACTIVE, PENDING, SUPERSEDED, ARCHIVED = (MemoryStatus.ACTIVE, MemoryStatus.PENDING, MemoryStatus.SUPERSEDED,
@@ -486,8 +487,8 @@ class MemoryMachine(RuleBasedStateMachine):
         self.fading_due = False
 
     async def unembedded_ids(self) -> list[str]:
-        return await self.db.run_read(lambda conn: [id_ for (id_,) in conn.execute(
-            "SELECT id FROM memory_items WHERE embedding_model IS NULL")])
+        return await self.db.run_read(lambda tx: [id_ for (id_,) in tx.execute(Statement(
+            "SELECT id FROM memory_items WHERE embedding_model IS NULL")).fetchall()])
 
     # The store against the model, after every step.
 
@@ -547,19 +548,23 @@ class Stored:
     embedding_model: str | None
 
 
-def read_rows(conn: Any) -> list[Stored]:
-    rows = conn.execute("SELECT num, id, identity, kind, status, content, content_hash, subject, fact_key, "
-                        "source_rank, superseded_by, recall_count, embedding_model FROM memory_items")
+_ROWS = Statement("SELECT num, id, identity, kind, status, content, content_hash, subject, fact_key, source_rank, "
+                  "superseded_by, recall_count, embedding_model FROM memory_items")
+_OWNERS = Statement("SELECT rowid, owner FROM memory_fts")
+_VECTORS = Statement("SELECT num, identity, model, vector FROM memory_vectors")
+
+
+def read_rows(tx: Tx) -> list[Stored]:
+    rows = tx.execute(_ROWS).fetchall()
     return [Stored(num, id_, identity, MemoryKind(kind), MemoryStatus(status), content, digest, subject, key,
                    SourceRank(rank), superseded_by, recall_count, model)
             for num, id_, identity, kind, status, content, digest, subject, key, rank, superseded_by,
             recall_count, model in rows]
 
 
-def read_index(conn: Any) -> tuple[dict[int, str], dict[int, tuple[str, str, bytes]]]:
-    owners = dict(conn.execute("SELECT rowid, owner FROM memory_fts").fetchall())
-    vectors = {num: (identity, model, vector) for num, identity, model, vector in
-               conn.execute("SELECT num, identity, model, vector FROM memory_vectors")}
+def read_index(tx: Tx) -> tuple[dict[int, str], dict[int, tuple[str, str, bytes]]]:
+    owners = dict(tx.execute(_OWNERS).fetchall())
+    vectors = {num: (identity, model, vector) for num, identity, model, vector in tx.execute(_VECTORS).fetchall()}
     return owners, vectors
 
 
@@ -623,9 +628,9 @@ async def test_a_memory_written_where_a_purged_one_was_gets_its_own_vector(db: D
     embedder.released.set()
     await flush
     await memory.flush_embeddings()
-    [(identity, vector)] = await db.run_read(lambda conn: conn.execute(
+    [(identity, vector)] = await db.run_read(lambda tx: tx.execute(Statement(
         "SELECT v.identity, v.vector FROM memory_vectors v JOIN memory_items m ON m.num = v.num "
-        "WHERE m.id = ?", (fresh.record.id,)).fetchall())
+        "WHERE m.id = :id"), {"id": fresh.record.id}).fetchall())
     assert identity == "alice", "alice's memory has a vector filed under bob"
     assert np.allclose(np.frombuffer(vector, dtype=np.float32), HashingEmbedder().embed_passages(
         ["Alice drinks green tea."])[0]), "alice's memory has the vector of bob's purged one"
@@ -716,9 +721,9 @@ async def test_a_message_whose_neighbour_arrives_while_it_is_embedded_gets_its_n
     embedder.released.set()
     await flush
     await memory.flush_embeddings()
-    rows = await db.run_read(lambda conn: conn.execute(
+    rows = await db.run_read(lambda tx: tx.execute(Statement(
         "SELECT m.content, m.context_json, v.window FROM memory_items m JOIN memory_vectors v ON v.num = m.num "
-        "WHERE m.content = 'Where to?'").fetchall())
+        "WHERE m.content = 'Where to?'")).fetchall())
     [(content, context, window)] = rows
     text = Context.from_json(context).window(content)
     assert "Lisbon" in text

@@ -17,6 +17,7 @@ from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.memory import MemoryKind, MemoryStatus, shared_identity
 from ember.memory.embeddings import HashingEmbedder
 from ember.pipeline.context import PROFILE_HEADING, RECALLED_HEADING
+from ember.store.tx import Statement
 from tests.modelserver import ModelServer, Reply, tool_call
 
 CHANNEL = "test"  # a sender of this channel is the identity "test:<sender>" unless bound
@@ -166,8 +167,8 @@ async def test_an_archived_message_is_found_by_its_neighbours_words(tmp_path: Pa
         await runtime.runner.wait_idle()
         hits = await runtime.memory.search("test:dana", "bicycle", limit=2, kinds=(MemoryKind.ARCHIVAL,))
         counts = await runtime.memory.store.consistency()
-        windows = await runtime.db.run_read(lambda conn: conn.execute(
-            "SELECT COUNT(*) FROM memory_vectors WHERE window IS NOT NULL").fetchone()[0])
+        windows = await runtime.db.run_read(lambda tx: tx.execute(Statement(
+            "SELECT COUNT(*) FROM memory_vectors WHERE window IS NOT NULL")).fetchone()[0])
     # "Which one?" says nothing of bicycles; the message before it does.
     assert [h.record.content for h in hits] == ["I bought a bicycle today", "Which one?"]
     assert counts["rows"] == counts["text_rows"] == 6 and counts["unembedded"] == 0

@@ -34,6 +34,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
+from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, kept, texts_when, writing_tool
 from tests.loopback import LoopbackServer
@@ -355,8 +356,8 @@ async def test_a_stranger_gets_one_refusal_and_nothing_is_kept(settings: Setting
         refusals = await replies(qq, f"c2c:{STRANGER}")
         stored = await kept(bot.runtime, STRANGER)
         history = await bot.runtime.sessions.history(f"qq:c2c:{STRANGER}")
-        counters = await bot.runtime.db.run_read(lambda conn: conn.execute(
-            "SELECT COUNT(*) FROM channel_counters").fetchone()[0])
+        counters = await bot.runtime.db.run_read(lambda tx: tx.execute(Statement(
+            "SELECT COUNT(*) FROM channel_counters")).fetchone()[0])
     [refusal] = refusals
     assert STRANGER in refusal and "allowed" in refusal
     assert stored == 0 and history == [] and len(model.requests) == 1

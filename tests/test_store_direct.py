@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -18,6 +17,10 @@ from ember.store import schema
 from ember.store.database import Database
 from ember.store.direct import compiled
 from ember.store.sessions import SqlSessionStore
+from ember.store.tx import Statement, Tx
+
+_TRACE = Statement("INSERT INTO traces VALUES (:turn_id, 's', 'ok', NULL, '{}', 0, 0)")
+_TURN_IDS = Statement("SELECT turn_id FROM traces")
 
 
 @pytest.fixture
@@ -34,19 +37,19 @@ def contents(messages: list[Message]) -> list[str]:
 
 
 async def test_a_failed_write_rolls_back_and_raises_sqlalchemys_error(db: Database) -> None:
-    def twice(conn: sqlite3.Connection) -> None:
+    def twice(tx: Tx) -> None:
         for _ in range(2):
-            conn.execute("INSERT INTO traces VALUES ('t', 's', 'ok', NULL, '{}', 0, 0)")
+            tx.execute(_TRACE, {"turn_id": "t"})
 
     with pytest.raises(IntegrityError):
         await db.run_write(twice)
-    assert await db.run_read(lambda conn: conn.execute("SELECT count(*) FROM traces").fetchone()[0]) == 0
+    assert await db.run_read(lambda tx: tx.execute(Statement("SELECT count(*) FROM traces")).fetchone()[0]) == 0
 
 
 async def test_writes_queued_together_commit_together_yet_fail_alone(db: Database) -> None:
-    def trace(turn_id: str, *, then_fail: BaseException | None = None) -> Callable[[sqlite3.Connection], str]:
-        def work(conn: sqlite3.Connection) -> str:
-            conn.execute("INSERT INTO traces VALUES (?, 's', 'ok', NULL, '{}', 0, 0)", (turn_id,))
+    def trace(turn_id: str, *, then_fail: BaseException | None = None) -> Callable[[Tx], str]:
+        def work(tx: Tx) -> str:
+            tx.execute(_TRACE, {"turn_id": turn_id})
             if then_fail is not None:
                 raise then_fail
             return turn_id
@@ -62,24 +65,23 @@ async def test_writes_queued_together_commit_together_yet_fail_alone(db: Databas
     )
     assert first == "taken" and outcomes[0] == "a" and outcomes[3] == "c"
     assert isinstance(outcomes[1], StoreConflict) and isinstance(outcomes[2], IntegrityError)
-    stored = await db.run_read(lambda conn: [row[0] for row in conn.execute("SELECT turn_id FROM traces")])
+    stored = await db.run_read(lambda tx: [row[0] for row in tx.execute(_TURN_IDS).fetchall()])
     assert sorted(stored) == ["a", "c", "taken"]
 
 
 async def test_a_queued_write_is_committed_before_its_cancellation_is_raised(db: Database) -> None:
-    def slow(conn: sqlite3.Connection) -> None:
+    def slow(tx: Tx) -> None:
         time.sleep(0.05)
-        conn.execute("INSERT INTO traces VALUES ('slow', 's', 'ok', NULL, '{}', 0, 0)")
+        tx.execute(_TRACE, {"turn_id": "slow"})
 
     writing = asyncio.create_task(db.run_write(slow))
-    queued = asyncio.create_task(db.run_write(
-        lambda conn: conn.execute("INSERT INTO traces VALUES ('queued', 's', 'ok', NULL, '{}', 0, 0)")))
+    queued = asyncio.create_task(db.run_write(lambda tx: tx.execute(_TRACE, {"turn_id": "queued"})))
     await asyncio.sleep(0.01)
     queued.cancel()
     with pytest.raises(asyncio.CancelledError):
         await queued
     await writing
-    stored = await db.run_read(lambda conn: [row[0] for row in conn.execute("SELECT turn_id FROM traces")])
+    stored = await db.run_read(lambda tx: [row[0] for row in tx.execute(_TURN_IDS).fetchall()])
     assert sorted(stored) == ["queued", "slow"]
 
 

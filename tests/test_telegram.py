@@ -32,6 +32,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
+from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, writing_tool
 from tests.gatewayproc import EMBER_SOURCE
@@ -173,8 +174,9 @@ async def test_a_stranger_gets_one_refusal_and_nothing_is_kept(
         fake.message(ANA, ANA, "hello")
         await settled(fake, runtime, ANA)
         stranger_history = await runtime.sessions.history(f"telegram:{STRANGER}")
-        kept = await runtime.db.run_read(lambda conn: conn.execute(
-            "SELECT COUNT(*) FROM accepted_inbound WHERE sender_id = ?", (str(STRANGER),)).fetchone()[0])
+        kept = await runtime.db.run_read(lambda tx: tx.execute(Statement(
+            "SELECT COUNT(*) FROM accepted_inbound WHERE sender_id = :sender"),
+            {"sender": str(STRANGER)}).fetchone()[0])
     [refusal] = fake.texts(STRANGER)
     assert str(STRANGER) in refusal and "allowed" in refusal
     assert stranger_history == [] and kept == 0 and len(model.requests) == 1

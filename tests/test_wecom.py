@@ -31,6 +31,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
+from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, kept, texts_when, writing_tool
 from tests.loopback import LoopbackServer
@@ -273,8 +274,8 @@ async def test_a_rate_limit_is_waited_out_and_a_refusal_is_given_up(
         await served.push(wecom_push(ANA, "still there?", "6002"))
 
         async def given_up() -> list[str]:
-            return await served.runtime.db.run_read(lambda conn: [row[0] for row in conn.execute(
-                "SELECT failure FROM outbox WHERE failure IS NOT NULL").fetchall()])
+            return await served.runtime.db.run_read(lambda tx: [row[0] for row in tx.execute(Statement(
+                "SELECT failure FROM outbox WHERE failure IS NOT NULL")).fetchall()])
 
         async with asyncio.timeout(20):
             while not (failures := await given_up()):

@@ -25,6 +25,7 @@ from ember.config import Settings
 from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
+from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, kept, writing_tool
 from tests.loopback import LoopbackServer
@@ -114,8 +115,8 @@ async def serving(settings: Settings, model: FunctionModel, spec: WeComBotSpec, 
 
 
 async def committed(runtime: Runtime) -> list[str]:
-    return await runtime.db.run_read(lambda conn: [row[0] for row in conn.execute(
-        "SELECT text FROM outbox WHERE channel = 'wecom_bot' AND kind = 'final' ORDER BY created_at").fetchall()])
+    return await runtime.db.run_read(lambda tx: [row[0] for row in tx.execute(Statement(
+        "SELECT text FROM outbox WHERE channel = 'wecom_bot' AND kind = 'final' ORDER BY created_at")).fetchall()])
 
 
 async def test_the_url_check_answers_the_echo_and_refuses_a_bad_signature(settings: Settings) -> None:

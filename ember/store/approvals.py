@@ -7,13 +7,28 @@ than "unknown".
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from dataclasses import dataclass
 
+from sqlalchemy import bindparam, insert, select, update
+
+from ember.store import schema
 from ember.store.database import Database
+from ember.store.tx import Statement
 
 PENDING, EXPIRED = "pending", "expired"
+
+_a = schema.approvals
+_OPEN = Statement(insert(_a).values(
+    id=bindparam("id"), session_key=bindparam("session_key"), turn_id=bindparam("turn_id"),
+    identity=bindparam("identity"), tool=bindparam("tool"), summary=bindparam("summary"), status=PENDING,
+    created_at=bindparam("now")))
+_CLOSE = Statement(update(_a).where(_a.c.id == bindparam("approval"), _a.c.status == PENDING).values(
+    status=bindparam("status"), decided_by=bindparam("decided_by"), decided_at=bindparam("now")))
+_GET = Statement(select(_a.c.id, _a.c.session_key, _a.c.identity, _a.c.status, _a.c.decided_by)
+                 .where(_a.c.id == bindparam("id")))
+_EXPIRE = Statement(update(_a).where(_a.c.status == PENDING)
+                    .values(status=EXPIRED, decided_by="restart", decided_at=bindparam("now")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,26 +46,18 @@ class SqlApprovalStore:
 
     async def opened(self, approval_id: str, session_key: str, turn_id: str, identity: str, tool: str,
                      summary: str) -> None:
-        await self._db.run_write(lambda conn: conn.execute(
-            "INSERT INTO approvals (id, session_key, turn_id, identity, tool, summary, status, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (approval_id, session_key, turn_id, identity, tool, summary[:500], PENDING, time.time())))
+        row = {"id": approval_id, "session_key": session_key, "turn_id": turn_id, "identity": identity,
+               "tool": tool, "summary": summary[:500], "now": time.time()}
+        await self._db.run_write(lambda tx: tx.execute(_OPEN, row))
 
     async def closed(self, approval_id: str, status: str, decided_by: str) -> None:
-        await self._db.run_write(lambda conn: conn.execute(
-            "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ? WHERE id = ? AND status = ?",
-            (status, decided_by, time.time(), approval_id, PENDING)))
+        await self._db.run_write(lambda tx: tx.execute(
+            _CLOSE, {"approval": approval_id, "status": status, "decided_by": decided_by, "now": time.time()}))
 
     async def get(self, approval_id: str) -> ApprovalRow | None:
-        row = await self._db.run_read(lambda conn: conn.execute(
-            "SELECT id, session_key, identity, status, decided_by FROM approvals WHERE id = ?",
-            (approval_id,)).fetchone())
+        row = await self._db.run_read(lambda tx: tx.execute(_GET, {"id": approval_id}).fetchone())
         return ApprovalRow(*row) if row else None
 
     async def expire_pending(self) -> int:
         """At start: the requests a stopped process was waiting on can no longer be answered."""
-        def expire(conn: sqlite3.Connection) -> int:
-            return conn.execute("UPDATE approvals SET status = ?, decided_by = 'restart', decided_at = ? "
-                                "WHERE status = ?", (EXPIRED, time.time(), PENDING)).rowcount
-
-        return await self._db.run_write(expire)
+        return await self._db.run_write(lambda tx: tx.execute(_EXPIRE, {"now": time.time()}).rowcount)

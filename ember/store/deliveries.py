@@ -9,38 +9,38 @@ turn could start (`accept`), until their turn has a receipt.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ember.core.delivery import Delivery, Receipt
 from ember.core.errors import DuplicateMessage
 from ember.core.events import InboundEvent, ReplyRoute
 from ember.store import schema
 from ember.store.database import Database
-from ember.store.direct import compiled
+from ember.store.tx import Statement, Tx, upsert
 
 _i, _o, _a = schema.inbox, schema.outbox, schema.accepted_inbound
 # A duplicate is not an error inside the transaction: the caller sees rowcount 0 and rolls back.
-_ACCEPT = compiled(sqlite_insert(_i).on_conflict_do_nothing(index_elements=["channel", "chat_id", "message_id"]))
-_OWE = compiled(insert(_o))
-_ANSWERED = compiled(update(_i).where(_i.c.channel == bindparam("channel"), _i.c.chat_id == bindparam("chat_id"),
-                                      _i.c.message_id == bindparam("reply_to")).values(answered_at=bindparam("now")))
+_ACCEPT = upsert(lambda ins: ins(_i).on_conflict_do_nothing(index_elements=["channel", "chat_id", "message_id"]))
+_OWE = Statement(insert(_o))
+_ANSWERED = Statement(update(_i).where(
+    _i.c.channel == bindparam("asked_channel"), _i.c.chat_id == bindparam("asked_chat"),
+    _i.c.message_id == bindparam("reply_to")).values(answered_at=bindparam("now")))
 # Message ids are the platform's, and platforms number messages per chat.
-_RECEIPT = compiled(select(_i).where(_i.c.channel == bindparam("channel"), _i.c.chat_id == bindparam("chat_id"),
-                                     _i.c.message_id == bindparam("message_id")))
+_RECEIPT = Statement(select(_i).where(_i.c.channel == bindparam("channel"), _i.c.chat_id == bindparam("chat_id"),
+                                      _i.c.message_id == bindparam("message_id")))
 # A committed final answers the message even if an error (its failed send) came after it.
-_ANSWER_OF = compiled(select(_o).where(_o.c.turn_id == bindparam("turn_id"))
-                      .order_by((_o.c.kind == "final").desc(), _o.c.created_at.desc()).limit(1))
-_GIVE_UP = compiled(update(_o).where(_o.c.delivery_id == bindparam("delivery_id"), _o.c.delivered_at.is_(None))
-                    .values(failure=bindparam("failure"), attempts=_o.c.attempts + 1))
-_ACCEPT_EARLY = compiled(sqlite_insert(_a).on_conflict_do_nothing(index_elements=["channel", "chat_id", "message_id"]))
-_MARK = compiled(update(_o).where(_o.c.delivery_id == bindparam("delivery_id"), _o.c.delivered_at.is_(None))
-                 .values(delivered_at=bindparam("now"), attempts=_o.c.attempts + 1))
+_ANSWER_OF = Statement(select(_o).where(_o.c.turn_id == bindparam("turn_id"))
+                       .order_by((_o.c.kind == "final").desc(), _o.c.created_at.desc()).limit(1))
+_GIVE_UP = Statement(update(_o).where(_o.c.delivery_id == bindparam("delivery"), _o.c.delivered_at.is_(None))
+                     .values(failure=bindparam("failure"), attempts=_o.c.attempts + 1))
+_ACCEPT_EARLY = upsert(lambda ins: ins(_a).on_conflict_do_nothing(
+    index_elements=["channel", "chat_id", "message_id"]))
+_MARK = Statement(update(_o).where(_o.c.delivery_id == bindparam("delivery"), _o.c.delivered_at.is_(None))
+                  .values(delivered_at=bindparam("now"), attempts=_o.c.attempts + 1))
 
 
 def _receipt(row: Sequence[Any]) -> Receipt:
@@ -55,9 +55,9 @@ def _delivery(row: Sequence[Any]) -> Delivery:
                     kind=kind, text=text)
 
 
-def record_receipt(conn: sqlite3.Connection, key: str, receipt: Receipt, now: float) -> None:
+def record_receipt(tx: Tx, key: str, receipt: Receipt, now: float) -> None:
     """Inside a write transaction; DuplicateMessage when the message was accepted before."""
-    accepted = conn.execute(_ACCEPT, {
+    accepted = tx.execute(_ACCEPT, {
         "channel": receipt.channel, "message_id": receipt.message_id, "session_key": key, "chat_id": receipt.chat_id,
         "sender_id": receipt.sender_id, "turn_id": receipt.turn_id, "received_at": now, "answered_at": None,
     })
@@ -65,9 +65,9 @@ def record_receipt(conn: sqlite3.Connection, key: str, receipt: Receipt, now: fl
         raise DuplicateMessage(f"message {receipt.message_id!r} of {receipt.channel} was already accepted")
 
 
-def record_delivery(conn: sqlite3.Connection, key: str, delivery: Delivery, now: float) -> None:
+def record_delivery(tx: Tx, key: str, delivery: Delivery, now: float) -> None:
     """Inside a write transaction: the outbox record, and its message marked answered."""
-    conn.execute(_OWE, {
+    tx.execute(_OWE, {
         "delivery_id": delivery.delivery_id, "turn_id": delivery.turn_id, "session_key": key,
         "channel": delivery.channel, "chat_id": delivery.chat_id, "reply_to": delivery.reply_to,
         "kind": delivery.kind, "text": delivery.text, "created_at": now, "delivered_at": None, "attempts": 0,
@@ -75,15 +75,15 @@ def record_delivery(conn: sqlite3.Connection, key: str, delivery: Delivery, now:
     })
     if delivery.reply_to is not None:
         asked = delivery.question_route
-        conn.execute(_ANSWERED, {"channel": asked.channel, "chat_id": asked.chat_id,
-                                 "reply_to": delivery.reply_to, "now": now})
+        tx.execute(_ANSWERED, {"asked_channel": asked.channel, "asked_chat": asked.chat_id,
+                               "reply_to": delivery.reply_to, "now": now})
 
 
-def accept_inbound(conn: sqlite3.Connection, event: InboundEvent, now: float) -> bool:
+def accept_inbound(tx: Tx, event: InboundEvent, now: float) -> bool:
     """Inside a write transaction: keep `event` until its turn starts; False: its id is known."""
     assert event.message_id is not None
     reply = event.reply
-    return conn.execute(_ACCEPT_EARLY, {
+    return tx.execute(_ACCEPT_EARLY, {
         "channel": event.channel, "chat_id": event.chat_id, "message_id": event.message_id,
         "sender_id": event.sender_id, "text": event.text, "metadata_json": json.dumps(dict(event.metadata)),
         "accepted_at": now, "reply_channel": reply.channel if reply else None,
@@ -95,8 +95,8 @@ class SqlDeliveryStore:
         self._db = db
 
     async def receipt(self, channel: str, chat_id: str, message_id: str) -> Receipt | None:
-        def find(conn: sqlite3.Connection) -> Receipt | None:
-            row = conn.execute(_RECEIPT, {"channel": channel, "chat_id": chat_id, "message_id": message_id}).fetchone()
+        def find(tx: Tx) -> Receipt | None:
+            row = tx.execute(_RECEIPT, {"channel": channel, "chat_id": chat_id, "message_id": message_id}).fetchone()
             return None if row is None else _receipt(row)
 
         return await self._db.run_read(find)
@@ -108,8 +108,8 @@ class SqlDeliveryStore:
         return [_receipt(row) for row in rows]
 
     async def answer_of(self, turn_id: str) -> Delivery | None:
-        def find(conn: sqlite3.Connection) -> Delivery | None:
-            row = conn.execute(_ANSWER_OF, {"turn_id": turn_id}).fetchone()
+        def find(tx: Tx) -> Delivery | None:
+            row = tx.execute(_ANSWER_OF, {"turn_id": turn_id}).fetchone()
             return None if row is None else _delivery(row)
 
         return await self._db.run_read(find)
@@ -133,7 +133,7 @@ class SqlDeliveryStore:
     async def record(self, session_key: str, delivery: Delivery) -> None:
         """An outbound record without a message: an error a turn ended with."""
         now = time.time()
-        await self._db.run_write(lambda conn: record_delivery(conn, session_key, delivery, now))
+        await self._db.run_write(lambda tx: record_delivery(tx, session_key, delivery, now))
 
     async def mark_delivered(self, delivery_ids: Iterable[str]) -> None:
         ids = list(delivery_ids)
@@ -141,25 +141,25 @@ class SqlDeliveryStore:
             return
         now = time.time()
 
-        def mark(conn: sqlite3.Connection) -> None:
-            conn.executemany(_MARK, [{"delivery_id": delivery_id, "now": now} for delivery_id in ids])
+        def mark(tx: Tx) -> None:
+            tx.executemany(_MARK, [{"delivery": delivery_id, "now": now} for delivery_id in ids])
 
         await self._db.run_write(mark)
 
     async def mark_given_up(self, refused: Iterable[tuple[str, str]]) -> None:
         """(delivery id, why): answers a channel refused for good."""
-        rows = [{"delivery_id": delivery_id, "failure": failure} for delivery_id, failure in refused]
+        rows = [{"delivery": delivery_id, "failure": failure} for delivery_id, failure in refused]
         if not rows:
             return
 
-        def give_up(conn: sqlite3.Connection) -> None:
-            conn.executemany(_GIVE_UP, rows)
+        def give_up(tx: Tx) -> None:
+            tx.executemany(_GIVE_UP, rows)
 
         await self._db.run_write(give_up)
 
     async def accept(self, event: InboundEvent) -> bool:
         """Keep `event` until its turn starts; False: a message with its id was accepted before."""
-        return bool(await self._db.run_write(lambda conn: accept_inbound(conn, event, time.time())))
+        return bool(await self._db.run_write(lambda tx: accept_inbound(tx, event, time.time())))
 
     async def unstarted(self, channels: Iterable[str]) -> list[InboundEvent]:
         """Accepted messages of `channels` whose turn never got as far as a receipt, oldest first."""

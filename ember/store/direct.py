@@ -6,9 +6,9 @@ makes about a dozen thread switches. Here the caller hands over the whole
 transaction as one synchronous function, which runs start to finish on the
 connection's own thread: one switch there, one back.
 
-Statements are built with SQLAlchemy Core, like the rest of the store, and
-compiled once at import (`compiled`); rows come back as plain tuples in the
-order of the selected columns.
+The function gets a `SqliteTx` (the store's `Tx`, store/tx.py): each
+`Statement` runs as its SQLite text, compiled once (`compiled`); rows come back
+as plain tuples in the order of the selected columns.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
+from ember.store.tx import Params, Statement, Tx
+
 T = TypeVar("T")
-Work = Callable[[sqlite3.Connection], T]
+Work = Callable[[Tx], T]
 
 _DIALECT = sqlite.dialect(paramstyle="named")
 
@@ -65,6 +67,22 @@ def connect(path: Path, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Co
     return conn
 
 
+class SqliteTx:
+    """A `Tx` on a sqlite3 connection: each statement as its SQLite text, with its named parameters."""
+
+    __slots__ = ("connection",)
+    dialect = "sqlite"
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection  # for what only SQLite has (a trace callback); stores go through execute
+
+    def execute(self, statement: Statement, params: Params | None = None) -> sqlite3.Cursor:
+        return self.connection.execute(statement.sqlite_sql, params or {})
+
+    def executemany(self, statement: Statement, rows: Sequence[Params]) -> None:
+        self.connection.executemany(statement.sqlite_sql, rows)
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome(Generic[T]):
     """How one unit of a batch ended: its value, or the error that undid it."""
@@ -76,7 +94,7 @@ class Outcome(Generic[T]):
 class ThreadConnection:
     """One sqlite3 connection, opened, used and closed on one dedicated thread.
 
-    `read(work)` runs `work(conn)` in one read transaction. `write(works)`
+    `read(work)` runs `work(tx)` in one read transaction. `write(works)`
     runs a batch of units in one write transaction, each unit in its own
     savepoint, so a unit that raises is undone alone and the others still
     commit, together, under one COMMIT (one fsync). sqlite3's own errors are
@@ -98,7 +116,7 @@ class ThreadConnection:
         self._name = name
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None  # started by the first job
-        self._conn: sqlite3.Connection | None = None  # touched only on the thread
+        self._tx: SqliteTx | None = None  # its connection is touched only on the thread
         self._closed = False
 
     def read(self, work: Work[T]) -> asyncio.Future[T]:
@@ -141,29 +159,33 @@ class ThreadConnection:
             with contextlib.suppress(RuntimeError):  # its event loop is closed: nobody is waiting any more
                 job.loop.call_soon_threadsafe(_settle, job.future, outcome)
 
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self._conn = connect(self._path, synchronous=self._synchronous, busy_timeout_ms=self._busy_timeout_ms)
-        return self._conn
+    def _opened(self) -> SqliteTx:
+        """The connection's `Tx`, the connection opened on first use."""
+        if self._tx is None:
+            self._tx = SqliteTx(connect(self._path, synchronous=self._synchronous,
+                                        busy_timeout_ms=self._busy_timeout_ms))
+        return self._tx
 
     def _read(self, work: Work[T]) -> T:
-        conn = self._connection()
+        tx = self._opened()
+        conn = tx.connection
         try:
             conn.execute("BEGIN")
             try:
-                return work(conn)
+                return work(tx)
             finally:
                 conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise translated(exc) from exc
 
     def _write(self, works: Sequence[Work[Any]]) -> list[Outcome[Any]]:
-        conn = self._connection()
+        tx = self._opened()
+        conn = tx.connection
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 # A unit alone needs no savepoint: if it raises, the whole transaction is undone.
-                outcomes = [Outcome(works[0](conn))] if len(works) == 1 else [_unit(conn, work) for work in works]
+                outcomes = [Outcome(works[0](tx))] if len(works) == 1 else [_unit(tx, work) for work in works]
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -174,9 +196,9 @@ class ThreadConnection:
         return outcomes
 
     def _close(self, _: None) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._tx is not None:
+            self._tx.connection.close()
+            self._tx = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,11 +218,12 @@ def _settle(future: asyncio.Future[Any], outcome: Outcome[Any]) -> None:
         future.set_result(outcome.value)
 
 
-def _unit(conn: sqlite3.Connection, work: Work[Any]) -> Outcome[Any]:
+def _unit(tx: SqliteTx, work: Work[Any]) -> Outcome[Any]:
     """One unit of a batch, in a savepoint: undone alone if it raises."""
+    conn = tx.connection
     conn.execute("SAVEPOINT unit")
     try:
-        value = work(conn)
+        value = work(tx)
     except Exception as exc:
         if not conn.in_transaction:
             raise  # SQLite ended the whole transaction (disk full, I/O error): nothing of the batch stands

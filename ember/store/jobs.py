@@ -7,18 +7,16 @@ so two runners never execute it twice.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, func, select, update
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ember.core.jobs import JobRequest
 from ember.store import schema
 from ember.store.database import Database
-from ember.store.direct import compiled
+from ember.store.tx import Statement, Tx, upsert
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 # A job that would have been retried while an equal one was already pending:
@@ -26,23 +24,23 @@ PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 SUPERSEDED = "superseded"
 
 _j = schema.jobs
-_ENQUEUE = compiled(sqlite_insert(_j).on_conflict_do_nothing(index_elements=["kind", "dedupe_key"],
-                                                              index_where=_j.c.status == PENDING))
-_DUE = compiled(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts, _j.c.turn_id)
-                .where(_j.c.status == PENDING, _j.c.next_run_at <= bindparam("now"))
-                .order_by(_j.c.next_run_at).limit(bindparam("limit")))
-_RUNNING = compiled(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts, _j.c.turn_id)
-                    .where(_j.c.status == RUNNING))
-_CLAIM = compiled(update(_j).where(_j.c.id == bindparam("job_id"), _j.c.status == PENDING)
-                  .values(status=RUNNING, updated_at=bindparam("now")))
-_COVERED = compiled(select(_j.c.id).where(_j.c.kind == bindparam("kind"), _j.c.dedupe_key == bindparam("dedupe_key"),
-                                          _j.c.status == PENDING))
-_SET = compiled(update(_j).where(_j.c.id == bindparam("job_id")).values(
+_ENQUEUE = upsert(lambda ins: ins(_j).on_conflict_do_nothing(index_elements=["kind", "dedupe_key"],
+                                                             index_where=_j.c.status == PENDING))
+_DUE = Statement(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts, _j.c.turn_id)
+                 .where(_j.c.status == PENDING, _j.c.next_run_at <= bindparam("now"))
+                 .order_by(_j.c.next_run_at).limit(bindparam("limit")))
+_RUNNING = Statement(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts, _j.c.turn_id)
+                     .where(_j.c.status == RUNNING))
+_CLAIM = Statement(update(_j).where(_j.c.id == bindparam("job_id"), _j.c.status == PENDING)
+                   .values(status=RUNNING, updated_at=bindparam("now")))
+_COVERED = Statement(select(_j.c.id).where(_j.c.kind == bindparam("kind"), _j.c.dedupe_key == bindparam("dedupe_key"),
+                                           _j.c.status == PENDING))
+_SET = Statement(update(_j).where(_j.c.id == bindparam("job_id")).values(
     status=bindparam("status"), attempts=bindparam("attempts"), last_error=bindparam("last_error"),
     next_run_at=func.coalesce(bindparam("next_run_at"), _j.c.next_run_at), updated_at=bindparam("now"),
 ))
-_NEXT_DUE = compiled(select(func.min(_j.c.next_run_at)).where(_j.c.status == PENDING))
-_COUNTS = compiled(select(_j.c.status, func.count()).group_by(_j.c.status))
+_NEXT_DUE = Statement(select(func.min(_j.c.next_run_at)).where(_j.c.status == PENDING))
+_COUNTS = Statement(select(_j.c.status, func.count()).group_by(_j.c.status))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,33 +60,33 @@ class SqlJobStore:
     async def enqueue(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
         """True when a new job was queued, False when an equal one was already pending."""
         request, now = JobRequest(kind, dedupe_key, session_key), time.time()
-        return await self._db.run_write(lambda conn: record_job(conn, request, now))
+        return await self._db.run_write(lambda tx: record_job(tx, request, now))
 
     async def claim_due(self, limit: int) -> list[Job]:
         """Move up to `limit` due jobs to running and return them."""
         now = time.time()
 
-        def claim(conn: sqlite3.Connection) -> list[Job]:
-            due = [Job(*row) for row in conn.execute(_DUE, {"now": now, "limit": limit})]
-            return [job for job in due if conn.execute(_CLAIM, {"job_id": job.id, "now": now}).rowcount == 1]
+        def claim(tx: Tx) -> list[Job]:
+            due = [Job(*row) for row in tx.execute(_DUE, {"now": now, "limit": limit}).fetchall()]
+            return [job for job in due if tx.execute(_CLAIM, {"job_id": job.id, "now": now}).rowcount == 1]
 
         return await self._db.run_write(claim)
 
     async def complete(self, job: Job) -> None:
-        await self._db.run_write(lambda conn: _set(conn, job.id, status=DONE, attempts=job.attempts + 1))
+        await self._db.run_write(lambda tx: _set(tx, job.id, status=DONE, attempts=job.attempts + 1))
 
     async def fail(self, job: Job, error: str, *, retry_in_s: float | None) -> None:
         """Record a failed attempt: retried after `retry_in_s`, or given up when None."""
         if retry_in_s is None:
-            await self._db.run_write(lambda conn: _set(conn, job.id, status=FAILED, attempts=job.attempts + 1,
-                                                       last_error=error))
+            await self._db.run_write(lambda tx: _set(tx, job.id, status=FAILED, attempts=job.attempts + 1,
+                                                     last_error=error))
             return
-        await self._db.run_write(lambda conn: _requeue(conn, job, delay_s=retry_in_s, attempts=job.attempts + 1,
-                                                       last_error=error))
+        await self._db.run_write(lambda tx: _requeue(tx, job, delay_s=retry_in_s, attempts=job.attempts + 1,
+                                                     last_error=error))
 
     async def release(self, job: Job) -> None:
         """A job stopped by a shutdown goes back to the queue, its attempt not counted."""
-        await self._db.run_write(lambda conn: _requeue(conn, job, delay_s=0.0, attempts=job.attempts))
+        await self._db.run_write(lambda tx: _requeue(tx, job, delay_s=0.0, attempts=job.attempts))
 
     async def requeue_interrupted(self) -> int:
         """Jobs left running by a process that died go back to the queue.
@@ -96,39 +94,39 @@ class SqlJobStore:
         Only the process holding the runner lock may call this: it proves no
         other live process is running them.
         """
-        def requeue(conn: sqlite3.Connection) -> int:
-            running = [Job(*row) for row in conn.execute(_RUNNING)]
+        def requeue(tx: Tx) -> int:
+            running = [Job(*row) for row in tx.execute(_RUNNING).fetchall()]
             for job in running:
-                _requeue(conn, job, delay_s=0.0, attempts=job.attempts)
+                _requeue(tx, job, delay_s=0.0, attempts=job.attempts)
             return len(running)
 
         return await self._db.run_write(requeue)
 
     async def next_due_at(self) -> float | None:
-        return await self._db.run_read(lambda conn: conn.execute(_NEXT_DUE).fetchone()[0])
+        return await self._db.run_read(lambda tx: tx.execute(_NEXT_DUE).fetchone()[0])
 
     async def counts(self) -> dict[str, int]:
-        return await self._db.run_read(lambda conn: dict(conn.execute(_COUNTS).fetchall()))
+        return await self._db.run_read(lambda tx: dict(tx.execute(_COUNTS).fetchall()))
 
 
-def record_job(conn: sqlite3.Connection, request: JobRequest, now: float) -> bool:
+def record_job(tx: Tx, request: JobRequest, now: float) -> bool:
     """Queue `request` inside the caller's transaction; False when an equal job is already pending."""
     row = {"id": uuid.uuid4().hex, "kind": request.kind, "dedupe_key": request.dedupe_key,
            "session_key": request.session_key, "status": PENDING, "attempts": 0, "next_run_at": now,
            "last_error": None, "created_at": now, "updated_at": now, "turn_id": request.turn_id}
-    return conn.execute(_ENQUEUE, row).rowcount == 1
+    return tx.execute(_ENQUEUE, row).rowcount == 1
 
 
-def _requeue(conn: sqlite3.Connection, job: Job, *, delay_s: float, attempts: int,
+def _requeue(tx: Tx, job: Job, *, delay_s: float, attempts: int,
              last_error: str | None = None) -> None:
     """Back to pending, unless an equal pending job already covers the work."""
-    covered = conn.execute(_COVERED, {"kind": job.kind, "dedupe_key": job.dedupe_key}).fetchone() is not None
-    _set(conn, job.id, status=SUPERSEDED if covered else PENDING, attempts=attempts, last_error=last_error,
+    covered = tx.execute(_COVERED, {"kind": job.kind, "dedupe_key": job.dedupe_key}).fetchone() is not None
+    _set(tx, job.id, status=SUPERSEDED if covered else PENDING, attempts=attempts, last_error=last_error,
          next_run_at=time.time() + delay_s)
 
 
-def _set(conn: sqlite3.Connection, job_id: str, *, status: str, attempts: int, last_error: str | None = None,
+def _set(tx: Tx, job_id: str, *, status: str, attempts: int, last_error: str | None = None,
          next_run_at: float | None = None) -> None:
     """A job's new state; its next run time is kept unless given."""
-    conn.execute(_SET, {"job_id": job_id, "status": status, "attempts": attempts, "last_error": last_error,
-                        "next_run_at": next_run_at, "now": time.time()})
+    tx.execute(_SET, {"job_id": job_id, "status": status, "attempts": attempts, "last_error": last_error,
+                      "next_run_at": next_run_at, "now": time.time()})

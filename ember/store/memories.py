@@ -7,44 +7,124 @@ path can reach another person's memory.
 
 from __future__ import annotations
 
-import sqlite3
+import itertools
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from sqlalchemy import Float, Select, bindparam, case, delete, func, literal_column, null, select, update
+
 from ember.core.errors import MemoryNotFound
-from ember.core.memory import (
-    MemoryKind,
-    MemoryRecord,
-    MemoryStatus,
-    NewMemory,
-)
+from ember.core.memory import MemoryKind, MemoryRecord, MemoryStatus, NewMemory
+from ember.store import memory_upkeep, schema
 from ember.store.database import Database
 from ember.store.jobs import record_job
 from ember.store.memory_rows import (
+    DELETE_TEXT,
     EMBED_JOB,
-    SELECT_MEMORY,
-    TEXT_WEIGHTS,
-    Context,
+    LEXICAL,
+    MEMORY,
+    TERM_ROWS,
+    TEXTS_AFTER,
     Unembedded,
     WriteOutcome,
     archive_messages,
     record_of,
     write_memory,
-    write_text_row,
 )
-from ember.store.segment import COMMON_ROWS, distinctive, expression, indexed_form, owner_token
+from ember.store.segment import COMMON_ROWS, distinctive, expression, indexed_form, owner_token, ts_lexeme
+from ember.store.tx import Statement, Tx, in_json_array, per_dialect, upsert_row
 
-_BM25 = f"bm25(memory_fts, {', '.join(map(str, TEXT_WEIGHTS))})"
-_LEXICAL = f"SELECT rowid, -{_BM25} FROM memory_fts WHERE memory_fts MATCH ? ORDER BY {_BM25} LIMIT ?"
 REINDEX_BATCH = 500  # rows between two reports of reindex_text's progress
-_REINDEX_ROWS = ("SELECT num, identity, content, created_at, context_json FROM memory_items "
-                 "WHERE num > ? ORDER BY num LIMIT ?")
-_VECTOR_COUNTS = "SELECT identity, model, COUNT(*) AS n, MAX(rev) AS rev FROM memory_vectors GROUP BY identity, model"
+
+_mi, _v, _i = schema.memory_items, schema.memory_vectors, schema.inbox
 
 
-def _statuses(include_inactive: bool) -> str:
-    return "" if include_inactive else " AND status = 'active'"
+def _by_nums(dialect: str) -> Select[Any]:
+    # `+identity`: look the rows up by number; SQLite would otherwise walk the identity's index.
+    owner = literal_column("+memory_items.identity") if dialect == "sqlite" else _mi.c.identity
+    return MEMORY.where(in_json_array(_mi.c.num, "nums", dialect), owner == bindparam("identity"))
+
+
+def _listing(dialect: str, inactive: bool, in_session: bool, of_kinds: bool) -> Select[Any]:
+    query = MEMORY.where(_mi.c.identity == bindparam("identity"))
+    if not inactive:
+        query = query.where(_mi.c.status == "active")
+    if in_session:
+        query = query.where(_mi.c.session_key == bindparam("session_key"))
+    if of_kinds:
+        query = query.where(in_json_array(_mi.c.kind, "kinds", dialect))
+    return query.order_by(_mi.c.created_at.desc(), _mi.c.num.desc()).limit(bindparam("limit"))
+
+
+_of = (_mi.c.identity == bindparam("owner"), _mi.c.id == bindparam("memory_id"))
+_GET = Statement(MEMORY.where(*_of))
+_NUM_OF = Statement(select(_mi.c.num).where(*_of))
+_BY_NUMS = per_dialect(_by_nums)
+_PROFILE = Statement(MEMORY.where(_mi.c.identity == bindparam("identity"), _mi.c.kind == "fact",
+                                  _mi.c.status == "active", _mi.c.fact_key.is_not(None))
+                     .order_by(_mi.c.source_rank.desc(), _mi.c.subject, _mi.c.fact_key, _mi.c.num)
+                     .limit(bindparam("limit")))
+# By (include_inactive, session_key given, kinds given).
+_LISTINGS = {flags: per_dialect(lambda dialect, flags=flags: _listing(dialect, *flags))
+             for flags in itertools.product((False, True), repeat=3)}
+_HIGHEST_NUM = Statement(select(func.coalesce(func.max(_mi.c.num), 0)))
+_TEXT_REV = Statement(select(func.coalesce(func.max(_mi.c.text_rev), 0))
+                      .where(_mi.c.identity == bindparam("identity")))
+_COUNT = Statement(select(func.count()).select_from(_mi).where(_mi.c.identity == bindparam("identity")))
+_OLDER = Statement(MEMORY.where(_mi.c.identity == bindparam("owner"), _mi.c.superseded_by == bindparam("memory_id")))
+_SET_STATUS = Statement(update(_mi).where(*_of).values(status=bindparam("status"), updated_at=bindparam("now"),
+                                                       invalid_at=func.coalesce(_mi.c.invalid_at,
+                                                                                bindparam("invalid_at"))))
+_DELETE_VECTOR = Statement(delete(_v).where(_v.c.num == bindparam("num")))
+_UNLINK = Statement(update(_mi).where(_mi.c.identity == bindparam("owner"),
+                                      _mi.c.superseded_by == bindparam("memory_id")).values(superseded_by=null()))
+_DELETE = Statement(delete(_mi).where(_mi.c.num == bindparam("num")))
+
+# Vectors.
+_unembedded = _mi.c.embedding_model.is_(None)
+_UNEMBEDDED = Statement(select(_mi.c.num, _mi.c.identity, _mi.c.content, _mi.c.context_json).where(_unembedded)
+                        .order_by(_mi.c.num).limit(bindparam("limit")))
+# Only the memory as it was embedded: its neighbours (context) unchanged since.
+_STAMP = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num"), _mi.c.identity == bindparam("owner"),
+                                     _unembedded, _mi.c.context_json.is_not_distinct_from(bindparam("context")))
+                   .values(embedding_model=bindparam("model")))
+_NEXT_VECTOR_REV = Statement("UPDATE memory_vector_rev SET rev = rev + 1 RETURNING rev")
+# An update, not a replace: the database's triggers keep the per-identity counts.
+_PUT_VECTOR = upsert_row(_v, ["num"])
+_VECTOR_STATE = Statement("SELECT rows, rev FROM memory_vector_heads WHERE identity = :identity AND model = :model")
+_VECTORS_AFTER = Statement(select(_v.c.num, _v.c.rev, _v.c.vector, _v.c.window)
+                           .where(_v.c.identity == bindparam("identity"), _v.c.model == bindparam("model"),
+                                  _v.c.rev > bindparam("rev")).order_by(_v.c.rev))
+_UNEMBED = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num")).values(embedding_model=null()))
+_UNEMBED_OTHER_MODELS = Statement(update(_mi).where(_mi.c.embedding_model.is_not(None),
+                                                    _mi.c.embedding_model != bindparam("model"))
+                                  .values(embedding_model=null()))
+_DELETE_OTHER_MODELS = Statement(delete(_v).where(_v.c.model != bindparam("model")))
+
+# Contradictions, recall and forgetting.
+_UNCHECKED_FACTS = Statement(MEMORY.where(_mi.c.checked_at.is_(None), _mi.c.kind == "fact", _mi.c.fact_key.is_(None))
+                             .order_by(_mi.c.num).limit(bindparam("limit")))
+_MARK_CHECKED = Statement(update(_mi).where(*_of).values(checked_at=bindparam("now")))
+_BOTH_ACTIVE = Statement(select(func.count()).select_from(_mi).where(
+    _mi.c.identity == bindparam("owner"), _mi.c.id.in_([bindparam("old_id"), bindparam("new_id")]),
+    _mi.c.status == "active"))
+_SUPERSEDE_BY = Statement(update(_mi).where(_mi.c.identity == bindparam("owner"), _mi.c.id == bindparam("old_id"))
+                          .values(status="superseded", superseded_by=bindparam("new_id"), invalid_at=bindparam("now"),
+                                  updated_at=bindparam("now")))
+_last = bindparam("last", type_=Float)
+_last_recalled = func.coalesce(_mi.c.last_recalled_at, 0)
+_RECALLED = Statement(update(_mi).where(*_of).values(
+    recall_count=_mi.c.recall_count + bindparam("times"), strength=literal_column("1.0"),
+    last_recalled_at=case((_last > _last_recalled, _last), else_=_last_recalled)))
+_DECAY_CANDIDATES = per_dialect(lambda dialect: MEMORY.where(_mi.c.status == "active",
+                                                             in_json_array(_mi.c.kind, "kinds", dialect)))
+_SET_STRENGTH = Statement(update(_mi).where(_mi.c.id == bindparam("memory_id")).values(strength=bindparam("strength")))
+_ARCHIVE = Statement(update(_mi).where(_mi.c.id == bindparam("memory_id"), _mi.c.status == "active")
+                     .values(status="archived", invalid_at=bindparam("now"), updated_at=bindparam("now")))
+_SENDERS = Statement(select(_i.c.turn_id, _i.c.channel, _i.c.sender_id)
+                     .where(_i.c.session_key == bindparam("session_key")))
 
 
 class SqlMemoryStore:
@@ -55,16 +135,16 @@ class SqlMemoryStore:
 
     async def write(self, memory: NewMemory) -> WriteOutcome:
         now = time.time()
-        return await self._db.run_write(lambda conn: write_memory(conn, memory, now))
+        return await self._db.run_write(lambda tx: write_memory(tx, memory, now))
 
     async def write_many(self, memories: Sequence[NewMemory]) -> list[WriteOutcome]:
         """One transaction for the batch (imports)."""
         now = time.time()
-        return await self._db.run_write(lambda conn: [write_memory(conn, m, now) for m in memories])
+        return await self._db.run_write(lambda tx: [write_memory(tx, m, now) for m in memories])
 
     async def get(self, identity: str, memory_id: str) -> MemoryRecord:
-        row = await self._db.run_read(lambda conn: conn.execute(
-            f"{SELECT_MEMORY} WHERE identity = ? AND id = ?", (identity, memory_id)).fetchone())
+        row = await self._db.run_read(lambda tx: tx.execute(
+            _GET, {"owner": identity, "memory_id": memory_id}).fetchone())
         if row is None:
             raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
         return record_of(row)[1]
@@ -73,34 +153,23 @@ class SqlMemoryStore:
         if not nums:
             return {}
 
-        def read(conn: sqlite3.Connection) -> dict[int, MemoryRecord]:
-            marks = ",".join("?" * len(nums))
-            # `+identity`: look the rows up by number; SQLite would otherwise walk the identity's index.
-            rows = conn.execute(f"{SELECT_MEMORY} WHERE num IN ({marks}) AND +identity = ?", (*nums, identity))
-            return dict(record_of(row) for row in rows)
-
-        return await self._db.run_read(read)
+        found = {"nums": json.dumps(list(nums)), "identity": identity}
+        rows = await self._db.run_read(lambda tx: tx.execute(_BY_NUMS, found).fetchall())
+        return dict(map(record_of, rows))
 
     async def profile(self, identity: str, limit: int) -> list[MemoryRecord]:
         """The identity's active facts that name an attribute (subject and key), in a stable order."""
-        sql = (f"{SELECT_MEMORY} WHERE identity = ? AND kind = 'fact' AND status = 'active' AND fact_key IS NOT NULL "
-               "ORDER BY source_rank DESC, subject, fact_key, num LIMIT ?")
-        rows = await self._db.run_read(lambda conn: conn.execute(sql, (identity, limit)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(
+            _PROFILE, {"identity": identity, "limit": limit}).fetchall())
         return [record_of(row)[1] for row in rows]
 
     async def list(self, identity: str, *, kinds: Sequence[MemoryKind] = (), include_inactive: bool = False,
                    limit: int = 100, session_key: str | None = None) -> list[MemoryRecord]:
         """Newest first."""
-        where = f"identity = ?{_statuses(include_inactive)}"
-        params: list[Any] = [identity]
-        if session_key is not None:
-            where += " AND session_key = ?"
-            params.append(session_key)
-        if kinds:
-            where += f" AND kind IN ({','.join('?' * len(kinds))})"
-            params += [k.value for k in kinds]
-        sql = f"{SELECT_MEMORY} WHERE {where} ORDER BY created_at DESC, num DESC LIMIT ?"
-        rows = await self._db.run_read(lambda conn: conn.execute(sql, (*params, limit)).fetchall())
+        listing = _LISTINGS[include_inactive, session_key is not None, bool(kinds)]
+        params = {"identity": identity, "session_key": session_key, "kinds": json.dumps([k.value for k in kinds]),
+                  "limit": limit}
+        rows = await self._db.run_read(lambda tx: tx.execute(listing, params).fetchall())
         return [record_of(row)[1] for row in rows]
 
     async def lexical(self, identity: str, terms: Sequence[str], limit: int) -> list[tuple[int, float]]:
@@ -110,51 +179,48 @@ class SqlMemoryStore:
         The owner token keeps the search within the identity's rows; their states are
         filtered with the records (a join here cost a third of the query).
         """
-        def read(conn: sqlite3.Connection) -> list[tuple[int, float]]:
+        def read(tx: Tx) -> list[tuple[int, float]]:
             kept = list(terms)
-            total = conn.execute("SELECT COALESCE(MAX(num), 0) FROM memory_items").fetchone()[0]
-            if total > COMMON_ROWS:
+            total = tx.execute(_HIGHEST_NUM).fetchone()[0]
+            # PostgreSQL's index has no vocabulary table: its ts_rank weighs every term alike.
+            if total > COMMON_ROWS and tx.dialect == "sqlite":
                 forms = {term: indexed_form(term) for term in terms}
-                rows = dict(conn.execute(
-                    f"SELECT term, doc FROM memory_fts_terms WHERE term IN ({', '.join('?' * len(forms))})",
-                    list(forms.values())).fetchall())
+                rows = dict(tx.execute(TERM_ROWS, {"terms": json.dumps(list(forms.values()))}).fetchall())
                 kept = distinctive(terms, {term: rows.get(form, 0) for term, form in forms.items()}, total)
-            match = f"owner:{owner_token(identity)} AND {{body before after far day}}:({expression(kept)})"
-            return conn.execute(_LEXICAL, (match, limit)).fetchall()
+            owner = owner_token(identity)
+            return tx.execute(LEXICAL, {
+                "match": f"owner:{owner} AND {{body before after far day}}:({expression(kept)})",  # SQLite's
+                "owner": owner, "any_of": " | ".join(ts_lexeme(term) for term in kept), "limit": limit,
+            }).fetchall()
 
         return await self._db.run_read(read)
 
     async def text_rev(self, identity: str) -> int:
         """The highest text revision of the identity's memories (0 when it has none)."""
-        return await self._db.run_read(lambda conn: conn.execute(
-            "SELECT COALESCE(MAX(text_rev), 0) FROM memory_items WHERE identity = ?", (identity,)).fetchone()[0])
+        return await self._db.run_read(lambda tx: tx.execute(_TEXT_REV, {"identity": identity}).fetchone()[0])
 
     async def count(self, identity: str) -> int:
         """How many memories the identity has, in any state."""
-        return await self._db.run_read(lambda conn: conn.execute(
-            "SELECT COUNT(*) FROM memory_items WHERE identity = ?", (identity,)).fetchone()[0])
+        return await self._db.run_read(lambda tx: tx.execute(_COUNT, {"identity": identity}).fetchone()[0])
 
     async def texts_after(self, identity: str, rev: int, limit: int) -> list[tuple[int, int, tuple[str, ...]]]:
         """(num, text revision, the text index row's columns after `owner`) of the identity's
         memories whose text was written after revision `rev`, in revision order."""
-        sql = ("SELECT m.num, m.text_rev, f.body, f.before, f.after, f.far, f.day FROM memory_items m "
-               "JOIN memory_fts f ON f.rowid = m.num WHERE m.identity = ? AND m.text_rev > ? "
-               "ORDER BY m.text_rev LIMIT ?")
-        rows = await self._db.run_read(lambda conn: conn.execute(sql, (identity, rev, limit)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(
+            TEXTS_AFTER, {"identity": identity, "rev": rev, "limit": limit}).fetchall())
         return [(num, text_rev, tuple(columns)) for num, text_rev, *columns in rows]
 
     async def history(self, identity: str, memory_id: str) -> list[MemoryRecord]:
         """The supersession chain through a fact, oldest first."""
-        def read(conn: sqlite3.Connection) -> list[MemoryRecord]:
-            found = conn.execute(f"{SELECT_MEMORY} WHERE identity = ? AND id = ?", (identity, memory_id)).fetchone()
+        def read(tx: Tx) -> list[MemoryRecord]:
+            found = tx.execute(_GET, {"owner": identity, "memory_id": memory_id}).fetchone()
             if found is None:
                 raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
             chain = [record_of(found)[1]]
-            while (older := conn.execute(f"{SELECT_MEMORY} WHERE identity = ? AND superseded_by = ?",
-                                         (identity, chain[0].id)).fetchone()) is not None:
+            while (older := tx.execute(_OLDER, {"owner": identity, "memory_id": chain[0].id}).fetchone()) is not None:
                 chain.insert(0, record_of(older)[1])
-            while chain[-1].superseded_by and (newer := conn.execute(
-                    f"{SELECT_MEMORY} WHERE identity = ? AND id = ?", (identity, chain[-1].superseded_by)).fetchone()):
+            while chain[-1].superseded_by and (newer := tx.execute(
+                    _GET, {"owner": identity, "memory_id": chain[-1].superseded_by}).fetchone()):
                 chain.append(record_of(newer)[1])
             return chain
 
@@ -163,30 +229,27 @@ class SqlMemoryStore:
     async def set_status(self, identity: str, memory_id: str, status: MemoryStatus) -> MemoryRecord:
         now = time.time()
 
-        def change(conn: sqlite3.Connection) -> MemoryRecord:
-            done = conn.execute("UPDATE memory_items SET status = ?, updated_at = ?, "
-                                "invalid_at = COALESCE(invalid_at, ?) WHERE identity = ? AND id = ?",
-                                (status.value, now, now if status is not MemoryStatus.ACTIVE else None,
-                                 identity, memory_id))
+        def change(tx: Tx) -> MemoryRecord:
+            memory = {"owner": identity, "memory_id": memory_id}
+            done = tx.execute(_SET_STATUS, {**memory, "status": status.value, "now": now,
+                                            "invalid_at": now if status is not MemoryStatus.ACTIVE else None})
             if done.rowcount != 1:
                 raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
-            return record_of(conn.execute(f"{SELECT_MEMORY} WHERE identity = ? AND id = ?",
-                                          (identity, memory_id)).fetchone())[1]
+            return record_of(tx.execute(_GET, memory).fetchone())[1]
 
         return await self._db.run_write(change)
 
     async def purge(self, identity: str, memory_id: str) -> None:
         """Delete for real: the row, its text index row and its vector."""
-        def delete(conn: sqlite3.Connection) -> None:
-            row = conn.execute("SELECT num FROM memory_items WHERE identity = ? AND id = ?",
-                               (identity, memory_id)).fetchone()
+        def delete(tx: Tx) -> None:
+            row = tx.execute(_NUM_OF, {"owner": identity, "memory_id": memory_id}).fetchone()
             if row is None:
                 raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
-            conn.execute("DELETE FROM memory_fts WHERE rowid = ?", row)
-            conn.execute("DELETE FROM memory_vectors WHERE num = ?", row)
-            conn.execute("UPDATE memory_items SET superseded_by = NULL WHERE identity = ? AND superseded_by = ?",
-                         (identity, memory_id))
-            conn.execute("DELETE FROM memory_items WHERE num = ?", row)
+            num = {"num": row[0]}
+            tx.execute(DELETE_TEXT, num)
+            tx.execute(_DELETE_VECTOR, num)
+            tx.execute(_UNLINK, {"owner": identity, "memory_id": memory_id})
+            tx.execute(_DELETE, num)
 
         await self._db.run_write(delete)
 
@@ -194,14 +257,11 @@ class SqlMemoryStore:
 
     async def unembedded(self, limit: int) -> list[Unembedded]:
         """Memories with no vector yet, of any identity (the embedding job's)."""
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            "SELECT num, identity, content, context_json FROM memory_items WHERE embedding_model IS NULL "
-            "ORDER BY num LIMIT ?", (limit,)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(_UNEMBEDDED, {"limit": limit}).fetchall())
         return [Unembedded(num, identity, content, context) for num, identity, content, context in rows]
 
     async def count_unembedded(self) -> int:
-        return await self._db.run_read(lambda conn: conn.execute(
-            "SELECT COUNT(*) FROM memory_items WHERE embedding_model IS NULL").fetchone()[0])
+        return await self._db.run_read(lambda tx: tx.execute(memory_upkeep.COUNT_UNEMBEDDED).fetchone()[0])
 
     async def set_vectors(self, model: str, vectors: Iterable[tuple[Unembedded, bytes, bytes | None]]) -> int:
         """Store each memory's vector and window vector, and stamp its row with the model; returns how many.
@@ -211,21 +271,15 @@ class SqlMemoryStore:
         """
         rows = list(vectors)
 
-        def store(conn: sqlite3.Connection) -> int:
+        def store(tx: Tx) -> int:
             stored = 0
             for item, blob, window in rows:
-                stamped = conn.execute(
-                    "UPDATE memory_items SET embedding_model = ? WHERE num = ? AND identity = ? "
-                    "AND embedding_model IS NULL AND context_json IS ?",
-                    (model, item.num, item.identity, item.context_json))
-                if stamped.rowcount != 1:
+                stamp = {"memory_num": item.num, "owner": item.identity, "context": item.context_json, "model": model}
+                if tx.execute(_STAMP, stamp).rowcount != 1:
                     continue  # purged, or its neighbours changed: not the memory that was embedded
-                rev = conn.execute("UPDATE memory_vector_rev SET rev = rev + 1 RETURNING rev").fetchone()[0]
-                # An update, not a replace: the database's triggers keep the per-identity counts.
-                conn.execute("INSERT INTO memory_vectors (num, identity, model, rev, vector, window) "
-                             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (num) DO UPDATE SET identity = excluded.identity, "
-                             "model = excluded.model, rev = excluded.rev, vector = excluded.vector, "
-                             "window = excluded.window", (item.num, item.identity, model, rev, blob, window))
+                rev = tx.execute(_NEXT_VECTOR_REV).fetchone()[0]
+                tx.execute(_PUT_VECTOR, {"num": item.num, "identity": item.identity, "model": model, "rev": rev,
+                                         "vector": blob, "window": window})
                 stored += 1
             return stored
 
@@ -233,24 +287,23 @@ class SqlMemoryStore:
 
     async def vector_state(self, identity: str, model: str) -> tuple[int, int]:
         """(count, highest rev) of the identity's vectors by `model`: what a cached matrix checks against."""
-        row = await self._db.run_read(lambda conn: conn.execute(
-            "SELECT rows, rev FROM memory_vector_heads WHERE identity = ? AND model = ?", (identity, model)).fetchone())
+        row = await self._db.run_read(lambda tx: tx.execute(
+            _VECTOR_STATE, {"identity": identity, "model": model}).fetchone())
         return (0, 0) if row is None else (row[0], row[1])
 
     async def vectors_after(self, identity: str, model: str, rev: int) -> list[tuple[int, int, bytes, bytes | None]]:
         """(num, rev, vector, window) written after `rev`, in order."""
-        return await self._db.run_read(lambda conn: conn.execute(
-            "SELECT num, rev, vector, window FROM memory_vectors WHERE identity = ? AND model = ? AND rev > ? "
-            "ORDER BY rev", (identity, model, rev)).fetchall())
+        return await self._db.run_read(lambda tx: tx.execute(
+            _VECTORS_AFTER, {"identity": identity, "model": model, "rev": rev}).fetchall())
 
     async def quarantine_vector(self, num: int) -> None:
         """A vector that cannot be read is dropped and its memory queued for embedding again."""
         now = time.time()
 
-        def drop(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM memory_vectors WHERE num = ?", (num,))
-            conn.execute("UPDATE memory_items SET embedding_model = NULL WHERE num = ?", (num,))
-            record_job(conn, EMBED_JOB, now)
+        def drop(tx: Tx) -> None:
+            tx.execute(_DELETE_VECTOR, {"num": num})
+            tx.execute(_UNEMBED, {"memory_num": num})
+            record_job(tx, EMBED_JOB, now)
 
         await self._db.run_write(drop)
 
@@ -258,12 +311,11 @@ class SqlMemoryStore:
         """Queue every memory embedded by another model for a new embedding; returns how many."""
         now = time.time()
 
-        def requeue(conn: sqlite3.Connection) -> int:
-            changed = conn.execute("UPDATE memory_items SET embedding_model = NULL "
-                                   "WHERE embedding_model IS NOT NULL AND embedding_model != ?", (model,)).rowcount
-            conn.execute("DELETE FROM memory_vectors WHERE model != ?", (model,))
+        def requeue(tx: Tx) -> int:
+            changed = tx.execute(_UNEMBED_OTHER_MODELS, {"model": model}).rowcount
+            tx.execute(_DELETE_OTHER_MODELS, {"model": model})
             if changed:
-                record_job(conn, EMBED_JOB, now)
+                record_job(tx, EMBED_JOB, now)
             return changed
 
         return await self._db.run_write(requeue)
@@ -272,26 +324,22 @@ class SqlMemoryStore:
 
     async def unchecked_facts(self, limit: int) -> list[MemoryRecord]:
         """Keyless facts of any identity not yet compared with older ones, oldest first."""
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            f"{SELECT_MEMORY} WHERE checked_at IS NULL AND kind = 'fact' AND fact_key IS NULL ORDER BY num LIMIT ?",
-            (limit,)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(_UNCHECKED_FACTS, {"limit": limit}).fetchall())
         return [record_of(row)[1] for row in rows]
 
     async def mark_checked(self, identity: str, memory_id: str) -> None:
         now = time.time()
-        await self._db.run_write(lambda conn: conn.execute(
-            "UPDATE memory_items SET checked_at = ? WHERE identity = ? AND id = ?", (now, identity, memory_id)))
+        await self._db.run_write(lambda tx: tx.execute(
+            _MARK_CHECKED, {"owner": identity, "memory_id": memory_id, "now": now}))
 
     async def supersede_by(self, identity: str, old_id: str, new_id: str) -> None:
         """The newer fact replaces the older one, if both are still active; the old one keeps its history."""
         now = time.time()
 
-        def change(conn: sqlite3.Connection) -> None:
-            both = conn.execute("SELECT COUNT(*) FROM memory_items WHERE identity = ? AND id IN (?, ?) "
-                                "AND status = 'active'", (identity, old_id, new_id)).fetchone()[0]
-            if both == 2:
-                conn.execute("UPDATE memory_items SET status = 'superseded', superseded_by = ?, invalid_at = ?, "
-                             "updated_at = ? WHERE identity = ? AND id = ?", (new_id, now, now, identity, old_id))
+        def change(tx: Tx) -> None:
+            pair = {"owner": identity, "old_id": old_id, "new_id": new_id}
+            if tx.execute(_BOTH_ACTIVE, pair).fetchone()[0] == 2:
+                tx.execute(_SUPERSEDE_BY, {**pair, "now": now})
 
         await self._db.run_write(change)
 
@@ -299,28 +347,21 @@ class SqlMemoryStore:
 
     async def note_recalls(self, recalls: dict[tuple[str, str], tuple[int, float]]) -> None:
         """Add recall counts ((identity, id) -> (times, last time)) in one write; a recall restores full strength."""
-        def store(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "UPDATE memory_items SET recall_count = recall_count + ?, strength = 1.0, "
-                "last_recalled_at = MAX(COALESCE(last_recalled_at, 0), ?) WHERE identity = ? AND id = ?",
-                [(times, last, identity, id_) for (identity, id_), (times, last) in recalls.items()])
-
-        await self._db.run_write(store)
+        rows = [{"owner": identity, "memory_id": id_, "times": times, "last": last}
+                for (identity, id_), (times, last) in recalls.items()]
+        await self._db.run_write(lambda tx: tx.executemany(_RECALLED, rows))
 
     async def decay_candidates(self, kinds: Sequence[MemoryKind]) -> list[MemoryRecord]:
-        marks = ",".join("?" * len(kinds))
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            f"{SELECT_MEMORY} WHERE status = 'active' AND kind IN ({marks})", [k.value for k in kinds]).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(
+            _DECAY_CANDIDATES, {"kinds": json.dumps([k.value for k in kinds])}).fetchall())
         return [record_of(row)[1] for row in rows]
 
     async def set_strengths(self, strengths: dict[str, float], archive: Sequence[str]) -> None:
         now = time.time()
 
-        def store(conn: sqlite3.Connection) -> None:
-            conn.executemany("UPDATE memory_items SET strength = ? WHERE id = ?",
-                             [(value, id_) for id_, value in strengths.items()])
-            conn.executemany("UPDATE memory_items SET status = 'archived', invalid_at = ?, updated_at = ? "
-                             "WHERE id = ? AND status = 'active'", [(now, now, id_) for id_ in archive])
+        def store(tx: Tx) -> None:
+            tx.executemany(_SET_STRENGTH, [{"memory_id": id_, "strength": value} for id_, value in strengths.items()])
+            tx.executemany(_ARCHIVE, [{"memory_id": id_, "now": now} for id_ in archive])
 
         await self._db.run_write(store)
 
@@ -328,8 +369,7 @@ class SqlMemoryStore:
 
     async def senders(self, session_key: str) -> dict[str, tuple[str, str]]:
         """turn id -> (channel, sender id) of every message the session accepted."""
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            "SELECT turn_id, channel, sender_id FROM inbox WHERE session_key = ?", (session_key,)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(_SENDERS, {"session_key": session_key}).fetchall())
         return {turn_id: (channel, sender) for turn_id, channel, sender in rows}
 
     async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], fallback: str) -> int:
@@ -343,7 +383,7 @@ class SqlMemoryStore:
         before is embedded again (its window now reaches the first new one).
         """
         now = time.time()
-        return await self._db.run_write(lambda conn: archive_messages(conn, session_key, resolve, fallback, now))
+        return await self._db.run_write(lambda tx: archive_messages(tx, session_key, resolve, fallback, now))
 
     # -- upkeep --------------------------------------------------------------------
 
@@ -355,42 +395,9 @@ class SqlMemoryStore:
         one. `progress(done, total)` is called before the first row and after
         every REINDEX_BATCH rows, on the store's writer thread: keep it quick.
         """
-        def rebuild(conn: sqlite3.Connection) -> int:
-            conn.execute("DELETE FROM memory_fts")
-            conn.execute("DELETE FROM memory_vectors WHERE num NOT IN (SELECT num FROM memory_items)")
-            conn.execute("DELETE FROM memory_vector_heads")
-            conn.execute(f"INSERT INTO memory_vector_heads (identity, model, rows, rev) SELECT identity, model, n, rev "
-                         f"FROM ({_VECTOR_COUNTS})")
-            total = conn.execute("SELECT COUNT(*) FROM memory_items").fetchone()[0]
-            if progress is not None:
-                progress(0, total)
-            done = last = 0
-            while batch := conn.execute(_REINDEX_ROWS, (last, REINDEX_BATCH)).fetchall():
-                for num, identity, content, created_at, context in batch:
-                    write_text_row(conn, num, identity, content, created_at, Context.from_json(context))
-                done, last = done + len(batch), batch[-1][0]
-                if progress is not None:
-                    progress(done, total)
-            return done
-
-        return await self._db.run_write(rebuild)
+        return await self._db.run_write(lambda tx: memory_upkeep.rebuild(tx, REINDEX_BATCH, progress))
 
     async def consistency(self) -> dict[str, int]:
         """Counts that must agree: rows against text index rows, vectors without a row,
         each identity's vectors against the count its searches check."""
-        def count(conn: sqlite3.Connection) -> dict[str, int]:
-            def one(sql: str) -> int:
-                return conn.execute(sql).fetchone()[0]
-            return {
-                "rows": one("SELECT COUNT(*) FROM memory_items"),
-                "text_rows": one("SELECT COUNT(*) FROM memory_fts"),
-                "rows_without_text": one("SELECT COUNT(*) FROM memory_items m WHERE NOT EXISTS "
-                                         "(SELECT 1 FROM memory_fts f WHERE f.rowid = m.num)"),
-                "orphan_vectors": one("SELECT COUNT(*) FROM memory_vectors v WHERE NOT EXISTS "
-                                      "(SELECT 1 FROM memory_items m WHERE m.num = v.num)"),
-                "unembedded": one("SELECT COUNT(*) FROM memory_items WHERE embedding_model IS NULL"),
-                "miscounted_vectors": one(f"SELECT COUNT(*) FROM ({_VECTOR_COUNTS}) c FULL JOIN memory_vector_heads h "
-                                          "USING (identity, model) WHERE COALESCE(c.n, 0) != COALESCE(h.rows, 0)"),
-            }
-
-        return await self._db.run_read(count)
+        return await self._db.run_read(memory_upkeep.counts)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from sqlalchemy import bindparam, func, null, select, update
 
 from ember.core.jobs import JobKind, JobRequest
 from ember.core.memory import (
@@ -27,24 +28,82 @@ from ember.core.memory import (
     content_hash,
     normalized_key,
 )
+from ember.store import schema
 from ember.store.jobs import record_job
 from ember.store.segment import index_text, owner_token
+from ember.store.tx import Statement, Tx
 
-_COLUMNS = ("num, id, identity, kind, status, content, subject, fact_key, source, source_rank, session_key, "
-            "seq_start, seq_end, created_at, valid_from, invalid_at, superseded_by, recall_count, "
-            "last_recalled_at, strength")
-SELECT_MEMORY = f"SELECT {_COLUMNS} FROM memory_items"
-_INSERT = (
+_mi, _m, _marks = schema.memory_items, schema.messages, schema.memory_archive_marks
+# The columns record_of reads, in its order.
+MEMORY = select(*(_mi.c[name] for name in (
+    "num", "id", "identity", "kind", "status", "content", "subject", "fact_key", "source", "source_rank",
+    "session_key", "seq_start", "seq_end", "created_at", "valid_from", "invalid_at", "superseded_by", "recall_count",
+    "last_recalled_at", "strength")))
+_INSERT = Statement(
     "INSERT INTO memory_items (id, identity, kind, status, content, content_hash, subject, fact_key, source, "
     "source_rank, session_key, seq_start, seq_end, valid_from, recall_count, strength, context_json, checked_at, "
     "created_at, updated_at) VALUES (:id, :identity, :kind, :status, :content, :hash, :subject, :key, :source, "
     ":rank, :session_key, :seq_start, :seq_end, :created_at, 0, 1.0, :context, :now, :created_at, :now)"
 )
-_INSERT_TEXT = "INSERT INTO memory_fts (rowid, owner, body, before, after, far, day) VALUES (?, ?, ?, ?, ?, ?, ?)"
-_BUMP_TEXT_REV = ("UPDATE memory_items SET text_rev = (SELECT COALESCE(MAX(text_rev), 0) + 1 FROM memory_items "
-                  "WHERE identity = ?) WHERE num = ?")
-# BM25 weights of the text index's columns: owner, body, before, after, far, day.
+# Read back by id rather than RETURNING: SQLite runs an INSERT ... RETURNING in a statement savepoint,
+# which makes the text index flush its pending terms at every memory of a transaction.
+_NUM_OF_ID = Statement(select(_mi.c.num).where(_mi.c.id == bindparam("id")))
+_BUMP_TEXT_REV = Statement("UPDATE memory_items SET text_rev = (SELECT COALESCE(MAX(text_rev), 0) + 1 "
+                           "FROM memory_items WHERE identity = :identity) WHERE num = :num")
+_KNOWN = Statement(MEMORY.where(_mi.c.identity == bindparam("identity"), _mi.c.content_hash == bindparam("hash"),
+                                _mi.c.kind == bindparam("kind"), _mi.c.status != "archived")
+                   .order_by(_mi.c.status == "pending").limit(1))
+_CURRENT_FACTS = Statement(MEMORY.where(_mi.c.identity == bindparam("identity"),
+                                        _mi.c.subject.is_not_distinct_from(bindparam("subject")),
+                                        _mi.c.fact_key == bindparam("key"), _mi.c.status == "active"))
+_UNCHECKED = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num")).values(checked_at=null()))
+_SUPERSEDE = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num")).values(
+    status="superseded", superseded_by=bindparam("by_id"), invalid_at=bindparam("now"), updated_at=bindparam("now")))
+_BY_NUM = Statement(MEMORY.where(_mi.c.num == bindparam("num")))
+
+# Archiving a session's messages.
+_ARCHIVE_MARK = Statement(select(_marks.c.next_seq).where(_marks.c.session_key == bindparam("key")))
+# A session's messages worth archiving, with the channel and sender of their turn.
+_ARCHIVABLE = (
+    "SELECT m.seq, m.role, m.content, m.created_at, i.channel, i.sender_id, m.name FROM messages m "
+    "LEFT JOIN inbox i ON i.turn_id = m.turn_id AND i.session_key = m.session_key "
+    "WHERE m.session_key = :key AND m.role IN ('user', 'assistant') AND TRIM(m.content) != ''"
+)
+_ARCHIVED_BEFORE = Statement(f"{_ARCHIVABLE} AND m.seq < :start ORDER BY m.seq DESC LIMIT 4")
+_NOT_ARCHIVED = Statement(f"{_ARCHIVABLE} AND m.seq >= :start ORDER BY m.seq")
+_LAST_SEQ = Statement(select(func.coalesce(func.max(_m.c.seq), -1)).where(_m.c.session_key == bindparam("key")))
+_archived = (_mi.c.session_key == bindparam("key"), _mi.c.seq_start == bindparam("seq"), _mi.c.kind == "archival")
+_ARCHIVED = Statement(select(_mi.c.num).where(*_archived))
+_ARCHIVED_ROW = Statement(select(_mi.c.num, _mi.c.identity, _mi.c.content, _mi.c.context_json).where(*_archived))
+_SET_CONTEXT = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num"))
+                         .values(context_json=bindparam("context")))
+_SET_CONTEXT_UNEMBEDDED = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num"))
+                                    .values(context_json=bindparam("context"), embedding_model=null()))
+_MOVE_ARCHIVE_MARK = Statement(
+    "INSERT INTO memory_archive_marks (session_key, next_seq) VALUES (:key, :next_seq) "
+    "ON CONFLICT (session_key) DO UPDATE SET next_seq = excluded.next_seq")
+
+# The full-text index memory_fts, its rows keyed by their memory's num as `rowid`: FTS5's virtual
+# table on SQLite, searched with MATCH and bm25 and counted by its vocabulary table memory_fts_terms;
+# on PostgreSQL a table with a weighted tsvector, searched with @@ and ranked by ts_rank
+# (migration_steps.py). BM25 weights of its columns: owner, body, before, after, far, day.
 TEXT_WEIGHTS = (0.0, 1.0, 0.5, 0.5, 0.35, 0.6)
+_BM25 = f"bm25(memory_fts, {', '.join(map(str, TEXT_WEIGHTS))})"
+INSERT_TEXT = Statement("INSERT INTO memory_fts (rowid, owner, body, before, after, far, day) "
+                        "VALUES (:num, :owner, :body, :before, :after, :far, :day)")
+DELETE_TEXT = Statement("DELETE FROM memory_fts WHERE rowid = :num")
+LEXICAL = Statement(f"SELECT rowid, -{_BM25} FROM memory_fts WHERE memory_fts MATCH :match ORDER BY {_BM25} "
+                    "LIMIT :limit",
+                    "SELECT rowid, ts_rank('{0.35, 0.5, 0.6, 1.0}', document, to_tsquery('ember_text', :any_of)) AS s "
+                    "FROM memory_fts WHERE owner = :owner AND document @@ to_tsquery('ember_text', :any_of) "
+                    "ORDER BY s DESC LIMIT :limit")
+TERM_ROWS = Statement("SELECT term, doc FROM memory_fts_terms WHERE term IN (SELECT value FROM json_each(:terms))",
+                      portable=False)
+TEXTS_AFTER = Statement(
+    "SELECT m.num, m.text_rev, f.body, f.before, f.after, f.far, f.day FROM memory_items m "
+    "JOIN memory_fts f ON f.rowid = m.num WHERE m.identity = :identity AND m.text_rev > :rev "
+    "ORDER BY m.text_rev LIMIT :limit")
+
 EMBED_JOB = JobRequest(JobKind.EMBED, "all")
 RECONCILE_JOB = JobRequest(JobKind.RECONCILE_FACTS, "all")
 
@@ -79,11 +138,12 @@ def _day(timestamp: float) -> str:
     return f"{moment.day} {moment:%B} {moment.year}"
 
 
-def write_text_row(conn: sqlite3.Connection, num: int, identity: str, content: str, created_at: float,
+def write_text_row(tx: Tx, num: int, identity: str, content: str, created_at: float,
                    context: Context = Context()) -> None:
-    conn.execute(_INSERT_TEXT, (num, owner_token(identity), index_text(content), index_text(context.before),
-                                index_text(context.after), index_text("\n".join(context.far)), _day(created_at)))
-    conn.execute(_BUMP_TEXT_REV, (identity, num))
+    tx.execute(INSERT_TEXT, {"num": num, "owner": owner_token(identity), "body": index_text(content),
+                             "before": index_text(context.before), "after": index_text(context.after),
+                             "far": index_text("\n".join(context.far)), "day": _day(created_at)})
+    tx.execute(_BUMP_TEXT_REV, {"identity": identity, "num": num})
 
 Row = Sequence[Any]
 
@@ -104,23 +164,22 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def insert_memory(conn: sqlite3.Connection, memory: NewMemory, now: float, *,
+def insert_memory(tx: Tx, memory: NewMemory, now: float, *,
                   status: MemoryStatus = MemoryStatus.ACTIVE, context: Context = Context()) -> tuple[int, str]:
     """Write one memory row, its text index row and the embedding job, in the caller's transaction."""
     content = check_content(memory.content)
     created_at = memory.created_at if memory.created_at is not None else now
     id_ = new_id()
-    cursor = conn.execute(_INSERT, {
+    tx.execute(_INSERT, {
         "id": id_, "identity": memory.identity, "kind": memory.kind.value, "status": status.value,
         "content": content, "hash": content_hash(content), "subject": normalized_key(memory.subject),
         "key": normalized_key(memory.key), "source": memory.source, "rank": int(memory.source_rank),
         "session_key": memory.session_key, "seq_start": memory.seq_start, "seq_end": memory.seq_end,
         "created_at": created_at, "now": now, "context": context.to_json(),
     })
-    num = cursor.lastrowid
-    assert num is not None
-    write_text_row(conn, num, memory.identity, content, created_at, context)
-    record_job(conn, EMBED_JOB, now)
+    num = tx.execute(_NUM_OF_ID, {"id": id_}).fetchone()[0]
+    write_text_row(tx, num, memory.identity, content, created_at, context)
+    record_job(tx, EMBED_JOB, now)
     return num, id_
 
 
@@ -149,7 +208,7 @@ class WriteOutcome:
     superseded: tuple[str, ...] = ()
 
 
-def write_memory(conn: sqlite3.Connection, memory: NewMemory, now: float) -> WriteOutcome:
+def write_memory(tx: Tx, memory: NewMemory, now: float) -> WriteOutcome:
     """Add a memory unless this identity already has its content, in any state
     but forgotten: a fact said twice is one fact, and an import run again adds
     nothing, superseded facts included. (An episode is always added: its
@@ -162,9 +221,8 @@ def write_memory(conn: sqlite3.Connection, memory: NewMemory, now: float) -> Wri
     new fact is parked as pending (needs confirmation) and nothing changes.
     """
     content = check_content(memory.content)
-    existing = None if memory.kind is MemoryKind.EPISODIC else conn.execute(
-        f"{SELECT_MEMORY} WHERE identity = ? AND content_hash = ? AND kind = ? AND status != 'archived' "
-        "ORDER BY status = 'pending' LIMIT 1", (memory.identity, content_hash(content), memory.kind.value)).fetchone()
+    existing = None if memory.kind is MemoryKind.EPISODIC else tx.execute(_KNOWN, {
+        "identity": memory.identity, "hash": content_hash(content), "kind": memory.kind.value}).fetchone()
     confirmed: int | None = None
     if existing is not None:
         existing_num, known = record_of(existing)
@@ -174,40 +232,30 @@ def write_memory(conn: sqlite3.Connection, memory: NewMemory, now: float) -> Wri
     subject, key = normalized_key(memory.subject), normalized_key(memory.key)
     current: list[tuple[int, MemoryRecord]] = []
     if key is not None:
-        current = [record_of(row) for row in conn.execute(
-            f"{SELECT_MEMORY} WHERE identity = ? AND subject IS ? AND fact_key = ? AND status = 'active'",
-            (memory.identity, subject, key))]
+        current = [record_of(row) for row in tx.execute(
+            _CURRENT_FACTS, {"identity": memory.identity, "subject": subject, "key": key}).fetchall()]
     parked = any(record.source_rank > memory.source_rank for _, record in current)
-    num, id_ = insert_memory(conn, memory, now, status=MemoryStatus.PENDING if parked else MemoryStatus.ACTIVE)
+    num, id_ = insert_memory(tx, memory, now, status=MemoryStatus.PENDING if parked else MemoryStatus.ACTIVE)
     if confirmed is not None:
         # Said again by a better source: the new row replaces the weaker one, active or still waiting.
-        supersede(conn, confirmed, id_, now)
+        supersede(tx, confirmed, id_, now)
     if parked:
-        return WriteOutcome(_get_num(conn, num), created=True)
+        return WriteOutcome(_get_num(tx, num), created=True)
     for old_num, _ in current:
-        supersede(conn, old_num, id_, now)
+        supersede(tx, old_num, id_, now)
     if memory.kind is MemoryKind.FACT and key is None and memory.source_rank < SourceRank.USER_STATED:
         # What the person states stands as said; what was extracted or inferred is checked.
-        conn.execute("UPDATE memory_items SET checked_at = NULL WHERE num = ?", (num,))
-        record_job(conn, RECONCILE_JOB, now)
-    return WriteOutcome(_get_num(conn, num), created=True, superseded=tuple(r.id for _, r in current))
+        tx.execute(_UNCHECKED, {"memory_num": num})
+        record_job(tx, RECONCILE_JOB, now)
+    return WriteOutcome(_get_num(tx, num), created=True, superseded=tuple(r.id for _, r in current))
 
 
-def supersede(conn: sqlite3.Connection, num: int, by_id: str, now: float) -> None:
-    conn.execute("UPDATE memory_items SET status = 'superseded', superseded_by = ?, invalid_at = ?, updated_at = ? "
-                 "WHERE num = ?", (by_id, now, now, num))
+def supersede(tx: Tx, num: int, by_id: str, now: float) -> None:
+    tx.execute(_SUPERSEDE, {"memory_num": num, "by_id": by_id, "now": now})
 
 
-def _get_num(conn: sqlite3.Connection, num: int) -> MemoryRecord:
-    return record_of(conn.execute(f"{SELECT_MEMORY} WHERE num = ?", (num,)).fetchone())[1]
-
-
-# A session's messages worth archiving, with the channel and sender of their turn.
-_ARCHIVABLE = (
-    "SELECT m.seq, m.role, m.content, m.created_at, i.channel, i.sender_id, m.name FROM messages m "
-    "LEFT JOIN inbox i ON i.turn_id = m.turn_id AND i.session_key = m.session_key "
-    "WHERE m.session_key = ? AND m.role IN ('user', 'assistant') AND TRIM(m.content) != ''"
-)
+def _get_num(tx: Tx, num: int) -> MemoryRecord:
+    return record_of(tx.execute(_BY_NUM, {"num": num}).fetchone())[1]
 
 
 def _neighbours(texts: Sequence[str], index: int) -> Context:
@@ -218,30 +266,25 @@ def _neighbours(texts: Sequence[str], index: int) -> Context:
     return Context(before=at(-1), after=at(1), far=tuple(text for text in (at(-2), at(2)) if text))
 
 
-def _refresh_context(conn: sqlite3.Connection, session_key: str, seq: int, created_at: float, context: Context,
+def _refresh_context(tx: Tx, session_key: str, seq: int, created_at: float, context: Context,
                      *, reembed: bool) -> None:
-    row = conn.execute("SELECT num, identity, content, context_json FROM memory_items WHERE session_key = ? "
-                       "AND seq_start = ? AND kind = 'archival'", (session_key, seq)).fetchone()
+    row = tx.execute(_ARCHIVED_ROW, {"key": session_key, "seq": seq}).fetchone()
     if row is None or Context.from_json(row[3]) == context:
         return
     num, identity, content, _ = row
-    conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (num,))
-    write_text_row(conn, num, identity, content, created_at, context)
-    conn.execute("UPDATE memory_items SET context_json = ?" + (", embedding_model = NULL" if reembed else "")
-                 + " WHERE num = ?", (context.to_json(), num))
+    tx.execute(DELETE_TEXT, {"num": num})
+    write_text_row(tx, num, identity, content, created_at, context)
+    tx.execute(_SET_CONTEXT_UNEMBEDDED if reembed else _SET_CONTEXT, {"memory_num": num, "context": context.to_json()})
 
 
-def archive_messages(conn: sqlite3.Connection, session_key: str, resolve: Callable[[str, str], str], fallback: str,
+def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str], fallback: str,
                      now: float) -> int:
     """Copy the session's messages not yet archived into the archival tier (SqlMemoryStore.archive_session)."""
-    mark = conn.execute("SELECT next_seq FROM memory_archive_marks WHERE session_key = ?",
-                        (session_key,)).fetchone()
+    mark = tx.execute(_ARCHIVE_MARK, {"key": session_key}).fetchone()
     start = mark[0] if mark else 0
-    earlier = conn.execute(
-        f"{_ARCHIVABLE} AND m.seq < ? ORDER BY m.seq DESC LIMIT 4", (session_key, start)).fetchall()[::-1]
-    new = conn.execute(f"{_ARCHIVABLE} AND m.seq >= ? ORDER BY m.seq", (session_key, start)).fetchall()
-    high = conn.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_key = ?",
-                        (session_key,)).fetchone()[0]
+    earlier = tx.execute(_ARCHIVED_BEFORE, {"key": session_key, "start": start}).fetchall()[::-1]
+    new = tx.execute(_NOT_ARCHIVED, {"key": session_key, "start": start}).fetchall()
+    high = tx.execute(_LAST_SEQ, {"key": session_key}).fetchone()[0]
     line = [*earlier, *new]
     # A named author is part of what was said: "Caroline: I went to the support group".
     texts = [f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip() for row in line]
@@ -250,20 +293,17 @@ def archive_messages(conn: sqlite3.Connection, session_key: str, resolve: Callab
         if index < len(earlier):
             # The two before those only give their neighbours: their own reach further back.
             if index >= len(earlier) - 2:
-                _refresh_context(conn, session_key, seq, created_at, context,
+                _refresh_context(tx, session_key, seq, created_at, context,
                                  reembed=index == len(earlier) - 1)
             continue
-        if conn.execute("SELECT 1 FROM memory_items WHERE session_key = ? AND seq_start = ? "
-                        "AND kind = 'archival'", (session_key, seq)).fetchone():
+        if tx.execute(_ARCHIVED, {"key": session_key, "seq": seq}).fetchone():
             continue
-        insert_memory(conn, NewMemory(
+        insert_memory(tx, NewMemory(
             identity=resolve(channel, sender) if channel is not None else fallback,
             content=texts[index][:MAX_CONTENT_CHARS], kind=MemoryKind.ARCHIVAL, subject=name or role,
             source=f"session {session_key}",
             source_rank=SourceRank.USER_STATED if role == "user" else SourceRank.INFERRED,
             session_key=session_key, seq_start=seq, seq_end=seq + 1, created_at=created_at),
             now, context=context)
-    conn.execute("INSERT INTO memory_archive_marks (session_key, next_seq) VALUES (?, ?) "
-                 "ON CONFLICT (session_key) DO UPDATE SET next_seq = excluded.next_seq",
-                 (session_key, high + 1))
+    tx.execute(_MOVE_ARCHIVE_MARK, {"key": session_key, "next_seq": high + 1})
     return len(new)

@@ -201,3 +201,98 @@ approvals = Table(
     Column("created_at", Float, nullable=False),
     Column("decided_at", Float),
 )
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("identity", Text, nullable=False),
+    Column("prompt", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("tz", Text, nullable=False),
+    Column("anchor", Float, nullable=False),
+    Column("reply_channel", Text),
+    Column("reply_chat_id", Text),
+    Column("missed", Text, nullable=False),
+    Column("grant_approvals", Integer, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("next_run_at", Float),
+    Column("runs", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+task_runs = Table(
+    "task_runs",
+    metadata,
+    Column("task_id", Text, primary_key=True),
+    Column("scheduled_for", Float, primary_key=True),
+    Column("outcome", Text, primary_key=True),
+    Column("message_id", Text),
+    Column("recorded_at", Float, nullable=False),
+)
+
+skills = Table(
+    "skills",
+    metadata,
+    Column("identity", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("description", Text, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("origin", Text, nullable=False),
+    Column("disk_digest", Text),
+    Column("use_count", Integer, nullable=False, server_default="0"),
+    Column("last_used_at", Float),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+skill_versions = Table(
+    "skill_versions",
+    metadata,
+    Column("identity", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("text", Text, nullable=False),
+    Column("files_json", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("admitted_by", Text, nullable=False),
+    Column("turn_id", Text),
+    Column("job_id", Text),
+    Column("created_at", Float, nullable=False),
+)
+
+skill_proposals = Table(
+    "skill_proposals",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("identity", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("base_version", Integer),
+    Column("text", Text, nullable=False),
+    Column("risk", Text, nullable=False),
+    Column("risk_reasons", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("session_key", Text),
+    Column("turn_id", Text),
+    Column("job_id", Text),
+    Column("input_tokens", Integer, nullable=False, server_default="0"),
+    Column("output_tokens", Integer, nullable=False, server_default="0"),
+    Column("cost_usd", Float),
+    Column("created_at", Float, nullable=False),
+    Column("decided_at", Float),
+    Column("decided_by", Text),
+    Column("version", Integer),
+)
+
+skill_reviews = Table(
+    "skill_reviews",
+    metadata,
+    Column("session_key", Text, primary_key=True),
+    Column("reviewed_seq", BigInteger, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)

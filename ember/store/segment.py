@@ -114,6 +114,11 @@ def expression(terms: Sequence[str]) -> str:
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
 
 
+def ts_lexeme(term: str) -> str:
+    """A term as PostgreSQL's to_tsquery reads it: quoted, so its characters are the term's own."""
+    return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
 def _fold(text: str) -> str:
     return unicodedata.normalize("NFKC", text).casefold()
 

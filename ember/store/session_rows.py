@@ -1,44 +1,42 @@
 """Messages to rows and back, and the statements a turn runs on sessions.
 
-Rows are read by position, whether they come from SQLAlchemy or from sqlite3:
+Rows are read by position, whether they come from SQLAlchemy or from a `Tx`:
 every query here selects the table's columns in their declared order.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ember.core.messages import Message, Role, decode_tool_calls, encode_tool_calls
 from ember.core.thinking import strip_thinking
 from ember.store import schema
-from ember.store.direct import compiled
+from ember.store.tx import Statement, Tx, upsert
 
 StoredRow = Sequence[Any]
 
 _s, _m = schema.sessions, schema.messages
-HEAD = compiled(select(_s.c.next_seq, _s.c.last_consolidated, _s.c.updated_at, _s.c.metadata_json)
-                .where(_s.c.key == bindparam("key")))
-WINDOW = compiled(select(_m).where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("start"))
-                  .order_by(_m.c.seq))
-CLAIM = compiled(update(_s).where(_s.c.key == bindparam("key"), _s.c.next_seq == bindparam("expected"))
-                 .values(next_seq=bindparam("claimed"), updated_at=bindparam("now")))
-CREATE = compiled(sqlite_insert(_s).on_conflict_do_nothing(index_elements=["key"]))
-INSERT_MESSAGE = compiled(insert(_m))
-FIRST_ROLE_FROM = compiled(select(_m.c.role).where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("seq"))
-                           .order_by(_m.c.seq).limit(1))
-ADVANCE = compiled(update(_s).where(_s.c.key == bindparam("key"), _s.c.last_consolidated == bindparam("expected"),
-                                    _s.c.next_seq >= bindparam("new"))
-                   .values(last_consolidated=bindparam("new"), updated_at=bindparam("now")))
-SPAN = compiled(select(func.min(_m.c.created_at), func.max(_m.c.created_at))
-                .where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("start"),
-                       _m.c.seq < bindparam("end")))
+HEAD = Statement(select(_s.c.next_seq, _s.c.last_consolidated, _s.c.updated_at, _s.c.metadata_json)
+                 .where(_s.c.key == bindparam("key")))
+WINDOW = Statement(select(_m).where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("start"))
+                   .order_by(_m.c.seq))
+CLAIM = Statement(update(_s).where(_s.c.key == bindparam("session"), _s.c.next_seq == bindparam("expected"))
+                  .values(next_seq=bindparam("claimed"), updated_at=bindparam("now")))
+CREATE = upsert(lambda ins: ins(_s).on_conflict_do_nothing(index_elements=["key"]))
+INSERT_MESSAGE = Statement(insert(_m))
+FIRST_ROLE_FROM = Statement(select(_m.c.role).where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("seq"))
+                            .order_by(_m.c.seq).limit(1))
+ADVANCE = Statement(update(_s).where(_s.c.key == bindparam("session"), _s.c.last_consolidated == bindparam("expected"),
+                                     _s.c.next_seq >= bindparam("new"))
+                    .values(last_consolidated=bindparam("new"), updated_at=bindparam("now")))
+SPAN = Statement(select(func.min(_m.c.created_at), func.max(_m.c.created_at))
+                 .where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("start"),
+                        _m.c.seq < bindparam("end")))
 
 _ROLES = {role.value: role for role in Role}
 
@@ -53,8 +51,8 @@ class Head:
     metadata_json: str
 
 
-def read_head(conn: sqlite3.Connection, key: str) -> Head | None:
-    row = conn.execute(HEAD, {"key": key}).fetchone()
+def read_head(tx: Tx, key: str) -> Head | None:
+    row = tx.execute(HEAD, {"key": key}).fetchone()
     return None if row is None else Head(*row)
 
 

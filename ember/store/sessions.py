@@ -15,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import sqlite3
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ember.core.delivery import Delivery, Receipt
@@ -52,6 +51,7 @@ from ember.store.session_rows import (
     read_head,
     stored,
 )
+from ember.store.tx import Statement, Tx, upsert
 from ember.store.windows import Window, WindowCache
 
 INTERRUPTED_RESULT = "[interrupted: this tool call's result was lost when the turn was cut off; it did not complete]"
@@ -61,6 +61,17 @@ Parsed = list[tuple[StoredRow, Message | str]]
 
 
 TITLE_CHARS = 80  # of a first message, as a session's title when it has none of its own
+
+_labels = schema.session_labels
+_LABELLED = upsert(lambda ins: ins(_labels).values(session_key=bindparam("key"))
+                   .on_conflict_do_nothing(index_elements=["session_key"]))
+_RETITLE = Statement(update(_labels).where(_labels.c.session_key == bindparam("key"))
+                     .values(title=bindparam("title")))
+_ARCHIVE = Statement(update(_labels).where(_labels.c.session_key == bindparam("key"))
+                     .values(archived_at=bindparam("archived_at")))
+_TITLE_IF_UNTITLED = Statement(update(_labels).where(_labels.c.session_key == bindparam("key"),
+                                                     _labels.c.title.is_(None))
+                               .values(title=bindparam("title")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,15 +208,14 @@ class SqlSessionStore:
         no such session. Its messages are untouched either way."""
         now = time.time()
 
-        def write(conn: sqlite3.Connection) -> bool:
-            if conn.execute("SELECT 1 FROM sessions WHERE key = ?", (key,)).fetchone() is None:
+        def write(tx: Tx) -> bool:
+            if read_head(tx, key) is None:
                 return False
-            conn.execute("INSERT OR IGNORE INTO session_labels (session_key) VALUES (?)", (key,))
+            tx.execute(_LABELLED, {"key": key})
             if title is not None:
-                conn.execute("UPDATE session_labels SET title = ? WHERE session_key = ?", (title or None, key))
+                tx.execute(_RETITLE, {"key": key, "title": title or None})
             if archived is not None:
-                conn.execute("UPDATE session_labels SET archived_at = ? WHERE session_key = ?",
-                             (now if archived else None, key))
+                tx.execute(_ARCHIVE, {"key": key, "archived_at": now if archived else None})
             return True
 
         return await self._db.run_write(write)
@@ -213,12 +223,11 @@ class SqlSessionStore:
     async def name_if_untitled(self, key: str, title: str) -> bool:
         """Give the session `title` unless it has one (a person's name for it, or an earlier
         one); True when written."""
-        def write(conn: sqlite3.Connection) -> bool:
-            if conn.execute("SELECT 1 FROM sessions WHERE key = ?", (key,)).fetchone() is None:
+        def write(tx: Tx) -> bool:
+            if read_head(tx, key) is None:
                 return False
-            conn.execute("INSERT OR IGNORE INTO session_labels (session_key) VALUES (?)", (key,))
-            return conn.execute("UPDATE session_labels SET title = ? WHERE session_key = ? AND title IS NULL",
-                                (title, key)).rowcount == 1
+            tx.execute(_LABELLED, {"key": key})
+            return tx.execute(_TITLE_IF_UNTITLED, {"key": key, "title": title}).rowcount == 1
 
         return bool(await self._db.run_write(write))
 
@@ -236,23 +245,23 @@ class SqlSessionStore:
             return False
         now = time.time()
 
-        def commit(conn: sqlite3.Connection) -> bool:
-            first_kept = conn.execute(FIRST_ROLE_FROM, {"key": key, "seq": new}).fetchone()
+        def commit(tx: Tx) -> bool:
+            first_kept = tx.execute(FIRST_ROLE_FROM, {"key": key, "seq": new}).fetchone()
             if first_kept is not None and first_kept[0] == Role.TOOL.value:
                 # The next load would find a result without its call and set it aside: a lost row.
                 raise ValueError(f"boundary {new} of {key!r} would split a tool call from its results")
-            head = read_head(conn, key)
-            moved = conn.execute(ADVANCE, {"key": key, "expected": expected, "new": new, "now": now})
+            head = read_head(tx, key)
+            moved = tx.execute(ADVANCE, {"session": key, "expected": expected, "new": new, "now": now})
             if head is None or moved.rowcount != 1:
                 return False
-            first, _last = conn.execute(SPAN, {"key": key, "start": expected, "end": new}).fetchone()
+            first, _last = tx.execute(SPAN, {"key": key, "start": expected, "end": new}).fetchone()
             owner = identity or session_identity(key, json.loads(head.metadata_json))
             span = f"session {key}, messages {expected}–{new - 1}"
-            write_memory(conn, NewMemory(identity=owner, content=summary, kind=MemoryKind.EPISODIC,
-                                         source=span, source_rank=SourceRank.CONSOLIDATED, session_key=key,
-                                         seq_start=expected, seq_end=new, created_at=first or now), now)
+            write_memory(tx, NewMemory(identity=owner, content=summary, kind=MemoryKind.EPISODIC,
+                                       source=span, source_rank=SourceRank.CONSOLIDATED, session_key=key,
+                                       seq_start=expected, seq_end=new, created_at=first or now), now)
             for fact in facts:
-                write_memory(conn, fact, now)
+                write_memory(tx, fact, now)
             return True
 
         return await self._db.run_write(commit)
@@ -272,17 +281,17 @@ class SqlSessionStore:
         rows = [message_row(key, msg, now) for msg in new]
         metadata_json = json.dumps(session.metadata)
 
-        def commit(conn: sqlite3.Connection) -> Head | None:
+        def commit(tx: Tx) -> Head | None:
             # The head this write replaces tells whether a kept window is still the stored one.
-            replaced = read_head(conn, key)
-            _claim_seqs(conn, key, expected, len(new), now, metadata_json)
-            conn.executemany(INSERT_MESSAGE, rows)
+            replaced = read_head(tx, key)
+            _claim_seqs(tx, key, expected, len(new), now, metadata_json)
+            tx.executemany(INSERT_MESSAGE, rows)
             if receipt is not None:
-                record_receipt(conn, key, receipt, now)
+                record_receipt(tx, key, receipt, now)
             if delivery is not None:
-                record_delivery(conn, key, delivery, now)
+                record_delivery(tx, key, delivery, now)
             for job in jobs:
-                record_job(conn, job, now)
+                record_job(tx, job, now)
             return replaced
 
         epoch = self._db.write_epoch
@@ -324,27 +333,27 @@ class SqlSessionStore:
                 await conn.execute(insert(m), [message_row(session.key, msg, now) for msg in repair.synthetic])
 
 
-def _read_window(conn: sqlite3.Connection, key: str, kept: Window | None) -> tuple[Head | None, Parsed | None]:
+def _read_window(tx: Tx, key: str, kept: Window | None) -> tuple[Head | None, Parsed | None]:
     """The session's head and its window, parsed; no window (None) when `kept` is still current.
 
     Runs on the reader thread, parsing included, so the event loop only waits.
     """
-    head = read_head(conn, key)
+    head = read_head(tx, key)
     if head is None or (kept is not None and kept.head == head):
         return head, None
-    rows = conn.execute(WINDOW, {"key": key, "start": head.last_consolidated}).fetchall()
+    rows = tx.execute(WINDOW, {"key": key, "start": head.last_consolidated}).fetchall()
     return head, [(row, parse(row)) for row in rows]
 
 
-def _claim_seqs(conn: sqlite3.Connection, key: str, expected: int, count: int, now: float,
+def _claim_seqs(tx: Tx, key: str, expected: int, count: int, now: float,
                 metadata_json: str) -> None:
     """Reserve `count` seqs after `expected`, creating the session on its first write."""
-    claimed = conn.execute(CLAIM, {"key": key, "expected": expected, "claimed": expected + count, "now": now})
+    claimed = tx.execute(CLAIM, {"session": key, "expected": expected, "claimed": expected + count, "now": now})
     if claimed.rowcount == 1:
         return
     if expected == 0:
-        created = conn.execute(CREATE, {"key": key, "next_seq": count, "last_consolidated": 0,
-                                        "metadata_json": metadata_json, "created_at": now, "updated_at": now})
+        created = tx.execute(CREATE, {"key": key, "next_seq": count, "last_consolidated": 0,
+                                      "metadata_json": metadata_json, "created_at": now, "updated_at": now})
         if created.rowcount == 1:
             return
     raise StoreConflict(f"session {key!r} was written by someone else since it was loaded")

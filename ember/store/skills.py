@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+from sqlalchemy import Boolean, Text, bindparam, case, func, insert, or_, select, update
 
 from ember.core.skills import (
     SHARED,
@@ -27,12 +28,78 @@ from ember.core.skills import (
     SkillStatus,
     SkillVersion,
 )
+from ember.store import schema
 from ember.store.database import Database
+from ember.store.tx import Statement, Tx, upsert
 
-_SKILL = "name, description, identity, version, status, origin, use_count, last_used_at, updated_at"
-_VERSION = "name, identity, version, text, source, admitted_by, created_at, files_json, turn_id, job_id"
-_PROPOSAL = ("id, identity, name, action, text, risk, risk_reasons, status, reason, created_at, base_version, "
-             "session_key, turn_id, job_id, decided_at, decided_by, version, input_tokens, output_tokens, cost_usd")
+_s, _v, _p, _r = schema.skills, schema.skill_versions, schema.skill_proposals, schema.skill_reviews
+# The columns _skill, _version and _proposal read, in their order.
+_SKILL = select(*(_s.c[name] for name in (
+    "name", "description", "identity", "version", "status", "origin", "use_count", "last_used_at", "updated_at")))
+_VERSION = select(*(_v.c[name] for name in (
+    "name", "identity", "version", "text", "source", "admitted_by", "created_at", "files_json", "turn_id", "job_id")))
+_PROPOSAL = select(*(_p.c[name] for name in (
+    "id", "identity", "name", "action", "text", "risk", "risk_reasons", "status", "reason", "created_at",
+    "base_version", "session_key", "turn_id", "job_id", "decided_at", "decided_by", "version", "input_tokens",
+    "output_tokens", "cost_usd")))
+_viewer = bindparam("identity", type_=Text)  # None: everyone's
+_named = (_s.c.identity == bindparam("owner"), _s.c.name == bindparam("skill"))
+_versions_of = (_v.c.identity == bindparam("owner"), _v.c.name == bindparam("skill"))
+
+_CURRENT_VERSION = Statement(select(_s.c.version).where(*_named))
+_LAST_FILES = Statement(select(_v.c.files_json).where(*_versions_of).order_by(_v.c.version.desc()).limit(1))
+_NEXT_VERSION = Statement(select(func.coalesce(func.max(_v.c.version), 0) + 1).where(*_versions_of))
+_INSERT_VERSION = Statement(insert(_v))
+_INSERT_SKILL = Statement(insert(_s).values(
+    identity=bindparam("owner"), name=bindparam("skill"), description=bindparam("description"),
+    version=bindparam("version"), status="active", origin=bindparam("origin"), disk_digest=bindparam("disk_digest"),
+    created_at=bindparam("now"), updated_at=bindparam("now")))
+_UPDATE_SKILL = Statement(update(_s).where(*_named).values(
+    description=bindparam("description"), version=bindparam("version"), status="active", updated_at=bindparam("now"),
+    disk_digest=func.coalesce(bindparam("disk_digest"), _s.c.disk_digest)))
+_VISIBLE = Statement(_SKILL.where(or_(_viewer.is_(None), _s.c.identity.in_([SHARED, _viewer])),
+                                  or_(bindparam("include_archived", type_=Boolean), _s.c.status == "active"))
+                     .order_by(_s.c.name, _s.c.identity))
+_FRESHNESS = Statement(select(func.count(), func.max(_s.c.updated_at), func.sum(_s.c.version))
+                       .where(_s.c.identity.in_([SHARED, bindparam("identity")])))
+# The identity's own skill first, then the shared one.
+_GET = Statement(_SKILL.where(_s.c.name == bindparam("name"), _s.c.identity.in_([SHARED, bindparam("identity")]))
+                 .order_by(_s.c.identity.desc()).limit(1))
+_VERSION_OF = Statement(_VERSION.where(*_versions_of, _v.c.version == bindparam("version")))
+_HISTORY = Statement(_VERSION.where(*_versions_of).order_by(_v.c.version))
+_DISK_DIGESTS = Statement(select(_s.c.name, _s.c.disk_digest, _s.c.origin).where(_s.c.identity == SHARED))
+_SET_STATUS = Statement(update(_s).where(*_named, _s.c.status != bindparam("new_status"))
+                        .values(status=bindparam("new_status"), updated_at=bindparam("now")))
+_RECORD_USE = Statement(update(_s).where(*_named).values(use_count=_s.c.use_count + 1,
+                                                         last_used_at=bindparam("at")))
+_UNUSED_SINCE = Statement(_SKILL.where(_s.c.status == "active",
+                                       func.coalesce(_s.c.last_used_at, _s.c.created_at) < bindparam("before")))
+_REVIEW_MARK = Statement(select(_r.c.reviewed_seq).where(_r.c.session_key == bindparam("session_key")))
+_PROPOSAL_OF_JOB = Statement(_PROPOSAL.where(_p.c.job_id == bindparam("job_id")))
+_PROPOSAL_BY_ID = Statement(_PROPOSAL.where(_p.c.id == bindparam("id"),
+                                            or_(_viewer.is_(None), _p.c.identity == _viewer)))
+_status = bindparam("status", type_=Text)  # None: any
+_PROPOSALS = Statement(_PROPOSAL.where(or_(_viewer.is_(None), _p.c.identity == _viewer),
+                                       or_(_status.is_(None), _p.c.status == _status))
+                       .order_by(_p.c.created_at.desc()).limit(bindparam("limit")))
+_DECIDE = Statement(update(_p).where(_p.c.id == bindparam("proposal"), _p.c.status == "pending")
+                    .values(status=bindparam("status"), decided_at=bindparam("now"), decided_by=bindparam("by")))
+_SET_PROPOSAL_VERSION = Statement(update(_p).where(_p.c.id == bindparam("proposal"))
+                                  .values(version=bindparam("version")))
+_INSERT_PROPOSAL = Statement(insert(_p))
+
+
+def _moved_on(ins: Callable[..., Any]) -> Any:
+    """A review's mark only moves forward: a late retry of an older review leaves it."""
+    statement = ins(_r).values(session_key=bindparam("session_key"), reviewed_seq=bindparam("reviewed_seq"),
+                               updated_at=bindparam("now"))
+    new = statement.excluded
+    return statement.on_conflict_do_update(index_elements=["session_key"], set_={
+        "reviewed_seq": case((new.reviewed_seq > _r.c.reviewed_seq, new.reviewed_seq), else_=_r.c.reviewed_seq),
+        "updated_at": new.updated_at})
+
+
+_MARK_REVIEWED = upsert(_moved_on)
 
 
 def new_proposal_id() -> str:
@@ -75,28 +142,24 @@ class NewVersion:
     disk_digest: str | None = None  # set when the change was read from a folder
 
 
-def _add_version(conn: sqlite3.Connection, change: NewVersion, now: float) -> SkillVersion:
-    row = conn.execute("SELECT version FROM skills WHERE identity = ? AND name = ?",
-                       (change.identity, change.name)).fetchone()
+def _add_version(tx: Tx, change: NewVersion, now: float) -> SkillVersion:
+    named = {"owner": change.identity, "skill": change.name}
+    row = tx.execute(_CURRENT_VERSION, named).fetchone()
     files = change.files
     if files is None:
-        previous = conn.execute("SELECT files_json FROM skill_versions WHERE identity = ? AND name = ? "
-                                "ORDER BY version DESC LIMIT 1", (change.identity, change.name)).fetchone()
+        previous = tx.execute(_LAST_FILES, named).fetchone()
         files = json.loads(previous[0]) if previous else {}
-    version = (conn.execute("SELECT COALESCE(MAX(version), 0) FROM skill_versions WHERE identity = ? AND name = ?",
-                            (change.identity, change.name)).fetchone()[0]) + 1
-    conn.execute(f"INSERT INTO skill_versions ({_VERSION}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                 (change.name, change.identity, version, change.text, change.source, change.admitted_by, now,
-                  json.dumps(files, ensure_ascii=False), change.turn_id, change.job_id))
+    version = tx.execute(_NEXT_VERSION, named).fetchone()[0]
+    tx.execute(_INSERT_VERSION, {
+        "identity": change.identity, "name": change.name, "version": version, "text": change.text,
+        "source": change.source, "admitted_by": change.admitted_by, "created_at": now,
+        "files_json": json.dumps(files, ensure_ascii=False), "turn_id": change.turn_id, "job_id": change.job_id})
+    skill = {**named, "description": change.description, "version": version, "disk_digest": change.disk_digest,
+             "now": now}
     if row is None:
-        conn.execute("INSERT INTO skills (identity, name, description, version, status, origin, disk_digest, "
-                     "created_at, updated_at) VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?)",
-                     (change.identity, change.name, change.description, version, change.origin.value,
-                      change.disk_digest, now, now))
+        tx.execute(_INSERT_SKILL, {**skill, "origin": change.origin.value})
     else:
-        conn.execute("UPDATE skills SET description = ?, version = ?, status = 'active', updated_at = ?, "
-                     "disk_digest = COALESCE(?, disk_digest) WHERE identity = ? AND name = ?",
-                     (change.description, version, now, change.disk_digest, change.identity, change.name))
+        tx.execute(_UPDATE_SKILL, skill)
     return SkillVersion(change.name, change.identity, version, change.text, change.source, change.admitted_by, now,
                         files, change.turn_id, change.job_id)
 
@@ -108,9 +171,8 @@ class SqlSkillStore:
     async def visible(self, identity: str | None, *, include_archived: bool = False) -> list[Skill]:
         """The shared skills and `identity`'s own, by name; a learned skill hides a shared one of its name.
         `identity` None: every skill of everyone (the local CLI)."""
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            f"SELECT {_SKILL} FROM skills WHERE (? IS NULL OR identity IN ('', ?)) AND (? OR status = 'active') "
-            "ORDER BY name, identity", (identity, identity, include_archived)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(
+            _VISIBLE, {"identity": identity, "include_archived": include_archived}).fetchall())
         skills = [_skill(row) for row in rows]
         if identity is None:
             return skills
@@ -119,114 +181,96 @@ class SqlSkillStore:
 
     async def freshness(self, identity: str) -> tuple[Any, ...]:
         """Changes whenever the skills `identity` sees change (not when they are only used)."""
-        return await self._db.run_read(lambda conn: conn.execute(
-            "SELECT COUNT(*), MAX(updated_at), SUM(version) FROM skills WHERE identity IN ('', ?)",
-            (identity,)).fetchone())
+        return await self._db.run_read(lambda tx: tuple(tx.execute(_FRESHNESS, {"identity": identity}).fetchone()))
 
     async def get(self, identity: str | None, name: str) -> Skill | None:
         """The skill `identity` sees under `name` (its own first); identity None: the shared one."""
-        row = await self._db.run_read(lambda conn: conn.execute(
-            f"SELECT {_SKILL} FROM skills WHERE name = ? AND identity IN ('', ?) ORDER BY identity DESC LIMIT 1",
-            (name, identity or SHARED)).fetchone())
+        row = await self._db.run_read(lambda tx: tx.execute(
+            _GET, {"name": name, "identity": identity or SHARED}).fetchone())
         return _skill(row) if row else None
 
     async def version(self, skill: Skill, version: int | None = None) -> SkillVersion | None:
         number = skill.version if version is None else version
-        row = await self._db.run_read(lambda conn: conn.execute(
-            f"SELECT {_VERSION} FROM skill_versions WHERE identity = ? AND name = ? AND version = ?",
-            (skill.identity, skill.name, number)).fetchone())
+        row = await self._db.run_read(lambda tx: tx.execute(
+            _VERSION_OF, {"owner": skill.identity, "skill": skill.name, "version": number}).fetchone())
         return _version(row) if row else None
 
     async def history(self, skill: Skill) -> list[SkillVersion]:
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            f"SELECT {_VERSION} FROM skill_versions WHERE identity = ? AND name = ? ORDER BY version",
-            (skill.identity, skill.name)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(
+            _HISTORY, {"owner": skill.identity, "skill": skill.name}).fetchall())
         return [_version(row) for row in rows]
 
     async def disk_digests(self) -> dict[str, tuple[str | None, str]]:
         """Shared skills: name -> (digest of the folder last read, origin)."""
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            "SELECT name, disk_digest, origin FROM skills WHERE identity = ''").fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(_DISK_DIGESTS).fetchall())
         return {name: (digest, origin) for name, digest, origin in rows}
 
     async def add_version(self, change: NewVersion) -> SkillVersion:
-        return await self._db.run_write(lambda conn: _add_version(conn, change, time.time()))
+        return await self._db.run_write(lambda tx: _add_version(tx, change, time.time()))
 
     async def set_status(self, identity: str, names: Sequence[str], status: SkillStatus) -> None:
         now = time.time()
-        await self._db.run_write(lambda conn: conn.executemany(
-            "UPDATE skills SET status = ?, updated_at = ? WHERE identity = ? AND name = ? AND status != ?",
-            [(status.value, now, identity, name, status.value) for name in names]))
+        await self._db.run_write(lambda tx: tx.executemany(_SET_STATUS, [
+            {"owner": identity, "skill": name, "new_status": status.value, "now": now} for name in names]))
 
     async def record_use(self, skill: Skill, at: float) -> None:
-        await self._db.run_write(lambda conn: conn.execute(
-            "UPDATE skills SET use_count = use_count + 1, last_used_at = ? WHERE identity = ? AND name = ?",
-            (at, skill.identity, skill.name)))
+        await self._db.run_write(lambda tx: tx.execute(
+            _RECORD_USE, {"owner": skill.identity, "skill": skill.name, "at": at}))
 
     async def unused_since(self, before: float) -> list[Skill]:
         """Active skills not used since `before` (counting from when they were added)."""
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            f"SELECT {_SKILL} FROM skills WHERE status = 'active' AND COALESCE(last_used_at, created_at) < ?",
-            (before,)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(_UNUSED_SINCE, {"before": before}).fetchall())
         return [_skill(row) for row in rows]
 
     # Proposals
 
     async def review_mark(self, session_key: str) -> int:
-        row = await self._db.run_read(lambda conn: conn.execute(
-            "SELECT reviewed_seq FROM skill_reviews WHERE session_key = ?", (session_key,)).fetchone())
+        row = await self._db.run_read(lambda tx: tx.execute(_REVIEW_MARK, {"session_key": session_key}).fetchone())
         return row[0] if row else 0
 
     async def finish_review(self, session_key: str, reviewed_seq: int, proposal: Proposal | None,
                             admit: NewVersion | None = None) -> Proposal | None:
         """Record a review's outcome in one transaction: its proposal (admitted at once when `admit` is
         given), and the session's mark moved on. A job that already recorded its outcome gets that one."""
-        def write(conn: sqlite3.Connection) -> Proposal | None:
+        def write(tx: Tx) -> Proposal | None:
             now = time.time()
-            conn.execute("INSERT INTO skill_reviews VALUES (?, ?, ?) ON CONFLICT (session_key) DO UPDATE SET "
-                         "reviewed_seq = MAX(reviewed_seq, excluded.reviewed_seq), updated_at = excluded.updated_at",
-                         (session_key, reviewed_seq, now))
+            tx.execute(_MARK_REVIEWED, {"session_key": session_key, "reviewed_seq": reviewed_seq, "now": now})
             if proposal is None:
                 return None
             if proposal.job_id is not None:
-                row = conn.execute(f"SELECT {_PROPOSAL} FROM skill_proposals WHERE job_id = ?",
-                                   (proposal.job_id,)).fetchone()
+                row = tx.execute(_PROPOSAL_OF_JOB, {"job_id": proposal.job_id}).fetchone()
                 if row is not None:
                     return _proposal(row)
             recorded = proposal
             if admit is not None:
-                version = _add_version(conn, admit, now)
+                version = _add_version(tx, admit, now)
                 recorded = _decided(proposal, ProposalStatus.ADMITTED, admit.admitted_by, now, version.version)
-            _insert_proposal(conn, recorded)
+            _insert_proposal(tx, recorded)
             return recorded
 
         return await self._db.run_write(write)
 
     async def proposal(self, proposal_id: str, identity: str | None = None) -> Proposal | None:
-        row = await self._db.run_read(lambda conn: conn.execute(
-            f"SELECT {_PROPOSAL} FROM skill_proposals WHERE id = ? AND (? IS NULL OR identity = ?)",
-            (proposal_id, identity, identity)).fetchone())
+        row = await self._db.run_read(lambda tx: tx.execute(
+            _PROPOSAL_BY_ID, {"id": proposal_id, "identity": identity}).fetchone())
         return _proposal(row) if row else None
 
     async def proposals(self, identity: str | None, status: ProposalStatus | None = ProposalStatus.PENDING,
                         limit: int = 100) -> list[Proposal]:
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            f"SELECT {_PROPOSAL} FROM skill_proposals WHERE (? IS NULL OR identity = ?) AND (? IS NULL OR status = ?) "
-            "ORDER BY created_at DESC LIMIT ?",
-            (identity, identity, status, status, limit)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(
+            _PROPOSALS, {"identity": identity, "status": status, "limit": limit}).fetchall())
         return [_proposal(row) for row in rows]
 
     async def decide(self, proposal: Proposal, by: str, admit: NewVersion | None) -> Proposal | None:
         """Admit (`admit` given) or reject a pending proposal; None if it was decided meanwhile."""
-        def write(conn: sqlite3.Connection) -> Proposal | None:
+        def write(tx: Tx) -> Proposal | None:
             now = time.time()
             status = ProposalStatus.ADMITTED if admit is not None else ProposalStatus.REJECTED
-            claimed = conn.execute("UPDATE skill_proposals SET status = ?, decided_at = ?, decided_by = ? "
-                                   "WHERE id = ? AND status = 'pending'", (status.value, now, by, proposal.id))
+            claimed = tx.execute(_DECIDE, {"proposal": proposal.id, "status": status.value, "now": now, "by": by})
             if claimed.rowcount == 0:
                 return None
-            version = _add_version(conn, admit, now).version if admit is not None else None
-            conn.execute("UPDATE skill_proposals SET version = ? WHERE id = ?", (version, proposal.id))
+            version = _add_version(tx, admit, now).version if admit is not None else None
+            tx.execute(_SET_PROPOSAL_VERSION, {"proposal": proposal.id, "version": version})
             return _decided(proposal, status, by, now, version)
 
         return await self._db.run_write(write)
@@ -236,8 +280,11 @@ def _decided(proposal: Proposal, status: ProposalStatus, by: str, at: float, ver
     return replace(proposal, status=status, decided_by=by, decided_at=at, version=version)
 
 
-def _insert_proposal(conn: sqlite3.Connection, p: Proposal) -> None:
-    conn.execute(f"INSERT INTO skill_proposals ({_PROPOSAL}) VALUES ({', '.join('?' * 20)})",
-                 (p.id, p.identity, p.name, p.action, p.text, p.risk.value, json.dumps(list(p.risk_reasons)),
-                  p.status.value, p.reason, p.created_at, p.base_version, p.session_key, p.turn_id, p.job_id,
-                  p.decided_at, p.decided_by, p.version, p.input_tokens, p.output_tokens, p.cost_usd))
+def _insert_proposal(tx: Tx, p: Proposal) -> None:
+    tx.execute(_INSERT_PROPOSAL, {
+        "id": p.id, "identity": p.identity, "name": p.name, "action": p.action, "text": p.text, "risk": p.risk.value,
+        "risk_reasons": json.dumps(list(p.risk_reasons)), "status": p.status.value, "reason": p.reason,
+        "created_at": p.created_at, "base_version": p.base_version, "session_key": p.session_key,
+        "turn_id": p.turn_id, "job_id": p.job_id, "decided_at": p.decided_at, "decided_by": p.decided_by,
+        "version": p.version, "input_tokens": p.input_tokens, "output_tokens": p.output_tokens,
+        "cost_usd": p.cost_usd})

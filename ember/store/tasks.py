@@ -10,22 +10,62 @@ before it leaves the run due. Either way no run fires twice.
 from __future__ import annotations
 
 import secrets
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from sqlalchemy import Text, bindparam, func, insert, or_, select, update
+
 from ember.core.events import InboundEvent, ReplyRoute
 from ember.core.schedule import Schedule, ScheduleError, ScheduleKind
 from ember.core.tasks import CHANNEL, MissedPolicy, Task, TaskRun, TaskState
+from ember.store import schema
 from ember.store.database import Database
 from ember.store.deliveries import accept_inbound
+from ember.store.tx import Statement, Tx, upsert
 
-_COLUMNS = ("id, identity, prompt, kind, spec, tz, anchor, reply_channel, reply_chat_id, missed, grant_approvals, "
-            "state, next_run_at, runs, created_at")
 # At most this many past-due times of one task are looked at (an every-1s task after a week away).
 MAX_CATCH_UP = 1_000
+
+_t, _r, _i, _o = schema.tasks, schema.task_runs, schema.inbox, schema.outbox
+# The columns _task reads, in its order.
+_TASK = select(*(_t.c[name] for name in (
+    "id", "identity", "prompt", "kind", "spec", "tz", "anchor", "reply_channel", "reply_chat_id", "missed",
+    "grant_approvals", "state", "next_run_at", "runs", "created_at")))
+_identity = bindparam("identity", type_=Text)
+_owned = or_(_identity.is_(None), _t.c.identity == _identity)  # by anyone when None
+
+_ADD = Statement(insert(_t))
+_GET = Statement(_TASK.where(_t.c.id == bindparam("task_id"), _t.c.state != "removed", _owned))
+_LIST = Statement(_TASK.where(_t.c.state != "removed", _owned).order_by(_t.c.created_at))
+_SET_STATE = Statement(update(_t).where(_t.c.id == bindparam("task_id")).values(
+    state=bindparam("state"), next_run_at=bindparam("next_run_at"), updated_at=bindparam("now")))
+_EDIT = Statement(update(_t).where(_t.c.id == bindparam("task_id")).values(
+    prompt=bindparam("prompt"), kind=bindparam("kind"), spec=bindparam("spec"), tz=bindparam("tz"),
+    anchor=bindparam("anchor"), next_run_at=bindparam("next_run_at"), grant_approvals=0, updated_at=bindparam("now")))
+_ANSWER = (select(_o.c.text).select_from(_i.join(_o, _o.c.turn_id == _i.c.turn_id))
+           .where(_i.c.channel == CHANNEL, _i.c.chat_id == _r.c.task_id, _i.c.message_id == _r.c.message_id)
+           .order_by((_o.c.kind == "final").desc(), _o.c.created_at.desc()).limit(1).scalar_subquery())
+_RUNS = Statement(select(_r.c.task_id, _r.c.scheduled_for, _r.c.outcome, _r.c.message_id, _r.c.recorded_at, _ANSWER)
+                  .where(_r.c.task_id == bindparam("task_id"))
+                  .order_by(_r.c.scheduled_for.desc(), _r.c.outcome).limit(bindparam("limit")))
+_NEXT_DUE = Statement(select(func.min(_t.c.next_run_at)).where(_t.c.state == "active"))
+_MAKE_DUE = Statement(update(_t).where(_t.c.id == bindparam("task_id"), _t.c.state == "active")
+                      .values(next_run_at=bindparam("at"), updated_at=bindparam("at")))
+_DUE = Statement(_TASK.where(_t.c.state == "active", _t.c.next_run_at <= bindparam("now"))
+                 .order_by(_t.c.next_run_at).limit(bindparam("limit")))
+# A run recorded before (a claim retried) stays as it was.
+_MISSED = upsert(lambda ins: ins(_r).values(
+    task_id=bindparam("task_id"), scheduled_for=bindparam("scheduled_for"), outcome="missed",
+    recorded_at=bindparam("now")).on_conflict_do_nothing(index_elements=["task_id", "scheduled_for", "outcome"]))
+_RAN = upsert(lambda ins: ins(_r).values(
+    task_id=bindparam("task_id"), scheduled_for=bindparam("scheduled_for"), outcome="run",
+    message_id=bindparam("message_id"), recorded_at=bindparam("now"),
+).on_conflict_do_nothing(index_elements=["task_id", "scheduled_for", "outcome"]))
+_ADVANCE = Statement(update(_t).where(_t.c.id == bindparam("task_id")).values(
+    next_run_at=bindparam("following"), state=bindparam("state"), runs=_t.c.runs + bindparam("ran"),
+    updated_at=bindparam("now")))
 
 
 def new_task_id() -> str:
@@ -63,25 +103,23 @@ class SqlTaskStore:
             raise ScheduleError(f"{task.schedule.describe()} is in the past; nothing was scheduled")
         added = replace(task, next_run_at=first, created_at=now, state=TaskState.ACTIVE)
         reply = added.reply
-        await self._db.run_write(lambda conn: conn.execute(
-            f"INSERT INTO tasks ({_COLUMNS}, updated_at) VALUES ({', '.join('?' * 16)})",
-            (added.id, added.identity, added.prompt, added.schedule.kind.value, added.schedule.spec,
-             added.schedule.tz, added.schedule.anchor, reply.channel if reply else None,
-             reply.chat_id if reply else None, added.missed.value, int(added.grant_approvals), added.state.value,
-             added.next_run_at, 0, now, now)))
+        row = {"id": added.id, "identity": added.identity, "prompt": added.prompt,
+               "kind": added.schedule.kind.value, "spec": added.schedule.spec, "tz": added.schedule.tz,
+               "anchor": added.schedule.anchor, "reply_channel": reply.channel if reply else None,
+               "reply_chat_id": reply.chat_id if reply else None, "missed": added.missed.value,
+               "grant_approvals": int(added.grant_approvals), "state": added.state.value,
+               "next_run_at": added.next_run_at, "runs": 0, "created_at": now, "updated_at": now}
+        await self._db.run_write(lambda tx: tx.execute(_ADD, row))
         return added
 
     async def get(self, task_id: str, identity: str | None = None) -> Task | None:
         """The task, if it exists for `identity` (None: anyone's); removed tasks are gone."""
-        row = await self._db.run_read(lambda conn: conn.execute(
-            f"SELECT {_COLUMNS} FROM tasks WHERE id = ? AND state != 'removed' AND (? IS NULL OR identity = ?)",
-            (task_id, identity, identity)).fetchone())
+        row = await self._db.run_read(lambda tx: tx.execute(
+            _GET, {"task_id": task_id, "identity": identity}).fetchone())
         return _task(row) if row else None
 
     async def list(self, identity: str | None = None) -> list[Task]:
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            f"SELECT {_COLUMNS} FROM tasks WHERE state != 'removed' AND (? IS NULL OR identity = ?) "
-            "ORDER BY created_at", (identity, identity)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(_LIST, {"identity": identity}).fetchall())
         return [_task(row) for row in rows]
 
     async def set_state(self, task_id: str, state: TaskState, identity: str | None = None,
@@ -97,9 +135,8 @@ class SqlTaskStore:
                 return task
             next_run = task.schedule.next_after(at)
             state = TaskState.ACTIVE if next_run is not None else TaskState.DONE
-        await self._db.run_write(lambda conn: conn.execute(
-            "UPDATE tasks SET state = ?, next_run_at = ?, updated_at = ? WHERE id = ?",
-            (state.value, next_run, at, task_id)))
+        await self._db.run_write(lambda tx: tx.execute(
+            _SET_STATE, {"task_id": task_id, "state": state.value, "next_run_at": next_run, "now": at}))
         return replace(task, state=state, next_run_at=next_run)
 
     async def edit(self, task_id: str, *, prompt: str | None = None, schedule: Schedule | None = None,
@@ -116,27 +153,20 @@ class SqlTaskStore:
             if first is None:
                 raise ScheduleError(f"{schedule.describe()} is in the past; the task was not changed")
             changed = replace(changed, next_run_at=first)
-        await self._db.run_write(lambda conn: conn.execute(
-            "UPDATE tasks SET prompt = ?, kind = ?, spec = ?, tz = ?, anchor = ?, next_run_at = ?, "
-            "grant_approvals = 0, updated_at = ? WHERE id = ?",
-            (changed.prompt, changed.schedule.kind.value, changed.schedule.spec, changed.schedule.tz,
-             changed.schedule.anchor, changed.next_run_at, now, task_id)))
+        await self._db.run_write(lambda tx: tx.execute(_EDIT, {
+            "task_id": task_id, "prompt": changed.prompt, "kind": changed.schedule.kind.value,
+            "spec": changed.schedule.spec, "tz": changed.schedule.tz, "anchor": changed.schedule.anchor,
+            "next_run_at": changed.next_run_at, "now": now}))
         return changed
 
     async def runs(self, task_id: str, limit: int = 20) -> list[TaskRun]:
         """The task's latest runs and missed runs, newest first, each run with its answer once it has one."""
-        rows = await self._db.run_read(lambda conn: conn.execute(
-            "SELECT r.task_id, r.scheduled_for, r.outcome, r.message_id, r.recorded_at, "
-            "(SELECT o.text FROM inbox i JOIN outbox o ON o.turn_id = i.turn_id "
-            " WHERE i.channel = ? AND i.chat_id = r.task_id AND i.message_id = r.message_id "
-            " ORDER BY o.kind = 'final' DESC, o.created_at DESC LIMIT 1) "
-            "FROM task_runs r WHERE r.task_id = ? ORDER BY r.scheduled_for DESC, r.outcome LIMIT ?",
-            (CHANNEL, task_id, limit)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(
+            _RUNS, {"task_id": task_id, "limit": limit}).fetchall())
         return [TaskRun(*row) for row in rows]
 
     async def next_due_at(self) -> float | None:
-        return await self._db.run_read(lambda conn: conn.execute(
-            "SELECT MIN(next_run_at) FROM tasks WHERE state = 'active'").fetchone()[0])
+        return await self._db.run_read(lambda tx: tx.execute(_NEXT_DUE).fetchone()[0])
 
     async def make_due(self, task_id: str, identity: str | None = None, now: float | None = None) -> Task | None:
         """Run an active task at the scheduler's next look, outside its schedule; then on as before."""
@@ -144,18 +174,15 @@ class SqlTaskStore:
         if task is None or task.state is not TaskState.ACTIVE:
             return task
         at = self.clock() if now is None else now
-        await self._db.run_write(lambda conn: conn.execute(
-            "UPDATE tasks SET next_run_at = ?, updated_at = ? WHERE id = ? AND state = 'active'",
-            (at, at, task_id)))
+        await self._db.run_write(lambda tx: tx.execute(_MAKE_DUE, {"task_id": task_id, "at": at}))
         return replace(task, next_run_at=at)
 
     async def claim_due(self, now: float, *, missed_after_s: float, limit: int = 500) -> list[InboundEvent]:
         """Claim the runs due by `now`, at most `limit` tasks: one transaction that records them,
         advances each task past `now` and keeps each run's message. A run more than `missed_after_s`
         late was missed (Ember was down): recorded as such, and run once if the task's policy says so."""
-        def claim(conn: sqlite3.Connection) -> list[InboundEvent]:
-            rows = conn.execute(f"SELECT {_COLUMNS} FROM tasks WHERE state = 'active' AND next_run_at <= ? "
-                                "ORDER BY next_run_at LIMIT ?", (now, limit)).fetchall()
+        def claim(tx: Tx) -> list[InboundEvent]:
+            rows = tx.execute(_DUE, {"now": now, "limit": limit}).fetchall()
             events = []
             for task in map(_task, rows):
                 assert task.next_run_at is not None
@@ -167,17 +194,16 @@ class SqlTaskStore:
                 to_run = [t for t in due if now - t <= missed_after_s][-1:]
                 if missed and not to_run and task.missed is MissedPolicy.RUN_ONCE:
                     to_run = [missed.pop()]
-                conn.executemany("INSERT OR IGNORE INTO task_runs VALUES (?, ?, 'missed', NULL, ?)",
-                                 [(task.id, t, now) for t in missed])
+                tx.executemany(_MISSED, [{"task_id": task.id, "scheduled_for": t, "now": now} for t in missed])
                 for t in to_run:
                     event = run_event(task, t)
-                    conn.execute("INSERT OR IGNORE INTO task_runs VALUES (?, ?, 'run', ?, ?)",
-                                 (task.id, t, event.message_id, now))
-                    if accept_inbound(conn, event, now):
+                    tx.execute(_RAN, {"task_id": task.id, "scheduled_for": t, "message_id": event.message_id,
+                                      "now": now})
+                    if accept_inbound(tx, event, now):
                         events.append(event)
                 state = TaskState.ACTIVE if following is not None else TaskState.DONE
-                conn.execute("UPDATE tasks SET next_run_at = ?, state = ?, runs = runs + ?, updated_at = ? "
-                             "WHERE id = ?", (following, state.value, len(to_run), now, task.id))
+                tx.execute(_ADVANCE, {"task_id": task.id, "following": following, "state": state.value,
+                                      "ran": len(to_run), "now": now})
             return events
 
         return await self._db.run_write(claim)

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Row, func, select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ember.store import schema
 from ember.store.database import Database
-from ember.store.direct import compiled
+from ember.store.tx import Tx, upsert_row
 
 _t = schema.traces
-_insert = sqlite_insert(_t)
 # A resumed or retried turn keeps its id: its latest run is the trace.
-_RECORD = compiled(_insert.on_conflict_do_update(
-    index_elements=["turn_id"], set_={c.name: _insert.excluded[c.name] for c in _t.c if c.name != "turn_id"},
-))
+_RECORD = upsert_row(_t, ["turn_id"])
 
 
 @dataclass(slots=True, kw_only=True)
@@ -42,8 +37,8 @@ class SqlTraceStore:
                "error": trace.error, "detail": json.dumps(trace.detail), "started_at": trace.started_at,
                "finished_at": trace.finished_at}
 
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(_RECORD, row)
+        def write(tx: Tx) -> None:
+            tx.execute(_RECORD, row)
 
         await self._db.run_write(write)
 

@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from sqlalchemy import bindparam, func, insert, select
+
 from ember.core.memory import session_identity
 from ember.core.usage import UsageRow
+from ember.store import schema
 from ember.store.database import Database
+from ember.store.tx import Statement, Tx
 
 UsageGrouping = Literal["session", "identity", "job", "model"]
 _GROUP_COLUMN = {"session": "COALESCE(session_key, '-')", "identity": "COALESCE(identity, '-')",
                  "job": "COALESCE(job_kind, 'turn')", "model": "model"}
-_INSERT = ("INSERT INTO model_usage (at, model, session_key, identity, turn_id, job_kind, input_tokens, "
-           "output_tokens, cache_read_tokens, cache_write_tokens, cost_usd) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+_u, _s = schema.model_usage, schema.sessions
+_OWNER = Statement(select(_s.c.metadata_json).where(_s.c.key == bindparam("key")))
+_INSERT = Statement(insert(_u).values({c: bindparam(c.name) for c in _u.c if c.name != "id"}))
+_TOTALS = {by: Statement(
+    f"SELECT {key} AS k, COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cache_read_tokens), "
+    "SUM(cache_write_tokens), COALESCE(SUM(cost_usd), 0), SUM(CASE WHEN cost_usd IS NULL THEN 1 ELSE 0 END) "
+    "FROM model_usage WHERE at >= :since GROUP BY k ORDER BY 7 DESC, 3 + 4 DESC, k")
+    for by, key in _GROUP_COLUMN.items()}
+_SPENT = Statement(select(func.coalesce(func.sum(_u.c.cost_usd), 0))
+                   .where(_u.c.identity == bindparam("identity"), _u.c.at >= bindparam("since")))
 
 
 class SqlUsageStore:
@@ -25,21 +37,22 @@ class SqlUsageStore:
     async def record(self, rows: Sequence[UsageRow]) -> None:
         """One transaction for the batch. A call charged to a session but to no identity
         (a background job's) is charged to the session's identity."""
-        def write(conn: sqlite3.Connection) -> None:
+        def write(tx: Tx) -> None:
             owners: dict[str, str] = {}
             for row in rows:
                 scope = row.scope
                 identity = scope.identity
                 if identity is None and scope.session_key is not None:
                     if scope.session_key not in owners:
-                        found = conn.execute("SELECT metadata_json FROM sessions WHERE key = ?",
-                                             (scope.session_key,)).fetchone()
+                        found = tx.execute(_OWNER, {"key": scope.session_key}).fetchone()
                         owners[scope.session_key] = session_identity(scope.session_key,
                                                                      json.loads(found[0]) if found else {})
                     identity = owners[scope.session_key]
-                conn.execute(_INSERT, (row.at, row.model, scope.session_key, identity, scope.turn_id, scope.job_kind,
-                                       row.input_tokens, row.output_tokens, row.cache_read_tokens,
-                                       row.cache_write_tokens, row.cost_usd))
+                tx.execute(_INSERT, {
+                    "at": row.at, "model": row.model, "session_key": scope.session_key, "identity": identity,
+                    "turn_id": scope.turn_id, "job_kind": scope.job_kind, "input_tokens": row.input_tokens,
+                    "output_tokens": row.output_tokens, "cache_read_tokens": row.cache_read_tokens,
+                    "cache_write_tokens": row.cache_write_tokens, "cost_usd": row.cost_usd})
 
         if rows:
             await self._db.run_write(write)
@@ -47,17 +60,12 @@ class SqlUsageStore:
     async def totals(self, by: UsageGrouping, since: float = 0.0) -> list[dict[str, Any]]:
         """Per group, costliest first: calls, tokens of each kind, cost of the priced calls,
         and how many calls had no price."""
-        key = _GROUP_COLUMN[by]
-        sql = (f"SELECT {key} AS k, COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cache_read_tokens), "
-               "SUM(cache_write_tokens), COALESCE(SUM(cost_usd), 0), SUM(cost_usd IS NULL) FROM model_usage "
-               "WHERE at >= ? GROUP BY k ORDER BY 7 DESC, 3 + 4 DESC, k")
-        rows = await self._db.run_read(lambda conn: conn.execute(sql, (since,)).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(_TOTALS[by], {"since": since}).fetchall())
         return [{"key": k, "calls": calls, "input_tokens": i, "output_tokens": o, "cache_read_tokens": cr,
                  "cache_write_tokens": cw, "cost_usd": round(cost, 6), "unpriced_calls": unpriced}
                 for k, calls, i, o, cr, cw, cost, unpriced in rows]
 
     async def spent(self, identity: str, since: float) -> float:
         """USD the identity's priced calls cost since `since`."""
-        return await self._db.run_read(lambda conn: conn.execute(
-            "SELECT COALESCE(SUM(cost_usd), 0) FROM model_usage WHERE identity = ? AND at >= ?",
-            (identity, since)).fetchone()[0])
+        return await self._db.run_read(lambda tx: tx.execute(
+            _SPENT, {"identity": identity, "since": since}).fetchone()[0])

@@ -49,6 +49,7 @@ from ember.memory.embeddings import HashingEmbedder
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import Context
+from ember.store.tx import Statement, Tx
 from tests.crash.harness import CrashModelServer, KillSwitch, Supervisor, sigkill
 from tests.gatewayproc import EMBER, free_port, gateway_env
 
@@ -90,9 +91,9 @@ async def store_problems(path: Path, *, settled: bool) -> list[str]:
         await db.close()
 
 
-def _duplicates(conn: sqlite3.Connection) -> list[str]:
+def _duplicates(tx: Tx) -> list[str]:
     def found(what: str, sql: str) -> list[str]:
-        return [f"{what}: {row}" for row in conn.execute(sql).fetchall()]
+        return [f"{what}: {row}" for row in tx.execute(Statement(sql)).fetchall()]
 
     return [
         *found("one content twice among active facts", "SELECT identity, content_hash, kind, COUNT(*) "
@@ -111,12 +112,12 @@ def _duplicates(conn: sqlite3.Connection) -> list[str]:
     ]
 
 
-def _vector_problems(conn: sqlite3.Connection) -> list[str]:
+def _vector_problems(tx: Tx) -> list[str]:
     """Every memory has one vector, of its owner and its model, made from its content (and its window)."""
-    rows = conn.execute(
+    rows = tx.execute(Statement(
         "SELECT m.num, m.identity, m.content, m.context_json, m.embedding_model, v.identity, v.model, v.vector, "
-        "v.window FROM memory_items m LEFT JOIN memory_vectors v ON v.num = m.num").fetchall()
-    vectors = conn.execute("SELECT COUNT(*) FROM memory_vectors").fetchone()[0]
+        "v.window FROM memory_items m LEFT JOIN memory_vectors v ON v.num = m.num")).fetchall()
+    vectors = tx.execute(Statement("SELECT COUNT(*) FROM memory_vectors")).fetchone()[0]
     problems = [f"{vectors} vectors for {len(rows)} memories"] if vectors != len(rows) else []
     for num, identity, content, context, model, v_identity, v_model, vector, window in rows:
         if vector is None or (v_identity, v_model) != (identity, model) or model != EMBEDDER.name:

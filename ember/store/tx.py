@@ -1,0 +1,104 @@
+"""The store's transactions, whatever the engine: the seam between the stores and SQLite or PostgreSQL.
+
+A store's unit of work is a plain function of one `Tx`, run as a whole
+transaction by `Database.run_write` / `run_read`. Its statements are
+`Statement`s, built once at import: a SQLAlchemy Core construct, or SQL text
+both engines read alike (named `:parameters`, `ON CONFLICT DO NOTHING`, no
+`INSERT OR IGNORE`). Where the engines need different SQL (an upsert, full-text
+search), a statement names both.
+
+SQLite runs each unit on its connection's thread with the statement compiled
+once to its text (store/direct.py); PostgreSQL hands the construct to
+SQLAlchemy, which compiles and caches it for asyncpg. Executed with parameters,
+an INSERT or UPDATE construct takes one named after a column of its table for a
+value to set: so the parameters of an UPDATE's WHERE are named otherwise
+(tests/test_tx.py checks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
+from typing import Any, Protocol
+
+from sqlalchemy import JSON, Table, bindparam, cast, func, literal_column, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql import ClauseElement, ColumnElement
+
+Params = Mapping[str, Any]
+
+
+class Rows(Protocol):
+    """What an executed statement gives back: rows as plain tuples, in the selected columns' order."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Sequence[Any] | None: ...
+
+    def fetchall(self) -> Sequence[Sequence[Any]]: ...
+
+
+class Tx(Protocol):
+    """One open transaction."""
+
+    dialect: str  # "sqlite" or "postgresql"
+
+    def execute(self, statement: Statement, params: Params | None = None) -> Rows: ...
+
+    def executemany(self, statement: Statement, rows: Sequence[Params]) -> None: ...
+
+
+class Statement:
+    """A statement for every engine. `sqlite` serves both unless `postgresql` is given; a
+    statement only one engine has (`postgresql=None, portable=False`) raises on the other."""
+
+    def __init__(self, sqlite: ClauseElement | str, postgresql: ClauseElement | str | None = None, *,
+                 portable: bool = True) -> None:
+        self._sqlite = sqlite
+        self._postgresql = postgresql if postgresql is not None else (sqlite if portable else None)
+
+    @cached_property
+    def sqlite_sql(self) -> str:
+        from ember.store.direct import compiled  # the SQLite text, compiled once
+
+        return self._sqlite if isinstance(self._sqlite, str) else compiled(self._sqlite)
+
+    @cached_property
+    def postgresql(self) -> ClauseElement:
+        if self._postgresql is None:
+            raise NotImplementedError(f"no PostgreSQL form of: {self.sqlite_sql[:80]}")
+        return text(self._postgresql) if isinstance(self._postgresql, str) else self._postgresql
+
+
+def per_dialect(build: Callable[[str], ClauseElement]) -> Statement:
+    """A statement whose construct differs between the engines: `build("sqlite")`, `build("postgresql")`."""
+    return Statement(build("sqlite"), build("postgresql"))
+
+
+def upsert(build: Callable[[Callable[..., Any]], ClauseElement]) -> Statement:
+    """An `INSERT ... ON CONFLICT` construct, which SQLAlchemy has once per dialect: `build(insert)`
+    is called with SQLite's `insert`, then with PostgreSQL's (their `on_conflict_do_*` read alike)."""
+    inserts = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+    return per_dialect(lambda dialect: build(inserts[dialect]))
+
+
+def upsert_row(table: Table, key: Sequence[str]) -> Statement:
+    """Insert a whole row; a row already there with the same `key` is updated to it, in place (an
+    update, unlike SQLite's REPLACE, which deletes the old row and fires its delete triggers)."""
+    def build(insert: Callable[..., Any]) -> ClauseElement:
+        statement = insert(table)
+        return statement.on_conflict_do_update(index_elements=list(key), set_={
+            column.name: statement.excluded[column.name] for column in table.c if column.name not in key})
+
+    return upsert(build)
+
+
+def in_json_array(column: ColumnElement[Any], name: str, dialect: str) -> ColumnElement[bool]:
+    """`column IN` the values of the parameter `name`, a JSON array (`json.dumps` of a list): one
+    statement for any number of values."""
+    value = literal_column("value")
+    if dialect == "sqlite":
+        return column.in_(select(value).select_from(func.json_each(bindparam(name))))
+    return column.in_(select(cast(value, column.type)).select_from(
+        func.json_array_elements_text(cast(bindparam(name), JSON))))
