@@ -50,6 +50,7 @@ from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.migrations import MigrationProgress
+from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
 from ember.store.skills import SqlSkillStore
 from ember.store.tasks import SqlTaskStore
@@ -263,7 +264,7 @@ async def open_database(settings: Settings, *,
                         progress: MigrationProgress | None = None) -> AsyncIterator[Database]:
     """The store alone, migrated, for commands that only read or check it;
     `progress` follows the migrations, if any are pending (Database.open)."""
-    db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
+    db = store_database(settings)
     await db.open(progress)
     try:
         yield db
@@ -280,7 +281,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     counted (and priced, from `[models]`) in `Runtime.usage`."""
     settings.home_dir.mkdir(parents=True, exist_ok=True)
     identities = Identities(settings.identities)  # checked before anything is opened
-    db = Database(settings.database_path, synchronous=settings.sqlite_synchronous)
+    db = store_database(settings)
     await db.open()
     spans = telemetry(settings)
     tracer = spans.tracer if spans is not None else None
@@ -337,6 +338,13 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
                    identities, usage, ChannelHub(bus, deliveries), tasks, skills, gated, spans, model,
                    background if background_model else None,
                    explainer.model if explainer is not None and approval_model is not model.inner else None)
+
+
+def store_database(settings: Settings) -> Database | PostgresDatabase:
+    """PostgreSQL when `database_url` is set, else the SQLite file in the home."""
+    if settings.database_url is not None:
+        return PostgresDatabase(settings.database_url.get_secret_value())
+    return Database(settings.database_path, synchronous=settings.sqlite_synchronous)
 
 
 def message_bus(settings: Settings) -> Bus:

@@ -180,6 +180,10 @@ class Settings(BaseSettings):
     # "FULL" survives power loss; "NORMAL" survives a process crash only.
     sqlite_synchronous: str = Field(default="FULL", pattern="^(FULL|NORMAL)$")
 
+    # The store: a PostgreSQL database at this URL (postgresql://user:password@host:port/name) instead
+    # of the SQLite file in the home, so that several processes and machines can share it.
+    database_url: SecretStr | None = None
+
     # The message bus: Redis Streams at this URL (redis://[:password@]host:port/db) instead of the
     # in-process queues, so that several processes can share the turns; its password is never logged.
     redis_url: SecretStr | None = None
@@ -279,6 +283,14 @@ class Settings(BaseSettings):
     @property
     def skills_path(self) -> Path:
         return (self.skills_dir or self.home_dir / "skills").expanduser()
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgresql_only(cls, url: SecretStr | None) -> SecretStr | None:
+        if url is not None and not url.get_secret_value().startswith(("postgresql://", "postgres://")):
+            raise ValueError("database_url must be a postgresql:// URL; leave it unset for the SQLite file in the "
+                             "home")
+        return url
 
     @property
     def database_path(self) -> Path:

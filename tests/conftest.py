@@ -35,9 +35,9 @@ IDENTITY = default_identity(f"{CHANNEL}:{SENDER}")
 EPISODES_HEADING = "Earlier in this conversation:"
 
 # The scripted OpenAI-compatible and Anthropic servers, as the `model_server` and `anthropic_server` fixtures;
-# a throwaway Redis as `redis_server`; headless Chromium as `browser` and `page`.
+# a throwaway Redis as `redis_server` and PostgreSQL as `pg_server`; headless Chromium as `browser` and `page`.
 pytest_plugins = ("tests.modelserver", "tests.anthropicserver", "tests.gatewayproc", "tests.redisserver",
-                  "tests.browser")
+                  "tests.pgserver", "tests.browser")
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ from ember.store import schema
 from ember.store.database import Database
 from ember.store.migrations import SCHEMA_VERSION
 from ember.store.sessions import INTERRUPTED_RESULT, SqlSessionStore
+from tests.pgserver import ENGINES, engine_database
+
+
+@pytest.fixture(params=ENGINES)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    """Every test of the session store runs on SQLite and on PostgreSQL."""
+    database = await engine_database(request.param, request, tmp_path)
+    yield database  # type: ignore[misc]
+    await database.close()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule, run_state_machine_as_test
@@ -25,7 +26,9 @@ from ember.core.messages import Message, Role, Session, ToolCall, encode_tool_ca
 from ember.memory.consolidation import plan_chunk
 from ember.store import schema
 from ember.store.database import Database
+from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import INTERRUPTED_RESULT, SqlSessionStore
+from tests.pgserver import ENGINES, PgServer
 from tests.test_store import assert_protocol_valid, insert_raw
 
 T = TypeVar("T")
@@ -69,12 +72,6 @@ STEP = st.lists(st.sampled_from(["call_0", "call_1", "call_2"]), min_size=1, max
     lambda ids: st.tuples(st.just(calls(ids)), st.permutations(range(len(ids)))))
 
 
-async def open_db(path: Path) -> Database:
-    db = Database(path)
-    await db.open()
-    return db
-
-
 async def fingerprint(db: Database, key: str) -> tuple[Any, ...]:
     """Everything a load could write for `key`: row counts and the session head."""
     m, q, s = schema.messages, schema.quarantine, schema.sessions
@@ -105,12 +102,17 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.dir = Path(tempfile.mkdtemp(prefix="ember-model-"))
-        self.db = self.run(open_db(self.dir / "ember.db"))
+        self.db = self.database()
+        self.run(self.db.open())
         self.store = SqlSessionStore(self.db)
         self.expected: dict[str, list[Shape]] = {key: [] for key in KEYS}
         self.boundary = {key: 0 for key in KEYS}
         self.live = {key: self.run(self.store.load(key)) for key in KEYS}
         self.touched: tuple[str, ...] = KEYS  # the sessions the invariant checks
+
+    def database(self) -> Database:
+        """A new handle on the store this example runs on, the same one each time (not opened yet)."""
+        return Database(self.dir / "ember.db")
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
@@ -162,7 +164,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.touched = (key,)
         if restart:
             self.run(self.db.close())
-            self.db = self.run(open_db(self.dir / "ember.db"))
+            self.db = self.database()
+            self.run(self.db.open())
             self.store = SqlSessionStore(self.db)
             self.touched = KEYS
         for lost in self.touched:
@@ -264,7 +267,27 @@ class StoreMachine(RuleBasedStateMachine):
         assert_protocol_valid(session.messages)
 
 
-def test_store_matches_its_model() -> None:
-    run_state_machine_as_test(
-        StoreMachine, settings=settings(max_examples=60, stateful_step_count=30, deadline=None)
-    )
+def on_postgresql(server: PgServer, schema: str) -> type[StoreMachine]:
+    """The same machine with each example in a PostgreSQL database of its own."""
+
+    class PostgresStoreMachine(StoreMachine):
+        url: str | None = None
+
+        def database(self) -> Database:
+            if self.url is None:
+                self.url = server.fresh_database(template=schema)
+            return PostgresDatabase(self.url)  # type: ignore[return-value]
+
+        def teardown(self) -> None:
+            super().teardown()
+            if self.url is not None:
+                server.drop_database(self.url)
+
+    return PostgresStoreMachine
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_store_matches_its_model(engine: str, request: pytest.FixtureRequest) -> None:
+    machine = (StoreMachine if engine == "sqlite"
+               else on_postgresql(request.getfixturevalue("pg_server"), request.getfixturevalue("pg_schema")))
+    run_state_machine_as_test(machine, settings=settings(max_examples=60, stateful_step_count=30, deadline=None))

@@ -15,7 +15,7 @@ together, one fsync for all (group commit).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,11 +68,13 @@ def store_error(exc: SQLAlchemyError) -> StoreError | None:
 
 
 @asynccontextmanager
-async def _as_store_errors() -> AsyncIterator[None]:
+async def as_store_errors(
+        own_error: Callable[[SQLAlchemyError], StoreError | None] = store_error) -> AsyncIterator[None]:
+    """Raise the driver's failures the runtime acts on as Ember's own (`own_error`: the engine's mapping)."""
     try:
         yield
     except SQLAlchemyError as exc:
-        if (own := store_error(exc)) is not None:
+        if (own := own_error(exc)) is not None:
             raise own from exc
         raise
 
@@ -145,7 +147,7 @@ class Database:
         SQLite's busy handler, which polls with sleeps and lets a late writer win.
         """
         try:
-            async with _as_store_errors(), self._write_turn, self._writer.begin() as conn:
+            async with as_store_errors(), self._write_turn, self._writer.begin() as conn:
                 yield conn
         finally:
             # Counted once it has ended, so whatever was read while it was open counts as older.
@@ -153,7 +155,7 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        async with _as_store_errors(), self._reader.connect() as conn, conn.begin():
+        async with as_store_errors(), self._reader.connect() as conn, conn.begin():
             yield conn
 
     async def run_write(self, work: Work[T]) -> T:
@@ -169,7 +171,7 @@ class Database:
         self._queued.append(queued)
         if self._committer is None:
             self._committer = asyncio.create_task(self._commit_queued(), name="ember-db-commit")
-        async with _as_store_errors():
+        async with as_store_errors():
             result, cancelled = await complete_despite_cancel(queued.done)
         if cancelled:
             raise asyncio.CancelledError
@@ -177,7 +179,7 @@ class Database:
 
     async def run_read(self, work: Work[T]) -> T:
         """`work(conn)` in one read transaction (one snapshot) on the reader thread."""
-        async with _as_store_errors():
+        async with as_store_errors():
             return await self._direct_reader.read(work)
 
     async def _commit_queued(self) -> None:
