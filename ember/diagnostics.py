@@ -59,11 +59,13 @@ def _check_config(settings: Settings, report: Report) -> None:
 
 
 async def _check_store(settings: Settings, report: Report) -> None:
+    where = "on PostgreSQL (database_url)" if settings.database_url is not None else str(settings.database_path)
     try:
         async with open_database(settings) as db:
             async with db.read() as conn:
-                # SQLite-only: PRAGMA integrity_check; a PostgreSQL store needs a check of its own.
-                integrity = (await conn.execute(text("PRAGMA integrity_check"))).scalar_one()
+                # PostgreSQL checks its own pages (checksums, WAL); SQLite's file is checked here.
+                integrity = ((await conn.execute(text("PRAGMA integrity_check"))).scalar_one()
+                             if conn.dialect.name == "sqlite" else "ok")
             store = SqlSessionStore(db)
             sessions = await store.list_sessions()
             quarantined = await store.quarantined()
@@ -71,11 +73,11 @@ async def _check_store(settings: Settings, report: Report) -> None:
             jobs = await SqlJobStore(db).counts()
             memory = await SqlMemoryStore(db).consistency()
     except Exception as exc:  # doctor reports every failure instead of crashing
-        report.fail(f"store {settings.database_path}: {type(exc).__name__}: {exc}")
+        report.fail(f"store {where}: {type(exc).__name__}: {exc}")
         return
     if integrity != "ok":
         report.fail(f"store integrity check: {integrity}")
-    report.ok(f"store {settings.database_path}: schema v{SCHEMA_VERSION}, {len(sessions)} session(s)")
+    report.ok(f"store {where}: schema v{SCHEMA_VERSION}, {len(sessions)} session(s)")
     if quarantined:
         report.warn(f"{len(quarantined)} stored message(s) could not be read and were set aside:")
         for row in quarantined:

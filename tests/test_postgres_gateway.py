@@ -3,9 +3,12 @@ and read back, and a restart finds what the first process left."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import httpx
 
-from tests.gatewayproc import LaunchGateway
+from tests.gatewayproc import EMBER, LaunchGateway, gateway_env
 from tests.modelserver import ModelServer, Reply, tool_call
 from tests.test_gateway_api import final_text, history, send
 
@@ -49,3 +52,11 @@ def test_memories_are_kept_and_found_on_postgresql(model_server: ModelServer, pg
     bob = httpx.get(gateway.url("/api/memory/search"), params={"q": "sister Lisbon"},
                     headers={"Authorization": "Bearer bob-secret-0123456789ab"}, timeout=30).json()
     assert bob == []  # one person's memories are never another's
+
+
+def test_doctor_checks_a_postgresql_store(model_server: ModelServer, pg_database: str, tmp_path: Path) -> None:
+    env = gateway_env(tmp_path / "home", model_server, None, EMBER_DATABASE_URL=pg_database)
+    done = subprocess.run([EMBER, "doctor"], env=env, capture_output=True, text=True, timeout=120)
+    assert "store on PostgreSQL (database_url): schema v" in done.stdout, done.stdout + done.stderr
+    assert "FAIL" not in done.stdout.split("model endpoint")[0], done.stdout
+    assert pg_database.rsplit("@", 1)[0] not in done.stdout  # the URL (and a password in it) stays out
