@@ -5,9 +5,8 @@
 // is signed in (#app-view shown).
 // Trace text (tool arguments, errors) reaches the DOM through textContent only.
 
-import { $, el, relativeTime } from "./dom.js";
+import { $, el, hashKey, relativeTime } from "./dom.js";
 
-const SESSION_KEY = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
 const LIMIT = 50;
 const STATUS_TEXT = { ok: "Done", failed: "Failed", stopped: "Stopped", cancelled: "Interrupted", running: "Running" };
 
@@ -15,16 +14,6 @@ let view = 0; // bumped by every load, so a slow answer never replaces a newer o
 let opener = null; // the list entry whose turn is shown, focused again on Back
 
 let getJson = null; // the page's API call, given by startActivity
-
-/** The session the page shows (its URL hash), or null. */
-function currentSession() {
-  try {
-    const key = decodeURIComponent(location.hash.slice(1));
-    return SESSION_KEY.test(key) ? key : null;
-  } catch {
-    return null;
-  }
-}
 
 // ---- formatting ----
 
@@ -45,7 +34,7 @@ function statusBadge(status) {
 async function refreshList() {
   const mine = ++view;
   const params = new URLSearchParams({ limit: String(LIMIT) });
-  const session = currentSession();
+  const session = hashKey();
   if ($("activity-this-session").checked && session) params.set("session", session);
   $("activity-list").setAttribute("aria-busy", "true");
   setStatus("Loading…");
@@ -186,7 +175,7 @@ function setStatus(text, isError = false) {
 
 function openPanel() {
   showTurnView(false);
-  $("activity-this-session").disabled = !currentSession();
+  $("activity-this-session").disabled = !hashKey();
   $("activity-panel").showModal();
   refreshList();
 }

@@ -2,13 +2,12 @@
 // Model text reaches the DOM only through renderMarkdown (which escapes first) or textContent.
 
 import { startActivity } from "./activity.js";
-import { $, el, relativeTime } from "./dom.js";
+import { $, el, hashKey, relativeTime } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { MemoryPanel } from "./memory.js";
 import { SkillsPanel } from "./skills.js";
 
 const KEY_STORE = "ember.apiKey";
-const SESSION_KEY = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
 
 const state = { key: null, open: false, session: null, view: 0, busy: false, abort: null };
 const APPROVALS_POLL_MS = 3000;
@@ -168,15 +167,6 @@ function randomId(prefix) {
 }
 
 const newSessionKey = () => randomId("web");
-
-function hashKey() {
-  try {
-    const key = decodeURIComponent(location.hash.slice(1));
-    return SESSION_KEY.test(key) ? key : null;
-  } catch {
-    return null;
-  }
-}
 
 /** Opens the session named in the URL hash, or a new one. */
 function route() {

@@ -21,3 +21,16 @@ export function relativeTime(seconds) {
   }
   return "just now";
 }
+
+// A session key, as the gateway accepts it (http.py).
+const SESSION_KEY = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
+
+/** The session named in the page's URL hash, or null. */
+export function hashKey() {
+  try {
+    const key = decodeURIComponent(location.hash.slice(1));
+    return SESSION_KEY.test(key) ? key : null;
+  } catch {
+    return null;
+  }
+}
