@@ -7,6 +7,7 @@ this is the one place that knows them all.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from collections.abc import AsyncIterator, Collection, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -16,10 +17,12 @@ from typing import TYPE_CHECKING
 from ember.bus.base import Bus
 from ember.bus.memory import InProcessBus
 from ember.bus.redis import RedisBus, RedisBusConfig
+from ember.channels.cron import Scheduler
 from ember.channels.gateway.turns import CHANNEL as GATEWAY_CHANNEL
 from ember.config import CONFIGURE_MODEL_HINT, Settings
-from ember.core.errors import ModelNotConfigured
+from ember.core.errors import ConfigError, ModelNotConfigured
 from ember.core.jobs import JobKind
+from ember.core.leases import SessionLeases
 from ember.memory.consolidation import ConsolidationWorker
 from ember.memory.embeddings import Embedder, load_embedder
 from ember.memory.identity import Identities
@@ -48,6 +51,7 @@ from ember.store.approvals import SqlApprovalStore
 from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
+from ember.store.leases import LeaderLease, LeaseTable, SqlSessionLeases
 from ember.store.memories import SqlMemoryStore
 from ember.store.migrations import MigrationProgress
 from ember.store.postgres import PostgresDatabase
@@ -71,6 +75,8 @@ from ember.tools.workspace import Workspace
 
 if TYPE_CHECKING:
     from ember.runtime.telemetry import Telemetry
+
+SCHEDULER_LEASE = "scheduler"  # the lease of the process that fires scheduled tasks
 
 
 def telemetry(settings: Settings) -> Telemetry | None:
@@ -195,6 +201,12 @@ class Runtime:
     model: ModelClient | None = None  # closed with the runtime
     background_model: ModelClient | None = None  # consolidation and reviews, when not `model`; closed too
     approval_model: ModelClient | None = None  # the explanations of approval requests, when not `model`; closed too
+    lease_table: LeaseTable | None = None  # on a store several processes share
+
+    def scheduler(self) -> Scheduler:
+        """The channel that fires scheduled tasks; on a shared store, only in the process that leads."""
+        leader = LeaderLease(self.lease_table, SCHEDULER_LEASE) if self.lease_table is not None else None
+        return Scheduler(self.bus, self.tasks, leader=leader)
 
 
 def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidation: ConsolidationWorker,
@@ -297,9 +309,18 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
     memory = memory_service(settings, db, embedder)
     await memory.open()
-    leases = LocalLeases(settings.home_dir / "locks" / "sessions")
-    bus = message_bus(settings)
-    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, explainer, SqlApprovalStore(db))
+    process = process_name()
+    lease_table = LeaseTable(db, process, settings.worker_timeout_s) if settings.database_url else None
+    leases: SessionLeases
+    if lease_table is not None:  # processes on several machines: fencing lease rows, shared job claims
+        leases, runner_lock = SqlSessionLeases(lease_table), None
+        jobs = SqlJobStore(db, claimer=process, claim_ttl_s=settings.worker_timeout_s)
+    else:
+        leases = LocalLeases(settings.home_dir / "locks" / "sessions")
+        runner_lock = HostLock(settings.home_dir / "locks" / "background-runner")
+    bus = message_bus(settings, process)
+    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, explainer, SqlApprovalStore(db),
+                               shared=settings.redis_url is not None or lease_table is not None)
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
     tasks = SqlTaskStore(db)
@@ -314,7 +335,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
         _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, background, memory),
                       SkillReviewer(sessions, leases, background, memory, skills, cost=background.cost_of), skills,
                       FactReconciler(memory, background), SessionTitler(sessions, background)),
-        HostLock(settings.home_dir / "locks" / "background-runner"),
+        runner_lock,
         retry=RetryPolicy(max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s),
         spans=spans,
     )
@@ -337,7 +358,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
                    identities, usage, ChannelHub(bus, deliveries), tasks, skills, gated, spans, model,
                    background if background_model else None,
-                   explainer.model if explainer is not None and approval_model is not model.inner else None)
+                   explainer.model if explainer is not None and approval_model is not model.inner else None,
+                   lease_table)
 
 
 def store_database(settings: Settings) -> Database | PostgresDatabase:
@@ -347,24 +369,41 @@ def store_database(settings: Settings) -> Database | PostgresDatabase:
     return Database(settings.database_path, synchronous=settings.sqlite_synchronous)
 
 
-def message_bus(settings: Settings) -> Bus:
+def require_shared_bus(settings: Settings, command: str) -> None:
+    """ConfigError unless the turns can cross processes: a gateway that runs none, and the workers
+    that run them, meet on the Redis bus."""
+    if settings.redis_url is None:
+        raise ConfigError(f"{command} needs the Redis bus, where gateways and the workers that run their "
+                          "turns meet: set EMBER_REDIS_URL (and EMBER_DATABASE_URL for processes on several "
+                          "machines)")
+
+
+def process_name() -> str:
+    """This process among those sharing a store and a bus: what its leases, job claims and
+    pending messages are held as. Unique even where every container's process is pid 1."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}".replace(":", "-")
+
+
+def message_bus(settings: Settings, process: str | None = None) -> Bus:
     """Redis Streams when `redis_url` is set, else the in-process queues."""
     if settings.redis_url is None:
         return InProcessBus()
-    # Unique per process, so that another can tell its pending messages from its own.
-    process = f"{socket.gethostname()}-{os.getpid()}".replace(":", "-")
-    return RedisBus(settings.redis_url.get_secret_value(), process=process,
-                    config=RedisBusConfig(namespace=settings.redis_namespace))
+    return RedisBus(settings.redis_url.get_secret_value(), process=process or process_name(),
+                    config=RedisBusConfig(namespace=settings.redis_namespace,
+                                          claim_idle_ms=int(settings.worker_timeout_s * 1000)))
 
 
 @asynccontextmanager
-async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bool = False) -> AsyncIterator[Runtime]:
+async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bool = False,
+                  turns: bool = True) -> AsyncIterator[Runtime]:
     """Start the background runner, the delivery worker, the loop and the registered channels;
     stop them in reverse, then the MCP servers (no turn can call them any more), then the store.
 
     `channels`: those this process serves besides the registered ones (which it serves too),
     whose unconfirmed answers are re-sent.
     `recover`: pick up the turns a crash cut off (resumed or answered with a notice).
+    `turns`: run turns and background jobs here; False for a gateway whose workers (`ember worker`,
+    on the same store and Redis bus) run them.
     """
     channels = list(dict.fromkeys([*runtime.channels.names, *channels]))
     async with AsyncExitStack() as stack:
@@ -383,13 +422,15 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
         await runtime.approvals.recover()
         await runtime.usage.start()
         stack.push_async_callback(runtime.usage.stop)  # after the turns and jobs: their last counts
-        await runtime.runner.start()
-        stack.push_async_callback(runtime.runner.stop)
+        if turns:
+            await runtime.runner.start()
+            stack.push_async_callback(runtime.runner.stop)
         await runtime.runner.schedule(JobKind.CURATE_SKILLS, "all")
         await runtime.deliveries.start(channels, confirming=runtime.channels.confirming)
         stack.push_async_callback(runtime.deliveries.stop)
-        await runtime.loop.start()
-        stack.push_async_callback(runtime.loop.stop)
+        if turns:
+            await runtime.loop.start()
+            stack.push_async_callback(runtime.loop.stop)
         await runtime.channels.start()
         stack.push_async_callback(runtime.channels.stop)  # first: no new messages while turns finish
         if recover:

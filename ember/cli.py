@@ -15,6 +15,7 @@ from ember.app import (
     configured_approval_model,
     configured_background_model,
     configured_model,
+    require_shared_bus,
     running,
 )
 from ember.channels.cli import CHANNEL, CliChannel
@@ -34,6 +35,7 @@ from ember.skills_cli import skills_app
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
+from ember.store_cli import store_app
 from ember.usage_cli import usage
 
 app = typer.Typer(help="Ember: a self-hosted AI agent runtime.", no_args_is_help=True, add_completion=False)
@@ -45,6 +47,7 @@ app.add_typer(memory_app, name="memory")
 app.add_typer(skills_app, name="skills")
 app.add_typer(cron_app, name="cron")
 app.add_typer(mcp_app, name="mcp")
+app.add_typer(store_app, name="store")
 app.command()(models)
 app.command()(usage)
 app.command()(channels)
@@ -139,6 +142,9 @@ def _model_or_demo(settings: Settings) -> ModelClient:
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on [default: gateway_host, 127.0.0.1].")] = None,
     port: Annotated[int | None, typer.Option(help="Port [default: gateway_port, 8765].")] = None,
+    workers: Annotated[int, typer.Option(
+        min=0, max=1, help="1: run the turns in this process too; 0: leave them to `ember worker` processes "
+                           "on the same store and Redis bus.")] = 1,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show logs on stderr.")] = False,
 ) -> None:
     """Run the HTTP gateway (OpenAI-compatible API, native API, web chat) with the agent."""
@@ -148,6 +154,8 @@ def serve(
     settings = settings_or_exit()
     setup_logging(settings, verbose)
     host = host or settings.gateway_host
+    if not workers:
+        _shared_bus_or_exit(settings, "ember serve --workers 0")
     try:
         keys = api_keys(settings, host)
     except EmberError as exc:
@@ -157,6 +165,8 @@ def serve(
     def ready(at: Listening) -> None:
         url = f"http://{at.host}:{at.port}"
         out.print(f"Ember gateway on [bold]{url}[/bold] — web chat at {url}/, OpenAI API at {url}/v1")
+        if not workers:
+            out.print("It runs no turns: `ember worker` processes on the same store and Redis bus run them.")
         if at.identities:
             out.print(f"{at.identities} API key(s) configured; every route but /healthz needs one.")
         else:
@@ -171,7 +181,34 @@ def serve(
         sys.stdout.flush()
 
     run_command(serve_gateway(settings, _model_or_demo(settings), keys, host,
-                       settings.gateway_port if port is None else port, ready))
+                              settings.gateway_port if port is None else port, ready, turns=workers > 0))
+
+
+@app.command()
+def worker(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show logs on stderr.")] = False,
+) -> None:
+    """Run turns, background jobs and scheduled tasks for the gateways on the same store and Redis bus."""
+    from ember.worker import work
+
+    settings = settings_or_exit()
+    setup_logging(settings, verbose)
+    _shared_bus_or_exit(settings, "ember worker")
+
+    def ready() -> None:
+        out.print(f"Ember worker {escape(settings.agent_name)} is taking turns off the Redis bus "
+                  f"(namespace {escape(settings.redis_namespace)}).")
+        sys.stdout.flush()
+
+    run_command(work(settings, _model_or_demo(settings), ready))
+
+
+def _shared_bus_or_exit(settings: Settings, command: str) -> None:
+    try:
+        require_shared_bus(settings, command)
+    except EmberError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from exc
 
 
 def _resolve_session_key(known: set[str], name: str) -> str:

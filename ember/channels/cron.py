@@ -3,7 +3,10 @@
 It polls the store every `poll_s` (so tasks added by `ember cron add` in another
 process are picked up within it) and sleeps no longer than until the next run
 is due. Claiming is one transaction per batch (store/tasks.py), so a run
-fires once whatever crashes, and the clock is injectable for tests.
+fires once whatever crashes, and the clock is injectable for tests. Where
+several processes share the store, each has a scheduler, and only the one
+holding the `leader` lease fires runs; another takes over within the lease's
+time if it stops.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from ember.core.channels import ChannelCapabilities
 from ember.core.events import OutboundEvent
 from ember.core.tasks import CHANNEL
 from ember.runtime.tasks import cancel_task
+from ember.store.leases import LeaderLease
 from ember.store.tasks import SqlTaskStore
 
 log = logging.getLogger(__name__)
@@ -28,8 +32,10 @@ class Scheduler:
     capabilities = ChannelCapabilities()
 
     def __init__(self, bus: Bus, tasks: SqlTaskStore, *, clock: Callable[[], float] = time.time,
-                 poll_s: float = 1.0, missed_after_s: float = 60.0, batch: int = 500) -> None:
+                 poll_s: float = 1.0, missed_after_s: float = 60.0, batch: int = 500,
+                 leader: LeaderLease | None = None) -> None:
         self._bus = bus
+        self._leader = leader
         self._tasks = tasks
         self._clock = clock
         self._poll_s = poll_s
@@ -44,6 +50,8 @@ class Scheduler:
     async def stop(self) -> None:
         await cancel_task(self._runner)
         self._runner = None
+        if self._leader is not None:
+            await self._leader.release()
 
     async def deliver(self, event: OutboundEvent) -> None:
         """A task without a chat to answer: its answers stay in its own session."""
@@ -63,10 +71,11 @@ class Scheduler:
         while True:
             delay = self._poll_s
             try:
-                await self.fire_due()
-                due = await self._tasks.next_due_at()
-                if due is not None:
-                    delay = min(delay, max(0.0, due - self._clock()))
+                if self._leader is None or await self._leader.held():  # else another process fires them
+                    await self.fire_due()
+                    due = await self._tasks.next_due_at()
+                    if due is not None:
+                        delay = min(delay, max(0.0, due - self._clock()))
             except Exception:  # the store was busy or failed: the runs stay due, for the next look
                 log.warning("the scheduler could not claim due runs; it tries again", exc_info=True)
             if delay > 0:

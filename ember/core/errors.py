@@ -70,6 +70,11 @@ class StoreUnavailable(StoreError):
     """The store could not be opened, read or written (a disk error, a full disk, a lost connection)."""
 
 
+class LeaseLost(StoreError):
+    """This process no longer holds the lease its write was made under (it paused or lost the
+    database past the lease's time, and another process took it): nothing of the write was kept."""
+
+
 class DuplicateMessage(StoreError):
     """The (channel, message_id) was already accepted: nothing was written."""
 

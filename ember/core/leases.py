@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -10,3 +14,41 @@ class SessionLeases(Protocol):
     def hold(self, session_key: str) -> AbstractAsyncContextManager[None]:
         """Held while a turn runs, and while consolidation reloads or commits."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The lease a unit of work runs under: a store shared by several processes commits the
+    work only while `holder` still holds lease `name` at `token` (store/leases.py)."""
+
+    name: str
+    holder: str
+    token: int
+
+
+# Set while a lease that fences is held: every write made meanwhile, in this task and the
+# tasks it starts, is checked against it.
+current_fence: ContextVar[Fence | None] = ContextVar("ember_fence", default=None)
+
+
+class KeyedLocks:
+    """An asyncio.Lock per key, created on demand and dropped when nobody holds or awaits it, so a
+    server with a million sessions keeps only the busy ones in memory. It wakes waiters in arrival
+    order, which keeps a session's turns in order within a process."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._users: dict[str, int] = {}
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        self._users[key] = self._users.get(key, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._users[key] -= 1
+            if self._users[key] == 0:
+                del self._users[key]
+                del self._locks[key]

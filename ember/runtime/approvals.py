@@ -9,7 +9,10 @@ reading and risk rating of the call go with the request (tools/explain.py).
 Each request is also a row (store/approvals.py): an answer after its timeout, or
 after a restart cut the turn off, is told the request expired, never that it is
 unknown. Only the turn's own scope (a session, or a caller's namespace of them)
-sees and answers a request.
+sees and answers a request. Where several processes share the store (`shared`),
+the turn may wait in a worker while the answer comes to a gateway: the gateway
+closes the row, and the waiting turn, which reads its row every `SHARED_POLL_S`,
+takes the decision from it.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from ember.bus.base import Bus
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tasks import CHANNEL as TASK_CHANNEL
 from ember.core.tools import ApprovalRequest, Decision, ToolAction, Verdict
-from ember.store.approvals import EXPIRED, SqlApprovalStore
+from ember.store.approvals import EXPIRED, PENDING, SqlApprovalStore
 from ember.tools.explain import ApprovalExplainer
 
 log = logging.getLogger(__name__)
+
+SHARED_POLL_S = 0.25
 
 
 class Resolution(enum.Enum):
@@ -46,8 +51,9 @@ class _Pending:
 
 class ApprovalBroker:
     def __init__(self, bus: Bus, timeout_s: float, explainer: ApprovalExplainer | None = None,
-                 store: SqlApprovalStore | None = None) -> None:
+                 store: SqlApprovalStore | None = None, *, shared: bool = False) -> None:
         self._bus = bus
+        self._shared = shared and store is not None
         self._timeout_s = timeout_s
         self._explainer = explainer
         self._store = store
@@ -55,7 +61,11 @@ class ApprovalBroker:
 
     async def recover(self) -> None:
         """At start: requests a stopped process waited on are expired (their turns resume and ask again)."""
-        if self._store is not None and (expired := await self._store.expire_pending()):
+        if self._store is None:
+            return
+        # Other processes' requests younger than their timeout may still be waited on.
+        expired = await self._store.expire_pending(older_than_s=self._timeout_s if self._shared else 0.0)
+        if expired:
             log.info("%d approval request(s) left by the last run are expired", expired)
 
     def for_turn(self, event: InboundEvent, turn_id: str, identity: str) -> TurnApprover:
@@ -76,6 +86,11 @@ class ApprovalBroker:
         row = await self._store.get(approval_id) if self._store is not None else None
         if row is None or not _within(row.session_key, scope):
             return Resolution.NOT_FOUND
+        if row.status == PENDING and self._shared:  # its turn waits in another process, reading the row
+            assert self._store is not None
+            if await self._store.closed(approval_id, decision.value, f"user:{by}"):
+                return Resolution.RESOLVED
+            row = await self._store.get(approval_id) or row
         return Resolution.EXPIRED if row.status == EXPIRED else Resolution.ALREADY_DECIDED
 
     async def ask(self, event: InboundEvent, turn_id: str, identity: str, action: ToolAction) -> Verdict:
@@ -102,7 +117,7 @@ class ApprovalBroker:
                 reply_to=event.message_id, approval=request,
             ))
             async with asyncio.timeout(self._timeout_s):
-                verdict = replace(await pending.answer, explanation=explanation)
+                verdict = replace(await self._answer(pending), explanation=explanation)
         except TimeoutError:
             verdict = Verdict(Decision.DENY, "timeout", time.time(),
                               f"nobody answered the approval request within {self._timeout_s:g} s", explanation)
@@ -112,6 +127,20 @@ class ApprovalBroker:
                 status = EXPIRED if verdict.decided_by in ("timeout", "cancelled") else verdict.decision.value
                 await asyncio.shield(self._store.closed(request.id, status, verdict.decided_by))
         return verdict
+
+
+    async def _answer(self, pending: _Pending) -> Verdict:
+        """The answer given to this process, or, on a shared store, to another (in the row)."""
+        if not self._shared:
+            return await pending.answer
+        assert self._store is not None
+        while not pending.answer.done():
+            await asyncio.wait({pending.answer}, timeout=SHARED_POLL_S)
+            row = await self._store.get(pending.request.id)
+            if row is not None and row.status != PENDING and not pending.answer.done():
+                decision = Decision.DENY if row.status == EXPIRED else Decision(row.status)
+                return Verdict(decision, row.decided_by or "another process", time.time())
+        return pending.answer.result()
 
 
 def _within(session_key: str, scope: str) -> bool:

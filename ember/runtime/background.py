@@ -1,9 +1,11 @@
 """Runs durable jobs (consolidation, embedding flush, reviews) beside the turns.
 
-Jobs are rows (store/jobs.py), so queued work survives a restart. One process
-per EMBER_HOME runs them: the one holding the runner lock, which is also what
-makes requeueing jobs a dead process left `running` safe. Other processes only
-enqueue, and take over if the lock holder exits. A failing job is retried
+Jobs are rows (store/jobs.py), so queued work survives a restart. On a home's
+own SQLite store, one process runs them: the one holding the runner lock, which
+is also what makes requeueing jobs a dead process left `running` safe. Other
+processes only enqueue, and take over if the lock holder exits. On a shared
+store (no runner lock), every process runs jobs, renewing its claims every
+third of their time, and takes over the claims of a process that stopped. A failing job is retried
 with exponential backoff and logged as a warning; after `max_attempts` it is
 marked failed. Nothing here can fail a turn: the turn only enqueues.
 """
@@ -44,7 +46,7 @@ class RetryPolicy:
 
 
 class BackgroundRunner:
-    def __init__(self, jobs: SqlJobStore, handlers: Mapping[str, JobHandler], runner_lock: HostLock, *,
+    def __init__(self, jobs: SqlJobStore, handlers: Mapping[str, JobHandler], runner_lock: HostLock | None, *,
                  retry: RetryPolicy = RetryPolicy(), concurrency: int = 2, poll_s: float = 5.0,
                  spans: Spans | None = None) -> None:
         self._jobs = jobs
@@ -57,6 +59,7 @@ class BackgroundRunner:
         self._wake = asyncio.Event()
         self._running: dict[asyncio.Task[None], Job] = {}
         self._loop_task: asyncio.Task[None] | None = None
+        self._extended_at = 0.0
 
     async def schedule(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
         """Queue a job unless an equal one is pending. Raises if the store fails:
@@ -82,7 +85,8 @@ class BackgroundRunner:
             self._loop_task = None
             await stop_tasks(self._running, grace_s)
         finally:
-            self._lock.release()
+            if self._lock is not None:
+                self._lock.release()
 
     async def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Until no job is pending, running or waiting for a retry (tests, benchmarks, demo)."""
@@ -102,6 +106,7 @@ class BackgroundRunner:
             timeout = self._poll_s
             try:
                 if await self._hold_runner_lock():
+                    await self._extend_claims()
                     await self._claim()
                     timeout = await self._sleep_for()
             except Exception:  # the runner's edge: a locked store or a lock file error is retried, not fatal
@@ -113,7 +118,7 @@ class BackgroundRunner:
                     await self._wake.wait()
 
     async def _hold_runner_lock(self) -> bool:
-        if self._lock.held:
+        if self._lock is None or self._lock.held:
             return True
         if not self._lock.try_acquire():
             return False
@@ -139,11 +144,21 @@ class BackgroundRunner:
         self._running.pop(task, None)
         self._wake.set()
 
+    async def _extend_claims(self) -> None:
+        """On a shared store, keep the claims of the jobs running here: another process takes
+        over a claim left to expire."""
+        ttl = self._jobs.claim_ttl_s
+        if ttl is None or not self._running or time.monotonic() - self._extended_at < ttl / 3:
+            return
+        await self._jobs.extend(self._running.values())
+        self._extended_at = time.monotonic()
+
     async def _sleep_for(self) -> float:
+        longest = self._poll_s if self._jobs.claim_ttl_s is None else min(self._poll_s, self._jobs.claim_ttl_s / 3)
         due = await self._jobs.next_due_at()
         if due is None:
-            return self._poll_s
-        return min(self._poll_s, max(0.0, due - time.time()))
+            return longest
+        return min(longest, max(0.0, due - time.time()))
 
     async def _execute(self, job: Job) -> None:
         # A job's model calls are charged to its kind and its session (and so the session's identity).

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from ember.core.leases import KeyedLocks
+
 POLL_START_S = 0.001
 POLL_MAX_S = 0.05
 
@@ -64,28 +66,18 @@ class HostLock:
 
 
 class LocalLeases:
-    """Locks are created on demand and dropped when nobody holds or awaits them,
-    so a server with a million sessions keeps only the busy ones in memory."""
+    """Session leases on one host: a lock per session in the process, then a file lock for the others."""
 
     def __init__(self, lock_dir: Path) -> None:
         self._lock_dir = lock_dir
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._users: dict[str, int] = {}
+        self._in_process = KeyedLocks()
 
     @asynccontextmanager
     async def hold(self, session_key: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(session_key, asyncio.Lock())
-        self._users[session_key] = self._users.get(session_key, 0) + 1
-        try:
-            async with lock:
-                host_lock = HostLock(self._lock_dir / hashlib.sha1(session_key.encode()).hexdigest())
-                await host_lock.acquire()
-                try:
-                    yield
-                finally:
-                    host_lock.release()
-        finally:
-            self._users[session_key] -= 1
-            if self._users[session_key] == 0:
-                del self._users[session_key]
-                del self._locks[session_key]
+        async with self._in_process.hold(session_key):
+            host_lock = HostLock(self._lock_dir / hashlib.sha1(session_key.encode()).hexdigest())
+            await host_lock.acquire()
+            try:
+                yield
+            finally:
+                host_lock.release()

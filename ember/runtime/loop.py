@@ -12,6 +12,8 @@
             done   = ResponseStage.finalize(ctx, result)   answer + outbox record committed
             publish the final only if not done.outbound_sent
         on an exception: publish exactly one error response
+        on LeaseLost (this process paused past its lease, and another took the
+            session): nothing; the new holder answers the message
         on a cancellation: deliver the answer if it was committed, else one
             "interrupted" error; a person's stop (stop_turn) also records that
             error, so the history explains the question it leaves unanswered
@@ -33,7 +35,7 @@ from typing import Literal
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
 from ember.core.delivery import Delivery, Receipt, delivery_id
-from ember.core.errors import EmberError, StoreError
+from ember.core.errors import EmberError, LeaseLost, StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
 from ember.core.journal import Observers, Spans, TurnJournal, TurnObserver
 from ember.core.leases import SessionLeases
@@ -185,8 +187,12 @@ class AgentLoop:
 
     async def _handle(self, event: InboundEvent) -> None:
         """The event's turn, then its acknowledgement: a turn cut off (a shutdown, a crash) is
-        never acknowledged, so the bus delivers it again and its receipt resumes it."""
-        await self._on_inbound(event)
+        never acknowledged, so the bus delivers it again and its receipt resumes it. Nor is one
+        whose session another process took over: that process acknowledges it."""
+        try:
+            await self._on_inbound(event)
+        except LeaseLost:
+            return
         await self._bus.ack_inbound(event)
 
     async def _on_inbound(self, event: InboundEvent) -> None:
@@ -230,6 +236,11 @@ class AgentLoop:
                 await self._publish(event, turn.turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
             if not stopped:
                 raise
+        except LeaseLost:
+            log.warning("turn %s of %s was taken over by another process; this one's work on it is dropped",
+                        turn.turn_id, event.session_key)
+            turn.trace = None  # the new holder records the turn, under the same id when it resumes it
+            raise
         except Exception as exc:  # the loop's edge: one error response, logged once
             log.exception("turn %s of %s failed", turn.turn_id, event.session_key)
             if turn.trace is not None:

@@ -2,7 +2,8 @@
 
 The waiting itself is in memory (runtime/approvals.py); the row is what lets
 an answer that comes too late, or after a restart, be told "expired" rather
-than "unknown".
+than "unknown", and what carries an answer given to one process (a gateway)
+to the turn waiting in another (a worker): the first to close a row decides.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _CLOSE = Statement(update(_a).where(_a.c.id == bindparam("approval"), _a.c.statu
     status=bindparam("status"), decided_by=bindparam("decided_by"), decided_at=bindparam("now")))
 _GET = Statement(select(_a.c.id, _a.c.session_key, _a.c.identity, _a.c.status, _a.c.decided_by)
                  .where(_a.c.id == bindparam("id")))
-_EXPIRE = Statement(update(_a).where(_a.c.status == PENDING)
+_EXPIRE = Statement(update(_a).where(_a.c.status == PENDING, _a.c.created_at < bindparam("before"))
                     .values(status=EXPIRED, decided_by="restart", decided_at=bindparam("now")))
 
 
@@ -50,14 +51,18 @@ class SqlApprovalStore:
                "tool": tool, "summary": summary[:500], "now": time.time()}
         await self._db.run_write(lambda tx: tx.execute(_OPEN, row))
 
-    async def closed(self, approval_id: str, status: str, decided_by: str) -> None:
-        await self._db.run_write(lambda tx: tx.execute(
-            _CLOSE, {"approval": approval_id, "status": status, "decided_by": decided_by, "now": time.time()}))
+    async def closed(self, approval_id: str, status: str, decided_by: str) -> bool:
+        """Record how a pending request ended; False when it had already ended otherwise."""
+        params = {"approval": approval_id, "status": status, "decided_by": decided_by, "now": time.time()}
+        return await self._db.run_write(lambda tx: tx.execute(_CLOSE, params).rowcount == 1)
 
     async def get(self, approval_id: str) -> ApprovalRow | None:
         row = await self._db.run_read(lambda tx: tx.execute(_GET, {"id": approval_id}).fetchone())
         return ApprovalRow(*row) if row else None
 
-    async def expire_pending(self) -> int:
-        """At start: the requests a stopped process was waiting on can no longer be answered."""
-        return await self._db.run_write(lambda tx: tx.execute(_EXPIRE, {"now": time.time()}).rowcount)
+    async def expire_pending(self, *, older_than_s: float = 0.0) -> int:
+        """At start: the requests a stopped process was waiting on can no longer be answered. On a
+        store other live processes share, only those older than their timeout (`older_than_s`)."""
+        now = time.time()
+        return await self._db.run_write(lambda tx: tx.execute(
+            _EXPIRE, {"now": now, "before": now - older_than_s}).rowcount)

@@ -2,21 +2,30 @@
 
 At most one pending job exists per (kind, dedupe_key); enqueueing a duplicate
 is a no-op. A job is claimed by compare-and-set from `pending` to `running`,
-so two runners never execute it twice.
+so two runners never execute it at once.
+
+Alone on its store (SQLite), one runner per home, holding the runner lock,
+requeues at start whatever a dead process left running. Shared by several
+processes (PostgreSQL: `claim_ttl_s`), every process runs jobs: a claim marks
+the job its claimer's until `claimed_until`, which the claimer keeps moving
+(`extend`); a job still running past it is a dead claimer's, and the next
+claim takes it over. The rows a claim reads are locked FOR UPDATE SKIP LOCKED,
+so claimers never wait on each other or take the same job.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import and_, bindparam, func, literal_column, or_, select, update
 
 from ember.core.jobs import JobRequest
 from ember.store import schema
 from ember.store.database import Database
-from ember.store.tx import Statement, Tx, upsert
+from ember.store.tx import Statement, Tx, per_dialect, upsert
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 # A job that would have been retried while an equal one was already pending:
@@ -24,15 +33,24 @@ PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 SUPERSEDED = "superseded"
 
 _j = schema.jobs
-_ENQUEUE = upsert(lambda ins: ins(_j).on_conflict_do_nothing(index_elements=["kind", "dedupe_key"],
-                                                             index_where=_j.c.status == PENDING))
-_DUE = Statement(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts, _j.c.turn_id)
-                 .where(_j.c.status == PENDING, _j.c.next_run_at <= bindparam("now"))
-                 .order_by(_j.c.next_run_at).limit(bindparam("limit")))
-_RUNNING = Statement(select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts, _j.c.turn_id)
-                     .where(_j.c.status == RUNNING))
-_CLAIM = Statement(update(_j).where(_j.c.id == bindparam("job_id"), _j.c.status == PENDING)
-                   .values(status=RUNNING, updated_at=bindparam("now")))
+# The index's predicate as a literal: as a parameter, PostgreSQL's generic plan of the prepared
+# statement (from its sixth run) cannot match it to the partial index.
+_ENQUEUE = upsert(lambda ins: ins(_j).on_conflict_do_nothing(
+    index_elements=["kind", "dedupe_key"], index_where=_j.c.status == literal_column(f"'{PENDING}'")))
+_JOB = select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attempts, _j.c.turn_id)
+_due = _j.c.status == PENDING, _j.c.next_run_at <= bindparam("now")
+_abandoned = _j.c.status == RUNNING, _j.c.claimed_until < bindparam("now")
+_DUE = Statement(_JOB.where(*_due).order_by(_j.c.next_run_at).limit(bindparam("limit")))
+_DUE_OR_ABANDONED = per_dialect(lambda dialect: _JOB.where(or_(and_(*_due), and_(*_abandoned)))
+                                .order_by(_j.c.next_run_at).limit(bindparam("limit"))
+                                .with_for_update(skip_locked=dialect == "postgresql"))
+_RUNNING = Statement(_JOB.where(_j.c.status == RUNNING))
+_CLAIM = Statement(update(_j).where(_j.c.id == bindparam("job_id"), or_(_j.c.status == PENDING, and_(*_abandoned)))
+                   .values(status=RUNNING, updated_at=bindparam("now"), claimed_by=bindparam("claimer"),
+                           claimed_until=bindparam("until")))
+_EXTEND = Statement(update(_j).where(_j.c.id == bindparam("job_id"), _j.c.status == RUNNING,
+                                     _j.c.claimed_by == bindparam("claimer"))
+                    .values(claimed_until=bindparam("until")))
 _COVERED = Statement(select(_j.c.id).where(_j.c.kind == bindparam("kind"), _j.c.dedupe_key == bindparam("dedupe_key"),
                                            _j.c.status == PENDING))
 _SET = Statement(update(_j).where(_j.c.id == bindparam("job_id")).values(
@@ -54,8 +72,13 @@ class Job:
 
 
 class SqlJobStore:
-    def __init__(self, db: Database) -> None:
+    """`claim_ttl_s`: the store is shared by processes that each run jobs, as `claimer`; None:
+    one runner per home, holding the runner lock."""
+
+    def __init__(self, db: Database, *, claimer: str = "", claim_ttl_s: float | None = None) -> None:
         self._db = db
+        self.claimer = claimer
+        self.claim_ttl_s = claim_ttl_s
 
     async def enqueue(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
         """True when a new job was queued, False when an equal one was already pending."""
@@ -65,12 +88,20 @@ class SqlJobStore:
     async def claim_due(self, limit: int) -> list[Job]:
         """Move up to `limit` due jobs to running and return them."""
         now = time.time()
+        query, until = (_DUE, None) if self.claim_ttl_s is None else (_DUE_OR_ABANDONED, now + self.claim_ttl_s)
+        params = {"now": now, "claimer": self.claimer or None, "until": until}
 
         def claim(tx: Tx) -> list[Job]:
-            due = [Job(*row) for row in tx.execute(_DUE, {"now": now, "limit": limit}).fetchall()]
-            return [job for job in due if tx.execute(_CLAIM, {"job_id": job.id, "now": now}).rowcount == 1]
+            due = [Job(*row) for row in tx.execute(query, {"now": now, "limit": limit}).fetchall()]
+            return [job for job in due if tx.execute(_CLAIM, {**params, "job_id": job.id}).rowcount == 1]
 
         return await self._db.run_write(claim)
+
+    async def extend(self, jobs: Iterable[Job]) -> int:
+        """Keep this claimer's running `jobs` its own for another `claim_ttl_s`; how many still were."""
+        assert self.claim_ttl_s is not None, "only shared claims expire"
+        rows = [{"job_id": job.id, "claimer": self.claimer, "until": time.time() + self.claim_ttl_s} for job in jobs]
+        return await self._db.run_write(lambda tx: sum(tx.execute(_EXTEND, row).rowcount for row in rows))
 
     async def complete(self, job: Job) -> None:
         await self._db.run_write(lambda tx: _set(tx, job.id, status=DONE, attempts=job.attempts + 1))
@@ -113,7 +144,8 @@ def record_job(tx: Tx, request: JobRequest, now: float) -> bool:
     """Queue `request` inside the caller's transaction; False when an equal job is already pending."""
     row = {"id": uuid.uuid4().hex, "kind": request.kind, "dedupe_key": request.dedupe_key,
            "session_key": request.session_key, "status": PENDING, "attempts": 0, "next_run_at": now,
-           "last_error": None, "created_at": now, "updated_at": now, "turn_id": request.turn_id}
+           "last_error": None, "created_at": now, "updated_at": now, "turn_id": request.turn_id,
+           "claimed_by": None, "claimed_until": None}
     return tx.execute(_ENQUEUE, row).rowcount == 1
 
 

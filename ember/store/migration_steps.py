@@ -471,4 +471,17 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         # The activity page lists the newest turns first.
         "CREATE INDEX traces_by_start ON traces (started_at)",
     ),
+    (
+        # Leases that several processes on one database contend for (a session's turns, the
+        # scheduler): `token` grows with every new holder, and fences off the ones before.
+        """CREATE TABLE leases (
+            name TEXT PRIMARY KEY,
+            holder TEXT NOT NULL,
+            token BIGINT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL)""",
+        # A running job is its claimer's until claimed_until, which the claimer keeps moving;
+        # past it, the claimer is presumed dead and another process takes the job.
+        "ALTER TABLE jobs ADD COLUMN claimed_by TEXT",
+        "ALTER TABLE jobs ADD COLUMN claimed_until DOUBLE PRECISION",
+    ),
 ]

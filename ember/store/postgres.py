@@ -31,8 +31,10 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
+from ember.core.leases import current_fence
 from ember.store.database import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel
 from ember.store.direct import Work
+from ember.store.leases import check_fence, fenced
 from ember.store.migrations import MigrationProgress, migrate
 from ember.store.tx import Params, Statement
 
@@ -159,9 +161,13 @@ class PostgresDatabase:
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncConnection]:
-        """One write transaction: committed on success, rolled back on error."""
+        """One write transaction: committed on success, rolled back on error; refused with
+        LeaseLost, like `run_write`, when it runs under a lease this process lost."""
+        fence = current_fence.get()
         try:
             async with _transaction(self._engine) as conn:
+                if fence is not None:
+                    await conn.run_sync(lambda connection: check_fence(PgTx(connection), fence))
                 yield conn
         finally:
             # Counted once it has ended, so whatever was read while it was open counts as older.
@@ -175,7 +181,9 @@ class PostgresDatabase:
 
     async def run_write(self, work: Work[T]) -> T:
         """`work(tx)` as one write transaction, undone if it raises. Once started, the write runs
-        to its end even if the caller is cancelled: the cancellation is raised after the commit."""
+        to its end even if the caller is cancelled: the cancellation is raised after the commit.
+        Under a session lease (`current_fence`), LeaseLost, with nothing kept, once another
+        process has taken the lease (store/leases.py)."""
         if self._closed:
             raise RuntimeError("the PostgreSQL store was closed")
         task = asyncio.ensure_future(self._write_unit(work))
@@ -192,5 +200,6 @@ class PostgresDatabase:
             return await conn.run_sync(lambda connection: work(PgTx(connection)))
 
     async def _write_unit(self, work: Work[T]) -> T:
+        unit = fenced(work, current_fence.get())
         async with _transaction(self._engine) as conn:
-            return await conn.run_sync(lambda connection: work(PgTx(connection)))
+            return await conn.run_sync(lambda connection: unit(PgTx(connection)))

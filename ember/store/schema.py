@@ -55,6 +55,17 @@ jobs = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("turn_id", Text),
+    Column("claimed_by", Text),
+    Column("claimed_until", Float),
+)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("holder", Text, nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("expires_at", Float, nullable=False),
 )
 
 traces = Table(

@@ -17,8 +17,14 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from ember.app import Runtime, build_runtime, configured_approval_model, configured_background_model, running
-from ember.channels.cron import Scheduler
+from ember.app import (
+    Runtime,
+    build_runtime,
+    configured_approval_model,
+    configured_background_model,
+    require_shared_bus,
+    running,
+)
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.turns import TurnRouter
@@ -177,8 +183,11 @@ def a2a_channel(settings: Settings, runtime: Runtime, public_url: str) -> A2ASer
 
 
 async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str, port: int,
-                on_ready: Callable[[Listening], None]) -> int:
-    """Serve until SIGINT or SIGTERM; 0 after a clean stop, 1 if the start failed."""
+                on_ready: Callable[[Listening], None], *, turns: bool = True) -> int:
+    """Serve until SIGINT or SIGTERM; 0 after a clean stop, 1 if the start failed. `turns`: run the
+    turns and background jobs here too; False leaves them to `ember worker` processes."""
+    if not turns:
+        require_shared_bus(settings, "ember serve --workers 0")
     sock = bind(host, port)
     listening = Listening(host, sock.getsockname()[1], keys.count)
     try:
@@ -189,14 +198,14 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         runtime.channels.register(router)
         channel_routes = webhook_channels(settings, runtime)
         channel_routes += chat_channels(settings, runtime, settings.gateway_public_url)
-        runtime.channels.register(Scheduler(runtime.bus, runtime.tasks))
+        runtime.channels.register(runtime.scheduler())
         a2a = a2a_channel(settings, runtime, settings.gateway_public_url or f"http://{host}:{listening.port}")
         if a2a is not None:
             channel_routes += a2a.routes
 
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            async with running(runtime, recover=True):
+            async with running(runtime, recover=True, turns=turns):
                 on_ready(listening)
                 try:
                     yield

@@ -1,0 +1,238 @@
+"""Several processes on one PostgreSQL store (tests/pgserver.py): session leases and their fencing
+tokens, shared job claims that expire, the scheduler's leader, and approvals answered in another
+process. Each "process" here is a PostgresDatabase of its own, as a separate process would have."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from sqlalchemy import text
+
+from ember.bus.memory import InProcessBus
+from ember.core.errors import LeaseLost
+from ember.core.events import InboundEvent
+from ember.core.leases import Fence, current_fence
+from ember.core.messages import Message
+from ember.core.tools import Decision, Risk, ToolAction
+from ember.runtime.approvals import ApprovalBroker, Resolution
+from ember.store.approvals import SqlApprovalStore
+from ember.store.jobs import SqlJobStore
+from ember.store.leases import SESSION_PREFIX, LeaderLease, LeaseTable, SqlSessionLeases
+from ember.store.postgres import PostgresDatabase
+from ember.store.sessions import SqlSessionStore
+from ember.store.tx import Statement, Tx
+
+_HOLD = Statement("SELECT pg_sleep(:s)")
+
+
+@pytest.fixture
+async def processes(pg_store_database: str) -> AsyncIterator[Callable[[], PostgresDatabase]]:
+    """Opens one more connection pool to the same database per call: one per process."""
+    opened: list[PostgresDatabase] = []
+
+    def another() -> PostgresDatabase:
+        opened.append(PostgresDatabase(pg_store_database))
+        return opened[-1]
+
+    yield another
+    for db in opened:
+        await db.close()
+
+
+async def _texts(db: PostgresDatabase, key: str) -> list[str]:
+    return [m.content for m in await SqlSessionStore(db).history(key)]
+
+
+async def test_a_second_process_waits_for_a_held_session_lease_and_takes_it_with_the_next_token(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    a, b = LeaseTable(processes(), "a", ttl_s=30), LeaseTable(processes(), "b", ttl_s=30)
+    seen: list[Fence | None] = []
+
+    async def turn(leases: SqlSessionLeases, release: asyncio.Event) -> None:
+        async with leases.hold("http:alice:s1"):
+            seen.append(current_fence.get())
+            await release.wait()
+
+    first_done, second_done = asyncio.Event(), asyncio.Event()
+    first = asyncio.create_task(turn(SqlSessionLeases(a), first_done))
+    while not seen:
+        await asyncio.sleep(0.01)
+    second = asyncio.create_task(turn(SqlSessionLeases(b), second_done))
+    await asyncio.sleep(0.3)
+    assert len(seen) == 1 and not second.done(), "the second process must wait while the first holds the lease"
+    first_done.set()
+    await first
+    second_done.set()
+    await asyncio.wait_for(second, 10)
+    assert [(f.holder, f.name) for f in seen if f] == [("a", SESSION_PREFIX + "http:alice:s1"),
+                                                       ("b", SESSION_PREFIX + "http:alice:s1")]
+    assert seen[1].token == seen[0].token + 1  # type: ignore[union-attr]
+    assert current_fence.get() is None  # not left set once the lease is released
+
+
+async def test_a_holder_paused_past_its_lease_has_its_late_commit_refused_and_nothing_kept(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    paused_db, taker_db = processes(), processes()
+    key = "http:alice:s1"
+    paused = LeaseTable(paused_db, "paused", ttl_s=1)  # takes the lease, then never renews it: SIGSTOP
+    token = await paused.take(SESSION_PREFIX + key)
+    fence = Fence(SESSION_PREFIX + key, "paused", token)
+    store = SqlSessionStore(paused_db)
+
+    reset = current_fence.set(fence)
+    try:
+        session = await store.load(key)
+        await store.append(session, [Message.user("before the pause")])  # still the holder: kept
+    finally:
+        current_fence.reset(reset)
+
+    await asyncio.sleep(1.2)  # the lease expires unrenewed
+    taker = SqlSessionLeases(LeaseTable(taker_db, "taker", ttl_s=30))
+    async with taker.hold(key):
+        taker_store = SqlSessionStore(taker_db)
+        taken = await taker_store.load(key)
+
+        reset = current_fence.set(fence)  # the paused process wakes up and commits what it had
+        try:
+            with pytest.raises(LeaseLost, match="lost the lease"):
+                await store.append(session, [Message.assistant("the paused process's late answer")])
+        finally:
+            current_fence.reset(reset)
+        await taker_store.append(taken, [Message.assistant("the new holder's answer")])
+
+    assert await _texts(taker_db, key) == ["before the pause", "the new holder's answer"]
+
+
+async def test_a_commit_under_the_lease_finishes_before_another_process_can_take_it(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    slow_db, taker_db = processes(), processes()
+    name = SESSION_PREFIX + "http:alice:s1"
+    slow = LeaseTable(slow_db, "slow", ttl_s=0.2)
+    fence = Fence(name, "slow", await slow.take(name))
+    await asyncio.sleep(0.3)  # expired, not yet taken: the holder may still commit
+    events: list[str] = []
+
+    def long_commit(tx: Tx) -> None:
+        events.append("inside")  # the fence was checked: its lease row is locked until the commit
+        tx.execute(_HOLD, {"s": 0.5})
+        events.append("slept")
+
+    async def commit() -> None:
+        reset = current_fence.set(fence)
+        try:
+            await slow_db.run_write(long_commit)
+        finally:
+            current_fence.reset(reset)
+
+    committing = asyncio.create_task(commit())
+    while not events:
+        await asyncio.sleep(0.01)
+    token = await LeaseTable(taker_db, "taker", ttl_s=30).take(name)
+    events.append("taken")
+    await committing
+    assert events == ["inside", "slept", "taken"], "the takeover waited for the commit"
+    assert token == fence.token + 1
+
+
+async def test_shared_claimers_never_take_the_same_job(processes: Callable[[], PostgresDatabase]) -> None:
+    first, second = (SqlJobStore(processes(), claimer=name, claim_ttl_s=30) for name in ("w1", "w2"))
+    for n in range(40):
+        await first.enqueue("embed", f"job-{n}")
+    claimed: dict[str, list[str]] = {"w1": [], "w2": []}
+
+    async def drain(store: SqlJobStore) -> None:
+        while batch := await store.claim_due(3):
+            claimed[store.claimer] += [job.dedupe_key for job in batch]
+
+    await asyncio.gather(drain(first), drain(second), drain(first), drain(second))
+    every = claimed["w1"] + claimed["w2"]
+    assert sorted(every) == sorted(f"job-{n}" for n in range(40)), "each job claimed once, none left"
+    assert claimed["w1"] and claimed["w2"]
+
+
+async def test_a_dead_claimers_job_is_taken_over_and_a_renewed_claim_is_not(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    db = processes()
+    dead, survivor = SqlJobStore(db, claimer="dead", claim_ttl_s=60), SqlJobStore(processes(), claimer="live",
+                                                                                  claim_ttl_s=60)
+    await dead.enqueue("consolidate", "s1", session_key="s1")
+    await dead.enqueue("consolidate", "s2", session_key="s2")
+    jobs = {job.dedupe_key: job for job in await dead.claim_due(10)}
+    assert set(jobs) == {"s1", "s2"} and await survivor.claim_due(10) == []
+    # "dead" renews s1 and then stops; its claim on s2 runs out.
+    assert await dead.extend([jobs["s1"]]) == 1
+    async with db.write() as conn:
+        await conn.execute(text("UPDATE jobs SET claimed_until = :past WHERE dedupe_key = 's2'"),
+                           {"past": time.time() - 1})
+    taken = await survivor.claim_due(10)
+    assert [job.dedupe_key for job in taken] == ["s2"]
+    assert taken[0].attempts == 0, "a crash is not the job's failed attempt"
+    assert await dead.extend(jobs.values()) == 1, "the dead claimer's claim on s2 is no longer its own"
+    await survivor.complete(taken[0])
+    assert (await survivor.counts()).get("done") == 1
+
+
+async def test_one_scheduler_leads_and_another_takes_over_when_it_stops_renewing(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    first = LeaderLease(LeaseTable(processes(), "w1", ttl_s=1), "scheduler")
+    second = LeaderLease(LeaseTable(processes(), "w2", ttl_s=1), "scheduler")
+    assert await first.held() and not await second.held()
+    await first.release()
+    assert await second.held() and not await first.held()
+    await asyncio.sleep(1.2)  # second stops renewing (paused): its lease runs out
+    assert await first.held(), "the other process took over"
+    assert not await second.held(), "the paused leader finds it lost the lead"
+
+
+def _event() -> InboundEvent:
+    return InboundEvent(channel="http", chat_id="alice:s1", sender_id="alice", text="hi", message_id="m1",
+                        can_approve=True)
+
+
+async def test_an_approval_answered_in_another_process_reaches_the_waiting_turn(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    worker_bus = InProcessBus()
+    worker = ApprovalBroker(worker_bus, 30, store=SqlApprovalStore(processes()), shared=True)
+    gateway = ApprovalBroker(InProcessBus(), 30, store=SqlApprovalStore(processes()), shared=True)
+    action = ToolAction("write_file", Risk.WRITE, "notes.txt", "write notes.txt")
+    asking = asyncio.create_task(worker.ask(_event(), "turn-1", "alice", action))
+    request = await asyncio.wait_for(worker_bus.next_outbound("http"), 5)
+    assert request.approval is not None
+    approval_id = request.approval.id
+
+    # A process starting meanwhile does not expire a request a live process still waits on.
+    await ApprovalBroker(InProcessBus(), 30, store=SqlApprovalStore(processes()), shared=True).recover()
+
+    assert await gateway.resolve(approval_id, Decision.APPROVE_ONCE, by="alice",
+                                 scope="http:bob:") is Resolution.NOT_FOUND
+    assert await gateway.resolve(approval_id, Decision.APPROVE_ONCE, by="alice",
+                                 scope="http:alice:") is Resolution.RESOLVED
+    verdict = await asyncio.wait_for(asking, 10)
+    assert verdict.decision is Decision.APPROVE_ONCE and verdict.decided_by == "user:alice"
+    assert await gateway.resolve(approval_id, Decision.DENY, by="alice",
+                                 scope="http:alice:") is Resolution.ALREADY_DECIDED
+
+
+async def test_an_approval_the_waiting_process_gave_up_on_is_expired_for_the_other(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    worker_bus = InProcessBus()
+    worker = ApprovalBroker(worker_bus, 0.3, store=SqlApprovalStore(processes()), shared=True)
+    gateway = ApprovalBroker(InProcessBus(), 0.3, store=SqlApprovalStore(processes()), shared=True)
+    verdict = await worker.ask(_event(), "turn-1", "alice", ToolAction("shell", Risk.EXECUTE, "ls", "run ls"))
+    assert verdict.decision is Decision.DENY and verdict.decided_by == "timeout"
+    request = await worker_bus.next_outbound("http")
+    assert request.approval is not None
+    assert await gateway.resolve(request.approval.id, Decision.APPROVE_ONCE, by="alice",
+                                 scope="http:alice:") is Resolution.EXPIRED
+
+
+async def test_jobs_dedupe_past_the_sixth_run_of_a_prepared_statement(processes: Callable[[], PostgresDatabase]) -> None:
+    """PostgreSQL plans a prepared statement generically from its sixth run: the upsert must still
+    find the partial index of pending jobs."""
+    store = SqlJobStore(processes())
+    assert [await store.enqueue("embed", "all") for _ in range(12)] == [True] + [False] * 11
+    assert all([await store.enqueue("title_session", f"s{n}") for n in range(12)])
+    assert (await store.counts()) == {"pending": 13}
