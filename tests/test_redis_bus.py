@@ -451,3 +451,22 @@ def test_the_shard_of_a_session_is_the_same_in_every_process() -> None:
     # CRC-32, not hash(): Python salts str hashes per process.
     assert [shard_of(key, 4) for key in ("http:alice:main", "telegram:42", "cli:local")] == [3, 1, 3]
     assert {shard_of(f"http:{i}", 4) for i in range(50)} == {0, 1, 2, 3}
+
+
+async def test_a_stop_request_reaches_every_process_and_one_in_another_namespace_does_not(buses: Buses) -> None:
+    gateway, first, second = [await buses.open(name) for name in ("gw", "w1", "w2")]
+    elsewhere = RedisBus(buses.url, process="w3", config=buses.config(namespace=buses.namespace + "x"))
+    await elsewhere.start()
+    buses.stack.push_async_callback(elsewhere.close)
+    listening = [asyncio.create_task(bus.next_stop()) for bus in (first, second, elsewhere)]
+
+    async def subscribed() -> bool:
+        counts = await buses.raw.pubsub_numsub(f"{buses.namespace}:stops", f"{buses.namespace}x:stops")
+        return [n for _, n in counts] == [2, 1]
+
+    await buses.until(subscribed)
+    assert await gateway.publish_stop("http:alice:s1") is True
+    assert await asyncio.wait_for(asyncio.gather(*listening[:2]), TIMEOUT) == ["http:alice:s1"] * 2
+    await asyncio.sleep(0.2)
+    assert not listening[2].done(), "another deployment's processes do not hear it"
+    listening[2].cancel()

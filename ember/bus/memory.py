@@ -34,3 +34,11 @@ class InProcessBus:
 
     async def next_outbound(self, channel: str) -> OutboundEvent:
         return await self._outbound[channel].get()
+
+    async def publish_stop(self, session_key: str) -> bool:
+        return False
+
+    async def next_stop(self) -> str:
+        """Never: in one process, the turn is stopped where it runs (AgentLoop.stop_turn)."""
+        await asyncio.Future()
+        raise AssertionError("unreachable")

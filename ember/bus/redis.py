@@ -49,6 +49,11 @@ holds them and finishes them; the ack then finds nothing), routes (events fall
 back to the shared stream) and outbound events not yet read (committed answers
 are in the outbox). Messages published after the restart are delivered.
 
+Stop requests (a person's Stop, taken by a gateway, for a turn a worker runs)
+are published on `{ns}:stops`, which every process subscribes to: one sent
+while a process is away from Redis is not sent again, and the person may
+press Stop once more.
+
 Logging: event text is user content and is never logged; the Redis URL is
 logged without its password.
 """
@@ -56,6 +61,7 @@ logged without its password.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import zlib
@@ -66,6 +72,7 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -200,6 +207,8 @@ class RedisBus:
         self._next_upkeep = 0.0
         self._groups_made = False
         self._outboxes: dict[str, _Outbox] = {}
+        self._stops = f"{ns}:stops"
+        self._stop_listener: PubSub | None = None
 
     async def start(self) -> None:
         """Connect, check the shard count and create the inbound groups; BusUnavailable if Redis is not there."""
@@ -219,6 +228,7 @@ class RedisBus:
         self._ready.clear()
         self._delivered.clear()
         self._outboxes.clear()
+        await self._drop_stop_listener()
         await self._client.aclose()
 
     # -- inbound
@@ -402,6 +412,34 @@ class RedisBus:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+    # -- stop requests
+
+    async def publish_stop(self, session_key: str) -> bool:
+        await self._retrying(f"ask to stop the turn of {session_key}",
+                             lambda: self._client.publish(self._stops, session_key))
+        return True
+
+    async def next_stop(self) -> str:
+        backoff = _Backoff(self._where, "stop requests")
+        while True:
+            try:
+                if self._stop_listener is None:
+                    self._stop_listener = self._client.pubsub(ignore_subscribe_messages=True)
+                    await self._stop_listener.subscribe(self._stops)
+                message = await self._stop_listener.get_message(timeout=self._config.block_ms / 1000)
+                backoff.recovered()
+                if message is not None and message["type"] == "message":
+                    return str(message["data"])
+            except _DOWN as exc:
+                await self._drop_stop_listener()
+                await backoff.wait(exc)
+
+    async def _drop_stop_listener(self) -> None:
+        listener, self._stop_listener = self._stop_listener, None
+        if listener is not None:
+            with contextlib.suppress(*_DOWN):
+                await listener.aclose()
 
     async def _retrying(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
         """`op`, tried again while Redis is unreachable, for up to publish_timeout_s; then BusUnavailable."""

@@ -27,7 +27,7 @@ class TurnControl(Protocol):
     """Stops the turn running in a session: where the agent loop runs it (in this process, or,
     scaled out, wherever it holds the session's lease)."""
 
-    def stop_turn(self, session_key: str) -> str | None:
+    async def stop_turn(self, session_key: str) -> str | None:
         """Cancel it, keeping what it committed; the turn's id, or None if none was running."""
         ...
 

@@ -129,21 +129,34 @@ class AgentLoop:
         self._turns: set[asyncio.Task[None]] = set()
         self._running: dict[str, tuple[_Turn, asyncio.Task[None]]] = {}  # by session key, under its lease
         self._consumer: asyncio.Task[None] | None = None
+        self._stop_listener: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._consumer = asyncio.create_task(self._consume(), name="ember-agent-loop")
+        self._stop_listener = asyncio.create_task(self._listen_for_stops(), name="ember-stop-requests")
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop taking events; let turns in flight finish for `grace_s`, then cancel
         them (their committed steps stay committed)."""
         await cancel_task(self._consumer)
-        self._consumer = None
+        await cancel_task(self._stop_listener)
+        self._consumer = self._stop_listener = None
         await stop_tasks(self._turns, grace_s)
 
-    def stop_turn(self, session_key: str) -> str | None:
+    async def stop_turn(self, session_key: str) -> str | None:
         """Cancel the turn running in `session_key`, for the person who asked it: its committed
-        steps stay, and the history records that it was stopped. The turn's id, or None when
-        no turn is running there."""
+        steps stay, and the history records that it was stopped. In this process, or, on a bus
+        other processes share, in the one that runs it. The turn's id, or None when no turn is
+        running there."""
+        stopped = self._stop_here(session_key)
+        if stopped is not None:
+            return stopped
+        receipt = await self._deliveries.store.unanswered_in(session_key)
+        if receipt is None or not await self._bus.publish_stop(session_key):
+            return None
+        return receipt.turn_id
+
+    def _stop_here(self, session_key: str) -> str | None:
         running = self._running.get(session_key)
         if running is None:
             return None
@@ -177,6 +190,11 @@ class AgentLoop:
         for event in unstarted:
             await self._bus.publish_inbound(live(event))
         return len(pending) + len(unstarted)
+
+    async def _listen_for_stops(self) -> None:
+        """Stops asked of another process (a gateway) for the turns running here."""
+        while True:
+            self._stop_here(await self._bus.next_stop())
 
     async def _consume(self) -> None:
         while True:

@@ -35,6 +35,8 @@ _RECEIPT = Statement(select(_i).where(_i.c.channel == bindparam("channel"), _i.c
 # A committed final answers the message even if an error (its failed send) came after it.
 _ANSWER_OF = Statement(select(_o).where(_o.c.turn_id == bindparam("turn_id"))
                        .order_by((_o.c.kind == "final").desc(), _o.c.created_at.desc()).limit(1))
+_UNANSWERED_IN = Statement(select(_i).where(_i.c.session_key == bindparam("key"), _i.c.answered_at.is_(None))
+                           .order_by(_i.c.received_at.desc()).limit(1))
 _GIVE_UP = Statement(update(_o).where(_o.c.delivery_id == bindparam("delivery"), _o.c.delivered_at.is_(None))
                      .values(failure=bindparam("failure"), attempts=_o.c.attempts + 1))
 _ACCEPT_EARLY = upsert(lambda ins: ins(_a).on_conflict_do_nothing(
@@ -97,6 +99,14 @@ class SqlDeliveryStore:
     async def receipt(self, channel: str, chat_id: str, message_id: str) -> Receipt | None:
         def find(tx: Tx) -> Receipt | None:
             row = tx.execute(_RECEIPT, {"channel": channel, "chat_id": chat_id, "message_id": message_id}).fetchone()
+            return None if row is None else _receipt(row)
+
+        return await self._db.run_read(find)
+
+    async def unanswered_in(self, session_key: str) -> Receipt | None:
+        """The newest accepted message of the session whose turn has not answered yet."""
+        def find(tx: Tx) -> Receipt | None:
+            row = tx.execute(_UNANSWERED_IN, {"key": session_key}).fetchone()
             return None if row is None else _receipt(row)
 
         return await self._db.run_read(find)

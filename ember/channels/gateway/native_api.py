@@ -172,7 +172,7 @@ class NativeApi:
         """Stop the turn running in the session; its stream ends with the error that says so."""
         key = checked_key(request.path_params["key"], "session")
         full_key = session_key(request.state.identity, key)
-        turn_id = self._turns.stop_turn(full_key) if self._turns is not None else None
+        turn_id = await self._turns.stop_turn(full_key) if self._turns is not None else None
         if turn_id is None:
             if not await self._sessions.history(full_key):
                 raise ApiError(404, f"no session {key!r}", code="session_not_found")
