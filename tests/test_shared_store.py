@@ -15,14 +15,18 @@ from ember.bus.memory import InProcessBus
 from ember.core.errors import LeaseLost
 from ember.core.events import InboundEvent
 from ember.core.leases import Fence, current_fence
+from ember.core.memory import NewMemory
 from ember.core.messages import Message
+from ember.core.skills import SkillOrigin
 from ember.core.tools import Decision, Risk, ToolAction
 from ember.runtime.approvals import ApprovalBroker, Resolution
 from ember.store.approvals import SqlApprovalStore
 from ember.store.jobs import SqlJobStore
 from ember.store.leases import SESSION_PREFIX, LeaderLease, LeaseTable, SqlSessionLeases
+from ember.store.memories import SqlMemoryStore
 from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
+from ember.store.skills import NewVersion, SqlSkillStore
 from ember.store.tx import Statement, Tx
 
 _HOLD = Statement("SELECT pg_sleep(:s)")
@@ -229,10 +233,40 @@ async def test_an_approval_the_waiting_process_gave_up_on_is_expired_for_the_oth
                                  scope="http:alice:") is Resolution.EXPIRED
 
 
-async def test_jobs_dedupe_past_the_sixth_run_of_a_prepared_statement(processes: Callable[[], PostgresDatabase]) -> None:
+async def test_jobs_dedupe_past_the_sixth_run_of_a_prepared_statement(
+        processes: Callable[[], PostgresDatabase]) -> None:
     """PostgreSQL plans a prepared statement generically from its sixth run: the upsert must still
     find the partial index of pending jobs."""
     store = SqlJobStore(processes())
     assert [await store.enqueue("embed", "all") for _ in range(12)] == [True] + [False] * 11
     assert all([await store.enqueue("title_session", f"s{n}") for n in range(12)])
     assert (await store.counts()) == {"pending": 13}
+
+
+async def test_memories_written_at_once_by_two_processes_get_distinct_text_revisions_in_commit_order(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    """The text index catches up by revision: two rows with one revision, or a lower one committed
+    later, would leave a memory out of it."""
+    stores = [SqlMemoryStore(processes()) for _ in range(2)]
+
+    async def remember(store: SqlMemoryStore, n: int) -> None:
+        await store.write(NewMemory(identity="alice", content=f"alice likes colour number {n}"))
+
+    await asyncio.gather(*(remember(stores[n % 2], n) for n in range(24)))
+    revisions = [rev for _num, rev, _texts in await stores[0].texts_after("alice", 0, 100)]
+    assert len(revisions) == 24
+    assert sorted(revisions) == list(range(1, 25)), "one revision each, with no gap and none twice"
+
+
+async def test_versions_of_one_skill_added_at_once_by_two_processes_are_numbered_one_after_another(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    stores = [SqlSkillStore(processes()) for _ in range(2)]
+    await stores[0].add_version(_skill_change(0))  # the skill exists: its row is what writers queue on
+
+    added = await asyncio.gather(*(stores[n % 2].add_version(_skill_change(n)) for n in range(1, 13)))
+    assert sorted(version.version for version in added) == list(range(2, 14))
+
+
+def _skill_change(n: int) -> NewVersion:
+    return NewVersion(identity="alice", name="tidy-notes", description="Tidy notes", text=f"Step {n}: tidy.",
+                      source="test", admitted_by="alice", origin=SkillOrigin.LEARNED, files={})

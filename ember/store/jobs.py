@@ -25,7 +25,7 @@ from sqlalchemy import and_, bindparam, func, literal_column, or_, select, updat
 from ember.core.jobs import JobRequest
 from ember.store import schema
 from ember.store.database import Database
-from ember.store.tx import Statement, Tx, per_dialect, upsert
+from ember.store.tx import Statement, Tx, upsert
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 # A job that would have been retried while an equal one was already pending:
@@ -41,9 +41,9 @@ _JOB = select(_j.c.id, _j.c.kind, _j.c.dedupe_key, _j.c.session_key, _j.c.attemp
 _due = _j.c.status == PENDING, _j.c.next_run_at <= bindparam("now")
 _abandoned = _j.c.status == RUNNING, _j.c.claimed_until < bindparam("now")
 _DUE = Statement(_JOB.where(*_due).order_by(_j.c.next_run_at).limit(bindparam("limit")))
-_DUE_OR_ABANDONED = per_dialect(lambda dialect: _JOB.where(or_(and_(*_due), and_(*_abandoned)))
-                                .order_by(_j.c.next_run_at).limit(bindparam("limit"))
-                                .with_for_update(skip_locked=dialect == "postgresql"))
+# SQLite, with one writer, renders no FOR UPDATE.
+_DUE_OR_ABANDONED = Statement(_JOB.where(or_(and_(*_due), and_(*_abandoned))).order_by(_j.c.next_run_at)
+                              .limit(bindparam("limit")).with_for_update(skip_locked=True))
 _RUNNING = Statement(_JOB.where(_j.c.status == RUNNING))
 _CLAIM = Statement(update(_j).where(_j.c.id == bindparam("job_id"), or_(_j.c.status == PENDING, and_(*_abandoned)))
                    .values(status=RUNNING, updated_at=bindparam("now"), claimed_by=bindparam("claimer"),

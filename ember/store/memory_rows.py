@@ -48,6 +48,9 @@ _INSERT = Statement(
 # Read back by id rather than RETURNING: SQLite runs an INSERT ... RETURNING in a statement savepoint,
 # which makes the text index flush its pending terms at every memory of a transaction.
 _NUM_OF_ID = Statement(select(_mi.c.num).where(_mi.c.id == bindparam("id")))
+# Revisions are numbered in commit order per identity, so a reader caught up to one misses none
+# committed after it: on PostgreSQL, writers of one identity's text queue on a transaction lock.
+_LOCK_TEXT_REVS = Statement("SELECT 1", "SELECT pg_advisory_xact_lock(hashtext('text_rev:' || :identity))")
 _BUMP_TEXT_REV = Statement("UPDATE memory_items SET text_rev = (SELECT COALESCE(MAX(text_rev), 0) + 1 "
                            "FROM memory_items WHERE identity = :identity) WHERE num = :num")
 _KNOWN = Statement(MEMORY.where(_mi.c.identity == bindparam("identity"), _mi.c.content_hash == bindparam("hash"),
@@ -143,6 +146,8 @@ def write_text_row(tx: Tx, num: int, identity: str, content: str, created_at: fl
     tx.execute(INSERT_TEXT, {"num": num, "owner": owner_token(identity), "body": index_text(content),
                              "before": index_text(context.before), "after": index_text(context.after),
                              "far": index_text("\n".join(context.far)), "day": _day(created_at)})
+    if tx.dialect == "postgresql":
+        tx.execute(_LOCK_TEXT_REVS, {"identity": identity})
     tx.execute(_BUMP_TEXT_REV, {"identity": identity, "num": num})
 
 Row = Sequence[Any]

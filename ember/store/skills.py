@@ -46,7 +46,9 @@ _viewer = bindparam("identity", type_=Text)  # None: everyone's
 _named = (_s.c.identity == bindparam("owner"), _s.c.name == bindparam("skill"))
 _versions_of = (_v.c.identity == bindparam("owner"), _v.c.name == bindparam("skill"))
 
-_CURRENT_VERSION = Statement(select(_s.c.version).where(*_named))
+# Locked on PostgreSQL (SQLite has one writer): two processes adding a version of one skill at
+# once number them one after the other.
+_CURRENT_VERSION = Statement(select(_s.c.version).where(*_named).with_for_update())
 _LAST_FILES = Statement(select(_v.c.files_json).where(*_versions_of).order_by(_v.c.version.desc()).limit(1))
 _NEXT_VERSION = Statement(select(func.coalesce(func.max(_v.c.version), 0) + 1).where(*_versions_of))
 _INSERT_VERSION = Statement(insert(_v))

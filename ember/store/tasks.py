@@ -23,7 +23,7 @@ from ember.core.tasks import CHANNEL, MissedPolicy, Task, TaskRun, TaskState
 from ember.store import schema
 from ember.store.database import Database
 from ember.store.deliveries import accept_inbound
-from ember.store.tx import Statement, Tx, per_dialect, upsert
+from ember.store.tx import Statement, Tx, upsert
 
 # At most this many past-due times of one task are looked at (an every-1s task after a week away).
 MAX_CATCH_UP = 1_000
@@ -54,9 +54,8 @@ _NEXT_DUE = Statement(select(func.min(_t.c.next_run_at)).where(_t.c.state == "ac
 _MAKE_DUE = Statement(update(_t).where(_t.c.id == bindparam("task_id"), _t.c.state == "active")
                       .values(next_run_at=bindparam("at"), updated_at=bindparam("at")))
 # Two claimers at once (a scheduler leader's takeover) skip each other's tasks rather than fire them twice.
-_DUE = per_dialect(lambda dialect: _TASK.where(_t.c.state == "active", _t.c.next_run_at <= bindparam("now"))
-                   .order_by(_t.c.next_run_at).limit(bindparam("limit"))
-                   .with_for_update(skip_locked=dialect == "postgresql"))
+_DUE = Statement(_TASK.where(_t.c.state == "active", _t.c.next_run_at <= bindparam("now"))
+                 .order_by(_t.c.next_run_at).limit(bindparam("limit")).with_for_update(skip_locked=True))
 # A run recorded before (a claim retried) stays as it was.
 _MISSED = upsert(lambda ins: ins(_r).values(
     task_id=bindparam("task_id"), scheduled_for=bindparam("scheduled_for"), outcome="missed",
