@@ -319,7 +319,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
         leases = LocalLeases(settings.home_dir / "locks" / "sessions")
         runner_lock = HostLock(settings.home_dir / "locks" / "background-runner")
     bus = message_bus(settings, process)
-    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, explainer, SqlApprovalStore(db),
+    approval_rows = SqlApprovalStore(db)
+    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, explainer, approval_rows,
                                shared=settings.redis_url is not None or lease_table is not None)
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
@@ -327,7 +328,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     skills = skill_library(settings, db)
     await skills.sync()
     gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory, tasks, skills),
-                         settings.tool_policy)
+                         settings.tool_policy, approval_rows)
     consolidation = ConsolidationWorker(sessions, leases, background, memory,
                                         keep_recent=settings.consolidation_keep_recent)
     runner = BackgroundRunner(

@@ -14,11 +14,12 @@ from sqlalchemy import text
 from ember.bus.memory import InProcessBus
 from ember.core.errors import LeaseLost
 from ember.core.events import InboundEvent
+from ember.core.journal import TurnJournal
 from ember.core.leases import Fence, current_fence
 from ember.core.memory import NewMemory
 from ember.core.messages import Message
 from ember.core.skills import SkillOrigin
-from ember.core.tools import Decision, Risk, ToolAction
+from ember.core.tools import Decision, Risk, ToolAction, ToolRun
 from ember.runtime.approvals import ApprovalBroker, Resolution
 from ember.store.approvals import SqlApprovalStore
 from ember.store.jobs import SqlJobStore
@@ -28,6 +29,9 @@ from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
 from ember.store.skills import NewVersion, SqlSkillStore
 from ember.store.tx import Statement, Tx
+from ember.tools.approval import ApprovalGate, ToolPolicy
+from tests.conftest import FixedApprover, tool_run
+from tests.test_approval import note_call, notebook
 
 _HOLD = Statement("SELECT pg_sleep(:s)")
 
@@ -270,3 +274,19 @@ async def test_versions_of_one_skill_added_at_once_by_two_processes_are_numbered
 def _skill_change(n: int) -> NewVersion:
     return NewVersion(identity="alice", name="tidy-notes", description="Tidy notes", text=f"Step {n}: tidy.",
                       source="test", admitted_by="alice", origin=SkillOrigin.LEARNED, files={})
+
+
+async def test_allow_for_this_session_holds_in_every_process_and_only_in_that_session(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    written: list[str] = []
+    first = ApprovalGate(notebook(written), ToolPolicy(), SqlApprovalStore(processes()))
+    second = ApprovalGate(notebook(written), ToolPolicy(), SqlApprovalStore(processes()))
+    approver = FixedApprover(Decision.APPROVE_SESSION)
+    await first.call(note_call("one"), tool_run(approver))
+    approver.decision = Decision.DENY  # would refuse, were it asked again
+    run = tool_run(approver)
+    await second.call(note_call("two"), run)  # the session's next turn, run by another process
+    assert written == ["one", "two"] and len(approver.asked) == 1
+    assert run.observer.approvals[-1]["decided_by"] == "session-grant"  # type: ignore[attr-defined]
+    other_session = ToolRun("test:other", "turn-2", approver, TurnJournal(), "local")
+    assert (await second.call(note_call("three"), other_session)).startswith("Error: not permitted")

@@ -15,7 +15,7 @@ from sqlalchemy import bindparam, insert, select, update
 
 from ember.store import schema
 from ember.store.database import Database
-from ember.store.tx import Statement
+from ember.store.tx import Statement, upsert
 
 PENDING, EXPIRED = "pending", "expired"
 
@@ -28,6 +28,11 @@ _CLOSE = Statement(update(_a).where(_a.c.id == bindparam("approval"), _a.c.statu
     status=bindparam("status"), decided_by=bindparam("decided_by"), decided_at=bindparam("now")))
 _GET = Statement(select(_a.c.id, _a.c.session_key, _a.c.identity, _a.c.status, _a.c.decided_by)
                  .where(_a.c.id == bindparam("id")))
+_g = schema.session_grants
+_GRANT = upsert(lambda ins: ins(_g).values(session_key=bindparam("key"), tool=bindparam("tool"),
+                                          granted_at=bindparam("now"))
+                .on_conflict_do_nothing(index_elements=["session_key", "tool"]))
+_GRANTED = Statement(select(_g.c.tool).where(_g.c.session_key == bindparam("key"), _g.c.tool == bindparam("tool")))
 _EXPIRE = Statement(update(_a).where(_a.c.status == PENDING, _a.c.created_at < bindparam("before"))
                     .values(status=EXPIRED, decided_by="restart", decided_at=bindparam("now")))
 
@@ -66,3 +71,12 @@ class SqlApprovalStore:
         now = time.time()
         return await self._db.run_write(lambda tx: tx.execute(
             _EXPIRE, {"now": now, "before": now - older_than_s}).rowcount)
+
+    async def grant(self, session_key: str, tool: str) -> None:
+        """The person allowed `tool` for the rest of the session."""
+        params = {"key": session_key, "tool": tool, "now": time.time()}
+        await self._db.run_write(lambda tx: tx.execute(_GRANT, params))
+
+    async def granted(self, session_key: str, tool: str) -> bool:
+        params = {"key": session_key, "tool": tool}
+        return await self._db.run_read(lambda tx: tx.execute(_GRANTED, params).fetchone() is not None)

@@ -483,5 +483,11 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         # past it, the claimer is presumed dead and another process takes the job.
         "ALTER TABLE jobs ADD COLUMN claimed_by TEXT",
         "ALTER TABLE jobs ADD COLUMN claimed_until DOUBLE PRECISION",
+        # "Allow for this session": kept with the session, so every process running its turns honours it.
+        """CREATE TABLE session_grants (
+            session_key TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            granted_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (session_key, tool))""",
     ),
 ]

@@ -59,6 +59,14 @@ jobs = Table(
     Column("claimed_until", Float),
 )
 
+session_grants = Table(
+    "session_grants",
+    metadata,
+    Column("session_key", Text, primary_key=True),
+    Column("tool", Text, primary_key=True),
+    Column("granted_at", Float, nullable=False),
+)
+
 leases = Table(
     "leases",
     metadata,

@@ -15,7 +15,7 @@ import fnmatch
 import time
 from collections import defaultdict
 from dataclasses import replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -73,13 +73,34 @@ def denial_text(action: ToolAction, verdict: Verdict) -> str:
             "tell the user what you wanted to do and why.")
 
 
+class SessionGrants(Protocol):
+    """The tools a person allowed for the rest of a session ("allow for this session")."""
+
+    async def grant(self, session_key: str, tool: str) -> None: ...
+
+    async def granted(self, session_key: str, tool: str) -> bool: ...
+
+
+class InMemoryGrants:
+    """Grants that last as long as the process (the store's, SqlApprovalStore, last with the session)."""
+
+    def __init__(self) -> None:
+        self._tools: defaultdict[str, set[str]] = defaultdict(set)
+
+    async def grant(self, session_key: str, tool: str) -> None:
+        self._tools[session_key].add(tool)
+
+    async def granted(self, session_key: str, tool: str) -> bool:
+        return tool in self._tools.get(session_key, ())
+
+
 class ApprovalGate:
     """A Toolset around another that asks before the calls its policy says to ask about."""
 
-    def __init__(self, inner: Toolset, policy: ToolPolicy) -> None:
+    def __init__(self, inner: Toolset, policy: ToolPolicy, grants: SessionGrants | None = None) -> None:
         self._inner = inner
         self._policy = policy
-        self._session_grants: defaultdict[str, set[str]] = defaultdict(set)
+        self._grants = grants if grants is not None else InMemoryGrants()
 
     def specs(self) -> list[ToolSpec]:
         return self._inner.specs()
@@ -99,7 +120,7 @@ class ApprovalGate:
         if not verdict.allowed:
             return denial_text(action, verdict)
         if verdict.decision is Decision.APPROVE_SESSION:
-            self._session_grants[run.session_key].add(action.tool)
+            await self._grants.grant(run.session_key, action.tool)
         return await self._inner.call(call, run)
 
     async def _verdict(self, action: ToolAction, run: ToolRun) -> Verdict:
@@ -108,6 +129,6 @@ class ApprovalGate:
             return Verdict(Decision.APPROVE_ONCE, "policy", time.time())
         if choice == "deny":
             return Verdict(Decision.DENY, "policy", time.time(), "the tool policy denies it")
-        if action.tool in self._session_grants[run.session_key]:
+        if await self._grants.granted(run.session_key, action.tool):
             return Verdict(Decision.APPROVE_ONCE, "session-grant", time.time())
         return await run.approver.approve(action)
