@@ -158,7 +158,7 @@ async def test_a_request_goes_out_through_the_channel_and_its_answer_comes_back(
     assert mine is Resolution.RESOLVED
     verdict = await asking
     assert verdict.allowed and verdict.decided_by == "user:u"
-    assert broker.pending("test:c1") == []
+    assert await broker.pending("test:c1") == []
 
 
 async def test_silence_past_the_timeout_is_a_denial() -> None:

@@ -213,6 +213,8 @@ async def test_an_approval_answered_in_another_process_reaches_the_waiting_turn(
 
     # A process starting meanwhile does not expire a request a live process still waits on.
     await ApprovalBroker(InProcessBus(), 30, store=SqlApprovalStore(processes()), shared=True).recover()
+    assert await gateway.pending("http:alice:") == [request.approval], "listed where the answer will come"
+    assert await gateway.pending("http:bob:") == []
 
     assert await gateway.resolve(approval_id, Decision.APPROVE_ONCE, by="alice",
                                  scope="http:bob:") is Resolution.NOT_FOUND
@@ -220,6 +222,7 @@ async def test_an_approval_answered_in_another_process_reaches_the_waiting_turn(
                                  scope="http:alice:") is Resolution.RESOLVED
     verdict = await asyncio.wait_for(asking, 10)
     assert verdict.decision is Decision.APPROVE_ONCE and verdict.decided_by == "user:alice"
+    assert await gateway.pending("http:alice:") == []
     assert await gateway.resolve(approval_id, Decision.DENY, by="alice",
                                  scope="http:alice:") is Resolution.ALREADY_DECIDED
 

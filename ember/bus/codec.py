@@ -1,6 +1,7 @@
 """Bus events as JSON text, for a bus that leaves the process (Redis Streams).
 
 The wire form is an envelope `{"v": 1, "type": "inbound" | "outbound", "event": {...}}`
+(and "approval" for the request an approval row keeps, store/approvals.py)
 whose event holds every field of the dataclass by name: nested dataclasses
 (ReplyRoute, ToolCall, ApprovalRequest with its ToolAction and Explanation,
 TurnUsage) as objects, enums by value, the metadata mapping as an object, None
@@ -27,11 +28,12 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from ember.core.events import InboundEvent, OutboundEvent
+from ember.core.tools import ApprovalRequest
 
 VERSION = 1
-_KINDS: dict[str, type[Any]] = {"inbound": InboundEvent, "outbound": OutboundEvent}
+_KINDS: dict[str, type[Any]] = {"inbound": InboundEvent, "outbound": OutboundEvent, "approval": ApprovalRequest}
 
-E = TypeVar("E", InboundEvent, OutboundEvent)
+E = TypeVar("E", InboundEvent, OutboundEvent, ApprovalRequest)
 
 
 def encode_inbound(event: InboundEvent) -> str:
@@ -48,6 +50,15 @@ def decode_inbound(payload: str | bytes) -> InboundEvent:
 
 def decode_outbound(payload: str | bytes) -> OutboundEvent:
     return _decode_envelope(payload, "outbound", OutboundEvent)
+
+
+def encode_approval(request: ApprovalRequest) -> str:
+    """An approval request as its row keeps it, for a process other than the asker's to list."""
+    return _encode_envelope("approval", request)
+
+
+def decode_approval(payload: str | bytes) -> ApprovalRequest:
+    return _decode_envelope(payload, "approval", ApprovalRequest)
 
 
 def _encode_envelope(kind: str, event: Any) -> str:

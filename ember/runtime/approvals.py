@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, replace
 
 from ember.bus.base import Bus
+from ember.bus.codec import decode_approval, encode_approval
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tasks import CHANNEL as TASK_CHANNEL
 from ember.core.tools import ApprovalRequest, Decision, ToolAction, Verdict
@@ -71,8 +72,20 @@ class ApprovalBroker:
     def for_turn(self, event: InboundEvent, turn_id: str, identity: str) -> TurnApprover:
         return TurnApprover(self, event, turn_id, identity)
 
-    def pending(self, scope: str) -> list[ApprovalRequest]:
-        return [p.request for p in self._pending.values() if _within(p.request.session_key, scope)]
+    async def pending(self, scope: str) -> list[ApprovalRequest]:
+        """The requests waiting within `scope`: this process's turns', and, on a shared store,
+        those of turns waiting in other processes (from their rows)."""
+        requests = [p.request for p in self._pending.values()]
+        if self._shared:
+            assert self._store is not None
+            for payload in await self._store.pending_requests(since=time.time() - self._timeout_s):
+                try:
+                    request = decode_approval(payload)
+                except ValueError:  # written by a newer Ember: its own process lists it
+                    continue
+                if request.id not in self._pending:
+                    requests.append(request)
+        return [request for request in requests if _within(request.session_key, scope)]
 
     async def resolve(self, approval_id: str, decision: Decision, *, by: str, scope: str) -> Resolution:
         """Answer a request if its session is within `scope` (a session key, or a
@@ -105,7 +118,8 @@ class ApprovalBroker:
         request = ApprovalRequest(id=uuid.uuid4().hex, session_key=event.session_key, turn_id=turn_id,
                                   action=action, timeout_s=self._timeout_s, explanation=explanation)
         if self._store is not None:
-            await self._store.opened(request.id, request.session_key, turn_id, identity, action.tool, action.summary)
+            await self._store.opened(request.id, request.session_key, turn_id, identity, action.tool, action.summary,
+                                     encode_approval(request) if self._shared else None)
         pending = _Pending(request, asyncio.get_running_loop().create_future())
         self._pending[request.id] = pending
         text = f"Allow Ember to {action.summary}? ({action.risk.value})"

@@ -23,7 +23,10 @@ _a = schema.approvals
 _OPEN = Statement(insert(_a).values(
     id=bindparam("id"), session_key=bindparam("session_key"), turn_id=bindparam("turn_id"),
     identity=bindparam("identity"), tool=bindparam("tool"), summary=bindparam("summary"), status=PENDING,
-    created_at=bindparam("now")))
+    created_at=bindparam("now"), request_json=bindparam("request_json")))
+_PENDING = Statement(select(_a.c.request_json).where(_a.c.status == PENDING, _a.c.created_at >= bindparam("since"),
+                                                      _a.c.request_json.is_not(None))
+                     .order_by(_a.c.created_at))
 _CLOSE = Statement(update(_a).where(_a.c.id == bindparam("approval"), _a.c.status == PENDING).values(
     status=bindparam("status"), decided_by=bindparam("decided_by"), decided_at=bindparam("now")))
 _GET = Statement(select(_a.c.id, _a.c.session_key, _a.c.identity, _a.c.status, _a.c.decided_by)
@@ -51,15 +54,20 @@ class SqlApprovalStore:
         self._db = db
 
     async def opened(self, approval_id: str, session_key: str, turn_id: str, identity: str, tool: str,
-                     summary: str) -> None:
+                     summary: str, request_json: str | None = None) -> None:
         row = {"id": approval_id, "session_key": session_key, "turn_id": turn_id, "identity": identity,
-               "tool": tool, "summary": summary[:500], "now": time.time()}
+               "tool": tool, "summary": summary[:500], "now": time.time(), "request_json": request_json}
         await self._db.run_write(lambda tx: tx.execute(_OPEN, row))
 
     async def closed(self, approval_id: str, status: str, decided_by: str) -> bool:
         """Record how a pending request ended; False when it had already ended otherwise."""
         params = {"approval": approval_id, "status": status, "decided_by": decided_by, "now": time.time()}
         return await self._db.run_write(lambda tx: tx.execute(_CLOSE, params).rowcount == 1)
+
+    async def pending_requests(self, since: float) -> list[str]:
+        """The kept requests still pending that were opened at `since` or later, oldest first."""
+        return [row[0] for row in await self._db.run_read(
+            lambda tx: tx.execute(_PENDING, {"since": since}).fetchall())]
 
     async def get(self, approval_id: str) -> ApprovalRow | None:
         row = await self._db.run_read(lambda tx: tx.execute(_GET, {"id": approval_id}).fetchone())

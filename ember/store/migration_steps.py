@@ -489,5 +489,7 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             tool TEXT NOT NULL,
             granted_at DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (session_key, tool))""",
+        # The whole request, for a process other than the one whose turn waits on it to list.
+        "ALTER TABLE approvals ADD COLUMN request_json TEXT",
     ),
 ]

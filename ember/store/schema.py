@@ -219,6 +219,7 @@ approvals = Table(
     Column("decided_by", Text),
     Column("created_at", Float, nullable=False),
     Column("decided_at", Float),
+    Column("request_json", Text),
 )
 
 tasks = Table(

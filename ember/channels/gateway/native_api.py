@@ -106,7 +106,7 @@ class NativeApi:
 
     async def pending_approvals(self, request: Request) -> Response:
         identity = request.state.identity
-        pending = self._approvals.pending(self._approval_scope(identity))
+        pending = await self._approvals.pending(self._approval_scope(identity))
         return JSONResponse({"approvals": [approval_payload(r, identity) for r in pending]})
 
     async def answer_approval(self, request: Request) -> Response:
