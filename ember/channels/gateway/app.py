@@ -21,8 +21,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ember import __version__
 from ember.channels.gateway.activity_api import ActivityApi
-from ember.channels.gateway.auth import ApiKeys, RateLimiter
+from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.http import ApiError
+from ember.channels.gateway.limits import Limiter, RateLimiter
 from ember.channels.gateway.memory_api import MemoryApi
 from ember.channels.gateway.metrics import GatewayMetrics
 from ember.channels.gateway.native_api import NativeApi
@@ -96,7 +97,7 @@ class IdentityGate:
     """Resolves the caller's identity from its bearer key and applies its rate
     limit; the routes find it in `request.state.identity`."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys, limiter: RateLimiter) -> None:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, limiter: Limiter) -> None:
         self._app = app
         self._keys = keys
         self._limiter = limiter
@@ -109,7 +110,7 @@ class IdentityGate:
         identity = self._keys.identify(Headers(scope=scope).get("authorization"))
         # Failed attempts are limited per client address, so keys cannot be guessed at full speed.
         bucket = identity if identity is not None else f"unauthenticated {(scope.get('client') or ('?',))[0]}"
-        if wait := self._limiter.retry_after(bucket):
+        if wait := await self._limiter.retry_after(bucket):
             seconds = math.ceil(wait)  # the message says what the header says
             error = ApiError(429, f"too many requests; retry in {seconds} s", code="rate_limited",
                              headers={"Retry-After": str(seconds)})
@@ -155,9 +156,10 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, options: GatewayOptions, *,
                lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
-               channel_routes: Sequence[BaseRoute] = ()) -> Starlette:
+               channel_routes: Sequence[BaseRoute] = (), limiter: Limiter | None = None) -> Starlette:
     """`channel_routes`: the routes of other channels on the gateway's port (webhooks), which
-    authenticate their requests themselves."""
+    authenticate their requests themselves. `limiter`: the callers' rate limits (default: in
+    this process, from `options`)."""
     metrics = GatewayMetrics()
     if services.usage is not None:
         services.usage.observe(metrics.count_usage)
@@ -211,7 +213,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
     return Starlette(
         routes=routes,
         middleware=[Middleware(IdentityGate, keys=keys,
-                               limiter=RateLimiter(options.rate_per_minute, options.rate_burst))],
+                               limiter=limiter or RateLimiter(options.rate_per_minute, options.rate_burst))],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, StoreBusy: _store_down,
                             StoreUnavailable: _store_down, BusUnavailable: _bus_down, Exception: _unexpected},
         lifespan=lifespan,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ember.core.errors import ConfigError
 
@@ -66,38 +65,3 @@ class ApiKeys:
             if hmac.compare_digest(known, digest):
                 found = name
         return found
-
-
-@dataclass(slots=True)
-class _Bucket:
-    tokens: float
-    stamp: float
-
-
-@dataclass(slots=True)
-class RateLimiter:
-    """A token bucket per identity: `per_minute` steady, `burst` at once."""
-
-    per_minute: float
-    burst: int
-    max_buckets: int = 10_000
-    _buckets: dict[str, _Bucket] = field(default_factory=dict)
-
-    def retry_after(self, identity: str) -> float:
-        """0 when the request may go ahead (and is counted), else seconds to wait."""
-        now = time.monotonic()
-        if len(self._buckets) >= self.max_buckets:
-            self._forget_idle(now)
-        bucket = self._buckets.setdefault(identity, _Bucket(float(self.burst), now))
-        rate = self.per_minute / 60
-        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.stamp) * rate)
-        bucket.stamp = now
-        if bucket.tokens >= 1:
-            bucket.tokens -= 1
-            return 0.0
-        return (1 - bucket.tokens) / rate
-
-    def _forget_idle(self, now: float) -> None:
-        """Drop buckets that have refilled: they hold nothing a new bucket would not."""
-        full_after = self.burst / (self.per_minute / 60)
-        self._buckets = {k: b for k, b in self._buckets.items() if now - b.stamp < full_after}

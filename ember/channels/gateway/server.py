@@ -27,6 +27,7 @@ from ember.app import (
 )
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
+from ember.channels.gateway.limits import RedisRateLimiter
 from ember.channels.gateway.turns import TurnRouter
 from ember.channels.webhooks.inbound import WebhookChannel
 from ember.channels.webhooks.outbound import OutboundWebhooks
@@ -203,6 +204,11 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         if a2a is not None:
             channel_routes += a2a.routes
 
+        limiter = None
+        if settings.redis_url is not None:  # every gateway on this Redis counts a caller's requests together
+            limiter = RedisRateLimiter(settings.redis_url.get_secret_value(), settings.redis_namespace,
+                                       settings.gateway_rate_per_minute, settings.gateway_rate_burst)
+
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             async with running(runtime, recover=True, turns=turns):
@@ -212,6 +218,8 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
                 finally:
                     if a2a is not None:
                         await a2a.aclose()
+                    if limiter is not None:
+                        await limiter.aclose()
 
         options = GatewayOptions(
             agent_id=settings.agent_name.lower().replace(" ", "-"),
@@ -227,7 +235,8 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
                                    runtime.identities, runtime.usage, runtime.tasks, runtime.skills,
                                    deliveries=runtime.deliveries.store, turns=runtime.loop,
                                    traces=runtime.traces)
-        app = create_app(router, services, keys, options, lifespan=lifespan, channel_routes=channel_routes)
+        app = create_app(router, services, keys, options, lifespan=lifespan, channel_routes=channel_routes,
+                         limiter=limiter)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)
         server = _Server(config)
