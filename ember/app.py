@@ -355,7 +355,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     )
     deliveries = DeliveryWorker(SqlDeliveryStore(db), bus)
     recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
-    loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery, spans)
+    loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery, spans,
+                     max_turns=settings.max_concurrent_turns)
     return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
                    identities, usage, ChannelHub(bus, deliveries), tasks, skills, gated, spans, model,
                    background if background_model else None,

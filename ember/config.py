@@ -189,6 +189,8 @@ class Settings(BaseSettings):
     redis_url: SecretStr | None = None
     # The prefix of Ember's keys in that Redis: deployments sharing one Redis each need their own.
     redis_namespace: str = Field(default="ember", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    # Turns one process runs at once; more messages wait (on the Redis bus, for another worker to take).
+    max_concurrent_turns: int = Field(default=64, ge=1, le=10_000)
     # With several processes on one PostgreSQL or Redis: one silent this long (killed, paused, cut
     # off) is presumed dead, and the others take over its session leases, job claims and messages.
     worker_timeout_s: float = Field(default=30.0, ge=1.0, le=3600.0)

@@ -54,6 +54,30 @@ async def test_different_sessions_run_concurrently(start) -> None:  # type: igno
     assert all(f.kind is OutboundKind.FINAL for f in finals)
 
 
+async def test_a_process_runs_at_most_max_concurrent_turns_and_leaves_the_rest_on_the_bus(  # type: ignore[no-untyped-def]
+        start, settings) -> None:
+    in_flight: list[str] = []
+    release = asyncio.Event()
+
+    async def answer(messages: list[Message], tools: object) -> ModelReply:
+        in_flight.append(messages[-1].content)
+        await asyncio.wait_for(release.wait(), 10)
+        return ModelReply(text=f"re: {messages[-1].content}")
+
+    config = settings.model_copy(update={"max_concurrent_turns": 2})
+    async with start(FunctionModel(answer), config=config) as h:
+        for chat in "abcd":
+            await h.publish(f"to {chat}", chat=chat)
+        while len(in_flight) < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert len(in_flight) == 2, "two turns at once"
+        assert h.runtime.bus._inbound.qsize() == 2, "the others wait on the bus, not in this process"
+        release.set()
+        finals = [await h.next_closing(chat) for chat in "abcd"]
+    assert [f.text for f in finals] == [f"re: to {chat}" for chat in "abcd"]
+
+
 async def test_model_failure_gives_exactly_one_clear_error_and_keeps_the_user_message(start) -> None:  # type: ignore[no-untyped-def]
     model = ScriptedModel([ModelError("model m at http://x failed after 4 attempts: HTTP 503")])
     async with start(model) as h:

@@ -116,8 +116,10 @@ def error_text(exc: BaseException, turn_id: str) -> str:
 class AgentLoop:
     def __init__(self, bus: Bus, leases: SessionLeases, sessions: SessionStore, pipeline: Pipeline,
                  traces: SqlTraceStore, approvals: ApprovalBroker, deliveries: DeliveryWorker,
-                 recovery: RecoveryPolicy, spans: Spans | None = None) -> None:
+                 recovery: RecoveryPolicy, spans: Spans | None = None, *, max_turns: int = 64) -> None:
         self._bus = bus
+        # Turns at once; beyond them, messages wait on the bus, where another worker may take them.
+        self._slots = asyncio.Semaphore(max_turns)
         self._spans = spans
         self._leases = leases
         self._sessions = sessions
@@ -198,10 +200,19 @@ class AgentLoop:
 
     async def _consume(self) -> None:
         while True:
-            event = await self._bus.next_inbound()
+            await self._slots.acquire()
+            try:
+                event = await self._bus.next_inbound()
+            except BaseException:
+                self._slots.release()
+                raise
             task = asyncio.create_task(self._handle(event), name=f"ember-turn-{event.session_key}")
             self._turns.add(task)
-            task.add_done_callback(self._turns.discard)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._turns.discard(task)
+        self._slots.release()
 
     async def _handle(self, event: InboundEvent) -> None:
         """The event's turn, then its acknowledgement: a turn cut off (a shutdown, a crash) is
