@@ -40,13 +40,16 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
+from ember.config import Settings
 from ember.store.database import Database
 from ember.store.postgres import PostgresDatabase
+from tests.reaper import Reaper, watch
 
 HOST = "127.0.0.1"
 SUPERUSER = "postgres"
@@ -96,6 +99,7 @@ class PgServer:
         self.port = _free_port()
         self.url = self.url_of(DATABASE)  # the database `ember`
         self._names = itertools.count(1)
+        self._reaper: Reaper | None = None
         if self._as_root:
             try:
                 owner = pwd.getpwnam(OS_USER)
@@ -123,6 +127,8 @@ class PgServer:
             log = self._folder / "server.log"
             tail = log.read_text(errors="replace")[-2000:] if log.is_file() else ""
             raise PgServerUnavailable(f"{exc}\n{tail}") from None
+        self._reaper = watch(self._command("pg_ctl", "-D", str(self._data), "-m", "immediate", "stop",
+                                           as_server=True), remove=self._folder)
         if not created:
             self.sql(f"CREATE DATABASE {TEMPLATE}", database="postgres")
             self.sql("CREATE EXTENSION vector", database=TEMPLATE)
@@ -132,6 +138,9 @@ class PgServer:
         """`pg_ctl stop -m fast`, waiting until it is down; nothing if it is not running."""
         if (self._data / "postmaster.pid").is_file():
             self._run("pg_ctl", "-D", str(self._data), "-m", "fast", "-w", "stop", as_server=True)
+        if self._reaper is not None:
+            self._reaper.dismiss()
+            self._reaper = None
 
     def fresh_database(self, template: str = TEMPLATE) -> str:
         """The URL of a new database copied from `template`: by default empty, with pgvector."""
@@ -149,10 +158,12 @@ class PgServer:
         return self._run("psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", HOST, "-p", str(self.port),
                          "-U", SUPERUSER, "-d", database, "-c", statement)
 
+    def _command(self, program: str, *args: str, as_server: bool = False) -> list[str]:
+        command = [str(self._bin / program), *args]
+        return ["runuser", "-u", OS_USER, "--", *command] if as_server and self._as_root else command
+
     def _run(self, program: str, *args: str, as_server: bool = False) -> str:
-        command: Sequence[str] = [str(self._bin / program), *args]
-        if as_server and self._as_root:
-            command = ["runuser", "-u", OS_USER, "--", *command]
+        command = self._command(program, *args, as_server=as_server)
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
                                   stdin=subprocess.DEVNULL, cwd=self._folder)
@@ -244,3 +255,13 @@ async def engine_database(engine: str, request: pytest.FixtureRequest, tmp_path:
                 else PostgresDatabase(request.getfixturevalue("pg_store_database")))
     await database.open()
     return database
+
+
+def engine_settings(settings: Settings, engine: str, request: pytest.FixtureRequest) -> Settings:
+    """`settings` with the runtime's store on `engine`: as they are (the SQLite file in the home),
+    or with `database_url` naming a PostgreSQL database of the test's own. For a module's
+    `settings` fixture parametrized over ENGINES."""
+    if engine == "sqlite":
+        return settings
+    url = request.getfixturevalue("pg_store_database")
+    return settings.model_copy(update={"database_url": SecretStr(url)})

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.reaper import die_with_parent
+
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
@@ -57,7 +59,8 @@ class RedisServer:
         self._process = subprocess.Popen(
             [self._executable, "--bind", HOST, "--port", str(self.port), "--dir", str(self._folder),
              "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # Stopped by the kernel if the test run dies first (kill -9 of pytest).
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _answers_ping(self.port):
