@@ -1,9 +1,10 @@
 """Exactly-once delivery (I1, I2): the inbox of accepted messages, the outbox of
 answers owed, redeliveries, start-up recovery and re-sends.
 
-In process: the real runtime (SQLite, bus, loop, delivery worker) on scripted
-models; a "crash" is a runtime stopped while its turn waits on the model. Then
-the same guarantees through `ember serve`, over real HTTP.
+In process: the real runtime (its store on SQLite and on PostgreSQL, bus, loop,
+delivery worker) on scripted models; a "crash" is a runtime stopped while its
+turn waits on the model. Then the same guarantees through `ember serve`, over
+real HTTP.
 """
 
 from __future__ import annotations
@@ -32,8 +33,15 @@ from ember.tools.base import ToolRegistry
 from tests.conftest import CHANNEL, Harness, note_tool, serving_runtime, session_key
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
+from tests.pgserver import ENGINES, engine_settings
 
 # --- the runtime, started and stopped as a process would -----------------------------------------
+
+
+@pytest.fixture(params=ENGINES)
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """The runtime's inbox and outbox (the delivery store) on SQLite and on PostgreSQL."""
+    return engine_settings(settings, request.param, request)
 
 
 class Blocking:

@@ -1,13 +1,16 @@
-"""Long-term memory through its service, on a real SQLite store: writing,
+"""Long-term memory through its service, on a real store (SQLite and PostgreSQL): writing,
 supersession, recall (Chinese and English), per-person scope, forgetting."""
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
+from sqlalchemy import bindparam, select, update
 
 from ember.core.errors import MemoryInputError, MemoryNotFound
 from ember.core.memory import MAX_CONTENT_CHARS, MemoryKind, MemoryStatus, NewMemory, SourceRank
@@ -18,10 +21,12 @@ from ember.memory.reconcile import FactReconciler
 from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
+from ember.store import schema
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.tx import Statement
+from tests.pgserver import ENGINES, engine_database
 
 
 class Clock:
@@ -35,6 +40,14 @@ class Clock:
 @functools.cache
 def e5() -> Embedder:
     return E5Embedder()
+
+
+@pytest.fixture(params=ENGINES)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    """Every test of the memory store runs on SQLite and on PostgreSQL."""
+    database = await engine_database(request.param, request, tmp_path)
+    yield database  # type: ignore[misc]
+    await database.close()
 
 
 @pytest.fixture
@@ -255,12 +268,13 @@ async def test_the_prompt_gets_stable_profile_facts_then_what_the_message_recall
 async def test_an_unreadable_vector_is_set_aside_and_embedded_again(memory: MemoryService, db: Database) -> None:
     kept = await memory.remember("alice", "My cat is called Mochi.")
     await memory.flush_embeddings()
-    await db.run_write(lambda tx: tx.execute(Statement("UPDATE memory_vectors SET vector = x'00ff'")))
+    garble = Statement(update(schema.memory_vectors).values(vector=bindparam("garbled")))
+    await db.run_write(lambda tx: tx.execute(garble, {"garbled": b"\x00\xff"}))
     hits = await memory.search("alice", "cat")
     assert [h.record.id for h in hits] == [kept.record.id]  # found by its words meanwhile
     assert (await memory.store.consistency())["unembedded"] == 1
     assert await memory.flush_embeddings() == 1
-    blob = await db.run_read(lambda tx: tx.execute(Statement("SELECT vector FROM memory_vectors")).fetchone()[0])
+    blob = await db.run_read(lambda tx: tx.execute(Statement(select(schema.memory_vectors.c.vector))).fetchone()[0])
     assert np.frombuffer(blob, dtype=np.float32).shape == (HashingEmbedder().dimensions,)
 
 
@@ -329,7 +343,8 @@ async def test_an_inferred_contradiction_of_a_stated_fact_waits_for_confirmation
 
 
 async def test_a_question_naming_someone_finds_what_they_said_first(db: Database) -> None:
-    # Lexical only: the ranking is BM25's and the bonus, nothing else.
+    # Lexical only: the ranking is the full-text search's (BM25 on SQLite, ts_rank on PostgreSQL) and the
+    # bonus, nothing else.
     memory = MemoryService(SqlMemoryStore(db), None)
     await memory.open()
     sessions = SqlSessionStore(db)

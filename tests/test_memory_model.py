@@ -1,4 +1,4 @@
-"""A model-based test of long-term memory: MemoryService over a real SQLite store.
+"""A model-based test of long-term memory: MemoryService over a real store, SQLite and PostgreSQL.
 
 A hypothesis state machine remembers facts and episodes for two people
 (subjects, keys and values from small sets, so contents repeat and facts
@@ -36,12 +36,13 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, Phase, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
@@ -63,9 +64,11 @@ from ember.memory.service import RECALLED_KINDS, MemoryService, PromptMemory, Re
 from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import Context, WriteOutcome
+from ember.store.postgres import PostgresDatabase
 from ember.store.segment import owner_token
 from ember.store.sessions import SqlSessionStore
 from ember.store.tx import Statement, Tx
+from tests.pgserver import ENGINES, PgServer, engine_database
 
 T = TypeVar("T")
 ACTIVE, PENDING, SUPERSEDED, ARCHIVED = (MemoryStatus.ACTIVE, MemoryStatus.PENDING, MemoryStatus.SUPERSEDED,
@@ -259,23 +262,22 @@ def serial_order(model: Model, writes: Sequence[tuple[Op, object]]) -> Model | N
 # --------------------------------------------------------------------------- the machine
 
 
-async def open_db(path: Path) -> Database:
-    db = Database(path)
-    await db.open()
-    return db
-
-
 class MemoryMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.dir = Path(tempfile.mkdtemp(prefix="ember-memory-model-"))
-        self.db = self.run(open_db(self.dir / "ember.db"))
+        self.db = self.database()
+        self.run(self.db.open())
         self.clock = Clock(time.time())
         self.memory = MemoryService(SqlMemoryStore(self.db), PacedEmbedder(), clock=self.clock)
         self.run(self.memory.open())
         self.model = Model()
         self.fading_due = False  # ages passed since the last upkeep: it must archive what faded
+
+    def database(self) -> Database:
+        """The store this example runs on (not opened yet)."""
+        return Database(self.dir / "ember.db")
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
@@ -568,10 +570,36 @@ def read_index(tx: Tx) -> tuple[dict[int, str], dict[int, tuple[str, str, bytes]
     return owners, vectors
 
 
-def test_memory_matches_its_model() -> None:
+def on_postgresql(server: PgServer, schema: str) -> type[MemoryMachine]:
+    """The same machine with each example in a PostgreSQL database of its own."""
+
+    class PostgresMemoryMachine(MemoryMachine):
+        url: str | None = None
+
+        def database(self) -> Database:
+            if self.url is None:
+                self.url = server.fresh_database(template=schema)
+            return PostgresDatabase(self.url)  # type: ignore[return-value]
+
+        def teardown(self) -> None:
+            super().teardown()
+            if self.url is not None:
+                server.drop_database(self.url)
+
+    return PostgresMemoryMachine
+
+
+# PostgreSQL runs fewer examples: each costs a database of its own and a round trip per statement.
+EXAMPLES = {"sqlite": 80, "postgresql": 10}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_memory_matches_its_model(engine: str, request: pytest.FixtureRequest) -> None:
+    machine = (MemoryMachine if engine == "sqlite"
+               else on_postgresql(request.getfixturevalue("pg_server"), request.getfixturevalue("pg_schema")))
     # No shrinking: it would take minutes over these examples; the smallest forms are pinned below.
-    run_state_machine_as_test(MemoryMachine, settings=settings(
-        max_examples=80, stateful_step_count=40, deadline=None, derandomize=True, database=None,
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=EXAMPLES[engine], stateful_step_count=40, deadline=None, derandomize=True, database=None,
         phases=(Phase.explicit, Phase.generate), suppress_health_check=[HealthCheck.too_slow]))
 
 
@@ -596,6 +624,14 @@ class GatedEmbedder(HashingEmbedder):
         """Arm; return once an embedding call is held (it has read its batch)."""
         self.armed = True
         assert await asyncio.to_thread(self.entered.wait, 10)
+
+
+@pytest.fixture(params=ENGINES)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    """The bugs the machine found stay fixed on both engines."""
+    database = await engine_database(request.param, request, tmp_path)
+    yield database  # type: ignore[misc]
+    await database.close()
 
 
 async def service_on(db: Database, embedder: HashingEmbedder, clock: Clock | None = None) -> MemoryService:
@@ -729,3 +765,27 @@ async def test_a_message_whose_neighbour_arrives_while_it_is_embedded_gets_its_n
     assert "Lisbon" in text
     assert np.allclose(np.frombuffer(window, dtype=np.float32), HashingEmbedder().embed_passages([text])[0]), \
         "the window vector is of the message's old neighbours"
+
+
+async def test_one_fact_said_several_times_at_once_is_one_memory(db: Database) -> None:
+    # PostgreSQL runs writes side by side: each found no such fact yet, and each added it.
+    memory = await service_on(db, HashingEmbedder())
+    outcomes = await asyncio.gather(*(memory.remember("alice", "I live in Paris.", subject="user", key="city")
+                                      for _ in range(4)))
+    assert sum(outcome.created for outcome in outcomes) == 1 and len({o.record.id for o in outcomes}) == 1
+    assert [r.content for r in await memory.store.list("alice", include_inactive=True)] == ["I live in Paris."]
+
+
+async def test_upkeeps_and_embeddings_at_once_never_deadlock(db: Database) -> None:
+    # On PostgreSQL each locked the rows it updated, in an order of its own, and one of them failed.
+    clock = Clock(time.time())
+    memory = await service_on(db, HashingEmbedder(), clock)
+    for round_ in range(3):
+        for i in range(12):
+            await memory.remember(IDENTITIES[i % 2], f"note {round_} {i} about {VALUES[i % len(VALUES)]}",
+                                  created_at=clock.now)
+        for value in VALUES:
+            await memory.for_prompt("alice", f"what about {value}?", budget=WITHOUT_PROFILE)
+        clock.now += AGES_S / 100
+        await asyncio.gather(memory.upkeep(), memory.upkeep(), memory.flush_embeddings(), memory.upkeep())
+    assert (await memory.store.consistency())["unembedded"] == 0

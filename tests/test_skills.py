@@ -31,8 +31,10 @@ from ember.skills.format import SkillFormatError, parse_skill_md, read_folder, r
 from ember.skills.gate import MAX_PROPOSAL_CHARS, assess
 from ember.skills.library import SkillLibrary
 from ember.skills.review import REVIEW_INSTRUCTION, parse_answer
+from ember.store.database import Database
 from ember.store.skills import NewVersion
 from tests.conftest import IDENTITY, Harness, job_counts, of_kind, running_harness, session_key
+from tests.pgserver import ENGINES, engine_database, engine_settings
 
 WEEKLY = {"action": "create", "name": "weekly-report", "description": "Write the weekly status report.",
           "body": "1. Search memory for this week's work.\n2. Group it by project.\n3. Keep it under 200 words.",
@@ -80,6 +82,20 @@ class Reviews:
             raise answer
         text = answer if isinstance(answer, str) else json.dumps(answer)
         return ModelReply(text=text, input_tokens=321, output_tokens=45)
+
+
+@pytest.fixture(params=ENGINES)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    """The skill store on SQLite and on PostgreSQL."""
+    database = await engine_database(request.param, request, tmp_path)
+    yield database  # type: ignore[misc]
+    await database.close()
+
+
+@pytest.fixture(params=ENGINES)
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """The runtime's store, skills and proposals among it, on SQLite and on PostgreSQL."""
+    return engine_settings(settings, request.param, request)
 
 
 @pytest.fixture
@@ -149,7 +165,7 @@ async def test_a_rejected_proposal_changes_nothing(skills_settings: Settings) ->
         assert "weekly-report" not in system_prompt(h.runtime.model.inner)  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize(("answer", "why"), [
+REFUSALS = [
     ({**WEEKLY, "body": "Log in with api_key=sk-abcdefghijklmnopqrstuvwx then fetch."}, "looks like a secret"),
     ({**WEEKLY, "name": "../../etc/passwd"}, "invalid skill name"),
     ({**WEEKLY, "body": "step. " * (MAX_PROPOSAL_CHARS // 6 + 10)}, f"at most {MAX_PROPOSAL_CHARS}"),
@@ -159,7 +175,13 @@ async def test_a_rejected_proposal_changes_nothing(skills_settings: Settings) ->
       "skill_md": "---\nname: twice\nname: twice\ndescription: d\n---\nbody", "reason": "x"}, "'name' twice"),
     ({"action": "create", "name": "extra", "skill_md": "---\nname: extra\ndescription: d\nrun: rm -rf /\n---\nbody",
       "reason": "x"}, "unknown front-matter key 'run'"),
-])
+]
+
+
+# The gate's reasons are its own, whatever the engine: PostgreSQL stores one refusal.
+@pytest.mark.parametrize(("settings", "answer", "why"),
+                         [*(("sqlite", *refusal) for refusal in REFUSALS), ("postgresql", *REFUSALS[0])],
+                         indirect=["settings"])
 async def test_the_gate_refuses_with_a_reason_and_the_review_still_ends(skills_settings: Settings,
                                                                         answer: dict[str, Any], why: str) -> None:
     async with agent(skills_settings, Reviews(answer)) as h:
@@ -187,6 +209,8 @@ async def test_a_failing_review_is_retried_and_reads_the_turns_it_missed(skills_
     assert proposal.name == "weekly-report"
 
 
+# SQLite only: it is about the background runner beside the turns, not what either stores.
+@pytest.mark.parametrize("settings", ["sqlite"], indirect=True)
 async def test_a_slow_or_failing_review_never_holds_up_the_turn(skills_settings: Settings) -> None:
     reviews = Reviews(RuntimeError("boom"))
     reviews.gate = asyncio.Event()
@@ -439,6 +463,9 @@ async def test_skills_survive_a_restart(skills_settings: Settings) -> None:
     assert "Group it by project." in final.text
 
 
+# SQLite only: it is about the library looking at its folders in the background; the versions a
+# folder becomes are stored on both engines in test_skill_folders_load_despite_a_bad_one_and_edits_become_versions.
+@pytest.mark.parametrize("settings", ["sqlite"], indirect=True)
 async def test_a_folder_added_while_running_reaches_a_later_turn(skills_settings: Settings) -> None:
     async with agent(skills_settings, Reviews()) as h:
         await h.turn("hello")

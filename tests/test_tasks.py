@@ -37,6 +37,7 @@ from tests.conftest import CHANNEL, Harness, NoteArgs, serving_runtime
 from tests.gatewayproc import EMBER, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply
+from tests.pgserver import ENGINES, engine_settings
 
 
 def utc(*parts: int) -> float:
@@ -87,6 +88,12 @@ def test_durations() -> None:
 
 
 # --- runs on a fake clock ------------------------------------------------------------------------
+
+@pytest.fixture(params=ENGINES)
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """The runtime's task store (claim_due, runs, edits) on SQLite and on PostgreSQL."""
+    return engine_settings(settings, request.param, request)
+
 
 class Clock:
     def __init__(self, now: float) -> None:

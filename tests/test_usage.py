@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
+from ember.config import Settings
 from ember.core.messages import Message, ToolCall
 from ember.core.usage import Price, cost_usd
 from ember.memory.consolidation import SUMMARY_INSTRUCTION
@@ -14,10 +17,17 @@ from ember.models.scripted import FunctionModel
 from ember.models.spec import ModelSpec
 from ember.usage_cli import since_timestamp
 from tests.conftest import IDENTITY, session_key
+from tests.pgserver import ENGINES, engine_settings
 from tests.test_cli_e2e import EMBER, TIMEOUT_S
 
 PRICED = ModelSpec(base_url="http://127.0.0.1:9/v1", model="priced", price_input_per_mtok=2.0,
                    price_output_per_mtok=10.0)
+
+
+@pytest.fixture(params=ENGINES)
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """The usage and trace stores on SQLite and on PostgreSQL."""
+    return engine_settings(settings, request.param, request)
 
 
 def answer(messages: list[Message], tools: object) -> ModelReply:
@@ -30,8 +40,11 @@ def answer(messages: list[Message], tools: object) -> ModelReply:
 
 
 def usage_json(settings, *args: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    env = {"EMBER_HOME": str(settings.home_dir), "PATH": "/usr/bin:/bin"}
+    if settings.database_url is not None:
+        env["EMBER_DATABASE_URL"] = settings.database_url.get_secret_value()
     done = subprocess.run([EMBER, "usage", "--json", *args], capture_output=True, text=True, timeout=TIMEOUT_S,
-                          env={"EMBER_HOME": str(settings.home_dir), "PATH": "/usr/bin:/bin"})
+                          env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 

@@ -11,7 +11,7 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Float, Select, bindparam, case, delete, func, literal_column, null, select, update
 
@@ -30,11 +30,14 @@ from ember.store.memory_rows import (
     Unembedded,
     WriteOutcome,
     archive_messages,
+    hold_memory_writes,
     record_of,
     write_memory,
 )
 from ember.store.segment import COMMON_ROWS, distinctive, expression, indexed_form, owner_token, ts_lexeme
 from ember.store.tx import Statement, Tx, in_json_array, per_dialect, upsert_row
+
+T = TypeVar("T")
 
 REINDEX_BATCH = 500  # rows between two reports of reindex_text's progress
 
@@ -133,14 +136,22 @@ class SqlMemoryStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
+    async def _write(self, work: Callable[[Tx], T]) -> T:
+        """`work` as one write unit, holding the memory's writes first (memory_rows.hold_memory_writes)."""
+        def unit(tx: Tx) -> T:
+            hold_memory_writes(tx)
+            return work(tx)
+
+        return await self._db.run_write(unit)
+
     async def write(self, memory: NewMemory) -> WriteOutcome:
         now = time.time()
-        return await self._db.run_write(lambda tx: write_memory(tx, memory, now))
+        return await self._write(lambda tx: write_memory(tx, memory, now))
 
     async def write_many(self, memories: Sequence[NewMemory]) -> list[WriteOutcome]:
         """One transaction for the batch (imports)."""
         now = time.time()
-        return await self._db.run_write(lambda tx: [write_memory(tx, m, now) for m in memories])
+        return await self._write(lambda tx: [write_memory(tx, m, now) for m in memories])
 
     async def get(self, identity: str, memory_id: str) -> MemoryRecord:
         row = await self._db.run_read(lambda tx: tx.execute(
@@ -237,7 +248,7 @@ class SqlMemoryStore:
                 raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
             return record_of(tx.execute(_GET, memory).fetchone())[1]
 
-        return await self._db.run_write(change)
+        return await self._write(change)
 
     async def purge(self, identity: str, memory_id: str) -> None:
         """Delete for real: the row, its text index row and its vector."""
@@ -251,7 +262,7 @@ class SqlMemoryStore:
             tx.execute(_UNLINK, {"owner": identity, "memory_id": memory_id})
             tx.execute(_DELETE, num)
 
-        await self._db.run_write(delete)
+        await self._write(delete)
 
     # -- vectors ---------------------------------------------------------------
 
@@ -283,7 +294,7 @@ class SqlMemoryStore:
                 stored += 1
             return stored
 
-        return await self._db.run_write(store)
+        return await self._write(store)
 
     async def vector_state(self, identity: str, model: str) -> tuple[int, int]:
         """(count, highest rev) of the identity's vectors by `model`: what a cached matrix checks against."""
@@ -305,7 +316,7 @@ class SqlMemoryStore:
             tx.execute(_UNEMBED, {"memory_num": num})
             record_job(tx, EMBED_JOB, now)
 
-        await self._db.run_write(drop)
+        await self._write(drop)
 
     async def forget_other_models(self, model: str) -> int:
         """Queue every memory embedded by another model for a new embedding; returns how many."""
@@ -318,7 +329,7 @@ class SqlMemoryStore:
                 record_job(tx, EMBED_JOB, now)
             return changed
 
-        return await self._db.run_write(requeue)
+        return await self._write(requeue)
 
     # -- contradictions ----------------------------------------------------------
 
@@ -329,7 +340,7 @@ class SqlMemoryStore:
 
     async def mark_checked(self, identity: str, memory_id: str) -> None:
         now = time.time()
-        await self._db.run_write(lambda tx: tx.execute(
+        await self._write(lambda tx: tx.execute(
             _MARK_CHECKED, {"owner": identity, "memory_id": memory_id, "now": now}))
 
     async def supersede_by(self, identity: str, old_id: str, new_id: str) -> None:
@@ -341,7 +352,7 @@ class SqlMemoryStore:
             if tx.execute(_BOTH_ACTIVE, pair).fetchone()[0] == 2:
                 tx.execute(_SUPERSEDE_BY, {**pair, "now": now})
 
-        await self._db.run_write(change)
+        await self._write(change)
 
     # -- recall and forgetting ---------------------------------------------------
 
@@ -349,7 +360,7 @@ class SqlMemoryStore:
         """Add recall counts ((identity, id) -> (times, last time)) in one write; a recall restores full strength."""
         rows = [{"owner": identity, "memory_id": id_, "times": times, "last": last}
                 for (identity, id_), (times, last) in recalls.items()]
-        await self._db.run_write(lambda tx: tx.executemany(_RECALLED, rows))
+        await self._write(lambda tx: tx.executemany(_RECALLED, rows))
 
     async def decay_candidates(self, kinds: Sequence[MemoryKind]) -> list[MemoryRecord]:
         rows = await self._db.run_read(lambda tx: tx.execute(
@@ -363,7 +374,7 @@ class SqlMemoryStore:
             tx.executemany(_SET_STRENGTH, [{"memory_id": id_, "strength": value} for id_, value in strengths.items()])
             tx.executemany(_ARCHIVE, [{"memory_id": id_, "now": now} for id_ in archive])
 
-        await self._db.run_write(store)
+        await self._write(store)
 
     # -- archival tier -----------------------------------------------------------
 
@@ -383,7 +394,7 @@ class SqlMemoryStore:
         before is embedded again (its window now reaches the first new one).
         """
         now = time.time()
-        return await self._db.run_write(lambda tx: archive_messages(tx, session_key, resolve, fallback, now))
+        return await self._write(lambda tx: archive_messages(tx, session_key, resolve, fallback, now))
 
     # -- upkeep --------------------------------------------------------------------
 
@@ -395,7 +406,7 @@ class SqlMemoryStore:
         one. `progress(done, total)` is called before the first row and after
         every REINDEX_BATCH rows, on the store's writer thread: keep it quick.
         """
-        return await self._db.run_write(lambda tx: memory_upkeep.rebuild(tx, REINDEX_BATCH, progress))
+        return await self._write(lambda tx: memory_upkeep.rebuild(tx, REINDEX_BATCH, progress))
 
     async def consistency(self) -> dict[str, int]:
         """Counts that must agree: rows against text index rows, vectors without a row,

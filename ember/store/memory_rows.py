@@ -48,9 +48,6 @@ _INSERT = Statement(
 # Read back by id rather than RETURNING: SQLite runs an INSERT ... RETURNING in a statement savepoint,
 # which makes the text index flush its pending terms at every memory of a transaction.
 _NUM_OF_ID = Statement(select(_mi.c.num).where(_mi.c.id == bindparam("id")))
-# Revisions are numbered in commit order per identity, so a reader caught up to one misses none
-# committed after it: on PostgreSQL, writers of one identity's text queue on a transaction lock.
-_LOCK_TEXT_REVS = Statement("SELECT 1", "SELECT pg_advisory_xact_lock(hashtext('text_rev:' || :identity))")
 _BUMP_TEXT_REV = Statement("UPDATE memory_items SET text_rev = (SELECT COALESCE(MAX(text_rev), 0) + 1 "
                            "FROM memory_items WHERE identity = :identity) WHERE num = :num")
 _KNOWN = Statement(MEMORY.where(_mi.c.identity == bindparam("identity"), _mi.c.content_hash == bindparam("hash"),
@@ -107,6 +104,16 @@ TEXTS_AFTER = Statement(
     "JOIN memory_fts f ON f.rowid = m.num WHERE m.identity = :identity AND m.text_rev > :rev "
     "ORDER BY m.text_rev LIMIT :limit")
 
+# SQLite runs one write at a time; PostgreSQL runs them side by side at READ COMMITTED. A memory
+# write reads, then writes on what it read (is this content known, which fact of the key is active,
+# the identity's next text revision, which a text index catches up by, so revisions must follow the
+# commits), and the rows it updates are many (an upkeep's strengths, a batch of vectors): side by side,
+# two such writes would both add one content, number two texts alike, or deadlock. So every
+# unit that writes memory rows holds this lock first, to its commit: across every process on the
+# database, the memory's writes queue as they do on SQLite.
+_MEMORY_WRITES_LOCK = 0x656D6265725F6D65  # b"ember_me"
+_HOLD_MEMORY_WRITES = Statement(f"SELECT pg_advisory_xact_lock({_MEMORY_WRITES_LOCK})")
+
 EMBED_JOB = JobRequest(JobKind.EMBED, "all")
 RECONCILE_JOB = JobRequest(JobKind.RECONCILE_FACTS, "all")
 
@@ -146,9 +153,15 @@ def write_text_row(tx: Tx, num: int, identity: str, content: str, created_at: fl
     tx.execute(INSERT_TEXT, {"num": num, "owner": owner_token(identity), "body": index_text(content),
                              "before": index_text(context.before), "after": index_text(context.after),
                              "far": index_text("\n".join(context.far)), "day": _day(created_at)})
-    if tx.dialect == "postgresql":
-        tx.execute(_LOCK_TEXT_REVS, {"identity": identity})
     tx.execute(_BUMP_TEXT_REV, {"identity": identity, "num": num})
+
+
+def hold_memory_writes(tx: Tx) -> None:
+    """Queue behind any other unit writing memory rows, until this one commits (PostgreSQL; SQLite's
+    one writer already does). First in a unit, before it reads what it will write on."""
+    if tx.dialect == "postgresql":
+        tx.execute(_HOLD_MEMORY_WRITES)
+
 
 Row = Sequence[Any]
 
@@ -224,6 +237,8 @@ def write_memory(tx: Tx, memory: NewMemory, now: float) -> WriteOutcome:
     A fact with a subject and key supersedes the active fact of the same
     subject and key at once, unless that one has a better source: then the
     new fact is parked as pending (needs confirmation) and nothing changes.
+
+    The caller's unit holds the memory's writes (hold_memory_writes).
     """
     content = check_content(memory.content)
     existing = None if memory.kind is MemoryKind.EPISODIC else tx.execute(_KNOWN, {

@@ -33,7 +33,7 @@ from ember.store import schema
 from ember.store.database import Database, complete_despite_cancel
 from ember.store.deliveries import record_delivery, record_receipt
 from ember.store.jobs import record_job
-from ember.store.memory_rows import write_memory
+from ember.store.memory_rows import hold_memory_writes, write_memory
 from ember.store.repair import RepairPlan, plan_repair
 from ember.store.session_rows import (
     ADVANCE,
@@ -254,6 +254,7 @@ class SqlSessionStore:
             moved = tx.execute(ADVANCE, {"session": key, "expected": expected, "new": new, "now": now})
             if head is None or moved.rowcount != 1:
                 return False
+            hold_memory_writes(tx)
             first, _last = tx.execute(SPAN, {"key": key, "start": expected, "end": new}).fetchone()
             owner = identity or session_identity(key, json.loads(head.metadata_json))
             span = f"session {key}, messages {expected}–{new - 1}"

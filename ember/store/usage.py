@@ -61,8 +61,10 @@ class SqlUsageStore:
         """Per group, costliest first: calls, tokens of each kind, cost of the priced calls,
         and how many calls had no price."""
         rows = await self._db.run_read(lambda tx: tx.execute(_TOTALS[by], {"since": since}).fetchall())
-        return [{"key": k, "calls": calls, "input_tokens": i, "output_tokens": o, "cache_read_tokens": cr,
-                 "cache_write_tokens": cw, "cost_usd": round(cost, 6), "unpriced_calls": unpriced}
+        # int(): PostgreSQL sums BIGINT columns as NUMERIC, which arrives as a Decimal.
+        return [{"key": k, "calls": calls, "input_tokens": int(i), "output_tokens": int(o),
+                 "cache_read_tokens": int(cr), "cache_write_tokens": int(cw), "cost_usd": round(cost, 6),
+                 "unpriced_calls": int(unpriced)}
                 for k, calls, i, o, cr, cw, cost, unpriced in rows]
 
     async def spent(self, identity: str, since: float) -> float:
