@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Coroutine
 from typing import Any
 
+from redis.asyncio import Redis
 from rich.console import Console
-from sqlalchemy import text
+from sqlalchemy import bindparam, distinct, func, select, text
 
 from ember.app import model_endpoints, open_database
+from ember.bus.redis import WORKERS, redacted_url
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import EmberError
 from ember.models.base import ModelEndpoint
+from ember.store import schema
 from ember.store.jobs import SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.migrations import SCHEMA_VERSION
 from ember.store.sessions import SqlSessionStore
 
 MODEL_CHECK_TIMEOUT_S = 10.0
+_l = schema.leases
+_HELD_LEASES = select(func.count(), func.count(distinct(_l.c.holder))).where(_l.c.expires_at > bindparam("now"))
 
 
 class Report:
@@ -42,6 +48,7 @@ async def run_checks(settings: Settings, console: Console) -> int:
     report = Report(console)
     _check_config(settings, report)
     await _check_store(settings, report)
+    await _check_bus(settings, report)
     await _check_model(settings, report)
     await _check_channels(settings, report)
     return 1 if report.failures else 0
@@ -72,6 +79,8 @@ async def _check_store(settings: Settings, report: Report) -> None:
             unreadable = await store.unreadable()  # read-only: a running Ember may be using the store
             jobs = await SqlJobStore(db).counts()
             memory = await SqlMemoryStore(db).consistency()
+            async with db.read() as conn:
+                leases, holders = (await conn.execute(_HELD_LEASES, {"now": time.time()})).one()
     except Exception as exc:  # doctor reports every failure instead of crashing
         report.fail(f"store {where}: {type(exc).__name__}: {exc}")
         return
@@ -89,7 +98,42 @@ async def _check_store(settings: Settings, report: Report) -> None:
     if jobs.get("failed"):
         report.warn(f"{jobs['failed']} background job(s) failed for good (see ember.log)")
     report.ok(f"background jobs: {jobs.get('pending', 0)} pending, {jobs.get('running', 0)} running")
+    if settings.database_url is not None:
+        report.ok(f"leases: {leases} held now, by {holders} process(es)")
     _check_memory(memory, report)
+
+
+async def _check_bus(settings: Settings, report: Report) -> None:
+    """The Redis bus, read only: reachable, and how its inbound messages stand."""
+    if settings.redis_url is None:
+        return
+    url = settings.redis_url.get_secret_value()
+    where, ns = redacted_url(url), settings.redis_namespace
+    client = Redis.from_url(url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=5.0)
+    try:
+        await client.ping()
+        shards = await client.get(f"{ns}:inbound:shards")
+        waiting = pending = 0
+        consumers: set[str] = set()
+        for shard in range(int(shards or 0)):
+            stream = f"{ns}:inbound:{shard}"
+            if not await client.exists(stream):
+                continue
+            for group in await client.xinfo_groups(stream):
+                if group["name"] == WORKERS:
+                    pending += group["pending"]
+                    waiting += group.get("lag") or 0
+                    consumers.update(c["name"] for c in await client.xinfo_consumers(stream, WORKERS))
+    except Exception as exc:  # doctor reports every failure instead of crashing
+        report.fail(f"Redis bus {where}: {type(exc).__name__}: {exc}")
+        return
+    finally:
+        await client.aclose()
+    if shards is None:
+        report.warn(f"Redis bus {where} (namespace {ns}): no Ember process has used it yet")
+        return
+    report.ok(f"Redis bus {where} (namespace {ns}): {shards} inbound shard(s), {waiting} message(s) waiting, "
+              f"{pending} being answered, {len(consumers)} worker(s) seen")
 
 
 def _check_memory(counts: dict[str, int], report: Report) -> None:

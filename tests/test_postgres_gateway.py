@@ -58,5 +58,6 @@ def test_doctor_checks_a_postgresql_store(model_server: ModelServer, pg_database
     env = gateway_env(tmp_path / "home", model_server, None, EMBER_DATABASE_URL=pg_database)
     done = subprocess.run([EMBER, "doctor"], env=env, capture_output=True, text=True, timeout=120)
     assert "store on PostgreSQL (database_url): schema v" in done.stdout, done.stdout + done.stderr
+    assert "leases: 0 held now, by 0 process(es)" in done.stdout, done.stdout
     assert "FAIL" not in done.stdout.split("model endpoint")[0], done.stdout
     assert pg_database.rsplit("@", 1)[0] not in done.stdout  # the URL (and a password in it) stays out

@@ -4,6 +4,7 @@ a message Redis could not take is refused with a clear error, and the next one g
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from tests.gatewayproc import GatewayProcess, LaunchGateway
+from tests.gatewayproc import EMBER, GatewayProcess, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, serving
 from tests.redisserver import RedisServer
@@ -87,3 +88,29 @@ def test_a_redis_restart_mid_run_loses_no_message(gateway: GatewayProcess, redis
         assert [m["content"] for m in history(alice, "restarts")] == ["before", "echo: before", "after",
                                                                       "echo: after"]
     assert "Traceback" not in gateway.output()
+
+
+def test_doctor_reads_the_bus_without_writing_and_fails_clearly_when_redis_is_down(
+        gateway: GatewayProcess, redis_server: RedisServer, namespace: str) -> None:
+    with httpx.Client(base_url=gateway.base_url, headers=AUTH, timeout=30) as client:
+        assert final_text(send(client, "s-doctor", "hello")) == "echo: hello"
+    env = {**gateway.env, "EMBER_HOME": str(gateway.home)}
+    done = subprocess.run([EMBER, "doctor"], env=env, capture_output=True, text=True, timeout=120)
+    line = next((x for x in done.stdout.splitlines() if "Redis bus" in x), done.stdout + done.stderr)
+    assert line.startswith("ok") and f"(namespace {namespace}): 4 inbound shard(s)" in line, line
+    assert "0 message(s) waiting, 0 being answered, 1 worker(s) seen" in line, line
+
+    fresh = subprocess.run([EMBER, "doctor"], env={**env, "EMBER_REDIS_NAMESPACE": namespace + "x"},
+                           capture_output=True, text=True, timeout=120)
+    assert "no Ember process has used it yet" in fresh.stdout, fresh.stdout
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        assert not client.exists(f"{namespace}x:inbound:shards"), "doctor wrote to the bus"
+    finally:
+        client.close()
+
+    down = subprocess.run([EMBER, "doctor"], env={**env, "EMBER_REDIS_URL": "redis://:hunter2@127.0.0.1:1/0"},
+                          capture_output=True, text=True, timeout=120)
+    assert down.returncode == 1
+    assert "FAIL  Redis bus redis://:***@127.0.0.1:1/0" in down.stdout, down.stdout
+    assert "hunter2" not in down.stdout + down.stderr
