@@ -50,8 +50,8 @@ from ember.channels.webhooks.signing import sign_standard, standard_key
 from ember.core.events import InboundEvent
 from ember.core.schedule import Schedule, ScheduleKind
 from ember.core.tasks import Task
-from ember.store.database import Database
 from ember.store.deliveries import accept_inbound
+from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tasks import SqlTaskStore, new_task_id
 from ember.store.tx import Statement, Tx
 from tests.gatewayproc import GatewayProcess, free_port, gateway_env
@@ -173,7 +173,7 @@ url = "{receiver_url}"
 async def scheduler_round(tasks: int) -> tuple[list[float], int, int, int, float]:
     """(lateness of each run, runs published, distinct runs, runs recorded, floor seconds)."""
     with tempfile.TemporaryDirectory(prefix="ember-bench-cron-") as home:
-        db = Database(Path(home) / "ember.db")
+        db = SqliteDatabase(Path(home) / "ember.db")
         await db.open()
         try:
             due = time.time() + 3.0

@@ -62,8 +62,8 @@ from ember.core.events import InboundEvent, OutboundKind
 from ember.core.messages import Message, Session
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
-from ember.store.database import Database
 from ember.store.sessions import SqlSessionStore
+from ember.store.sqlite.database import SqliteDatabase
 
 TARGET_RATIO = 1.2  # median(100,000 messages) / median(10 messages)
 TARGET_X_FLOOR = 10.0  # a whole turn's overhead, in durable commits
@@ -112,13 +112,13 @@ class PrefilledSession:
         self.key = f"{CHANNEL}:len{n}"
         self.template = directory / f"template-{n}.db"
         self.path = directory / f"session-{n}.db"
-        self.db: Database | None = None
+        self.db: SqliteDatabase | None = None
         self.store: SqlSessionStore | None = None
         self.session = Session(key=self.key)
         self.load_s = 0.0
 
     async def fill(self) -> None:
-        db = Database(self.template)
+        db = SqliteDatabase(self.template)
         await db.open()
         try:
             store = SqlSessionStore(db)
@@ -141,7 +141,7 @@ class PrefilledSession:
         for suffix in ("", "-wal", "-shm", "-journal"):
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
         shutil.copyfile(self.template, self.path)
-        self.db = Database(self.path)
+        self.db = SqliteDatabase(self.path)
         await self.db.open()
         self.store = SqlSessionStore(self.db)
         self.session = await self.store.load(self.key)

@@ -36,9 +36,9 @@ from ember.core.messages import Message, Session
 from ember.memory.embeddings import load_embedder
 from ember.memory.service import MemoryService
 from ember.memory.text_index import INDEX_MIN_ROWS
-from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
+from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tx import Statement
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo10.json"
@@ -167,7 +167,7 @@ def bm25_ranker(conversation: Conversation) -> Ranker:
 
 # -- Ember ------------------------------------------------------------------------
 
-async def ingest(conversation: Conversation, db: Database, memory: MemoryService) -> dict[tuple[str, int], str]:
+async def ingest(conversation: Conversation, db: SqliteDatabase, memory: MemoryService) -> dict[tuple[str, int], str]:
     """The conversation as sessions of one person; returns (session key, seq) -> dia_id."""
     sessions = SqlSessionStore(db)
     identity = f"locomo-{conversation.name}"
@@ -194,8 +194,8 @@ async def ingest(conversation: Conversation, db: Database, memory: MemoryService
 
 
 async def ember_rankers(conversations: list[Conversation], home: Path,
-                        index_min_rows: int) -> tuple[list[Ranker], list[float], Database]:
-    db = Database(home / "ember.db", synchronous="NORMAL")
+                        index_min_rows: int) -> tuple[list[Ranker], list[float], SqliteDatabase]:
+    db = SqliteDatabase(home / "ember.db", synchronous="NORMAL")
     await db.open()
     memory = MemoryService(SqlMemoryStore(db), load_embedder("e5-small"), index_min_rows=index_min_rows)
     await memory.open()

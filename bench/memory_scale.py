@@ -112,11 +112,11 @@ from ember.memory.retrieval import fuse
 from ember.memory.service import CANDIDATES, LEXICAL_DEPTH, MemoryService, RecallBudget
 from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
 from ember.memory.vectors import DenseScores, VectorIndex
-from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import Unembedded
 from ember.store.segment import match_expression, owner_token, query_terms
 from ember.store.sessions import SqlSessionStore
+from ember.store.sqlite.database import SqliteDatabase
 
 DIM = 384
 MODEL = "bench-random-384"  # stamped on the synthetic vectors; the query embedder has the same name
@@ -418,7 +418,7 @@ class Level:
 class MemoryBench:
     def __init__(self, directory: Path, corpus: Corpus) -> None:
         self.path = directory / "memories.db"
-        self.db = Database(self.path)
+        self.db = SqliteDatabase(self.path)
         self.store = SqlMemoryStore(self.db)
         self.corpus = corpus
         self.count = 0  # PERSON's memories written (the needle included)
@@ -771,7 +771,7 @@ class CommitTarget:
         self.label = label
         self.template = template
         self.path = directory / f"commit-{template.name}"
-        self.db: Database | None = None
+        self.db: SqliteDatabase | None = None
         self.store: SqlSessionStore | None = None
         self.user = Samples()
         self.answer = Samples()
@@ -784,7 +784,7 @@ class CommitTarget:
         for suffix in ("", "-wal", "-shm", "-journal"):
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
         shutil.copyfile(self.template, self.path)
-        self.db = Database(self.path)
+        self.db = SqliteDatabase(self.path)
         await self.db.open()
         self.store = SqlSessionStore(self.db)
         self._run, self._turns = run, 0
@@ -1049,7 +1049,7 @@ async def main() -> int:
               f" {len(corpus.hanzi):,} Chinese words; e.g. {corpus.sentence(8, 14)!r}", flush=True)
 
         empty = directory / "template-empty.db"
-        empty_db = Database(empty)
+        empty_db = SqliteDatabase(empty)
         await empty_db.open()
         await empty_db.close()
         checkpoint(empty)

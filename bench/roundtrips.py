@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from ember.store.database import Database
+from ember.store.engine import Database
 
 # A SQL statement starting with one of these writes (or takes SQLite's write lock).
 WRITE_PREFIXES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "BEGIN IMMEDIATE", "BEGIN EXCLUSIVE")

@@ -37,7 +37,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.models.spec import ModelSpec
 from ember.skills.format import render_skill_md
-from ember.store.database import Database
+from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tx import Statement
 
 _ONE = Statement("SELECT 1")  # the floor: an empty read
@@ -66,7 +66,7 @@ async def timed(work, runs: int) -> list[float]:  # type: ignore[no-untyped-def]
 async def store_figures(home: Path, count: int, views: int, runs: int, rng: random.Random) -> bool:
     settings = Settings(home=home)
     write_folders(settings.skills_path, count, rng)
-    db = Database(settings.database_path)
+    db = SqliteDatabase(settings.database_path)
     await db.open()
     try:
         library = skill_library(settings, db)
@@ -136,7 +136,7 @@ async def review_figures(home: Path) -> None:
         await runtime.runner.wait_idle()
         elapsed = time.perf_counter() - started
         [proposal] = await runtime.skills.proposals(None)
-    db = Database(settings.database_path)  # read once the usage counts were written, at stop
+    db = SqliteDatabase(settings.database_path)  # read once the usage counts were written, at stop
     await db.open()
     rows = await db.run_read(lambda tx: tx.execute(Statement(
         "SELECT SUM(input_tokens), SUM(output_tokens), SUM(cost_usd) FROM model_usage "

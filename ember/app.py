@@ -48,8 +48,8 @@ from ember.runtime.usage import UsageRecorder
 from ember.skills.library import SkillLibrary, SkillPolicy, default_folders
 from ember.skills.review import SkillReviewer
 from ember.store.approvals import SqlApprovalStore
-from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
+from ember.store.engine import Database
 from ember.store.jobs import Job, SqlJobStore
 from ember.store.leases import LeaderLease, LeaseTable, SqlSessionLeases
 from ember.store.memories import SqlMemoryStore
@@ -57,6 +57,7 @@ from ember.store.migrations import MigrationProgress
 from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
 from ember.store.skills import SqlSkillStore
+from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
@@ -364,11 +365,11 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
                    lease_table)
 
 
-def store_database(settings: Settings) -> Database | PostgresDatabase:
+def store_database(settings: Settings) -> Database:
     """PostgreSQL when `database_url` is set, else the SQLite file in the home."""
     if settings.database_url is not None:
         return PostgresDatabase(settings.database_url.get_secret_value())
-    return Database(settings.database_path, synchronous=settings.sqlite_synchronous)
+    return SqliteDatabase(settings.database_path, synchronous=settings.sqlite_synchronous)
 
 
 def require_shared_bus(settings: Settings, command: str) -> None:

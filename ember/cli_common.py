@@ -19,7 +19,7 @@ from rich.progress import Progress, TaskID
 from ember.app import open_database
 from ember.config import Settings, load_settings
 from ember.core.errors import EmberError
-from ember.store.database import Database
+from ember.store.engine import Database
 
 # soft_wrap: never break a line a user may copy (the configure hint) at the terminal width.
 out = Console(highlight=False, soft_wrap=True)

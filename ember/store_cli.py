@@ -16,8 +16,8 @@ from sqlalchemy import make_url
 from ember.cli_common import ProgressBar, err, out, print_json, settings_or_exit, setup_logging
 from ember.core.errors import EmberError
 from ember.store.copy import CopyError, CopyMismatch, CopyReport, TableCheck, copy_store, target_name
-from ember.store.database import Database
 from ember.store.postgres import PostgresDatabase
+from ember.store.sqlite.database import SqliteDatabase
 
 store_app = typer.Typer(help="The store: copy this home's SQLite store into PostgreSQL.", no_args_is_help=True)
 
@@ -67,7 +67,7 @@ def copy(
 
 async def _copy(path: Path, url: str, synchronous: str) -> CopyReport:
     """Both stores opened (each migrated to this Ember's schema), then the copy, with a bar for each."""
-    source = Database(path, synchronous=synchronous)
+    source = SqliteDatabase(path, synchronous=synchronous)
     with ProgressBar("upgrading the store") as bar:
         await source.open(bar)
     try:

@@ -24,7 +24,7 @@ from ember.core.memory import default_identity
 from ember.core.tools import Decision, Risk, ToolAction, ToolRun, Verdict
 from ember.models.base import ModelClient
 from ember.store import schema
-from ember.store.database import Database
+from ember.store.sqlite.database import SqliteDatabase
 from ember.tools.base import FunctionTool, ToolRegistry, Toolset
 
 CHANNEL = "test"
@@ -50,8 +50,8 @@ def hermetic_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(tmp_path / "ember.db")
+async def db(tmp_path: Path) -> AsyncIterator[SqliteDatabase]:
+    database = SqliteDatabase(tmp_path / "ember.db")
     await database.open()
     yield database
     await database.close()
@@ -114,7 +114,7 @@ def session_key(chat: str = "c1") -> str:
     return f"{CHANNEL}:{chat}"
 
 
-async def job_counts(db: Database) -> dict[tuple[str, str], int]:
+async def job_counts(db: SqliteDatabase) -> dict[tuple[str, str], int]:
     """(kind, status) -> how many jobs: every turn also queues work of its own (archiving its
     messages, embedding them), so a test counts the kinds it is about."""
     j = schema.jobs

@@ -47,8 +47,8 @@ import pytest
 from pydantic import SecretStr
 
 from ember.config import Settings
-from ember.store.database import Database
 from ember.store.postgres import PostgresDatabase
+from ember.store.sqlite.database import SqliteDatabase
 from tests.reaper import Reaper, watch
 
 HOST = "127.0.0.1"
@@ -248,10 +248,11 @@ def pg_store_database(pg_server: PgServer, pg_schema: str) -> Iterator[str]:
 ENGINES = ["sqlite", "postgresql"]
 
 
-async def engine_database(engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> Database | PostgresDatabase:
+async def engine_database(engine: str, request: pytest.FixtureRequest,
+                          tmp_path: Path) -> SqliteDatabase | PostgresDatabase:
     """An open, migrated store on `engine`: the SQLite file in `tmp_path`, or a PostgreSQL
     database of the test's own. For a module's `db` fixture parametrized over ENGINES."""
-    database = (Database(tmp_path / "ember.db") if engine == "sqlite"
+    database = (SqliteDatabase(tmp_path / "ember.db") if engine == "sqlite"
                 else PostgresDatabase(request.getfixturevalue("pg_store_database")))
     await database.open()
     return database

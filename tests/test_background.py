@@ -11,8 +11,8 @@ import pytest
 
 from ember.runtime.background import BackgroundRunner, RetryPolicy
 from ember.runtime.leases import HostLock
-from ember.store.database import Database
 from ember.store.jobs import Job, SqlJobStore
+from ember.store.sqlite.database import SqliteDatabase
 
 
 def runner(jobs: SqlJobStore, handler, *, max_attempts: int = 5) -> BackgroundRunner:  # type: ignore[no-untyped-def]
@@ -22,7 +22,7 @@ def runner(jobs: SqlJobStore, handler, *, max_attempts: int = 5) -> BackgroundRu
                             retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.01), poll_s=0.05)
 
 
-async def test_one_pending_job_per_kind_and_key(db: Database) -> None:
+async def test_one_pending_job_per_kind_and_key(db: SqliteDatabase) -> None:
     jobs = SqlJobStore(db)
     assert await jobs.enqueue("work", "s1")
     assert not await jobs.enqueue("work", "s1")
@@ -34,7 +34,7 @@ async def test_one_pending_job_per_kind_and_key(db: Database) -> None:
     assert not await jobs.enqueue(claimed.kind, claimed.dedupe_key)
 
 
-async def test_a_failing_job_is_retried_with_backoff_then_succeeds(db: Database, caplog) -> None:  # type: ignore[no-untyped-def]
+async def test_a_failing_job_is_retried_with_backoff_then_succeeds(db: SqliteDatabase, caplog) -> None:  # type: ignore[no-untyped-def]
     attempts: list[int] = []
 
     async def flaky(job: Job) -> None:
@@ -55,7 +55,7 @@ async def test_a_failing_job_is_retried_with_backoff_then_succeeds(db: Database,
     assert len(warnings) == 2 and all("model unreachable" in w and "retrying" in w for w in warnings)
 
 
-async def test_a_job_that_keeps_failing_is_given_up(db: Database) -> None:
+async def test_a_job_that_keeps_failing_is_given_up(db: SqliteDatabase) -> None:
     async def broken(job: Job) -> None:
         raise ValueError("bad data")
 
@@ -69,7 +69,7 @@ async def test_a_job_that_keeps_failing_is_given_up(db: Database) -> None:
 
 
 async def test_jobs_survive_a_restart(tmp_path: Path) -> None:
-    db = Database(tmp_path / "ember.db")
+    db = SqliteDatabase(tmp_path / "ember.db")
     await db.open()
     jobs = SqlJobStore(db)
     await jobs.enqueue("work", "queued")
@@ -82,7 +82,7 @@ async def test_jobs_survive_a_restart(tmp_path: Path) -> None:
     async def record(job: Job) -> None:
         ran.append(job.dedupe_key)
 
-    reopened = Database(tmp_path / "ember.db")
+    reopened = SqliteDatabase(tmp_path / "ember.db")
     await reopened.open()
     background = runner(SqlJobStore(reopened), record)
     await background.start()
@@ -92,7 +92,7 @@ async def test_jobs_survive_a_restart(tmp_path: Path) -> None:
     await reopened.close()
 
 
-async def test_stop_cancels_a_hung_job_and_it_runs_again_next_start(db: Database) -> None:
+async def test_stop_cancels_a_hung_job_and_it_runs_again_next_start(db: SqliteDatabase) -> None:
     started = asyncio.Event()
     runs: list[str] = []
 
@@ -118,13 +118,13 @@ async def test_stop_cancels_a_hung_job_and_it_runs_again_next_start(db: Database
     assert await jobs.counts() == {"done": 1}
 
 
-async def test_unknown_job_kind_is_refused_at_scheduling(db: Database) -> None:
+async def test_unknown_job_kind_is_refused_at_scheduling(db: SqliteDatabase) -> None:
     background = runner(SqlJobStore(db), lambda job: None)
     with pytest.raises(ValueError, match="no handler"):
         await background.schedule("nonsense", "s1")
 
 
-async def test_only_one_runner_per_home_runs_jobs_and_none_steals_a_running_job(db: Database) -> None:
+async def test_only_one_runner_per_home_runs_jobs_and_none_steals_a_running_job(db: SqliteDatabase) -> None:
     """A second process (say `ember chat -m` beside `ember run`) must not requeue
     and rerun the jobs the first one is running."""
     release = asyncio.Event()
@@ -157,7 +157,7 @@ async def test_only_one_runner_per_home_runs_jobs_and_none_steals_a_running_job(
     assert await jobs.counts() == {"done": 3}
 
 
-async def test_stop_just_after_a_wake_up_returns(db: Database) -> None:
+async def test_stop_just_after_a_wake_up_returns(db: SqliteDatabase) -> None:
     """On Python 3.11, asyncio.wait_for swallows a cancel that arrives as its
     event is set; a runner built on it hung in stop() after a schedule()."""
     async def nothing(job: Job) -> None:

@@ -58,11 +58,12 @@ from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
 from ember.runtime.titles import SessionTitler
 from ember.runtime.usage import UsageRecorder
 from ember.skills.review import SkillReviewer
-from ember.store import database, schema
-from ember.store.database import Database
+from ember.store import schema
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import Job, SqlJobStore
 from ember.store.sessions import SqlSessionStore
+from ember.store.sqlite import database
+from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
 from ember.store.tx import Statement
@@ -126,7 +127,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     home = settings.home_dir
     home.mkdir(parents=True, exist_ok=True)
     identities = Identities(settings.identities)
-    db = Database(settings.database_path)
+    db = SqliteDatabase(settings.database_path)
     await db.open()
     sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
     memory = memory_service(settings, db, HashingEmbedder())
@@ -430,7 +431,7 @@ async def test_a_redelivery_after_a_failed_send_gets_the_committed_answer(settin
     assert await stored(settings) == [(Role.USER, "question"), (Role.ASSISTANT, "committed")]
 
 
-async def owe_an_answer(db: Database, text: str = "owed answer") -> Delivery:
+async def owe_an_answer(db: SqliteDatabase, text: str = "owed answer") -> Delivery:
     """An answer committed with its outbox record, never sent (the store API, as a crash would leave it)."""
     sessions = SqlSessionStore(db)
     session = await sessions.load(KEY)
@@ -591,7 +592,7 @@ async def test_a_store_locked_past_the_busy_timeout_says_so(settings: Settings, 
 async def test_a_locked_or_broken_store_raises_embers_own_errors_not_the_drivers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 200)
-    db = database.Database(tmp_path / "ember.db")
+    db = database.SqliteDatabase(tmp_path / "ember.db")
     await db.open()
     try:
         with write_locked(db.path):
@@ -607,6 +608,6 @@ async def test_a_locked_or_broken_store_raises_embers_own_errors_not_the_drivers
         await db.close()
     (tmp_path / "ember.db").write_bytes(b"not a database, just bytes " * 100)
     (tmp_path / "ember.db-wal").unlink(missing_ok=True)
-    broken = database.Database(tmp_path / "ember.db")
+    broken = database.SqliteDatabase(tmp_path / "ember.db")
     with pytest.raises(StoreUnavailable, match="the store failed"):
         await broken.open()

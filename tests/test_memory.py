@@ -22,7 +22,7 @@ from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store import schema
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.tx import Statement

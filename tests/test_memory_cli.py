@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ember.core.memory import NewMemory
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.memories import REINDEX_BATCH, SqlMemoryStore
 
 EMBER = str(Path(sys.executable).with_name("ember"))

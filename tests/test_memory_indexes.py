@@ -19,7 +19,7 @@ from ember.memory.embeddings import E5Embedder, Embedder, HashingEmbedder
 from ember.memory.service import MemoryService
 from ember.memory.text_index import TextIndex
 from ember.memory.vectors import VectorIndex
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.segment import query_terms
 from ember.store.sessions import SqlSessionStore

@@ -61,12 +61,12 @@ from ember.core.messages import Message
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.forgetting import DAY_S, ForgettingPolicy
 from ember.memory.service import RECALLED_KINDS, MemoryService, PromptMemory, RecallBudget
-from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import Context, WriteOutcome
 from ember.store.postgres import PostgresDatabase
 from ember.store.segment import owner_token
 from ember.store.sessions import SqlSessionStore
+from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tx import Statement, Tx
 from tests.pgserver import ENGINES, PgServer, engine_database
 
@@ -275,9 +275,9 @@ class MemoryMachine(RuleBasedStateMachine):
         self.model = Model()
         self.fading_due = False  # ages passed since the last upkeep: it must archive what faded
 
-    def database(self) -> Database:
+    def database(self) -> SqliteDatabase:
         """The store this example runs on (not opened yet)."""
-        return Database(self.dir / "ember.db")
+        return SqliteDatabase(self.dir / "ember.db")
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
@@ -576,7 +576,7 @@ def on_postgresql(server: PgServer, schema: str) -> type[MemoryMachine]:
     class PostgresMemoryMachine(MemoryMachine):
         url: str | None = None
 
-        def database(self) -> Database:
+        def database(self) -> SqliteDatabase:
             if self.url is None:
                 self.url = server.fresh_database(template=schema)
             return PostgresDatabase(self.url)  # type: ignore[return-value]
@@ -627,20 +627,20 @@ class GatedEmbedder(HashingEmbedder):
 
 
 @pytest.fixture(params=ENGINES)
-async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqliteDatabase]:
     """The bugs the machine found stay fixed on both engines."""
     database = await engine_database(request.param, request, tmp_path)
     yield database  # type: ignore[misc]
     await database.close()
 
 
-async def service_on(db: Database, embedder: HashingEmbedder, clock: Clock | None = None) -> MemoryService:
+async def service_on(db: SqliteDatabase, embedder: HashingEmbedder, clock: Clock | None = None) -> MemoryService:
     service = MemoryService(SqlMemoryStore(db), embedder, clock=clock or Clock(time.time()))
     await service.open()
     return service
 
 
-async def test_a_purge_while_the_embedding_runs_leaves_no_vector_behind(db: Database) -> None:
+async def test_a_purge_while_the_embedding_runs_leaves_no_vector_behind(db: SqliteDatabase) -> None:
     embedder = GatedEmbedder()
     memory = await service_on(db, embedder)
     doomed = await memory.remember("bob", "Bob's old phone number is 555-0199.")
@@ -653,7 +653,7 @@ async def test_a_purge_while_the_embedding_runs_leaves_no_vector_behind(db: Data
     assert counts["rows"] == 0 and counts["orphan_vectors"] == 0, counts
 
 
-async def test_a_memory_written_where_a_purged_one_was_gets_its_own_vector(db: Database) -> None:
+async def test_a_memory_written_where_a_purged_one_was_gets_its_own_vector(db: SqliteDatabase) -> None:
     embedder = GatedEmbedder()
     memory = await service_on(db, embedder)
     doomed = await memory.remember("bob", "Bob's old phone number is 555-0199.")
@@ -672,7 +672,7 @@ async def test_a_memory_written_where_a_purged_one_was_gets_its_own_vector(db: D
         ["Alice drinks green tea."])[0]), "alice's memory has the vector of bob's purged one"
 
 
-async def test_a_purged_memory_no_longer_steers_search_in_a_running_process(db: Database) -> None:
+async def test_a_purged_memory_no_longer_steers_search_in_a_running_process(db: SqliteDatabase) -> None:
     memory = await service_on(db, HashingEmbedder())
     await memory.remember("carol", "Carol plays the violin.")
     secret = await memory.remember("carol", "Carol's diary: the key is under the lighthouse mat.")
@@ -690,7 +690,7 @@ async def test_a_purged_memory_no_longer_steers_search_in_a_running_process(db: 
 class SlowDiskStore(SqlMemoryStore):
     """The real store, whose recall counts reach the disk only once `written` is set (a slow fsync)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: SqliteDatabase) -> None:
         super().__init__(db)
         self.written = asyncio.Event()
 
@@ -699,7 +699,7 @@ class SlowDiskStore(SqlMemoryStore):
         await super().note_recalls(recalls)
 
 
-async def test_two_upkeeps_at_once_never_archive_a_memory_just_recalled(db: Database) -> None:
+async def test_two_upkeeps_at_once_never_archive_a_memory_just_recalled(db: SqliteDatabase) -> None:
     clock = Clock(time.time())
     store = SlowDiskStore(db)
     memory = MemoryService(store, HashingEmbedder(), clock=clock)
@@ -718,7 +718,7 @@ async def test_two_upkeeps_at_once_never_archive_a_memory_just_recalled(db: Data
     assert record.recall_count == 1 and record.status is MemoryStatus.ACTIVE, record
 
 
-async def test_a_pending_fact_the_person_then_states_takes_effect(db: Database) -> None:
+async def test_a_pending_fact_the_person_then_states_takes_effect(db: SqliteDatabase) -> None:
     memory = await service_on(db, HashingEmbedder())
     berlin = await memory.remember("alice", "I live in Berlin.", subject="user", key="city")
     guessed = await memory.remember("alice", "I live in Paris.", subject="user", key="city",
@@ -729,7 +729,7 @@ async def test_a_pending_fact_the_person_then_states_takes_effect(db: Database) 
     assert (await memory.store.get("alice", berlin.record.id)).status is MemoryStatus.SUPERSEDED
 
 
-async def test_a_pending_fact_said_again_by_a_source_still_outranked_waits_once(db: Database) -> None:
+async def test_a_pending_fact_said_again_by_a_source_still_outranked_waits_once(db: SqliteDatabase) -> None:
     memory = await service_on(db, HashingEmbedder())
     await memory.remember("alice", "I live in Berlin.", subject="user", key="city")
     guessed = await memory.remember("alice", "I live in Paris.", subject="user", key="city",
@@ -742,7 +742,7 @@ async def test_a_pending_fact_said_again_by_a_source_still_outranked_waits_once(
     assert (await memory.store.get("alice", guessed.record.id)).superseded_by == summed_up.record.id
 
 
-async def test_a_message_whose_neighbour_arrives_while_it_is_embedded_gets_its_new_window(db: Database) -> None:
+async def test_a_message_whose_neighbour_arrives_while_it_is_embedded_gets_its_new_window(db: SqliteDatabase) -> None:
     embedder = GatedEmbedder()
     memory = await service_on(db, embedder)
     sessions = SqlSessionStore(db)
@@ -767,7 +767,7 @@ async def test_a_message_whose_neighbour_arrives_while_it_is_embedded_gets_its_n
         "the window vector is of the message's old neighbours"
 
 
-async def test_one_fact_said_several_times_at_once_is_one_memory(db: Database) -> None:
+async def test_one_fact_said_several_times_at_once_is_one_memory(db: SqliteDatabase) -> None:
     # PostgreSQL runs writes side by side: each found no such fact yet, and each added it.
     memory = await service_on(db, HashingEmbedder())
     outcomes = await asyncio.gather(*(memory.remember("alice", "I live in Paris.", subject="user", key="city")
@@ -776,7 +776,7 @@ async def test_one_fact_said_several_times_at_once_is_one_memory(db: Database) -
     assert [r.content for r in await memory.store.list("alice", include_inactive=True)] == ["I live in Paris."]
 
 
-async def test_upkeeps_and_embeddings_at_once_never_deadlock(db: Database) -> None:
+async def test_upkeeps_and_embeddings_at_once_never_deadlock(db: SqliteDatabase) -> None:
     # On PostgreSQL each locked the rows it updated, in an order of its own, and one of them failed.
     clock = Clock(time.time())
     memory = await service_on(db, HashingEmbedder(), clock)

@@ -31,8 +31,8 @@ from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
 from ember.skills.review import REVIEW_INSTRUCTION as SKILL_REVIEW_INSTRUCTION
-from ember.store.database import Database
 from ember.store.deliveries import SqlDeliveryStore
+from ember.store.engine import Database
 from ember.store.jobs import SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore

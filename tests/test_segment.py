@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ember.core.memory import MemoryKind, NewMemory
 from ember.memory.retrieval import named_subject
 from ember.memory.service import MemoryService
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.segment import COMMON_ROWS, distinctive, indexed_form
 

@@ -31,7 +31,7 @@ from ember.skills.format import SkillFormatError, parse_skill_md, read_folder, r
 from ember.skills.gate import MAX_PROPOSAL_CHARS, assess
 from ember.skills.library import SkillLibrary
 from ember.skills.review import REVIEW_INSTRUCTION, parse_answer
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.skills import NewVersion
 from tests.conftest import IDENTITY, Harness, job_counts, of_kind, running_harness, session_key
 from tests.pgserver import ENGINES, engine_database, engine_settings

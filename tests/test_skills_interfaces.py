@@ -18,8 +18,8 @@ import pytest
 
 from ember.core.skills import Proposal, ProposalStatus, SkillRisk
 from ember.skills.format import render_skill_md
-from ember.store.database import Database
 from ember.store.skills import SqlSkillStore, new_proposal_id
+from ember.store.sqlite.database import SqliteDatabase
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 
 EMBER = str(Path(sys.executable).with_name("ember"))
@@ -41,7 +41,7 @@ def write_skill(folder: Path, name: str, body: str) -> Path:
 def propose(home: Path, identity: str, name: str, body: str) -> str:
     """A pending proposal, as a review would leave it."""
     async def write() -> str:
-        db = Database(home / "ember.db")
+        db = SqliteDatabase(home / "ember.db")
         await db.open()
         try:
             proposal = Proposal(id=new_proposal_id(), identity=identity, name=name, action="create",

@@ -12,14 +12,14 @@ from sqlalchemy import func, insert, inspect, select, text, update
 from ember.core.errors import StoreConflict, StoreError
 from ember.core.messages import Message, Role, ToolCall
 from ember.store import schema
-from ember.store.database import Database
 from ember.store.migrations import SCHEMA_VERSION
 from ember.store.sessions import INTERRUPTED_RESULT, SqlSessionStore
+from ember.store.sqlite.database import SqliteDatabase
 from tests.pgserver import ENGINES, engine_database
 
 
 @pytest.fixture(params=ENGINES)
-async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqliteDatabase]:
     """Every test of the session store runs on SQLite and on PostgreSQL."""
     database = await engine_database(request.param, request, tmp_path)
     yield database  # type: ignore[misc]
@@ -27,7 +27,7 @@ async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Da
 
 
 @pytest.fixture
-def store(db: Database) -> SqlSessionStore:
+def store(db: SqliteDatabase) -> SqlSessionStore:
     return SqlSessionStore(db)
 
 
@@ -41,13 +41,13 @@ def tool_turn() -> list[Message]:
             Message.tool_result("c1", "ok"), Message.assistant("done")]
 
 
-async def row_count(db: Database, key: str) -> int:
+async def row_count(db: SqliteDatabase, key: str) -> int:
     async with db.read() as conn:
         m = schema.messages
         return (await conn.execute(select(func.count()).where(m.c.session_key == key))).scalar_one()
 
 
-async def insert_raw(db: Database, key: str, seq: int, **columns: object) -> None:
+async def insert_raw(db: SqliteDatabase, key: str, seq: int, **columns: object) -> None:
     """Write a row the way a crash or another program could have left it."""
     row = {"session_key": key, "seq": seq, "role": "assistant", "content": "", "created_at": 0.0, **columns}
     async with db.write() as conn:
@@ -71,7 +71,7 @@ def assert_protocol_valid(messages: list[Message]) -> None:
 
 
 async def test_append_numbers_messages_and_survives_reopen(tmp_path: Path) -> None:
-    db = Database(tmp_path / "ember.db")
+    db = SqliteDatabase(tmp_path / "ember.db")
     await db.open()
     store = SqlSessionStore(db)
     session = await store.load("s")
@@ -80,7 +80,7 @@ async def test_append_numbers_messages_and_survives_reopen(tmp_path: Path) -> No
     assert [m.seq for m in session.messages] == [0, 1, 2]
     await db.close()
 
-    reopened = Database(tmp_path / "ember.db")
+    reopened = SqliteDatabase(tmp_path / "ember.db")
     await reopened.open()
     loaded = await SqlSessionStore(reopened).load("s")
     assert [(m.role, m.content, m.seq) for m in loaded.messages] == [
@@ -115,7 +115,7 @@ async def test_interrupted_after_the_user_message_reloads_valid(store: SqlSessio
 
 
 async def test_interrupted_between_a_tool_call_and_its_results_is_closed_and_written_back(
-    db: Database, store: SqlSessionStore
+    db: SqliteDatabase, store: SqlSessionStore
 ) -> None:
     session = await store.load("s")
     await store.append(session, [Message.user("read a.txt and b.txt")])
@@ -135,7 +135,7 @@ async def test_interrupted_between_a_tool_call_and_its_results_is_closed_and_wri
     assert [m.seq for m in (await store.load("s")).messages] == [0, 1, 2, 3, 4]
 
 
-async def test_partial_results_get_only_the_missing_ones(db: Database, store: SqlSessionStore) -> None:
+async def test_partial_results_get_only_the_missing_ones(db: SqliteDatabase, store: SqlSessionStore) -> None:
     session = await store.load("s")
     await store.append(session, [Message.user("go")])
     await insert_raw(db, "s", 1, tool_calls='[{"id": "c1", "name": "a", "arguments": "{}"},'
@@ -148,7 +148,7 @@ async def test_partial_results_get_only_the_missing_ones(db: Database, store: Sq
     ]
 
 
-async def test_unparseable_row_is_quarantined_and_the_rest_kept(db: Database, store: SqlSessionStore) -> None:
+async def test_unparseable_row_is_quarantined_and_the_rest_kept(db: SqliteDatabase, store: SqlSessionStore) -> None:
     session = await store.load("s")
     await store.append(session, [Message.user("first"), Message.assistant("reply"), Message.user("second")])
     async with db.write() as conn:
@@ -163,7 +163,7 @@ async def test_unparseable_row_is_quarantined_and_the_rest_kept(db: Database, st
     assert [m.seq for m in await store.history("s")] == [0, 2, 3]
 
 
-async def test_quarantined_result_leaves_room_for_a_synthetic_one(db: Database, store: SqlSessionStore) -> None:
+async def test_quarantined_result_leaves_room_for_a_synthetic_one(db: SqliteDatabase, store: SqlSessionStore) -> None:
     session = await store.load("s")
     await store.append(session, tool_turn())
     async with db.write() as conn:
@@ -214,7 +214,7 @@ async def test_a_boundary_inside_a_tool_chain_is_refused(store: SqlSessionStore)
 
 
 async def test_migrations_are_idempotent_and_match_the_query_schema(tmp_path: Path) -> None:
-    db = Database(tmp_path / "ember.db")
+    db = SqliteDatabase(tmp_path / "ember.db")
     await db.open()
     await db.open()  # a second start applies nothing
     async with db.read() as conn:
@@ -233,25 +233,25 @@ async def test_migrations_are_idempotent_and_match_the_query_schema(tmp_path: Pa
 async def test_migrations_report_their_progress_only_when_some_are_pending(tmp_path: Path) -> None:
     """What `ember`'s bar over an upgrade follows: each migration of a new store, nothing on the next start."""
     fresh: list[tuple[int, int]] = []
-    db = Database(tmp_path / "ember.db")
+    db = SqliteDatabase(tmp_path / "ember.db")
     await db.open(lambda done, pending: fresh.append((done, pending)))
     await db.close()
     assert fresh == [(done, SCHEMA_VERSION) for done in range(SCHEMA_VERSION + 1)]
     again: list[tuple[int, int]] = []
-    db = Database(tmp_path / "ember.db")
+    db = SqliteDatabase(tmp_path / "ember.db")
     await db.open(lambda done, pending: again.append((done, pending)))
     await db.close()
     assert again == []
 
 
 async def test_newer_schema_is_refused_with_a_clear_error(tmp_path: Path) -> None:
-    db = Database(tmp_path / "ember.db")
+    db = SqliteDatabase(tmp_path / "ember.db")
     await db.open()
     async with db.write() as conn:
         await conn.execute(text("INSERT INTO schema_version VALUES (:v, 0)"), {"v": SCHEMA_VERSION + 1})
     await db.close()
     with pytest.raises(StoreError, match="newer than this Ember"):
-        await Database(tmp_path / "ember.db").open()
+        await SqliteDatabase(tmp_path / "ember.db").open()
 
 
 async def test_a_cancelled_append_still_commits_before_the_cancellation_arrives(store: SqlSessionStore) -> None:
@@ -269,7 +269,7 @@ async def test_a_cancelled_append_still_commits_before_the_cancellation_arrives(
     assert [m.seq for m in await store.history("s")] == [0, 1]
 
 
-async def test_concurrent_loads_that_both_repair_do_not_fail(db: Database, store: SqlSessionStore) -> None:
+async def test_concurrent_loads_that_both_repair_do_not_fail(db: SqliteDatabase, store: SqlSessionStore) -> None:
     session = await store.load("s")
     await store.append(session, [Message.user("go")])
     await insert_raw(db, "s", 1, tool_calls='[{"id": "c1", "name": "a", "arguments": "{}"}]')
@@ -278,7 +278,7 @@ async def test_concurrent_loads_that_both_repair_do_not_fail(db: Database, store
     assert await row_count(db, "s") == 3
 
 
-async def test_history_skips_unreadable_rows_and_reports_them(db: Database, store: SqlSessionStore) -> None:
+async def test_history_skips_unreadable_rows_and_reports_them(db: SqliteDatabase, store: SqlSessionStore) -> None:
     session = await store.load("s")
     await store.append(session, [Message.user(str(i)) for i in range(6)])
     assert await store.advance_boundary("s", expected=0, new=4, summary="older")

@@ -40,11 +40,11 @@ from ember.store import copy as store_copy
 from ember.store import schema
 from ember.store.channel_messages import SqlChannelMessages
 from ember.store.copy import CopyError, CopyMismatch, TablePlan, copy_store, target_name, verify
-from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
 from ember.store.skills import NewVersion, SqlSkillStore
+from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tasks import SqlTaskStore, new_task_id
 from ember.store.usage import SqlUsageStore
 from tests.conftest import IDENTITY, running_harness, session_key
@@ -67,7 +67,7 @@ async def _fill(home: Path) -> None:
         await harness.turn("你好！我的猫叫小米 🐱, tabs\tand\r\nnew lines")
         await harness.turn("which files are in the workspace?")
         await harness.turn("Ünïcödé, 'quotes' and \"more\"", chat="c2")
-    db = Database(settings.database_path)
+    db = SqliteDatabase(settings.database_path)
     await db.open()
     try:
         memory = MemoryService(SqlMemoryStore(db), HashingEmbedder())
@@ -111,8 +111,8 @@ def home(filled_home: Path, tmp_path: Path) -> Path:
 
 
 @asynccontextmanager
-async def stores(home: Path, url: str) -> AsyncIterator[tuple[Database, PostgresDatabase]]:
-    source, target = Database(home / "ember.db"), PostgresDatabase(url)
+async def stores(home: Path, url: str) -> AsyncIterator[tuple[SqliteDatabase, PostgresDatabase]]:
+    source, target = SqliteDatabase(home / "ember.db"), PostgresDatabase(url)
     await source.open()
     await target.open()
     try:
@@ -122,12 +122,12 @@ async def stores(home: Path, url: str) -> AsyncIterator[tuple[Database, Postgres
         await source.close()
 
 
-async def _count(db: Database | PostgresDatabase, table: str) -> int:
+async def _count(db: SqliteDatabase | PostgresDatabase, table: str) -> int:
     async with db.read() as conn:
         return (await conn.execute(text(f"SELECT COUNT(*) FROM {table}"))).scalar_one()
 
 
-async def _rows(db: Database | PostgresDatabase, sql: str) -> list[tuple[object, ...]]:
+async def _rows(db: SqliteDatabase | PostgresDatabase, sql: str) -> list[tuple[object, ...]]:
     async with db.read() as conn:
         return [tuple(row) for row in (await conn.execute(text(sql))).all()]
 

@@ -14,9 +14,9 @@ from sqlalchemy.exc import IntegrityError
 from ember.core.errors import StoreConflict
 from ember.core.messages import Message
 from ember.store import schema
-from ember.store.database import Database
-from ember.store.direct import compiled
 from ember.store.sessions import SqlSessionStore
+from ember.store.sqlite.database import SqliteDatabase
+from ember.store.sqlite.direct import compiled
 from ember.store.tx import Statement, Tx
 
 _TRACE = Statement("INSERT INTO traces VALUES (:turn_id, 's', 'ok', NULL, '{}', 0, 0)")
@@ -24,9 +24,9 @@ _TURN_IDS = Statement("SELECT turn_id FROM traces")
 
 
 @pytest.fixture
-async def other(tmp_path: Path, db: Database) -> AsyncIterator[SqlSessionStore]:
-    """The same file opened by a second Database: another Ember process, as far as caches can tell."""
-    second = Database(db.path)
+async def other(tmp_path: Path, db: SqliteDatabase) -> AsyncIterator[SqlSessionStore]:
+    """The same file opened by a second SqliteDatabase: another Ember process, as far as caches can tell."""
+    second = SqliteDatabase(db.path)
     await second.open()
     yield SqlSessionStore(second)
     await second.close()
@@ -36,7 +36,7 @@ def contents(messages: list[Message]) -> list[str]:
     return [m.content for m in messages]
 
 
-async def test_a_failed_write_rolls_back_and_raises_sqlalchemys_error(db: Database) -> None:
+async def test_a_failed_write_rolls_back_and_raises_sqlalchemys_error(db: SqliteDatabase) -> None:
     def twice(tx: Tx) -> None:
         for _ in range(2):
             tx.execute(_TRACE, {"turn_id": "t"})
@@ -46,7 +46,7 @@ async def test_a_failed_write_rolls_back_and_raises_sqlalchemys_error(db: Databa
     assert await db.run_read(lambda tx: tx.execute(Statement("SELECT count(*) FROM traces")).fetchone()[0]) == 0
 
 
-async def test_writes_queued_together_commit_together_yet_fail_alone(db: Database) -> None:
+async def test_writes_queued_together_commit_together_yet_fail_alone(db: SqliteDatabase) -> None:
     def trace(turn_id: str, *, then_fail: BaseException | None = None) -> Callable[[Tx], str]:
         def work(tx: Tx) -> str:
             tx.execute(_TRACE, {"turn_id": turn_id})
@@ -69,7 +69,7 @@ async def test_writes_queued_together_commit_together_yet_fail_alone(db: Databas
     assert sorted(stored) == ["a", "c", "taken"]
 
 
-async def test_a_queued_write_is_committed_before_its_cancellation_is_raised(db: Database) -> None:
+async def test_a_queued_write_is_committed_before_its_cancellation_is_raised(db: SqliteDatabase) -> None:
     def slow(tx: Tx) -> None:
         time.sleep(0.05)
         tx.execute(_TRACE, {"turn_id": "slow"})
@@ -94,7 +94,7 @@ def test_constants_are_written_into_the_statement() -> None:
     assert "LIMIT 1 OFFSET 0" in compiled(select(o).limit(1))
 
 
-async def test_a_kept_window_sees_appends_made_by_another_process(db: Database, other: SqlSessionStore) -> None:
+async def test_a_kept_window_sees_appends_made_by_another_process(db: SqliteDatabase, other: SqlSessionStore) -> None:
     store = SqlSessionStore(db)
     session = await store.load("s")
     await store.append(session, [Message.user("one")])
@@ -107,7 +107,7 @@ async def test_a_kept_window_sees_appends_made_by_another_process(db: Database, 
     assert contents((await store.load("s")).messages) == ["one", "two", "three"]
 
 
-async def test_a_kept_window_follows_a_boundary_moved_by_another_process(db: Database,
+async def test_a_kept_window_follows_a_boundary_moved_by_another_process(db: SqliteDatabase,
                                                                          other: SqlSessionStore) -> None:
     store = SqlSessionStore(db)
     session = await store.load("s")
@@ -117,7 +117,7 @@ async def test_a_kept_window_follows_a_boundary_moved_by_another_process(db: Dat
     assert loaded.last_consolidated == 4 and contents(loaded.messages) == ["4", "5"]
 
 
-async def test_a_failed_compare_and_set_drops_the_kept_window(db: Database, other: SqlSessionStore) -> None:
+async def test_a_failed_compare_and_set_drops_the_kept_window(db: SqliteDatabase, other: SqlSessionStore) -> None:
     store = SqlSessionStore(db)
     stale = await store.load("s")
     await store.append(stale, [Message.user("one")])
@@ -128,7 +128,7 @@ async def test_a_failed_compare_and_set_drops_the_kept_window(db: Database, othe
     assert contents((await store.load("s")).messages) == ["one", "theirs"]
 
 
-async def test_rows_changed_through_write_are_read_again(db: Database) -> None:
+async def test_rows_changed_through_write_are_read_again(db: SqliteDatabase) -> None:
     store = SqlSessionStore(db)
     session = await store.load("s")
     await store.append(session, [Message.user("before")])
@@ -138,7 +138,7 @@ async def test_rows_changed_through_write_are_read_again(db: Database) -> None:
     assert contents((await store.load("s")).messages) == ["after"]
 
 
-async def test_a_session_loaded_twice_gives_independent_objects(db: Database) -> None:
+async def test_a_session_loaded_twice_gives_independent_objects(db: SqliteDatabase) -> None:
     store = SqlSessionStore(db)
     session = await store.load("s")
     await store.append(session, [Message.user("one")])
@@ -149,7 +149,7 @@ async def test_a_session_loaded_twice_gives_independent_objects(db: Database) ->
     assert contents((await store.load("s")).messages) == ["one"]
 
 
-async def test_appends_extend_the_kept_window_without_copying_it(db: Database) -> None:
+async def test_appends_extend_the_kept_window_without_copying_it(db: SqliteDatabase) -> None:
     """A commit's cost must not grow with the window (bench/commit_cost.py measures it)."""
     store = SqlSessionStore(db)
     session = await store.load("s")
@@ -164,7 +164,7 @@ async def test_appends_extend_the_kept_window_without_copying_it(db: Database) -
     assert contents((await store.load("s")).messages)[-3:] == ["answer 0", "answer 1", "answer 2"]
 
 
-async def test_a_write_epoch_counts_finished_write_transactions(db: Database) -> None:
+async def test_a_write_epoch_counts_finished_write_transactions(db: SqliteDatabase) -> None:
     before = db.write_epoch
     async with db.write() as conn:
         await conn.execute(update(schema.sessions).values(updated_at=0))

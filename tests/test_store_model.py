@@ -25,9 +25,9 @@ from ember.core.memory import MemoryKind
 from ember.core.messages import Message, Role, Session, ToolCall, encode_tool_calls
 from ember.memory.consolidation import plan_chunk
 from ember.store import schema
-from ember.store.database import Database
 from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import INTERRUPTED_RESULT, SqlSessionStore
+from ember.store.sqlite.database import SqliteDatabase
 from tests.pgserver import ENGINES, PgServer
 from tests.test_store import assert_protocol_valid, insert_raw
 
@@ -72,7 +72,7 @@ STEP = st.lists(st.sampled_from(["call_0", "call_1", "call_2"]), min_size=1, max
     lambda ids: st.tuples(st.just(calls(ids)), st.permutations(range(len(ids)))))
 
 
-async def fingerprint(db: Database, key: str) -> tuple[Any, ...]:
+async def fingerprint(db: SqliteDatabase, key: str) -> tuple[Any, ...]:
     """Everything a load could write for `key`: row counts and the session head."""
     m, q, s = schema.messages, schema.quarantine, schema.sessions
     head_columns = (s.c.next_seq, s.c.last_consolidated, s.c.updated_at)
@@ -85,7 +85,7 @@ async def fingerprint(db: Database, key: str) -> tuple[Any, ...]:
         return tuple((await conn.execute(query)).one())
 
 
-async def memory_count(db: Database, key: str) -> int:
+async def memory_count(db: SqliteDatabase, key: str) -> int:
     """The episodic summaries of `key`, whoever's memory they joined."""
     mem = schema.memory_items
     async with db.read() as conn:
@@ -110,9 +110,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.live = {key: self.run(self.store.load(key)) for key in KEYS}
         self.touched: tuple[str, ...] = KEYS  # the sessions the invariant checks
 
-    def database(self) -> Database:
+    def database(self) -> SqliteDatabase:
         """A new handle on the store this example runs on, the same one each time (not opened yet)."""
-        return Database(self.dir / "ember.db")
+        return SqliteDatabase(self.dir / "ember.db")
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
@@ -273,7 +273,7 @@ def on_postgresql(server: PgServer, schema: str) -> type[StoreMachine]:
     class PostgresStoreMachine(StoreMachine):
         url: str | None = None
 
-        def database(self) -> Database:
+        def database(self) -> SqliteDatabase:
             if self.url is None:
                 self.url = server.fresh_database(template=schema)
             return PostgresDatabase(self.url)  # type: ignore[return-value]

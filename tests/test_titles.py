@@ -10,8 +10,8 @@ from ember.core.messages import Message, Session
 from ember.models.base import ModelReply
 from ember.models.scripted import ScriptedModel
 from ember.runtime.titles import SessionTitler, clean_title
-from ember.store.database import Database
 from ember.store.sessions import SqlSessionStore
+from ember.store.sqlite.database import SqliteDatabase
 
 
 @pytest.mark.parametrize(("answer", "title"), [
@@ -34,7 +34,7 @@ def test_a_long_title_is_cut_with_an_ellipsis() -> None:
 
 @pytest.fixture
 async def sessions(tmp_path: Path) -> SqlSessionStore:
-    db = Database(tmp_path / "ember.db")
+    db = SqliteDatabase(tmp_path / "ember.db")
     await db.open()
     store = SqlSessionStore(db)
     session = Session(key="http:alice:s1")

@@ -15,6 +15,7 @@ from ember.store import (
     channel_messages,
     deliveries,
     jobs,
+    leases,
     memories,
     memory_rows,
     memory_upkeep,
@@ -27,7 +28,7 @@ from ember.store import (
 )
 from ember.store.tx import Statement
 
-STORES = (approvals, channel_messages, deliveries, jobs, memories, memory_rows, memory_upkeep, session_rows,
+STORES = (approvals, channel_messages, deliveries, jobs, leases, memories, memory_rows, memory_upkeep, session_rows,
           sessions, skills, tasks, traces, usage)
 _PG = asyncpg.dialect()
 

@@ -20,8 +20,8 @@ from playwright.sync_api import Page, expect
 
 from ember.core.skills import Proposal, ProposalStatus, SkillRisk
 from ember.skills.format import render_skill_md
-from ember.store.database import Database
 from ember.store.skills import SqlSkillStore, new_proposal_id
+from ember.store.sqlite.database import SqliteDatabase
 from tests.browser import answer, box, needs_chromium, send, sign_in
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import CANNED_EXPLANATION, ModelServer, Reply, serving, tool_call
@@ -252,7 +252,7 @@ def propose_skill(gateway: GatewayProcess, identity: str, name: str, description
                         status=ProposalStatus.PENDING, reason=reason, created_at=time.time(), job_id=None)
 
     async def write() -> None:
-        db = Database(gateway.home / "ember.db")
+        db = SqliteDatabase(gateway.home / "ember.db")
         await db.open()
         try:
             await SqlSkillStore(db).finish_review(f"http:{identity}:review-{name}", 0, proposal)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, insert, select, update
 
 from ember.store import schema
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.tx import Statement, upsert
 
 PENDING, EXPIRED = "pending", "expired"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.tx import Statement, Tx
 
 _PARTS = Statement("SELECT part, message_id FROM channel_messages WHERE channel = :channel AND turn_id = :turn_id")

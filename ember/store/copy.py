@@ -27,7 +27,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ember.core.errors import StoreError
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.postgres import PostgresDatabase, pg_store_error
 
 BATCH = 1000

@@ -19,7 +19,7 @@ from ember.core.delivery import Delivery, Receipt
 from ember.core.errors import DuplicateMessage
 from ember.core.events import InboundEvent, ReplyRoute
 from ember.store import schema
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.tx import Statement, Tx, upsert
 
 _i, _o, _a = schema.inbox, schema.outbox, schema.accepted_inbound

@@ -24,7 +24,7 @@ from sqlalchemy import and_, bindparam, func, literal_column, or_, select, updat
 
 from ember.core.jobs import JobRequest
 from ember.store import schema
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.tx import Statement, Tx, upsert
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"

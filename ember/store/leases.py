@@ -29,9 +29,8 @@ from typing import TypeVar
 
 from ember.core.errors import LeaseLost, StoreError
 from ember.core.leases import Fence, KeyedLocks, current_fence
-from ember.store.database import Database
-from ember.store.direct import Work
-from ember.store.tx import Statement, Tx
+from ember.store.engine import Database
+from ember.store.tx import Statement, Tx, Work
 
 T = TypeVar("T")
 

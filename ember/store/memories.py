@@ -18,7 +18,7 @@ from sqlalchemy import Float, Select, bindparam, case, delete, func, literal_col
 from ember.core.errors import MemoryNotFound
 from ember.core.memory import MemoryKind, MemoryRecord, MemoryStatus, NewMemory
 from ember.store import memory_upkeep, schema
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.jobs import record_job
 from ember.store.memory_rows import (
     DELETE_TEXT,

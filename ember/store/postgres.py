@@ -1,6 +1,6 @@
 """The store on a PostgreSQL server, for several worker processes on one database (asyncpg).
 
-The same surface as the embedded `Database` (store/database.py): `write()` /
+A `Database` (store/engine.py), as the embedded SQLite one (store/sqlite/): `write()` /
 `read()` yield a SQLAlchemy AsyncConnection in a transaction; `run_write(work)`
 / `run_read(work)` run a store's unit `work(tx)` as one whole transaction,
 each statement as its `Statement.postgresql` form (store/tx.py).
@@ -32,11 +32,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
 from ember.core.leases import current_fence
-from ember.store.database import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel
-from ember.store.direct import Work
+from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel
 from ember.store.leases import check_fence, fenced
 from ember.store.migrations import MigrationProgress, migrate
-from ember.store.tx import Params, Statement
+from ember.store.tx import Params, Statement, Work
 
 T = TypeVar("T")
 

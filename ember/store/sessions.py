@@ -30,8 +30,8 @@ from ember.core.jobs import JobRequest
 from ember.core.memory import MemoryKind, NewMemory, SourceRank, session_identity
 from ember.core.messages import Message, Role, Session
 from ember.store import schema
-from ember.store.database import Database, complete_despite_cancel
 from ember.store.deliveries import record_delivery, record_receipt
+from ember.store.engine import Database, complete_despite_cancel
 from ember.store.jobs import record_job
 from ember.store.memory_rows import hold_memory_writes, write_memory
 from ember.store.repair import RepairPlan, plan_repair

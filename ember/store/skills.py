@@ -29,7 +29,7 @@ from ember.core.skills import (
     SkillVersion,
 )
 from ember.store import schema
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.tx import Statement, Tx, upsert
 
 _s, _v, _p, _r = schema.skills, schema.skill_versions, schema.skill_proposals, schema.skill_reviews

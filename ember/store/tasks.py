@@ -21,8 +21,8 @@ from ember.core.events import InboundEvent, ReplyRoute
 from ember.core.schedule import Schedule, ScheduleError, ScheduleKind
 from ember.core.tasks import CHANNEL, MissedPolicy, Task, TaskRun, TaskState
 from ember.store import schema
-from ember.store.database import Database
 from ember.store.deliveries import accept_inbound
+from ember.store.engine import Database
 from ember.store.tx import Statement, Tx, upsert
 
 # At most this many past-due times of one task are looked at (an every-1s task after a week away).

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Row, func, select
 
 from ember.store import schema
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.tx import Tx, upsert_row
 
 _t = schema.traces

@@ -8,7 +8,7 @@ both engines read alike (named `:parameters`, `ON CONFLICT DO NOTHING`, no
 search), a statement names both.
 
 SQLite runs each unit on its connection's thread with the statement compiled
-once to its text (store/direct.py); PostgreSQL hands the construct to
+once to its text (store/sqlite/direct.py); PostgreSQL hands the construct to
 SQLAlchemy, which compiles and caches it for asyncpg. Executed with parameters,
 an INSERT or UPDATE construct takes one named after a column of its table for a
 value to set: so the parameters of an UPDATE's WHERE are named otherwise
@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import JSON, Table, bindparam, cast, func, literal_column, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import ClauseElement, ColumnElement
 
 Params = Mapping[str, Any]
+T = TypeVar("T")
 
 
 class Rows(Protocol):
@@ -49,6 +50,9 @@ class Tx(Protocol):
     def executemany(self, statement: Statement, rows: Sequence[Params]) -> None: ...
 
 
+Work = Callable[[Tx], T]  # a store's unit of work: one whole transaction
+
+
 class Statement:
     """A statement for every engine. `sqlite` serves both unless `postgresql` is given; a
     statement only one engine has (`postgresql=None, portable=False`) raises on the other."""
@@ -60,7 +64,7 @@ class Statement:
 
     @cached_property
     def sqlite_sql(self) -> str:
-        from ember.store.direct import compiled  # the SQLite text, compiled once
+        from ember.store.sqlite.direct import compiled  # the SQLite text, compiled once
 
         return self._sqlite if isinstance(self._sqlite, str) else compiled(self._sqlite)
 

@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, func, insert, select
 from ember.core.memory import session_identity
 from ember.core.usage import UsageRow
 from ember.store import schema
-from ember.store.database import Database
+from ember.store.engine import Database
 from ember.store.tx import Statement, Tx
 
 UsageGrouping = Literal["session", "identity", "job", "model"]

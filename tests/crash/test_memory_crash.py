@@ -46,9 +46,9 @@ import pytest
 
 from ember.core.memory import NewMemory
 from ember.memory.embeddings import HashingEmbedder
-from ember.store.database import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import Context
+from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tx import Statement, Tx
 from tests.crash.harness import CrashModelServer, KillSwitch, Supervisor, sigkill
 from tests.gatewayproc import EMBER, free_port, gateway_env
@@ -75,7 +75,7 @@ def memory_env(home: Path) -> dict[str, str]:
 async def store_problems(path: Path, *, settled: bool) -> list[str]:
     """What is wrong with the memory in `path` (opened as the next process would open it).
     `settled`: the embedding ran since the last write, so every memory must have its vector."""
-    db = Database(path)
+    db = SqliteDatabase(path)
     await db.open()
     try:
         counts = await SqlMemoryStore(db).consistency()
@@ -387,7 +387,7 @@ async def seed_backlog(path: Path, batch: int, rng: random.Random) -> list[tuple
     words = ("amber", "river", "cedar", "harbor", "maple", "orbit", "pixel", "stone", "kettle", "lumen")
     seeds = [(rng.choice(["local", "alice"]), f"backlog {batch}.{n}: the {rng.choice(words)} {rng.choice(words)} "
                                               f"{rng.choice(words)}") for n in range(rng.randint(1_000, 2_000))]
-    db = Database(path)
+    db = SqliteDatabase(path)
     await db.open()
     try:
         await SqlMemoryStore(db).write_many([NewMemory(identity=i, content=c) for i, c in seeds])

@@ -7,7 +7,7 @@ Reads run on a separate engine and, in WAL mode, never wait for writers.
 Two ways in, over the same file and settings: `write()` / `read()` yield a
 SQLAlchemy AsyncConnection (aiosqlite: each statement is a round trip to its
 thread), for anything; `run_write(work)` / `run_read(work)` send a whole
-transaction to a dedicated thread in one hop (store/direct.py), for the
+transaction to a dedicated thread in one hop (direct.py), for the
 statements every turn runs. Writes that queue up meanwhile are committed
 together, one fsync for all (group commit).
 """
@@ -15,7 +15,7 @@ together, one fsync for all (group commit).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,33 +26,12 @@ from sqlalchemy.exc import DatabaseError, InterfaceError, InternalError, Operati
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
-from ember.store.direct import Outcome, ThreadConnection, Work
+from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel
 from ember.store.migrations import MigrationProgress, migrate
-
-BUSY_TIMEOUT_MS = 10_000
+from ember.store.sqlite.direct import Outcome, ThreadConnection
+from ember.store.tx import Work
 
 T = TypeVar("T")
-
-
-async def complete_despite_cancel(write: Awaitable[T]) -> tuple[T, bool]:
-    """Run a write to its end even if the caller is cancelled meanwhile.
-
-    Returns the result and whether a cancellation arrived; the caller records
-    the result, then re-raises CancelledError. A plain `asyncio.shield` would
-    return control at once, letting the caller release its session lease
-    while the write is still running.
-    """
-    task = asyncio.ensure_future(write)
-    interrupted = False
-    while True:
-        try:
-            return await asyncio.shield(task), interrupted
-        except asyncio.CancelledError:
-            if task.done() and not task.cancelled():
-                return task.result(), True  # finished in the same step; raises the write's own error
-            if task.done():
-                raise
-            interrupted = True
 
 
 def store_error(exc: SQLAlchemyError) -> StoreError | None:
@@ -65,18 +44,6 @@ def store_error(exc: SQLAlchemyError) -> StoreError | None:
     if isinstance(exc, OperationalError | InterfaceError | InternalError) or type(exc) is DatabaseError:
         return StoreUnavailable(f"the store failed: {exc.orig}")
     return None
-
-
-@asynccontextmanager
-async def as_store_errors(
-        own_error: Callable[[SQLAlchemyError], StoreError | None] = store_error) -> AsyncIterator[None]:
-    """Raise the driver's failures the runtime acts on as Ember's own (`own_error`: the engine's mapping)."""
-    try:
-        yield
-    except SQLAlchemyError as exc:
-        if (own := own_error(exc)) is not None:
-            raise own from exc
-        raise
 
 
 def _sqlite_engine(path: Path, *, synchronous: str, immediate: bool) -> AsyncEngine:
@@ -99,8 +66,8 @@ def _sqlite_engine(path: Path, *, synchronous: str, immediate: bool) -> AsyncEng
     return engine
 
 
-class Database:
-    """The embedded SQLite database in one file (WAL)."""
+class SqliteDatabase:
+    """The embedded SQLite database in one file (WAL): a `Database` (store/engine.py)."""
 
     def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:
         self.path = path
@@ -147,7 +114,7 @@ class Database:
         SQLite's busy handler, which polls with sleeps and lets a late writer win.
         """
         try:
-            async with as_store_errors(), self._write_turn, self._writer.begin() as conn:
+            async with as_store_errors(store_error), self._write_turn, self._writer.begin() as conn:
                 yield conn
         finally:
             # Counted once it has ended, so whatever was read while it was open counts as older.
@@ -155,7 +122,7 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        async with as_store_errors(), self._reader.connect() as conn, conn.begin():
+        async with as_store_errors(store_error), self._reader.connect() as conn, conn.begin():
             yield conn
 
     async def run_write(self, work: Work[T]) -> T:
@@ -171,7 +138,7 @@ class Database:
         self._queued.append(queued)
         if self._committer is None:
             self._committer = asyncio.create_task(self._commit_queued(), name="ember-db-commit")
-        async with as_store_errors():
+        async with as_store_errors(store_error):
             result, cancelled = await complete_despite_cancel(queued.done)
         if cancelled:
             raise asyncio.CancelledError
@@ -179,7 +146,7 @@ class Database:
 
     async def run_read(self, work: Work[T]) -> T:
         """`work(conn)` in one read transaction (one snapshot) on the reader thread."""
-        async with as_store_errors():
+        async with as_store_errors(store_error):
             return await self._direct_reader.read(work)
 
     async def _commit_queued(self) -> None:

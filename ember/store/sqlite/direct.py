@@ -28,10 +28,9 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
-from ember.store.tx import Params, Statement, Tx
+from ember.store.tx import Params, Statement, Work
 
 T = TypeVar("T")
-Work = Callable[[Tx], T]
 
 _DIALECT = sqlite.dialect(paramstyle="named")
 
