@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
@@ -51,7 +53,9 @@ class Reply:
     `error_message` in its OpenAI-shaped body (defaults: the status, "scripted
     HTTP <status>") and `retry_after` as its Retry-After header. `cut_after_chunks` drops the
     connection after that many stream events. `chunk_delay_s` pauses after
-    each stream event, to make a slow stream.
+    each stream event, to make a slow stream. `hold` keeps the answer back until
+    the test sets the event (or `hold_timeout_s` passes): a model call the caller
+    is stuck in while the test kills or pauses it.
     """
 
     text: str = ""
@@ -65,6 +69,8 @@ class Reply:
     chunk_delay_s: float = 0.0
     # Sent as they are instead of the reply's chunks: for servers that break the protocol.
     raw_events: tuple[str, ...] = ()
+    hold: threading.Event | None = None
+    hold_timeout_s: float = 60.0
 
 
 def tool_call(name: str, **arguments: Any) -> tuple[str, str]:
@@ -202,6 +208,10 @@ class ModelServer:
             return _error(500, f"modelserver: no scripted reply left for request #{number}; "
                                "the test must push() one reply per model call")
         reply = self._script.popleft()
+        if reply.hold is not None:
+            deadline = time.monotonic() + reply.hold_timeout_s
+            while not reply.hold.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
         if reply.status is not None:
             return _error(reply.status, reply.error_message or f"scripted HTTP {reply.status}", reply.error_code,
                           {"Retry-After": reply.retry_after} if reply.retry_after else None)

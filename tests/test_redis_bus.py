@@ -259,6 +259,27 @@ async def test_a_live_consumers_message_is_not_taken_over(buses: Buses) -> None:
         await asyncio.gather(waiting, return_exceptions=True)
 
 
+async def test_a_released_message_is_taken_over_again_even_by_the_process_that_let_it_go(buses: Buses) -> None:
+    """A worker fenced off a session (LeaseLost) lets its message go unacknowledged: it stops keeping
+    it fresh, so that when the worker that took the session over dies too, the entry idles and is
+    taken over again, here by the worker that let it go."""
+    fenced = await buses.open("w-fenced", claim_idle_ms=200)
+    await fenced.publish_inbound(inbound("taken over twice", message_id="m1"))
+    event = await take(fenced)
+    waiting = asyncio.create_task(fenced.next_inbound())  # its loop asks for more meanwhile
+    try:
+        await asyncio.sleep(0.5)  # held: kept fresh, not handed out again
+        assert not waiting.done()
+        await fenced.release_inbound(event)
+        async with asyncio.timeout(5):
+            again = await waiting
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+    assert (again.message_id, again.text) == ("m1", "taken over twice") and again is not event
+    await fenced.ack_inbound(again)
+
+
 async def test_acked_messages_are_not_delivered_again(buses: Buses) -> None:
     first = await buses.open("w1", claim_idle_ms=200)
     await first.publish_inbound(inbound("done once", message_id="m1"))

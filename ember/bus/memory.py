@@ -29,6 +29,9 @@ class InProcessBus:
         """Nothing to do: a process that dies loses its queue, and start-up recovery
         republishes what the inbox holds unanswered."""
 
+    async def release_inbound(self, event: InboundEvent) -> None:
+        """Nothing to do: the event was handed out once and is not kept."""
+
     async def publish_outbound(self, event: OutboundEvent) -> None:
         self._outbound[event.channel].put_nowait(event)
 

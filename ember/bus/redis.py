@@ -286,6 +286,14 @@ class RedisBus:
         except BusUnavailable as exc:
             log.warning("%s It will be delivered again, and recognized as handled.", exc)
 
+    async def release_inbound(self, event: InboundEvent) -> None:
+        """Stop holding `event`'s entry (no more keeping it fresh), unacknowledged: if the process
+        now running its turn dies too, the entry idles and another worker, this one included, takes
+        it over."""
+        held = self._delivered.get(id(event))
+        if held is not None and held[0] is event:
+            del self._delivered[id(event)]
+
     @property
     def _upkeep_every_ms(self) -> int:
         return max(1, self._config.claim_idle_ms // 3)

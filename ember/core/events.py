@@ -99,3 +99,7 @@ class OutboundEvent:
     delivery_id: str | None = None
     # A FINAL's: what the turn's model calls used (None: not known, e.g. an answer sent again).
     usage: TurnUsage | None = None
+    # A DELTA's, TOOL_CALL's or TOOL_RESULT's place among the events its turn streamed (0: the
+    # first): a reader that missed some (it joined the turn midway through another gateway, or
+    # the bus lost them) knows its draft lacks them.
+    stream_index: int | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
@@ -29,6 +30,28 @@ class Fence:
 # Set while a lease that fences is held: every write made meanwhile, in this task and the
 # tasks it starts, is checked against it.
 current_fence: ContextVar[Fence | None] = ContextVar("ember_fence", default=None)
+
+
+class LeaseClock:
+    """When the lease a turn runs under (one that expires: store/leases.py) was last known to be
+    this process's, by this process's clock. Silent past its `ttl_s` (paused, starved), the
+    holder may have lost it to a process that now runs the turn: what it would stream then is
+    a draft of an answer that will not be kept."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self.renewed_at = time.monotonic()
+
+    @property
+    def surely_held(self) -> bool:
+        return time.monotonic() - self.renewed_at < self.ttl_s
+
+    def lost(self) -> None:
+        self.renewed_at = float("-inf")
+
+
+# Set beside current_fence while such a lease is held.
+current_lease_clock: ContextVar[LeaseClock | None] = ContextVar("ember_lease_clock", default=None)
 
 
 class KeyedLocks:

@@ -217,10 +217,12 @@ class AgentLoop:
     async def _handle(self, event: InboundEvent) -> None:
         """The event's turn, then its acknowledgement: a turn cut off (a shutdown, a crash) is
         never acknowledged, so the bus delivers it again and its receipt resumes it. Nor is one
-        whose session another process took over: that process acknowledges it."""
+        whose session another process took over: that process acknowledges it, and this one lets
+        it go, so that it is taken over again if that process dies too."""
         try:
             await self._on_inbound(event)
         except LeaseLost:
+            await self._bus.release_inbound(event)
             return
         await self._bus.ack_inbound(event)
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from sqlalchemy.exc import IntegrityError
+
 from ember.core.errors import SkillError, SkillNotFound
 from ember.core.skills import (
     SHARED,
@@ -96,9 +98,15 @@ class SkillLibrary:
                 if known.get(name, (None, ""))[0] == content:
                     continue
                 source = f"{'edited in' if name in known else 'read from'} {folder}"
-                await self.store.add_version(NewVersion(SHARED, name, doc.description, doc.text, source=source,
-                                                        admitted_by="local", origin=origin, files=files,
-                                                        disk_digest=content))
+                change = NewVersion(SHARED, name, doc.description, doc.text, source=source, admitted_by="local",
+                                    origin=origin, files=files, disk_digest=content)
+                try:
+                    await self.store.add_version(change)
+                except IntegrityError:
+                    # Another process on a shared store (PostgreSQL) added a version of this skill at the
+                    # same moment (processes starting together read the bundled folders together).
+                    if (await self.store.disk_digests()).get(name, (None, ""))[0] != content:
+                        await self.store.add_version(change)  # another text: this one is the next version
             vanished = [name for name, (content, origin) in known.items()
                         if content is not None and name not in found and origin in (SkillOrigin.BUNDLED,
                                                                                    SkillOrigin.HOME)]

@@ -28,7 +28,7 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 from ember.core.errors import LeaseLost, StoreError
-from ember.core.leases import Fence, KeyedLocks, current_fence
+from ember.core.leases import Fence, KeyedLocks, LeaseClock, current_fence, current_lease_clock
 from ember.store.engine import Database
 from ember.store.tx import Statement, Tx, Work
 
@@ -117,11 +117,14 @@ class SqlSessionLeases:
                 token = await self._table.take(name)
             finally:
                 current_fence.reset(outer)
-            renewing = asyncio.create_task(self._keep(name, token), name=f"ember-lease-{session_key}")
+            clock = LeaseClock(self._table.ttl_s)
+            renewing = asyncio.create_task(self._keep(name, token, clock), name=f"ember-lease-{session_key}")
             fenced = current_fence.set(Fence(name, self._table.holder, token))
+            clocked = current_lease_clock.set(clock)
             try:
                 yield
             finally:
+                current_lease_clock.reset(clocked)
                 current_fence.reset(fenced)
                 renewing.cancel()
                 outer = current_fence.set(None)
@@ -130,16 +133,19 @@ class SqlSessionLeases:
                 finally:
                     current_fence.reset(outer)
 
-    async def _keep(self, name: str, token: int) -> None:
+    async def _keep(self, name: str, token: int, clock: LeaseClock) -> None:
         """Renew the lease until it is released; stop if another process took it meanwhile
         (this one was paused or cut off): the fence then refuses this holder's writes."""
         while True:
             await asyncio.sleep(self._table.ttl_s / 3)
+            asked_at = time.monotonic()
             try:
                 if not await self._table.renew(name, token):
+                    clock.lost()
                     log.warning("lost the lease %s: it expired before it was renewed, and another process "
                                 "took it; this process's writes under it are refused", name)
                     return
+                clock.renewed_at = asked_at
             except StoreError:
                 log.warning("could not renew the lease %s; retrying", name, exc_info=True)
 

@@ -47,6 +47,7 @@ turns, notices, ...) are counted beside them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import itertools
@@ -645,28 +646,69 @@ def read_store(path: Path) -> StoreView | None:
             return [dict(r) for r in conn.execute(sql)]
 
         try:
-            sessions = table("SELECT key, last_consolidated, next_seq FROM sessions")
+            sessions = table(_VIEW_SESSIONS)
         except sqlite3.OperationalError:  # killed before its tables were created
             return None
-        rows: dict[str, list[Row]] = defaultdict(list)
-        for r in table("SELECT * FROM messages ORDER BY session_key, seq"):
-            calls = json.loads(r["tool_calls"]) if r["tool_calls"] else []
-            rows[r["session_key"]].append(Row(r["session_key"], r["seq"], r["role"], r["content"],
-                                              tuple(c.get("id", "") for c in calls), r["tool_call_id"],
-                                              r["turn_id"], r["created_at"]))
-        view = StoreView(
-            heads={s["key"]: (s["last_consolidated"], s["next_seq"]) for s in sessions},
-            rows=dict(rows),
-            inbox=table("SELECT * FROM inbox ORDER BY received_at"),
-            outbox=table("SELECT * FROM outbox ORDER BY created_at"),
-            jobs=table("SELECT * FROM jobs"),
-            memories=table("SELECT * FROM memory_items"),
-            quarantine=table("SELECT * FROM quarantine"),
-        )
+        view = _store_view(sessions, table)
         conn.execute("COMMIT")
         return view
     finally:
         conn.close()
+
+
+def read_pg_store(url: str) -> StoreView | None:
+    """The same view of a PostgreSQL store (several processes' on one database), read in one
+    REPEATABLE READ read-only transaction; None before its tables exist."""
+    import asyncpg  # only the cluster's runs need it
+
+    async def read() -> StoreView | None:
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                tables = {r["tablename"] for r in await conn.fetch(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
+                if not {"sessions", "messages", "inbox", "outbox", "jobs", "memory_items",
+                        "quarantine"} <= tables:
+                    return None
+                results: dict[str, list[dict[str, Any]]] = {}
+                for sql in (_VIEW_SESSIONS, *_VIEW_TABLES):
+                    results[sql] = [dict(r) for r in await conn.fetch(sql, timeout=60)]
+                return _store_view(results[_VIEW_SESSIONS], results.__getitem__)
+        finally:
+            await conn.close()
+
+    # On a thread of its own: the caller may be inside an event loop (or a thread of one).
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, read()).result(timeout=120)
+
+
+_VIEW_SESSIONS = "SELECT key, last_consolidated, next_seq FROM sessions"
+_VIEW_MESSAGES = "SELECT * FROM messages ORDER BY session_key, seq"
+_VIEW_INBOX = "SELECT * FROM inbox ORDER BY received_at"
+_VIEW_OUTBOX = "SELECT * FROM outbox ORDER BY created_at"
+_VIEW_JOBS = "SELECT * FROM jobs"
+_VIEW_MEMORIES = "SELECT * FROM memory_items"
+_VIEW_QUARANTINE = "SELECT * FROM quarantine"
+_VIEW_TABLES = (_VIEW_MESSAGES, _VIEW_INBOX, _VIEW_OUTBOX, _VIEW_JOBS, _VIEW_MEMORIES, _VIEW_QUARANTINE)
+
+
+def _store_view(sessions: list[dict[str, Any]], table: Callable[[str], list[dict[str, Any]]]) -> StoreView:
+    """The view of one read transaction, whichever engine `table` (a query's rows) reads."""
+    rows: dict[str, list[Row]] = defaultdict(list)
+    for r in table(_VIEW_MESSAGES):
+        calls = json.loads(r["tool_calls"]) if r["tool_calls"] else []
+        rows[r["session_key"]].append(Row(r["session_key"], r["seq"], r["role"], r["content"],
+                                          tuple(c.get("id", "") for c in calls), r["tool_call_id"],
+                                          r["turn_id"], r["created_at"]))
+    return StoreView(
+        heads={s["key"]: (s["last_consolidated"], s["next_seq"]) for s in sessions},
+        rows=dict(rows),
+        inbox=table(_VIEW_INBOX),
+        outbox=table(_VIEW_OUTBOX),
+        jobs=table(_VIEW_JOBS),
+        memories=table(_VIEW_MEMORIES),
+        quarantine=table(_VIEW_QUARANTINE),
+    )
 
 
 def protocol_errors(messages: Iterable[tuple[str, tuple[str, ...], str | None, Any]]) -> list[str]:

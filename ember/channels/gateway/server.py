@@ -175,7 +175,7 @@ def a2a_channel(settings: Settings, runtime: Runtime, public_url: str) -> A2ASer
     from ember.channels.a2a import CHANNEL as A2A  # the SDK: only when on
     from ember.channels.a2a import RPC_PATH, a2a_server, agent_card
 
-    router = TurnRouter(runtime.bus, name=A2A)
+    router = TurnRouter(runtime.bus, name=A2A, answers=runtime.deliveries.store if settings.redis_url else None)
     runtime.channels.register(router)
     card = agent_card(name=settings.agent_name, url=public_url.rstrip("/") + RPC_PATH, tools=runtime.tools.specs(),
                       description=f"{settings.agent_name}, a long-running agent on Ember: it answers, uses its "
@@ -195,7 +195,8 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         background = configured_background_model(settings) if settings.model_configured else None
         approval = configured_approval_model(settings, model) if settings.model_configured else None
         runtime = await build_runtime(settings, model, background_model=background, approval_model=approval)
-        router = TurnRouter(runtime.bus)
+        # Gateways sharing a bus: a request whose answer went astray finds it in the store.
+        router = TurnRouter(runtime.bus, answers=runtime.deliveries.store if settings.redis_url else None)
         runtime.channels.register(router)
         channel_routes = webhook_channels(settings, runtime)
         channel_routes += chat_channels(settings, runtime, settings.gateway_public_url)

@@ -4,19 +4,32 @@ Every request sends its message with a fresh `message_id`; the agent loop
 answers with `reply_to` set to it. Events whose request has gone (the client
 disconnected) are dropped here: the turn itself runs on in the agent loop, and
 its committed answer stays in the session's history.
+
+A request that missed part of its turn's stream (a numbered event did not come:
+it joined the turn midway, resent through this gateway while another one's
+request was being answered, or the bus lost some) gets only the final, which
+carries the whole text. Where several gateways share the bus (`answers`), the
+event bringing a request its answer can also go astray (Redis restarted and
+lost the route to this gateway): a request that has heard nothing for a while
+looks for its message's answer in the store, and takes it from there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
+from ember.core.delivery import Delivery
+from ember.core.errors import StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.runtime.tasks import cancel_task
+from ember.store.deliveries import SqlDeliveryStore
 
 CHANNEL = "http"
 
@@ -38,6 +51,9 @@ log = logging.getLogger(__name__)
 
 
 IN_FLIGHT_TEXT = "a message with this id is being answered right now; send it again when that is done"
+# A request that heard nothing this long looks for its answer in the store, then twice as long, ...
+ANSWER_LOOK_S = 2.0
+ANSWER_LOOK_MAX_S = 16.0
 
 
 class InFlight(Exception):
@@ -49,16 +65,23 @@ class TurnRouter:
 
     capabilities = ChannelCapabilities(streams=True)
 
-    def __init__(self, bus: Bus, name: str = CHANNEL) -> None:
-        """`name`: the channel (http; a2a routes its requests the same way)."""
+    def __init__(self, bus: Bus, name: str = CHANNEL, *, answers: SqlDeliveryStore | None = None,
+                 look_after_s: float = ANSWER_LOOK_S) -> None:
+        """`name`: the channel (http; a2a routes its requests the same way). `answers`: the store
+        where a request that heard nothing for `look_after_s` looks for its answer (gateways
+        sharing a bus)."""
         self.name = name
         self._bus = bus
+        self._answers = answers
+        self._look_after_s = look_after_s
         self._waiting: dict[str, asyncio.Queue[OutboundEvent]] = {}
         # Messages whose turn has streamed something and not ended yet, and the requests that joined
         # such a turn midway (a resend): they get only its final, which carries the whole text,
         # since the part of the draft they would see has lost its beginning.
         self._streaming: set[str] = set()
         self._joined: set[str] = set()
+        self._next_index: dict[str, int] = {}  # per request: the stream_index it expects next
+        self._heard_at: dict[str, float] = {}  # per request: when it was last sent an event
 
     async def start(self) -> None:
         pass
@@ -89,17 +112,71 @@ class TurnRouter:
                              can_approve=can_approve, metadata={"evaluation": "true"} if evaluation else {})
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
         self._waiting[message_id] = queue
+        self._next_index[message_id] = 0
+        self._heard_at[message_id] = time.monotonic()
         if message_id in self._streaming:
             self._joined.add(message_id)
+        looking: asyncio.Task[None] | None = None
         try:
+            # An answer recorded before this request (an error a resend retries) is not its answer.
+            before = await self._recorded(event) if self._answers is not None and client_id else None
             await self._bus.publish_inbound(event)
+            if self._answers is not None:
+                looking = asyncio.create_task(self._look_for_answer(event, queue, before),
+                                              name=f"ember-answer-of-{message_id}")
             yield queue
         finally:
+            await cancel_task(looking)
             del self._waiting[message_id]
             self._joined.discard(message_id)
+            self._next_index.pop(message_id, None)
+            self._heard_at.pop(message_id, None)
+
+    async def _recorded(self, event: InboundEvent) -> Delivery | None:
+        """The answer recorded for `event`'s message, if its turn has answered."""
+        assert self._answers is not None and event.message_id is not None
+        try:
+            receipt = await self._answers.receipt(event.channel, event.chat_id, event.message_id)
+            if receipt is None or receipt.answered_at is None:
+                return None
+            return await self._answers.answer_of(receipt.turn_id)
+        except StoreError:
+            log.warning("could not look up the answer of a message; looking again later", exc_info=True)
+            return None
+
+    async def _look_for_answer(self, event: InboundEvent, queue: asyncio.Queue[OutboundEvent],
+                               before: Delivery | None) -> None:
+        """While the request hears nothing, look for its answer in the store now and then (less
+        and less often); once there, hand it to the request as the event that went astray."""
+        key = event.message_id or ""
+        wait = self._look_after_s
+        while True:
+            await asyncio.sleep(wait)
+            silent = time.monotonic() - self._heard_at.get(key, 0.0)
+            if silent < self._look_after_s:
+                wait = self._look_after_s
+                continue
+            answer = await self._recorded(event)
+            if answer is not None and (answer.kind == "final" or before is None
+                                       or answer.delivery_id != before.delivery_id):
+                log.info("the answer to a message of %s came from the store: its event went to another "
+                         "process", event.session_key)
+                queue.put_nowait(OutboundEvent(
+                    channel=self.name, chat_id=event.chat_id,
+                    kind=OutboundKind.FINAL if answer.kind == "final" else OutboundKind.ERROR,
+                    text=answer.text, turn_id=answer.turn_id, reply_to=key, stream_full_text=True,
+                    delivery_id=answer.delivery_id))
+                return
+            wait = min(wait * 2, ANSWER_LOOK_MAX_S)
 
     async def deliver(self, event: OutboundEvent) -> None:
         key = event.reply_to or ""
+        if key in self._heard_at:
+            self._heard_at[key] = time.monotonic()
+        if event.stream_index is not None and key in self._next_index:
+            if event.stream_index != self._next_index[key]:
+                self._joined.add(key)  # some of the stream went elsewhere: the draft has a hole
+            self._next_index[key] = event.stream_index + 1
         if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
             self._streaming.discard(key)
         else:
