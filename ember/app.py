@@ -23,6 +23,7 @@ from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import ConfigError, ModelNotConfigured
 from ember.core.jobs import JobKind
 from ember.core.leases import SessionLeases
+from ember.core.tasks import CHANNEL as TASK_CHANNEL
 from ember.memory.consolidation import ConsolidationWorker
 from ember.memory.embeddings import Embedder, load_embedder
 from ember.memory.identity import Identities
@@ -206,8 +207,10 @@ class Runtime:
 
     def scheduler(self) -> Scheduler:
         """The channel that fires scheduled tasks; on a shared store, only in the process that leads."""
-        leader = LeaderLease(self.lease_table, SCHEDULER_LEASE) if self.lease_table is not None else None
-        return Scheduler(self.bus, self.tasks, leader=leader)
+        if self.lease_table is None:
+            return Scheduler(self.bus, self.tasks)
+        return Scheduler(self.bus, self.tasks, leader=LeaderLease(self.lease_table, SCHEDULER_LEASE),
+                         unstarted=lambda: self.deliveries.store.unstarted([TASK_CHANNEL]))
 
 
 def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidation: ConsolidationWorker,

@@ -12,22 +12,27 @@ import pytest
 from sqlalchemy import text
 
 from ember.bus.memory import InProcessBus
+from ember.channels.cron import Scheduler
 from ember.core.errors import LeaseLost
 from ember.core.events import InboundEvent
 from ember.core.journal import TurnJournal
 from ember.core.leases import Fence, current_fence
 from ember.core.memory import NewMemory
 from ember.core.messages import Message
+from ember.core.schedule import Schedule
 from ember.core.skills import SkillOrigin
+from ember.core.tasks import Task
 from ember.core.tools import Decision, Risk, ToolAction, ToolRun
 from ember.runtime.approvals import ApprovalBroker, Resolution
 from ember.store.approvals import SqlApprovalStore
+from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import SqlJobStore
 from ember.store.leases import SESSION_PREFIX, LeaderLease, LeaseTable, SqlSessionLeases
 from ember.store.memories import SqlMemoryStore
 from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
 from ember.store.skills import NewVersion, SqlSkillStore
+from ember.store.tasks import SqlTaskStore, new_task_id
 from ember.store.tx import Statement, Tx
 from ember.tools.approval import ApprovalGate, ToolPolicy
 from tests.conftest import FixedApprover, tool_run
@@ -293,3 +298,26 @@ async def test_allow_for_this_session_holds_in_every_process_and_only_in_that_se
     assert run.observer.approvals[-1]["decided_by"] == "session-grant"  # type: ignore[attr-defined]
     other_session = ToolRun("test:other", "turn-2", approver, TurnJournal(), "local")
     assert (await second.call(note_call("three"), other_session)).startswith("Error: not permitted")
+
+
+async def test_a_new_scheduler_leader_publishes_the_runs_the_last_one_claimed_but_never_sent(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    dead_db, live_db = processes(), processes()
+    tasks, now = SqlTaskStore(dead_db), time.time()
+    task = await tasks.add(Task(id=new_task_id(), identity="alice", prompt="water the plants",
+                                schedule=Schedule.every("1h", now), reply=None))
+    await tasks.make_due(task.id, now=now)
+    # The leader claims the due run and dies before publishing it.
+    claimed = await tasks.claim_due(now, missed_after_s=60)
+    assert [event.message_id for event in claimed] == [f"{task.id}@{now:.3f}"]
+
+    bus = InProcessBus()
+    scheduler = Scheduler(bus, SqlTaskStore(live_db), leader=LeaderLease(LeaseTable(live_db, "live", ttl_s=30),
+                                                                          "scheduler"),
+                          unstarted=lambda: SqlDeliveryStore(live_db).unstarted(["cron"]))
+    await scheduler.start()
+    try:
+        event = await asyncio.wait_for(bus.next_inbound(), 10)
+    finally:
+        await scheduler.stop()
+    assert (event.message_id, event.text) == (claimed[0].message_id, "water the plants")

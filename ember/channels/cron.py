@@ -4,9 +4,10 @@ It polls the store every `poll_s` (so tasks added by `ember cron add` in another
 process are picked up within it) and sleeps no longer than until the next run
 is due. Claiming is one transaction per batch (store/tasks.py), so a run
 fires once whatever crashes, and the clock is injectable for tests. Where
-several processes share the store, each has a scheduler, and only the one
-holding the `leader` lease fires runs; another takes over within the lease's
-time if it stops.
+several processes share the store, each worker has a scheduler, and only the
+one holding the `leader` lease fires runs; another takes over within the
+lease's time if it stops, and first publishes the runs the last leader claimed
+but did not get to publish (`unstarted`: accepted, never begun).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
-from ember.core.events import OutboundEvent
+from ember.core.events import InboundEvent, OutboundEvent
 from ember.core.tasks import CHANNEL
 from ember.runtime.tasks import cancel_task
 from ember.store.leases import LeaderLease
@@ -33,9 +34,12 @@ class Scheduler:
 
     def __init__(self, bus: Bus, tasks: SqlTaskStore, *, clock: Callable[[], float] = time.time,
                  poll_s: float = 1.0, missed_after_s: float = 60.0, batch: int = 500,
-                 leader: LeaderLease | None = None) -> None:
+                 leader: LeaderLease | None = None,
+                 unstarted: Callable[[], Awaitable[list[InboundEvent]]] | None = None) -> None:
         self._bus = bus
         self._leader = leader
+        self._unstarted = unstarted
+        self._leading = False
         self._tasks = tasks
         self._clock = clock
         self._poll_s = poll_s
@@ -67,11 +71,25 @@ class Scheduler:
             await self._bus.publish_inbound(event)
         return len(events)
 
+    async def _lead(self) -> bool:
+        """Whether this process fires the runs; on taking the lead, the runs another leader
+        claimed but did not publish (it died in between) are published first."""
+        if self._leader is None:
+            return True
+        if not await self._leader.held():
+            self._leading = False
+            return False
+        if not self._leading:
+            self._leading = True
+            for event in await self._unstarted() if self._unstarted is not None else []:
+                await self._bus.publish_inbound(event)
+        return True
+
     async def _run(self) -> None:
         while True:
             delay = self._poll_s
             try:
-                if self._leader is None or await self._leader.held():  # else another process fires them
+                if await self._lead():  # else another process fires them
                     await self.fire_due()
                     due = await self._tasks.next_due_at()
                     if due is not None:

@@ -200,7 +200,8 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         runtime.channels.register(router)
         channel_routes = webhook_channels(settings, runtime)
         channel_routes += chat_channels(settings, runtime, settings.gateway_public_url)
-        runtime.channels.register(runtime.scheduler())
+        if turns:  # else the workers fire the scheduled tasks
+            runtime.channels.register(runtime.scheduler())
         a2a = a2a_channel(settings, runtime, settings.gateway_public_url or f"http://{host}:{listening.port}")
         if a2a is not None:
             channel_routes += a2a.routes
