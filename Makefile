@@ -45,13 +45,15 @@ test: $(BIN)/.installed $(CHROMIUM) $(REDIS_SERVER) tests/a2a_js/node_modules
 lint: $(BIN)/.installed
 	$(BIN)/ruff check ember tests bench
 
-# About 10 minutes on 2 cores: commit cost, 1,000 sessions, the gateway under load, kill -9, memory at 10k (quick forms of the last three).
-bench: $(BIN)/.installed
+# About 13 minutes on 2 cores: commit cost, 1,000 sessions, the gateway under load, kill -9, memory at 10k, and
+# 1, 2, 4 workers on a throwaway PostgreSQL + Redis against SQLite (quick forms of the last four).
+bench: $(BIN)/.installed $(REDIS_SERVER)
 	$(BIN)/python bench/commit_cost.py
 	$(BIN)/python bench/sessions_load.py
 	$(BIN)/python bench/gateway_load.py --quick
 	$(BIN)/python bench/crash.py --quick
 	$(BIN)/python bench/memory_scale.py --quick
+	$(BIN)/python bench/scale_out.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -75,8 +75,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # --- the model server (its own process) --------------------------------------------------
 
 
-def model_server(port_file: Path) -> None:
-    """OpenAI's streaming protocol after a fixed 50 ms; records each reply's times by tag."""
+def model_server(port_file: Path, delay_s: float = MODEL_DELAY_S) -> None:
+    """OpenAI's streaming protocol after a fixed `delay_s` (50 ms); records each reply's times by tag."""
     import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -111,7 +111,7 @@ def model_server(port_file: Path) -> None:
         if tag is None:
             stats["untagged"] += 1
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        await asyncio.sleep(MODEL_DELAY_S)
+        await asyncio.sleep(delay_s)
         if not body.get("stream"):
             message = {"role": "assistant", "content": ANSWER}
             return JSONResponse({**head, "object": "chat.completion",
@@ -169,13 +169,16 @@ class RawHttp:
         self.host, self.port, self.path = parts.hostname or "127.0.0.1", parts.port or 80, parts.path
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
-    async def post(self, content: bytes, headers: dict[str, str], consume: Callable[[bytes], None]) -> int:
-        """Send one request, feed the body to `consume` piece by piece; the status."""
+    async def post(self, content: bytes, headers: dict[str, str], consume: Callable[[bytes], None],
+                   path: str | None = None) -> int:
+        """Send one request (to `path` on the same server, default the URL's), feed the body to
+        `consume` piece by piece; the status."""
         if self._streams is None:
             self._streams = await asyncio.open_connection(self.host, self.port)  # asyncio sets TCP_NODELAY
         reader, writer = self._streams
-        lines = [f"POST {self.path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Content-Type: application/json",
-                 f"Content-Length: {len(content)}", *(f"{k}: {v}" for k, v in headers.items())]
+        lines = [f"POST {path or self.path} HTTP/1.1", f"Host: {self.host}:{self.port}",
+                 "Content-Type: application/json", f"Content-Length: {len(content)}",
+                 *(f"{k}: {v}" for k, v in headers.items())]
         try:
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + content)
             status = int((await reader.readline()).split(None, 2)[1])
