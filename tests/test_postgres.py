@@ -212,6 +212,39 @@ async def test_a_stopped_or_unreachable_server_is_store_unavailable(own_pg_serve
         await PostgresDatabase(own_pg_server.url).open()
 
 
+async def test_after_a_server_restart_the_next_transactions_work_on_fresh_connections(
+        own_pg_server: PgServer) -> None:
+    db = PostgresDatabase(own_pg_server.fresh_database(), idle_ping_s=0.05)
+    await db.open()
+    try:
+        await asyncio.gather(*(db.run_read(lambda tx: tx.execute(_HOLD, {"s": 0.1}).fetchone()) for _ in range(4)))
+        await asyncio.to_thread(own_pg_server.stop)
+        await asyncio.to_thread(own_pg_server.start)
+        await asyncio.sleep(0.1)  # the pooled connections, dead now, have been idle
+        for _ in range(6):
+            await db.run_write(lambda tx: tx.execute(Statement("SELECT 1")))
+            assert await db.run_read(lambda tx: tx.execute(Statement("SELECT 2")).fetchone()) == (2,)
+    finally:
+        await db.close()
+
+
+async def test_a_connection_in_use_all_along_is_not_pinged_before_each_transaction(db: PostgresDatabase) -> None:
+    """pool_pre_ping would add a BEGIN and a ROLLBACK to every transaction."""
+    stats = Statement("SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+
+    async def rollbacks() -> int:
+        async with db.write() as conn:
+            await conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+            return int((await conn.execute(stats.postgresql)).scalar_one())
+
+    before = await rollbacks()
+    for _ in range(20):
+        await db.run_write(lambda tx: tx.execute(_BUMP))
+    await asyncio.sleep(1.5)  # each backend flushes its statistics at most once a second
+    assert await rollbacks() - before <= 2  # the reads of the statistics themselves, at the most
+    assert await db.run_read(lambda tx: tx.execute(_READ_N).fetchone()) == (20,)
+
+
 # -- contention ------------------------------------------------------------------------------
 
 
