@@ -87,7 +87,9 @@ def match_expression(text: str) -> str | None:
 
 def indexed_form(term: str) -> str:
     """The token the index holds for a query term (as `unicode61 remove_diacritics` and
-    `porter` make it), to look up how many rows have it."""
+    `porter` make it), to look up how many rows have it. A word that is no more than a suffix
+    ("eed", "ies", "sses") FTS5 stems otherwise: looked up under another token, it is never
+    found common, so it is always searched for, which is harmless."""
     bare = "".join(c for c in unicodedata.normalize("NFKD", term) if not unicodedata.combining(c))
     if not (bare.isascii() and bare.isalpha()):
         return term
