@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ember.core.errors import StoreError
-from ember.store.migrations import MigrationProgress
+from ember.store.migrations import MigrationProgress, migrate
 from ember.store.tx import Work
 
 BUSY_TIMEOUT_MS = 10_000
@@ -80,4 +80,14 @@ async def as_store_errors(
     except SQLAlchemyError as exc:
         if (own := own_error(exc)) is not None:
             raise own from exc
+        raise
+
+
+async def migrate_or_close(db: Database, progress: MigrationProgress | None) -> None:
+    """`db.open`'s work on either engine: migrate in one write transaction; close `db` if that fails."""
+    try:
+        async with db.write() as conn:
+            await migrate(conn, progress)
+    except BaseException:
+        await db.close()
         raise

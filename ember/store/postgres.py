@@ -34,9 +34,9 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
 from ember.core.leases import current_fence
-from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel
+from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel, migrate_or_close
 from ember.store.leases import check_fence, fenced
-from ember.store.migrations import MigrationProgress, migrate
+from ember.store.migrations import MigrationProgress
 from ember.store.tx import Params, Statement, Work
 
 T = TypeVar("T")
@@ -166,12 +166,7 @@ class PostgresDatabase:
     async def open(self, progress: MigrationProgress | None = None) -> None:
         """Create or migrate the schema; `progress` follows the migrations, if any are pending.
         Processes opening the same database together migrate it once."""
-        try:
-            async with self.write() as conn:
-                await migrate(conn, progress)
-        except BaseException:
-            await self.close()
-            raise
+        await migrate_or_close(self, progress)
 
     async def close(self) -> None:
         """Wait for the writes already started (they commit), then close every connection."""

@@ -26,8 +26,8 @@ from sqlalchemy.exc import DatabaseError, InterfaceError, InternalError, Operati
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
-from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel
-from ember.store.migrations import MigrationProgress, migrate
+from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel, migrate_or_close
+from ember.store.migrations import MigrationProgress
 from ember.store.sqlite.direct import Outcome, ThreadConnection
 from ember.store.tx import Work
 
@@ -91,12 +91,7 @@ class SqliteDatabase:
     async def open(self, progress: MigrationProgress | None = None) -> None:
         """Create or migrate the store; `progress` follows the migrations, if any are pending."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            async with self.write() as conn:
-                await migrate(conn, progress)
-        except BaseException:
-            await self.close()
-            raise
+        await migrate_or_close(self, progress)
 
     async def close(self) -> None:
         if self._committer is not None:
