@@ -246,6 +246,9 @@ def pg_store_database(pg_server: PgServer, pg_schema: str) -> Iterator[str]:
 
 
 ENGINES = ["sqlite", "postgresql"]
+# The runtime's store and bus: as one process runs by default, on PostgreSQL, and on PostgreSQL with
+# the Redis bus, as gateways and workers share them.
+RUNTIMES = [*ENGINES, "postgresql+redis"]
 
 
 async def engine_database(engine: str, request: pytest.FixtureRequest,
@@ -260,9 +263,17 @@ async def engine_database(engine: str, request: pytest.FixtureRequest,
 
 def engine_settings(settings: Settings, engine: str, request: pytest.FixtureRequest) -> Settings:
     """`settings` with the runtime's store on `engine`: as they are (the SQLite file in the home),
-    or with `database_url` naming a PostgreSQL database of the test's own. For a module's
-    `settings` fixture parametrized over ENGINES."""
+    or with `database_url` naming a PostgreSQL database of the test's own, and for
+    "postgresql+redis" `redis_url` the test Redis, in a namespace of the test's own. For a
+    module's `settings` fixture parametrized over ENGINES or RUNTIMES."""
     if engine == "sqlite":
         return settings
     url = request.getfixturevalue("pg_store_database")
-    return settings.model_copy(update={"database_url": SecretStr(url)})
+    update: dict[str, object] = {"database_url": SecretStr(url)}
+    if engine == "postgresql+redis":
+        update["redis_url"] = SecretStr(request.getfixturevalue("redis_server").url)
+        update["redis_namespace"] = f"t{next(_namespaces)}-{os.getpid()}"
+    return settings.model_copy(update=update)
+
+
+_namespaces = itertools.count()

@@ -33,14 +33,15 @@ from ember.tools.base import ToolRegistry
 from tests.conftest import CHANNEL, Harness, note_tool, serving_runtime, session_key
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
-from tests.pgserver import ENGINES, engine_settings
+from tests.pgserver import RUNTIMES, engine_settings
 
 # --- the runtime, started and stopped as a process would -----------------------------------------
 
 
-@pytest.fixture(params=ENGINES)
+@pytest.fixture(params=RUNTIMES)
 def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
-    """The runtime's inbox and outbox (the delivery store) on SQLite and on PostgreSQL."""
+    """The runtime's inbox and outbox (the delivery store) on SQLite, on PostgreSQL, and on PostgreSQL
+    with the Redis bus."""
     return engine_settings(settings, request.param, request)
 
 

@@ -252,6 +252,7 @@ class RedisBus:
         async with self._inbound_lock:
             backoff = _Backoff(self._where, "inbound")
             while not self._ready:
+                _end_if_cancelled()
                 try:
                     await self._upkeep()
                     reply = await self._client.xreadgroup(
@@ -371,6 +372,7 @@ class RedisBus:
         async with box.lock:
             backoff = _Backoff(self._where, f"channel {channel}")
             while not box.ready:
+                _end_if_cancelled()
                 try:
                     await self._beat(box)
                     reply = await self._client.xreadgroup(
@@ -431,6 +433,7 @@ class RedisBus:
     async def next_stop(self) -> str:
         backoff = _Backoff(self._where, "stop requests")
         while True:
+            _end_if_cancelled()
             try:
                 if self._stop_listener is None:
                     self._stop_listener = self._client.pubsub(ignore_subscribe_messages=True)
@@ -462,6 +465,15 @@ class RedisBus:
             raise BusUnavailable(f"The message bus (Redis at {self._where}) is unreachable: could not {what} "
                                  f"within {timeout:g} s ({type(exc).__name__}).") from exc
         raise AssertionError("tenacity ended without a result")
+
+
+def _end_if_cancelled() -> None:
+    """A blocking read can return normally although its task was cancelled meanwhile (redis-py
+    under Python 3.11 sometimes loses the CancelledError): a consumer's loop must end anyway,
+    or whatever waits for it, a shutdown above all, waits forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _lost_group(exc: ResponseError) -> bool:
