@@ -24,12 +24,13 @@ from ember.tools.approval import ApprovalGate, Rule, ToolPolicy
 from ember.tools.base import FunctionTool, ToolRegistry
 from ember.tools.explain import ApprovalExplainer
 from tests.conftest import FixedApprover, running_harness, session_key, tool_run
-from tests.pgserver import ENGINES, engine_settings
+from tests.pgserver import RUNTIMES, engine_settings
 
 
-@pytest.fixture(params=ENGINES)
+@pytest.fixture(params=RUNTIMES)
 def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
-    """A runtime's approval requests and traces kept on SQLite and on PostgreSQL."""
+    """A runtime's approval requests and traces kept on SQLite, on PostgreSQL, and on PostgreSQL
+    with the Redis bus."""
     return engine_settings(settings, request.param, request)
 
 

@@ -16,12 +16,19 @@ the channel received must agree with it:
 
 A crash is the runtime stopped with no grace while the model or a tool is
 still working (what is committed stays, the rest is cut off); the next
-process opens the same database file.
+process opens the same store.
+
+The machine runs on each runtime of RUNTIMES: the SQLite file, a PostgreSQL
+database of each example's own, and that with the Redis bus in a namespace of
+each example's own. On Redis a crashed process's message stays pending under
+its name: the worker timeout is set past the test's length, so that it is
+not also taken over (tests/test_cluster.py covers takeovers).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import shutil
 import tempfile
@@ -33,10 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 from sqlalchemy import func, select
 
 from ember.app import Runtime, build_runtime, running
@@ -52,6 +60,7 @@ from ember.runtime.loop import NOT_RESUMED_TEXT
 from ember.store import schema
 from ember.tools.base import FunctionTool, ToolRegistry
 from tests.conftest import CHANNEL, Harness
+from tests.pgserver import RUNTIMES, PgServer
 from tests.test_store import assert_protocol_valid
 
 T = TypeVar("T")
@@ -124,12 +133,21 @@ def tool_shapes(label: str) -> list[Shape]:
 
 
 class SessionMachine(RuleBasedStateMachine):
+    # Each example's store and bus: where the settings of a fresh home point (the SQLite file there
+    # unless a subclass says otherwise), and what to drop once the example is done.
+    def runtime_of(self, settings: Settings) -> Settings:
+        return settings
+
+    def drop_runtime(self) -> None:
+        pass
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.dir = Path(tempfile.mkdtemp(prefix="ember-session-model-"))
-        self.settings = Settings(home=self.dir / "home", consolidation_threshold=8, consolidation_keep_recent=2,
-                                 job_backoff_base_s=0.01)
+        self.settings = self.runtime_of(Settings(
+            home=self.dir / "home", consolidation_threshold=8, consolidation_keep_recent=2,
+            job_backoff_base_s=0.01))
         self.script = Script()
         self.expected: list[Shape] = []
         self.sent: dict[str, Sent] = {}
@@ -149,6 +167,7 @@ class SessionMachine(RuleBasedStateMachine):
         finally:
             self.loop.close()
             shutil.rmtree(self.dir, ignore_errors=True)
+            self.drop_runtime()
 
     # --- processes -------------------------------------------------------------------------------
 
@@ -346,7 +365,30 @@ class SessionMachine(RuleBasedStateMachine):
                 assert (turn_id, answer.turn_id, answer.content) == (receipt.turn_id, receipt.turn_id, text)
 
 
-def test_a_session_survives_turns_redeliveries_crashes_and_consolidation() -> None:
-    run_state_machine_as_test(SessionMachine, settings=settings(
+def on_shared_runtime(server: PgServer, schema: str, redis_url: str | None) -> type[SessionMachine]:
+    """The machine with each example on a PostgreSQL database of its own, and on `redis_url`'s bus."""
+    examples = itertools.count()
+
+    class SharedSessionMachine(SessionMachine):
+        def runtime_of(self, settings: Settings) -> Settings:
+            self.url = server.fresh_database(template=schema)
+            update: dict[str, object] = {"database_url": SecretStr(self.url), "worker_timeout_s": 3600.0}
+            if redis_url is not None:
+                update |= {"redis_url": SecretStr(redis_url), "redis_namespace": f"model{next(examples)}"}
+            return settings.model_copy(update=update)
+
+        def drop_runtime(self) -> None:
+            server.drop_database(self.url)
+
+    return SharedSessionMachine
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_session_survives_turns_redeliveries_crashes_and_consolidation(
+        runtime: str, request: pytest.FixtureRequest) -> None:
+    machine = SessionMachine if runtime == "sqlite" else on_shared_runtime(
+        request.getfixturevalue("pg_server"), request.getfixturevalue("pg_schema"),
+        request.getfixturevalue("redis_server").url if runtime == "postgresql+redis" else None)
+    run_state_machine_as_test(machine, settings=settings(
         max_examples=20, stateful_step_count=20, deadline=None, derandomize=True, database=None,
         suppress_health_check=[HealthCheck.too_slow]))

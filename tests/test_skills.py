@@ -34,7 +34,7 @@ from ember.skills.review import REVIEW_INSTRUCTION, parse_answer
 from ember.store.engine import Database
 from ember.store.skills import NewVersion
 from tests.conftest import IDENTITY, Harness, job_counts, of_kind, running_harness, session_key
-from tests.pgserver import ENGINES, engine_database, engine_settings
+from tests.pgserver import ENGINES, RUNTIMES, engine_database, engine_settings
 
 WEEKLY = {"action": "create", "name": "weekly-report", "description": "Write the weekly status report.",
           "body": "1. Search memory for this week's work.\n2. Group it by project.\n3. Keep it under 200 words.",
@@ -92,9 +92,10 @@ async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Da
     await database.close()
 
 
-@pytest.fixture(params=ENGINES)
+@pytest.fixture(params=RUNTIMES)
 def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
-    """The runtime's store, skills and proposals among it, on SQLite and on PostgreSQL."""
+    """The runtime's store, skills and proposals among it, on SQLite, on PostgreSQL, and on
+    PostgreSQL with the Redis bus."""
     return engine_settings(settings, request.param, request)
 
 

@@ -37,7 +37,7 @@ from tests.conftest import CHANNEL, Harness, NoteArgs, serving_runtime
 from tests.gatewayproc import EMBER, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply
-from tests.pgserver import ENGINES, engine_settings
+from tests.pgserver import RUNTIMES, engine_settings
 
 
 def utc(*parts: int) -> float:
@@ -89,9 +89,10 @@ def test_durations() -> None:
 
 # --- runs on a fake clock ------------------------------------------------------------------------
 
-@pytest.fixture(params=ENGINES)
+@pytest.fixture(params=RUNTIMES)
 def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
-    """The runtime's task store (claim_due, runs, edits) on SQLite and on PostgreSQL."""
+    """The runtime's task store (claim_due, runs, edits) on SQLite, on PostgreSQL, and on PostgreSQL
+    with the Redis bus."""
     return engine_settings(settings, request.param, request)
 
 

@@ -17,16 +17,16 @@ from ember.models.scripted import FunctionModel
 from ember.models.spec import ModelSpec
 from ember.usage_cli import since_timestamp
 from tests.conftest import IDENTITY, session_key
-from tests.pgserver import ENGINES, engine_settings
+from tests.pgserver import RUNTIMES, engine_settings
 from tests.test_cli_e2e import EMBER, TIMEOUT_S
 
 PRICED = ModelSpec(base_url="http://127.0.0.1:9/v1", model="priced", price_input_per_mtok=2.0,
                    price_output_per_mtok=10.0)
 
 
-@pytest.fixture(params=ENGINES)
+@pytest.fixture(params=RUNTIMES)
 def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
-    """The usage and trace stores on SQLite and on PostgreSQL."""
+    """The usage and trace stores on SQLite, on PostgreSQL, and on PostgreSQL with the Redis bus."""
     return engine_settings(settings, request.param, request)
 
 
