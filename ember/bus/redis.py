@@ -205,6 +205,7 @@ class RedisBus:
         self._delivered: dict[int, tuple[InboundEvent, _Entry]] = {}
         self._inbound_lock = asyncio.Lock()
         self._next_upkeep = 0.0
+        self._next_shard = 0  # the inbound shard read first next time, so that every shard is served
         self._groups_made = False
         self._outboxes: dict[str, _Outbox] = {}
         self._stops = f"{ns}:stops"
@@ -255,11 +256,7 @@ class RedisBus:
                 _end_if_cancelled()
                 try:
                     await self._upkeep()
-                    reply = await self._client.xreadgroup(
-                        WORKERS, self._process, dict.fromkeys(self._shards, ">"), count=1,
-                        block=min(self._config.block_ms, self._upkeep_every_ms))
-                    for stream, entries in reply or []:
-                        await self._take(stream, entries)
+                    await self._read_new()
                 except _DOWN as exc:
                     await backoff.wait(exc)
                 except ResponseError as exc:
@@ -294,6 +291,26 @@ class RedisBus:
         held = self._delivered.get(id(event))
         if held is not None and held[0] is event:
             del self._delivered[id(event)]
+
+    async def _read_new(self) -> None:
+        """Take one new entry, if one comes within the block time. One: this process asks for a
+        message when it can run one, and an entry it holds is one no other worker may take (a
+        read of several streams with COUNT 1 returns one entry of each). So the shards are tried
+        one at a time, from the one after the last served, and only when all are empty does a
+        read block on all of them (which returns more than one only if several arrive at once)."""
+        count = len(self._shards)
+        for step in range(count):
+            shard = (self._next_shard + step) % count
+            reply = await self._client.xreadgroup(WORKERS, self._process, {self._shards[shard]: ">"}, count=1)
+            if reply:
+                self._next_shard = (shard + 1) % count
+                for stream, entries in reply:
+                    await self._take(stream, entries)
+                return
+        reply = await self._client.xreadgroup(WORKERS, self._process, dict.fromkeys(self._shards, ">"), count=1,
+                                              block=min(self._config.block_ms, self._upkeep_every_ms))
+        for stream, entries in reply or []:
+            await self._take(stream, entries)
 
     @property
     def _upkeep_every_ms(self) -> int:

@@ -23,7 +23,7 @@ from ember.core.events import InboundEvent, OutboundEvent
 from ember.core.tasks import CHANNEL
 from ember.runtime.tasks import cancel_task
 from ember.store.leases import LeaderLease
-from ember.store.tasks import SqlTaskStore
+from ember.store.protocols import DueTasks
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Scheduler:
     name = CHANNEL
     capabilities = ChannelCapabilities()
 
-    def __init__(self, bus: Bus, tasks: SqlTaskStore, *, clock: Callable[[], float] = time.time,
+    def __init__(self, bus: Bus, tasks: DueTasks, *, clock: Callable[[], float] = time.time,
                  poll_s: float = 1.0, missed_after_s: float = 60.0, batch: int = 500,
                  leader: LeaderLease | None = None,
                  unstarted: Callable[[], Awaitable[list[InboundEvent]]] | None = None) -> None:

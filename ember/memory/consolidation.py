@@ -21,7 +21,7 @@ from ember.core.messages import Message, Role, Session
 from ember.core.thinking import strip_thinking
 from ember.memory.transcript import render_transcript
 from ember.models.base import ModelClient, complete
-from ember.store.sessions import SessionStore
+from ember.store.protocols import SessionStore
 
 log = logging.getLogger(__name__)
 

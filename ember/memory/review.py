@@ -9,7 +9,7 @@ from ember.core.thinking import strip_thinking
 from ember.memory.service import MemoryService
 from ember.memory.transcript import render_transcript
 from ember.models.base import ModelClient, complete
-from ember.store.sessions import SessionStore
+from ember.store.protocols import SessionStore
 
 REVIEW_INSTRUCTION = (
     "Below is the latest exchange between a user and you. List the durable facts about the user, "

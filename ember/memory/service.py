@@ -37,8 +37,8 @@ from ember.memory.identity import Identities
 from ember.memory.retrieval import NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
 from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
 from ember.memory.vectors import VectorIndex
-from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import WriteOutcome
+from ember.store.protocols import MemoryStore
 from ember.store.segment import match_expression, query_terms
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def approx_tokens(text: str) -> int:
 
 
 class MemoryService:
-    def __init__(self, store: SqlMemoryStore, embedder: Embedder | None, *, identities: Identities | None = None,
+    def __init__(self, store: MemoryStore, embedder: Embedder | None, *, identities: Identities | None = None,
                  forgetting: ForgettingPolicy | None = None, reranker: Reranker | None = None,
                  index_min_rows: int = INDEX_MIN_ROWS, clock: Callable[[], float] = time.time) -> None:
         """`index_min_rows`: from how many memories a person's search goes through the derived
@@ -104,7 +104,7 @@ class MemoryService:
         self._writing_recalls: set[tuple[str, str]] = set()
 
     @property
-    def store(self) -> SqlMemoryStore:
+    def store(self) -> MemoryStore:
         return self._store
 
     async def open(self) -> None:

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import tantivy
 
-from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import TEXT_WEIGHTS
+from ember.store.protocols import TextRows
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class _Lexicon:
 
 
 class TextIndex:
-    def __init__(self, store: SqlMemoryStore, *, min_rows: int = INDEX_MIN_ROWS,
+    def __init__(self, store: TextRows, *, min_rows: int = INDEX_MIN_ROWS,
                  inline_rows: int = INLINE_ROWS) -> None:
         self._store = store
         self._min_rows = min_rows

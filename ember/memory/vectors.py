@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ember.memory.ann import NearestRows
-from ember.store.memories import SqlMemoryStore
+from ember.store.protocols import VectorRows
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class _Matrix:
 
 
 class VectorIndex:
-    def __init__(self, store: SqlMemoryStore, model: str, dimensions: int, *,
+    def __init__(self, store: VectorRows, model: str, dimensions: int, *,
                  ann_min_rows: int) -> None:
         self._store = store
         self._model = model

@@ -15,7 +15,7 @@ from ember.core.turn import PipelineContext, StreamSink
 from ember.memory.identity import Identities
 from ember.memory.service import MemoryService, PromptMemory, RecallBudget
 from ember.skills.library import SkillLibrary
-from ember.store.sessions import SessionStore
+from ember.store.protocols import SessionStore
 
 StreamFactory = Callable[[str], StreamSink]
 

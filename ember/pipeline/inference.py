@@ -20,7 +20,7 @@ from ember.core.turn import InferenceResult, PipelineContext
 from ember.core.usage import Budget, UsageScope, current_scope
 from ember.models.base import ModelClient, ModelReply, TextDelta
 from ember.pipeline.context import shown_to_model
-from ember.store.sessions import SessionStore
+from ember.store.protocols import SessionStore
 from ember.tools.base import Toolset
 
 

@@ -16,7 +16,7 @@ from ember.core.turn import InferenceResult, PipelineContext, ProcessResult
 from ember.memory.consolidation import should_consolidate
 from ember.memory.service import MemoryService
 from ember.pipeline.context import merge_intro
-from ember.store.sessions import SessionStore
+from ember.store.protocols import SessionStore
 
 EMPTY_ANSWER = "(The model returned an empty answer.)"
 

@@ -29,7 +29,8 @@ from ember.bus.codec import decode_approval, encode_approval
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tasks import CHANNEL as TASK_CHANNEL
 from ember.core.tools import ApprovalRequest, Decision, ToolAction, Verdict
-from ember.store.approvals import EXPIRED, PENDING, SqlApprovalStore
+from ember.store.approvals import EXPIRED, PENDING
+from ember.store.protocols import ApprovalLog
 from ember.tools.explain import ApprovalExplainer
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class _Pending:
 
 class ApprovalBroker:
     def __init__(self, bus: Bus, timeout_s: float, explainer: ApprovalExplainer | None = None,
-                 store: SqlApprovalStore | None = None, *, shared: bool = False) -> None:
+                 store: ApprovalLog | None = None, *, shared: bool = False) -> None:
         self._bus = bus
         self._shared = shared and store is not None
         self._timeout_s = timeout_s

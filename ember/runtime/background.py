@@ -25,7 +25,8 @@ from ember.core.journal import Spans
 from ember.core.usage import UsageScope, current_scope
 from ember.runtime.leases import HostLock
 from ember.runtime.tasks import cancel_task, stop_tasks
-from ember.store.jobs import Job, SqlJobStore
+from ember.store.jobs import Job
+from ember.store.protocols import JobQueue
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class RetryPolicy:
 
 
 class BackgroundRunner:
-    def __init__(self, jobs: SqlJobStore, handlers: Mapping[str, JobHandler], runner_lock: HostLock | None, *,
+    def __init__(self, jobs: JobQueue, handlers: Mapping[str, JobHandler], runner_lock: HostLock | None, *,
                  retry: RetryPolicy = RetryPolicy(), concurrency: int = 2, poll_s: float = 5.0,
                  spans: Spans | None = None) -> None:
         self._jobs = jobs

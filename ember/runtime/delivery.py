@@ -22,13 +22,13 @@ from ember.core.delivery import Delivery
 from ember.core.errors import StoreError
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.runtime.tasks import cancel_task
-from ember.store.deliveries import SqlDeliveryStore
+from ember.store.protocols import DeliveryStore
 
 log = logging.getLogger(__name__)
 
 
 class DeliveryWorker:
-    def __init__(self, store: SqlDeliveryStore, bus: Bus, *, sweep_s: float = 30.0) -> None:
+    def __init__(self, store: DeliveryStore, bus: Bus, *, sweep_s: float = 30.0) -> None:
         self.store = store
         self._bus = bus
         self._sweep_s = sweep_s

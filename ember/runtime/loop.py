@@ -50,8 +50,8 @@ from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.streaming import StreamPublisher
 from ember.runtime.tasks import cancel_task, stop_tasks
-from ember.store.sessions import SessionStore
-from ember.store.traces import SqlTraceStore, TurnTrace
+from ember.store.protocols import SessionStore, TraceLog
+from ember.store.traces import TurnTrace
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def error_text(exc: BaseException, turn_id: str) -> str:
 
 class AgentLoop:
     def __init__(self, bus: Bus, leases: SessionLeases, sessions: SessionStore, pipeline: Pipeline,
-                 traces: SqlTraceStore, approvals: ApprovalBroker, deliveries: DeliveryWorker,
+                 traces: TraceLog, approvals: ApprovalBroker, deliveries: DeliveryWorker,
                  recovery: RecoveryPolicy, spans: Spans | None = None, *, max_turns: int = 64) -> None:
         self._bus = bus
         # Turns at once; beyond them, messages wait on the bus, where another worker may take them.

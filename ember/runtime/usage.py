@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from ember.core.usage import UsageRow
 from ember.runtime.tasks import cancel_task
-from ember.store.usage import SqlUsageStore
+from ember.store.protocols import UsageLedger
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def utc_midnight(now: dt.datetime | None = None) -> float:
 
 
 class UsageRecorder:
-    def __init__(self, store: SqlUsageStore, *, budgets_usd_per_day: Mapping[str, float] | None = None,
+    def __init__(self, store: UsageLedger, *, budgets_usd_per_day: Mapping[str, float] | None = None,
                  flush_s: float = 1.0) -> None:
         self.store = store
         self._budgets = dict(budgets_usd_per_day or {})

@@ -34,7 +34,8 @@ from ember.core.skills import (
     SkillVersion,
 )
 from ember.skills.format import SKILL_FILE, SkillDoc, SkillFormatError, check_name, digest, parse_skill_md, read_folder
-from ember.store.skills import NewVersion, SqlSkillStore
+from ember.store.protocols import SkillStore
+from ember.store.skills import NewVersion
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def unified_diff(before: str, after: str, before_label: str, after_label: str) -
 
 
 class SkillLibrary:
-    def __init__(self, store: SqlSkillStore, folders: Sequence[SkillFolder] = (), policy: SkillPolicy | None = None,
+    def __init__(self, store: SkillStore, folders: Sequence[SkillFolder] = (), policy: SkillPolicy | None = None,
                  *, workspace: Path | None = None, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.policy = policy or SkillPolicy()

@@ -30,7 +30,7 @@ from ember.models.base import ModelClient, ModelReply, complete
 from ember.skills.format import MAX_DESCRIPTION_CHARS, SkillFormatError, parse_skill_md, render_skill_md
 from ember.skills.gate import MAX_PROPOSAL_CHARS, assess, check_secrets, check_size, near_duplicate
 from ember.skills.library import SkillLibrary
-from ember.store.sessions import SessionStore
+from ember.store.protocols import SessionStore
 from ember.store.skills import new_proposal_id
 
 REVIEW_INSTRUCTION = """Below is work you just did for a user: their request, the tools you called with \

@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -90,18 +89,6 @@ class UnreadableRow:
     seq: int
     reason: str
     raw: str
-
-
-class SessionStore(Protocol):
-    """What the pipeline and the memory workers need of session storage."""
-
-    async def load(self, key: str) -> Session: ...
-
-    async def append(self, session: Session, messages: Sequence[Message], *, receipt: Receipt | None = None,
-                     delivery: Delivery | None = None, jobs: Sequence[JobRequest] = ()) -> None: ...
-
-    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str,
-                               facts: Sequence[NewMemory] = (), identity: str | None = None) -> bool: ...
 
 
 class SqlSessionStore:

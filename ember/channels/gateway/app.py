@@ -39,8 +39,8 @@ from ember.memory.service import MemoryService
 from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.usage import UsageRecorder
 from ember.skills.library import SkillLibrary
-from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import SqlJobStore
+from ember.store.protocols import Inbox
 from ember.store.sessions import SqlSessionStore
 from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
@@ -76,7 +76,7 @@ class GatewayServices:
     usage: UsageRecorder | None = None  # its counts reach /metrics
     tasks: SqlTaskStore | None = None
     skills: SkillLibrary | None = None
-    deliveries: SqlDeliveryStore | None = None  # the errors turns ended with, shown in the history
+    deliveries: Inbox | None = None  # the errors turns ended with, shown in the history
     turns: TurnControl | None = None  # stops a running turn
     traces: SqlTraceStore | None = None  # what each turn did: /api/activity
 

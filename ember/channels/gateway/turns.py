@@ -29,7 +29,7 @@ from ember.core.delivery import Delivery
 from ember.core.errors import StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.runtime.tasks import cancel_task
-from ember.store.deliveries import SqlDeliveryStore
+from ember.store.protocols import Inbox
 
 CHANNEL = "http"
 
@@ -65,7 +65,7 @@ class TurnRouter:
 
     capabilities = ChannelCapabilities(streams=True)
 
-    def __init__(self, bus: Bus, name: str = CHANNEL, *, answers: SqlDeliveryStore | None = None,
+    def __init__(self, bus: Bus, name: str = CHANNEL, *, answers: Inbox | None = None,
                  look_after_s: float = ANSWER_LOOK_S) -> None:
         """`name`: the channel (http; a2a routes its requests the same way). `answers`: the store
         where a request that heard nothing for `look_after_s` looks for its answer (gateways

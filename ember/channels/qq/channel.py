@@ -53,9 +53,8 @@ from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tools import Decision
 from ember.memory.identity import Identities
 from ember.runtime.approvals import ApprovalBroker, Resolution
-from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
-from ember.store.deliveries import SqlDeliveryStore
+from ember.store.protocols import ApprovalLog, Inbox
 
 CHANNEL = "qq"
 CALLBACK_PATH = "/channels/qq"
@@ -124,8 +123,8 @@ class QQChannel:
                                        max_message_chars=MAX_MESSAGE_CHARS,
                                        confirms_delivery=True)
 
-    def __init__(self, spec: QQSpec, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,
-                 approvals: ApprovalBroker, approval_rows: SqlApprovalStore, identities: Identities, *,
+    def __init__(self, spec: QQSpec, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
                  clock: Callable[[], float] = time.monotonic, http: httpx.AsyncClient | None = None) -> None:
         secret = spec.key()
         if not secret:

@@ -39,9 +39,8 @@ from ember.core.redact import REDACTED
 from ember.core.tools import Decision
 from ember.memory.identity import Identities
 from ember.runtime.approvals import ApprovalBroker, Resolution
-from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
-from ember.store.deliveries import SqlDeliveryStore
+from ember.store.protocols import ApprovalLog, Inbox
 
 CHANNEL = "telegram"
 TOKEN_REFUSED = "Telegram refused the bot token (401 Unauthorized): check [telegram] token or EMBER_TELEGRAM_TOKEN"
@@ -129,8 +128,8 @@ class TelegramChannel:
                                        max_message_chars=MAX_MESSAGE_CHARS,
                                        confirms_delivery=True)
 
-    def __init__(self, spec: TelegramSpec, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,
-                 approvals: ApprovalBroker, approval_rows: SqlApprovalStore, identities: Identities, *,
+    def __init__(self, spec: TelegramSpec, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
                  public_url: str | None = None, bot: Bot | None = None) -> None:
         token = spec.key()
         if not token:

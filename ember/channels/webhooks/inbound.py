@@ -25,7 +25,7 @@ from ember.channels.webhooks.signing import SignatureError, verify_github, verif
 from ember.channels.webhooks.template import TemplateError, render
 from ember.core.channels import ChannelCapabilities
 from ember.core.events import InboundEvent, OutboundEvent, ReplyRoute
-from ember.store.deliveries import SqlDeliveryStore
+from ember.store.protocols import Inbox
 
 CHANNEL = "webhook"
 MAX_SESSION_CHARS = 128
@@ -43,7 +43,7 @@ class WebhookChannel:
     name = CHANNEL
     capabilities = ChannelCapabilities()
 
-    def __init__(self, bus: Bus, store: SqlDeliveryStore, webhooks: Mapping[str, WebhookSpec], *,
+    def __init__(self, bus: Bus, store: Inbox, webhooks: Mapping[str, WebhookSpec], *,
                  max_body_bytes: int, clock: Callable[[], float] = time.time) -> None:
         self._bus = bus
         self._store = store

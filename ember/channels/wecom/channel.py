@@ -54,9 +54,8 @@ from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.memory.identity import Identities
 from ember.runtime.approvals import ApprovalBroker
-from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
-from ember.store.deliveries import SqlDeliveryStore
+from ember.store.protocols import ApprovalLog, Inbox
 
 MAX_MESSAGE_BYTES = 2048
 REFUSAL = ("Sorry, I only talk with the people my owner allowed. If that should include you, "
@@ -103,8 +102,8 @@ class _WeixinChannel:
     # answers are cut by their bytes, so most messages carry more.
     capabilities = ChannelCapabilities(max_message_chars=MAX_MESSAGE_BYTES // 4, approvals=True, confirms_delivery=True)
 
-    def __init__(self, platform: Platform, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,
-                 approvals: ApprovalBroker, approval_rows: SqlApprovalStore, identities: Identities) -> None:
+    def __init__(self, platform: Platform, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities) -> None:
         self._callbacks = platform.callbacks
         self._api = platform.api
         self._allowed = platform.allowed_users
@@ -271,8 +270,8 @@ class WeComChannel(_WeixinChannel):
     everyone = "every member of the corp who can see the app"
     empty_answer = ""  # an empty 200: answered, nothing to show
 
-    def __init__(self, spec: WeComSpec, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,
-                 approvals: ApprovalBroker, approval_rows: SqlApprovalStore, identities: Identities, *,
+    def __init__(self, spec: WeComSpec, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         secret = spec.key()
         if not secret:
@@ -301,8 +300,8 @@ class WeChatOfficialChannel(_WeixinChannel):
     everyone = "everyone who follows the account"
     empty_answer = "success"  # what the platform asks for when there is no passive reply
 
-    def __init__(self, spec: WeChatOfficialSpec, bus: Bus, inbox: SqlDeliveryStore, messages: SqlChannelMessages,
-                 approvals: ApprovalBroker, approval_rows: SqlApprovalStore, identities: Identities, *,
+    def __init__(self, spec: WeChatOfficialSpec, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         secret = spec.key()
         if not secret:

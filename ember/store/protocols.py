@@ -1,0 +1,254 @@
+"""What the runtime needs of each store: one narrow protocol per consumer, all in one place.
+
+The pipeline, the agent loop, the delivery worker, the background runner, the
+scheduler, approvals, usage, memory, skills and the channels are written against
+these, never against an engine: nothing here names SQLite or PostgreSQL. (The
+admin commands and the HTTP API's listing routes read through the `Sql…`
+classes' wider surface directly.) Each has one
+implementation, the `Sql…` class beside its tables (`ember/store/<store>.py`),
+written once over the `Tx` unit of work of either engine (`engine.Database`).
+The errors the runtime acts on are Ember's own (`ember.core.errors`:
+`StoreBusy`, `StoreUnavailable`, `LeaseLost`, ...), never a driver's.
+tests/test_store_protocols.py checks that each implementation's signatures are
+these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ember.core.skills import ProposalStatus
+
+if TYPE_CHECKING:
+    from ember.core.delivery import Delivery, Receipt
+    from ember.core.events import InboundEvent
+    from ember.core.jobs import JobRequest
+    from ember.core.memory import MemoryKind, MemoryRecord, MemoryStatus, NewMemory
+    from ember.core.messages import Message, Session
+    from ember.core.skills import Proposal, Skill, SkillStatus, SkillVersion
+    from ember.core.usage import UsageRow
+    from ember.store.approvals import ApprovalRow
+    from ember.store.jobs import Job
+    from ember.store.memory_rows import Unembedded, WriteOutcome
+    from ember.store.skills import NewVersion
+    from ember.store.traces import TurnTrace
+
+
+class SessionStore(Protocol):
+    """Sessions, for the pipeline and the memory workers: a window loaded, a turn's messages
+    committed with what they answer and owe (the ResponseStage boundary), the consolidation
+    boundary moved (I5)."""
+
+    async def load(self, key: str) -> Session: ...
+
+    async def append(self, session: Session, messages: Sequence[Message], *, receipt: Receipt | None = None,
+                     delivery: Delivery | None = None, jobs: Sequence[JobRequest] = ()) -> None: ...
+
+    async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str,
+                               facts: Sequence[NewMemory] = (), identity: str | None = None) -> bool: ...
+
+
+class Inbox(Protocol):
+    """The accepted messages and what their turns answered, for the agent loop and the
+    channels that accept messages and look up answers (I1, I2)."""
+
+    async def accept(self, event: InboundEvent) -> bool: ...
+
+    async def receipt(self, channel: str, chat_id: str, message_id: str) -> Receipt | None: ...
+
+    async def unanswered_in(self, session_key: str) -> Receipt | None: ...
+
+    async def unanswered(self) -> list[Receipt]: ...
+
+    async def unstarted(self, channels: Iterable[str]) -> list[InboundEvent]: ...
+
+    async def answer_of(self, turn_id: str) -> Delivery | None: ...
+
+    async def failures(self, session_key: str) -> list[Delivery]: ...
+
+    async def record(self, session_key: str, delivery: Delivery) -> None: ...
+
+
+class Outbox(Protocol):
+    """The answers owed to channels, for the delivery worker: sent again until confirmed."""
+
+    async def undelivered(self, channels: Iterable[str], *, older_than_s: float = 0.0) -> list[Delivery]: ...
+
+    async def mark_delivered(self, delivery_ids: Iterable[str]) -> None: ...
+
+    async def mark_given_up(self, refused: Iterable[tuple[str, str]]) -> None: ...
+
+
+class DeliveryStore(Inbox, Outbox, Protocol):
+    """The inbox and the outbox, kept together: a turn's commit writes both."""
+
+
+class JobQueue(Protocol):
+    """Durable background jobs (I6), for the background runner. `claim_ttl_s` is set when
+    several processes share the queue, each renewing its own claims."""
+
+    claim_ttl_s: float | None
+
+    async def enqueue(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool: ...
+
+    async def claim_due(self, limit: int) -> list[Job]: ...
+
+    async def extend(self, jobs: Iterable[Job]) -> int: ...
+
+    async def complete(self, job: Job) -> None: ...
+
+    async def fail(self, job: Job, error: str, *, retry_in_s: float | None) -> None: ...
+
+    async def release(self, job: Job) -> None: ...
+
+    async def requeue_interrupted(self) -> int: ...
+
+    async def next_due_at(self) -> float | None: ...
+
+    async def counts(self) -> dict[str, int]: ...
+
+
+class TraceLog(Protocol):
+    """Where the agent loop records each turn's trace."""
+
+    async def record(self, trace: TurnTrace) -> None: ...
+
+
+class ApprovalLog(Protocol):
+    """Approval requests as rows, for the approval broker: answered, listed and expired in
+    whichever process the person reaches."""
+
+    async def opened(self, approval_id: str, session_key: str, turn_id: str, identity: str, tool: str,
+                     summary: str, request_json: str | None = None) -> None: ...
+
+    async def closed(self, approval_id: str, status: str, decided_by: str) -> bool: ...
+
+    async def pending_requests(self, since: float) -> list[str]: ...
+
+    async def get(self, approval_id: str) -> ApprovalRow | None: ...
+
+    async def expire_pending(self, *, older_than_s: float = 0.0) -> int: ...
+
+
+class DueTasks(Protocol):
+    """Scheduled tasks, for the scheduler: each due run claimed once, with its message."""
+
+    async def claim_due(self, now: float, *, missed_after_s: float, limit: int = 500) -> list[InboundEvent]: ...
+
+    async def next_due_at(self) -> float | None: ...
+
+
+class UsageLedger(Protocol):
+    """Model calls and their cost, for the usage recorder and its budgets."""
+
+    async def record(self, rows: Sequence[UsageRow]) -> None: ...
+
+    async def spent(self, identity: str, since: float) -> float: ...
+
+
+class MemoryStore(Protocol):
+    """Long-term memory's rows, for the memory service, its background upkeep and the
+    commands that show, forget and rebuild memories."""
+
+    async def write(self, memory: NewMemory) -> WriteOutcome: ...
+
+    async def write_many(self, memories: Sequence[NewMemory]) -> list[WriteOutcome]: ...
+
+    async def set_status(self, identity: str, memory_id: str, status: MemoryStatus) -> MemoryRecord: ...
+
+    async def by_nums(self, identity: str, nums: Sequence[int]) -> dict[int, MemoryRecord]: ...
+
+    async def lexical(self, identity: str, terms: Sequence[str], limit: int) -> list[tuple[int, float]]: ...
+
+    async def profile(self, identity: str, limit: int) -> list[MemoryRecord]: ...
+
+    async def list(self, identity: str, *, kinds: Sequence[MemoryKind] = (), include_inactive: bool = False,
+                   limit: int = 100, session_key: str | None = None) -> list[MemoryRecord]: ...
+
+    async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], fallback: str) -> int: ...
+
+    async def senders(self, session_key: str) -> dict[str, tuple[str, str]]: ...
+
+    async def unembedded(self, limit: int) -> list[Unembedded]: ...
+
+    async def set_vectors(self, model: str, vectors: Iterable[tuple[Unembedded, bytes, bytes | None]]) -> int: ...
+
+    async def forget_other_models(self, model: str) -> int: ...
+
+    async def note_recalls(self, recalls: dict[tuple[str, str], tuple[int, float]]) -> None: ...
+
+    async def decay_candidates(self, kinds: Sequence[MemoryKind]) -> list[MemoryRecord]: ...
+
+    async def set_strengths(self, strengths: dict[str, float], archive: Sequence[str]) -> None: ...
+
+    async def unchecked_facts(self, limit: int) -> list[MemoryRecord]: ...
+
+    async def mark_checked(self, identity: str, memory_id: str) -> None: ...
+
+    async def supersede_by(self, identity: str, old_id: str, new_id: str) -> None: ...
+
+    async def history(self, identity: str, memory_id: str) -> list[MemoryRecord]: ...
+
+    async def purge(self, identity: str, memory_id: str) -> None: ...
+
+    async def count_unembedded(self) -> int: ...
+
+    async def reindex_text(self, progress: Callable[[int, int], None] | None = None) -> int: ...
+
+
+class TextRows(Protocol):
+    """What the in-process text index catches up from: memories' texts by revision."""
+
+    async def count(self, identity: str) -> int: ...
+
+    async def text_rev(self, identity: str) -> int: ...
+
+    async def texts_after(self, identity: str, rev: int, limit: int) -> list[tuple[int, int, tuple[str, ...]]]: ...
+
+
+class VectorRows(Protocol):
+    """What the in-process vector matrices catch up from: memories' vectors by revision."""
+
+    async def vector_state(self, identity: str, model: str) -> tuple[int, int]: ...
+
+    async def vectors_after(self, identity: str, model: str,
+                            rev: int) -> list[tuple[int, int, bytes, bytes | None]]: ...
+
+    async def quarantine_vector(self, num: int) -> None: ...
+
+
+class SkillStore(Protocol):
+    """Skills, their versions and the proposals to change them, for the skill library."""
+
+    async def visible(self, identity: str | None, *, include_archived: bool = False) -> list[Skill]: ...
+
+    async def freshness(self, identity: str) -> tuple[Any, ...]: ...
+
+    async def get(self, identity: str | None, name: str) -> Skill | None: ...
+
+    async def version(self, skill: Skill, version: int | None = None) -> SkillVersion | None: ...
+
+    async def history(self, skill: Skill) -> list[SkillVersion]: ...
+
+    async def disk_digests(self) -> dict[str, tuple[str | None, str]]: ...
+
+    async def add_version(self, change: NewVersion) -> SkillVersion: ...
+
+    async def set_status(self, identity: str, names: Sequence[str], status: SkillStatus) -> None: ...
+
+    async def record_use(self, skill: Skill, at: float) -> None: ...
+
+    async def unused_since(self, before: float) -> list[Skill]: ...
+
+    async def proposal(self, proposal_id: str, identity: str | None = None) -> Proposal | None: ...
+
+    async def proposals(self, identity: str | None, status: ProposalStatus | None = ProposalStatus.PENDING,
+                        limit: int = 100) -> list[Proposal]: ...
+
+    async def decide(self, proposal: Proposal, by: str, admit: NewVersion | None) -> Proposal | None: ...
+
+    async def review_mark(self, session_key: str) -> int: ...
+
+    async def finish_review(self, session_key: str, reviewed_seq: int, proposal: Proposal | None,
+                            admit: NewVersion | None = None) -> Proposal | None: ...

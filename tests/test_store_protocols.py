@@ -1,0 +1,58 @@
+"""The runtime's store protocols (ember/store/protocols.py) and their one implementation each:
+every method a protocol names exists on its `Sql…` class with the same signature, so that a
+consumer written against the protocol runs on the class unchanged, on either engine."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from ember.store import protocols
+from ember.store.approvals import SqlApprovalStore
+from ember.store.deliveries import SqlDeliveryStore
+from ember.store.jobs import SqlJobStore
+from ember.store.memories import SqlMemoryStore
+from ember.store.sessions import SqlSessionStore
+from ember.store.skills import SqlSkillStore
+from ember.store.tasks import SqlTaskStore
+from ember.store.traces import SqlTraceStore
+from ember.store.usage import SqlUsageStore
+
+IMPLEMENTATIONS = {
+    protocols.SessionStore: SqlSessionStore,
+    protocols.Inbox: SqlDeliveryStore,
+    protocols.Outbox: SqlDeliveryStore,
+    protocols.DeliveryStore: SqlDeliveryStore,
+    protocols.JobQueue: SqlJobStore,
+    protocols.TraceLog: SqlTraceStore,
+    protocols.ApprovalLog: SqlApprovalStore,
+    protocols.DueTasks: SqlTaskStore,
+    protocols.UsageLedger: SqlUsageStore,
+    protocols.MemoryStore: SqlMemoryStore,
+    protocols.TextRows: SqlMemoryStore,
+    protocols.VectorRows: SqlMemoryStore,
+    protocols.SkillStore: SqlSkillStore,
+}
+
+
+def methods(protocol: type) -> dict[str, object]:
+    return {name: member for klass in protocol.__mro__ if klass.__module__ == protocols.__name__
+            for name, member in vars(klass).items() if inspect.iscoroutinefunction(member)}
+
+
+def test_every_protocol_of_the_module_has_an_implementation() -> None:
+    declared = {value for value in vars(protocols).values()
+                if inspect.isclass(value) and value.__module__ == protocols.__name__}
+    assert declared == set(IMPLEMENTATIONS)
+
+
+@pytest.mark.parametrize("protocol", list(IMPLEMENTATIONS), ids=lambda p: p.__name__)
+def test_the_implementation_has_each_method_with_the_protocols_signature(protocol: type) -> None:
+    implementation = IMPLEMENTATIONS[protocol]
+    assert methods(protocol), f"{protocol.__name__} names no method"
+    for name, declared in methods(protocol).items():
+        actual = getattr(implementation, name, None)
+        assert inspect.iscoroutinefunction(actual), f"{implementation.__name__}.{name} is missing or not async"
+        assert inspect.signature(actual) == inspect.signature(declared), f"{implementation.__name__}.{name}"
+
