@@ -171,3 +171,36 @@ async def test_stop_just_after_a_wake_up_returns(db: SqliteDatabase) -> None:
         await background.schedule("work", f"s{i}")  # sets the wake-up event as it returns
         async with asyncio.timeout(15):  # stop() runs in this very step, as an app's shutdown would
             await background.stop()
+
+
+class CountedLooks(SqlJobStore):
+    """The job store, counting how often the runner looks for the next due job."""
+
+    looks = 0
+
+    async def next_due_at(self) -> float | None:
+        self.looks += 1
+        return await super().next_due_at()
+
+
+async def test_a_runner_with_every_slot_busy_waits_for_one_without_polling_the_store(db: SqliteDatabase) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(job: Job) -> None:
+        started.set()
+        await release.wait()
+
+    jobs = CountedLooks(db)
+    lock = HostLock(Path(os.environ["EMBER_HOME"]) / "runner.lock")
+    background = BackgroundRunner(jobs, {"work": slow}, lock, concurrency=1, poll_s=5.0)
+    await background.start()
+    await background.schedule("work", "first")
+    await asyncio.wait_for(started.wait(), 5)
+    await background.schedule("work", "second")  # due now, and no slot is free for it
+    before = jobs.looks
+    await asyncio.sleep(0.3)
+    assert jobs.looks - before <= 1  # one look after the wake-up, not one per turn of the event loop
+    release.set()
+    await background.wait_idle()
+    await background.stop()
+    assert await jobs.counts() == {"done": 2}

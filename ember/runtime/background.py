@@ -156,6 +156,8 @@ class BackgroundRunner:
 
     async def _sleep_for(self) -> float:
         longest = self._poll_s if self._jobs.claim_ttl_s is None else min(self._poll_s, self._jobs.claim_ttl_s / 3)
+        if len(self._running) >= self._concurrency:
+            return longest  # due jobs wait for a free slot, and a job finishing wakes the runner
         due = await self._jobs.next_due_at()
         if due is None:
             return longest
