@@ -186,18 +186,24 @@ def serve(
 
 @app.command()
 def worker(
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=0, max=65535,
+        help="Serve Prometheus /metrics on this port (default: EMBER_WORKER_METRICS_PORT, else none).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show logs on stderr.")] = False,
 ) -> None:
     """Run turns, background jobs and scheduled tasks for the gateways on the same store and Redis bus."""
     from ember.worker import work
 
     settings = settings_or_exit()
+    if metrics_port is not None:
+        settings = settings.model_copy(update={"worker_metrics_port": metrics_port})
     setup_logging(settings, verbose)
     _shared_bus_or_exit(settings, "ember worker")
 
-    def ready() -> None:
+    def ready(metrics_url: str | None) -> None:
         out.print(f"Ember worker {escape(settings.agent_name)} is taking turns off the Redis bus "
-                  f"(namespace {escape(settings.redis_namespace)}).")
+                  f"(namespace {escape(settings.redis_namespace)})"
+                  + (f"; metrics at {escape(metrics_url)}." if metrics_url else "."))
         sys.stdout.flush()
 
     run_command(work(settings, _model_or_demo(settings), ready))

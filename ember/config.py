@@ -194,6 +194,11 @@ class Settings(BaseSettings):
     # With several processes on one PostgreSQL or Redis: one silent this long (killed, paused, cut
     # off) is presumed dead, and the others take over its session leases, job claims and messages.
     worker_timeout_s: float = Field(default=30.0, ge=1.0, le=3600.0)
+    # The port on which `ember worker` serves Prometheus text at /metrics (off when unset): the
+    # model calls (tokens, cost) of the turns and jobs it runs, which its gateways do not see.
+    worker_metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    # The address of that /metrics (it has no authentication: keep it on a private network).
+    worker_metrics_host: str = "127.0.0.1"
 
     # OpenTelemetry traces over OTLP/HTTP (e.g. "http://127.0.0.1:4318"); off when unset.
     otel_endpoint: str | None = Field(default=None, pattern=r"^https?://")

@@ -275,10 +275,11 @@ def wait_all_ready(members: Sequence[Member], timeout_s: float = READY_TIMEOUT_S
 @contextlib.contextmanager
 def running_cluster(root: Path, *, database_url: str, redis_url: str, model: ModelServer | None,
                     keys: dict[str, str] | None, gateways: int, workers: int,
-                    namespace: str | None = None, **extra_env: str) -> Iterator[Cluster]:
+                    namespace: str | None = None, member_env: Callable[[str], dict[str, str]] | None = None,
+                    **extra_env: str) -> Iterator[Cluster]:
     """A started cluster, every member of it stopped by PID at the end whatever happened."""
     cluster = Cluster(root, database_url=database_url, redis_url=redis_url, model=model, keys=keys,
-                      namespace=namespace, **extra_env)
+                      namespace=namespace, member_env=member_env, **extra_env)
     try:
         cluster.start(gateways=gateways, workers=workers)
         yield cluster

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -267,3 +268,21 @@ def test_the_configuration_reference_in_docs_is_what_the_settings_say() -> None:
     assert document == render(), "docs/configuration.md is stale: python -m ember.config_reference > it"
     for name in Settings.model_fields:  # a key of its own, or a table of its own
         assert f"`{name}`" in document or f"`[{name}." in document or f"`[{name}]" in document, name
+
+
+def test_a_worker_needs_the_redis_bus_and_says_so(tmp_path: Path) -> None:
+    run = ember(ember_env(tmp_path / "home", None), "worker")
+    assert run.returncode == 2
+    assert "EMBER_REDIS_URL" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_worker_whose_metrics_port_is_taken_stops_at_once_and_names_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # Unreachable on purpose: the port is checked before anything connects.
+        env = ember_env(tmp_path / "home", None, EMBER_REDIS_URL="redis://127.0.0.1:1/0")
+        run = ember(env, "worker", "--metrics-port", str(port))
+    assert run.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in run.stderr and "Traceback" not in run.stderr

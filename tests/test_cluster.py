@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster import (  # noqa: F401 (launch_cluster: a fixture)
     WORKER_TIMEOUT_S,
@@ -41,7 +42,7 @@ from tests.cluster import (  # noqa: F401 (launch_cluster: a fixture)
     query,
     running_cluster,
 )
-from tests.gatewayproc import EMBER
+from tests.gatewayproc import EMBER, free_port
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, serving, tool_call
 from tests.pgserver import PgServer
@@ -109,11 +110,20 @@ def database(pg_server: PgServer) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def metrics_ports() -> dict[str, int]:
+    """The workers' /metrics ports, by member name."""
+    return {"w1": free_port(), "w2": free_port()}
+
+
+@pytest.fixture(scope="module")
 def topology(tmp_path_factory: pytest.TempPathFactory, database: str, redis_server: RedisServer,
-             model: ModelServer) -> Iterator[Cluster]:
+             model: ModelServer, metrics_ports: dict[str, int]) -> Iterator[Cluster]:
     """2 gateways and 2 workers, shared by the tests of this module that leave it whole."""
+    def own(name: str) -> dict[str, str]:
+        return {"EMBER_WORKER_METRICS_PORT": str(metrics_ports[name])} if name in metrics_ports else {}
+
     with running_cluster(tmp_path_factory.mktemp("cluster"), database_url=database, redis_url=redis_server.url,
-                         model=model, keys={IDENTITY: KEY}, gateways=2, workers=2,
+                         model=model, keys={IDENTITY: KEY}, gateways=2, workers=2, member_env=own,
                          EMBER_TOOL_POLICY__TIMEOUT_S="30") as cluster:
         yield cluster
 
@@ -354,6 +364,33 @@ def test_turns_sent_to_any_gateway_are_answered_once_into_one_history(cluster: C
             [t for pair in exchanges for t in pair][:-1]
     assert_whole(cluster, session, exchanges)
     assert history(g1, session) == history(g2, session)
+
+
+def samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of one metric of the Prometheus text at `url`, by their labels."""
+    text = httpx.get(url, headers=AUTH, timeout=10).raise_for_status().text
+    return {tuple(sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples if sample.name == name}
+
+
+def test_the_workers_metrics_count_the_model_calls_that_the_gateways_do_not_see(
+        cluster: Cluster, metrics_ports: dict[str, int]) -> None:
+    workers = [f"http://127.0.0.1:{port}/metrics" for port in metrics_ports.values()]
+
+    def total(name: str, urls: list[str]) -> float:
+        return sum(value for url in urls for value in samples(url, name).values())
+
+    calls, tokens = total("ember_model_calls_total", workers), total("ember_model_tokens_total", workers)
+    session = fresh("metrics")
+    g1 = cluster.gateways[0]
+    for number in range(4):
+        assert the_final(native(g1, session, f"{session} {number}"))["text"] == f"echo: {session} {number}"
+    assert total("ember_model_calls_total", workers) >= calls + 4  # the turns' calls, and any job's
+    assert total("ember_model_tokens_total", workers) > tokens
+    # A gateway that runs no turns counts the turns as its clients saw them, and calls no model.
+    gateway = g1.url("/metrics")
+    assert samples(gateway, "ember_turns_total")[(("api", "native"), ("outcome", "final"))] >= 4
+    assert total("ember_model_calls_total", [gateway]) == 0
 
 
 # --------------------------------------------------------------------------- b. a worker killed mid-turn

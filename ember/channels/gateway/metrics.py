@@ -1,4 +1,5 @@
-"""What the gateway counts, in Prometheus text at /metrics."""
+"""What a process counts, in Prometheus text at /metrics: a gateway its turns as clients see
+them, and every process that runs turns its model calls and background jobs."""
 
 from __future__ import annotations
 
@@ -11,18 +12,12 @@ from ember.core.usage import UsageRow
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
-class GatewayMetrics:
+class ProcessMetrics:
+    """The model calls of the turns and jobs this process runs, and the job queue's counts
+    (an `ember worker`'s /metrics)."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.turns = Counter("ember_turns", "Turns through the gateway, by API and outcome (final, error)",
-                             ["api", "outcome"], registry=self.registry)
-        self.turn_seconds = Histogram("ember_turn_duration_seconds", "From request to final answer",
-                                      ["api"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.first_delta_seconds = Histogram("ember_first_delta_seconds", "From request to the first streamed text",
-                                             ["api"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.deliveries = Counter("ember_deliveries", "Final answers and errors, by whether the client got them "
-                                  "(client_gone: it left; the answer stays in the history)",
-                                  ["outcome"], registry=self.registry)
         self.jobs = Gauge("ember_background_jobs", "Background jobs by status", ["status"], registry=self.registry)
         self.model_tokens = Counter("ember_model_tokens", "Tokens of model calls, by model and kind (input, output,"
                                     " cache_read, cache_write)", ["model", "kind"], registry=self.registry)
@@ -43,6 +38,22 @@ class GatewayMetrics:
         for status in ("pending", "running", "done", "failed", "superseded"):
             self.jobs.labels(status).set(job_counts.get(status, 0))
         return generate_latest(self.registry)
+
+
+class GatewayMetrics(ProcessMetrics):
+    """A gateway's: the process's, and the turns through its APIs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turns = Counter("ember_turns", "Turns through the gateway, by API and outcome (final, error)",
+                             ["api", "outcome"], registry=self.registry)
+        self.turn_seconds = Histogram("ember_turn_duration_seconds", "From request to final answer",
+                                      ["api"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.first_delta_seconds = Histogram("ember_first_delta_seconds", "From request to the first streamed text",
+                                             ["api"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.deliveries = Counter("ember_deliveries", "Final answers and errors, by whether the client got them "
+                                  "(client_gone: it left; the answer stays in the history)",
+                                  ["outcome"], registry=self.registry)
 
     def clock(self, api: str) -> TurnClock:
         return TurnClock(self, api)
