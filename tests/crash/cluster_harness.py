@@ -49,6 +49,8 @@ from tests.crash.harness import (
     CrashReport,
     SessionClient,
     StoreView,
+    count_attempts,
+    read_histories,
     read_pg_store,
 )
 
@@ -246,7 +248,7 @@ class ClusterCrashRun:
                         task.cancel()
                     await asyncio.gather(*tasks, return_exceptions=True)
                 view = await self._settle()
-                histories = await self._histories()
+                histories = await read_histories(self.http, self.clients, self.checker)
             codes = await asyncio.to_thread(lambda: [m.terminate(timeout_s=30) for m in self.cluster.members])
             self.counts["members that did not stop cleanly on SIGTERM"] = sum(1 for code in codes if code != 0)
             view = await asyncio.to_thread(read_pg_store, config.database_url)
@@ -385,29 +387,9 @@ class ClusterCrashRun:
                                        f"last error {job['last_error']})")
         return view
 
-    async def _histories(self) -> dict[str, list[dict[str, Any]]]:
-        histories = {}
-        for client in self.clients:
-            response = await self.http.get(f"/api/sessions/{client.key}/messages")
-            if response.status_code == 200:
-                histories[client.key] = response.json()["messages"]
-            elif client.sent:
-                self.checker.add("I1", f"GET the history of {client.key}: HTTP {response.status_code}")
-        return histories
-
     def _outcomes(self, view: StoreView, sent: list[Any]) -> None:
         counts = self.counts
-        attempts = [a for m in sent for a in m.attempts]
-        counts["turns sent (distinct message ids)"] = len(sent)
-        counts["turns answered (a final reached the client)"] = sum(1 for m in sent if m.done_at is not None)
-        counts["attempts"] = len(attempts)
-        counts["resends (attempts after the first)"] = len(attempts) - len(sent)
-        for outcome, number in sorted(Counter(a.outcome for a in attempts).items()):
-            counts[f"attempts: {outcome}"] = number
-        latencies = [m.done_at - m.first_sent for m in sent if m.done_at is not None]
-        if latencies:
-            counts["time to final, median (s)"] = round(statistics.median(latencies), 2)
-            counts["time to final, max (s)"] = round(max(latencies), 2)
+        count_attempts(counts, sent)
         if self._ready_s:
             counts["restart to ready, median (s)"] = round(statistics.median(self._ready_s), 2)
         rows = [r for rows in view.rows.values() for r in rows]

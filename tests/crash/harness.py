@@ -910,6 +910,39 @@ class Checker:
 # --------------------------------------------------------------------------- the run
 
 
+async def read_histories(http: httpx.AsyncClient, clients: Iterable[SessionClient],
+                         checker: Checker) -> dict[str, list[dict[str, Any]]]:
+    """Every client's session history as the gateway shows it; a client whose history cannot be
+    read though it sent something is an I1 violation."""
+    histories = {}
+    for client in clients:
+        response = await http.get(f"/api/sessions/{client.key}/messages")
+        if response.status_code == 200:
+            histories[client.key] = response.json()["messages"]
+        elif client.sent:
+            checker.add("I1", f"GET the history of {client.key}: HTTP {response.status_code}")
+    return histories
+
+
+def sent_attempts(sent: list[Sent]) -> list[Attempt]:
+    return [a for m in sent for a in m.attempts]
+
+
+def count_attempts(counts: Counter[str], sent: list[Sent]) -> None:
+    """The report's counts of messages, attempts and their outcomes, and the time to each final."""
+    attempts = sent_attempts(sent)
+    counts["turns sent (distinct message ids)"] = len(sent)
+    counts["turns answered (a final reached the client)"] = sum(1 for m in sent if m.done_at is not None)
+    counts["attempts"] = len(attempts)
+    counts["resends (attempts after the first)"] = len(attempts) - len(sent)
+    for outcome, number in sorted(Counter(a.outcome for a in attempts).items()):
+        counts[f"attempts: {outcome}"] = number
+    latencies = [m.done_at - m.first_sent for m in sent if m.done_at is not None]
+    if latencies:
+        counts["time to final, median (s)"] = round(statistics.median(latencies), 2)
+        counts["time to final, max (s)"] = round(max(latencies), 2)
+
+
 @dataclass(slots=True)
 class CrashConfig:
     workdir: Path
@@ -1020,7 +1053,7 @@ class CrashRun:
                         task.cancel()
                     await asyncio.gather(*tasks, return_exceptions=True)
                 await self._settle()
-                histories = await self._histories()
+                histories = await read_histories(self.http, self.clients, self.checker)
             gateway = self.supervisor.current
             assert gateway is not None
             code = await asyncio.to_thread(gateway.stop, signal.SIGTERM, 60.0)
@@ -1165,32 +1198,12 @@ class CrashRun:
                                        f"{self.config.settle_timeout_s:.0f}s after the last restart "
                                        f"(attempts {job['attempts']}, last error {job['last_error']})")
 
-    async def _histories(self) -> dict[str, list[dict[str, Any]]]:
-        histories = {}
-        for client in self.clients:
-            response = await self.http.get(f"/api/sessions/{client.key}/messages")
-            if response.status_code == 200:
-                histories[client.key] = response.json()["messages"]
-            elif client.sent:
-                self.checker.add("I1", f"GET the history of {client.key}: HTTP {response.status_code}")
-        return histories
-
     def _outcomes(self, view: StoreView, sent: list[Sent]) -> None:
         counts = self.counts
-        attempts = [a for m in sent for a in m.attempts]
-        counts["turns sent (distinct message ids)"] = len(sent)
-        counts["turns answered (a final reached the client)"] = sum(1 for m in sent if m.done_at is not None)
-        counts["attempts"] = len(attempts)
-        counts["resends (attempts after the first)"] = len(attempts) - len(sent)
+        count_attempts(counts, sent)
         counts["answered messages sent again (same id)"] = sum(any(a.after_final for a in m.attempts) for m in sent)
-        for outcome, number in sorted(Counter(a.outcome for a in attempts).items()):
-            counts[f"attempts: {outcome}"] = number
-        for route, number in sorted(Counter(a.route for a in attempts if a.outcome == "final").items()):
+        for route, number in sorted(Counter(a.route for a in sent_attempts(sent) if a.outcome == "final").items()):
             counts[f"finals via {route}"] = number
-        latencies = [m.done_at - m.first_sent for m in sent if m.done_at is not None]
-        if latencies:
-            counts["time to final, median (s)"] = round(statistics.median(latencies), 2)
-            counts["time to final, max (s)"] = round(max(latencies), 2)
         assert self.final_ready_at is not None
         drained = [m.done_at - self.final_ready_at for m in sent if m.done_at and m.done_at > self.final_ready_at]
         counts["time to final after the last restart, max (s)"] = round(max(drained, default=0.0), 2)
