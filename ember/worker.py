@@ -100,8 +100,7 @@ async def serving_metrics(runtime: Runtime, sock: socket.socket | None) -> Async
     runtime.usage.observe(metrics.count_usage)
 
     async def metrics_text(request: Request) -> Response:
-        body = metrics.render(await runtime.jobs.counts())
-        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+        return metrics.response(await runtime.jobs.counts())
 
     app = Starlette(routes=[Route("/metrics", metrics_text, methods=["GET"])])
     server = _MetricsServer(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off"))
@@ -110,8 +109,9 @@ async def serving_metrics(runtime: Runtime, sock: socket.socket | None) -> Async
     try:
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)
-        if serving.done():
-            serving.result()  # raises what stopped it
+        if not server.started:
+            serving.result()  # raises what stopped it, if anything did
+            raise RuntimeError("the worker's /metrics server stopped as it started")
         yield f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
     finally:
         server.should_exit = True

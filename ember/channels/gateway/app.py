@@ -186,8 +186,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         return JSONResponse({"status": "ok"})
 
     async def metrics_text(request: Request) -> Response:
-        body = metrics.render(await jobs.counts())
-        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+        return metrics.response(await jobs.counts())
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)

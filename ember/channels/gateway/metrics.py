@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.responses import Response
 
 from ember.core.usage import UsageRow
 
@@ -34,10 +35,11 @@ class ProcessMetrics:
         if row.cost_usd:
             self.model_cost.labels(row.model).inc(row.cost_usd)
 
-    def render(self, job_counts: dict[str, int]) -> bytes:
+    def response(self, job_counts: dict[str, int]) -> Response:
+        """What GET /metrics answers, the queue's `job_counts` as they are now."""
         for status in ("pending", "running", "done", "failed", "superseded"):
             self.jobs.labels(status).set(job_counts.get(status, 0))
-        return generate_latest(self.registry)
+        return Response(generate_latest(self.registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 class GatewayMetrics(ProcessMetrics):
