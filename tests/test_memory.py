@@ -7,6 +7,7 @@ import functools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,12 +22,13 @@ from ember.memory.reconcile import FactReconciler
 from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
-from ember.store import schema
+from ember.store import memories, memory_rows, schema
 from ember.store.engine import Database
 from ember.store.memories import SqlMemoryStore
+from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
 from ember.store.tx import Statement
-from tests.pgserver import ENGINES, engine_database
+from tests.pgserver import ENGINES, PgServer, engine_database
 
 
 class Clock:
@@ -360,3 +362,44 @@ async def test_a_question_naming_someone_finds_what_they_said_first(db: Database
     assert [hit.record.subject for hit in hits] == ["melanie", "caroline", "caroline"]
     both = await memory.search("alice", "What do Melanie and Caroline grow in the garden?", limit=3)
     assert both[0].record.subject == "caroline"  # naming both favours neither
+
+
+@pytest.mark.parametrize("after", range(1, 6))
+async def test_a_message_committed_while_its_session_is_archived_is_archived_by_the_next_run(
+        pg_server: PgServer, pg_store_database: str, monkeypatch: pytest.MonkeyPatch, after: int) -> None:
+    """On PostgreSQL (READ COMMITTED), the next turn's message commits from another connection
+    after the `after`-th statement of the archiving unit: it must not be skipped for good."""
+    db = PostgresDatabase(pg_store_database)
+    await db.open()
+    archive, statements = memory_rows.archive_messages, []
+
+    def with_a_commit_meanwhile(tx: Any, *args: Any) -> int:
+        class Meanwhile:
+            dialect = tx.dialect
+
+            def execute(self, statement: Any, params: Any = None) -> Any:
+                rows = tx.execute(statement, params)
+                statements.append(statement)
+                if len(statements) == after:
+                    pg_server.sql("INSERT INTO messages (session_key, seq, role, content, turn_id, created_at) "
+                                  "VALUES ('test:g', 2, 'user', 'committed meanwhile', 't2', 0)",
+                                  database=pg_store_database.rsplit("/", 1)[1])
+                return rows
+
+            def executemany(self, statement: Any, rows: Any) -> None:
+                tx.executemany(statement, rows)
+
+        return archive(Meanwhile(), *args)
+
+    try:
+        sessions, store = SqlSessionStore(db), SqlMemoryStore(db)
+        await sessions.append(Session(key="test:g"), [Message.user("first", turn_id="t1"),
+                                                      Message.assistant("ok", turn_id="t1")])
+        monkeypatch.setattr(memories, "archive_messages", with_a_commit_meanwhile)
+        await store.archive_session("test:g", lambda channel, sender: "someone", "someone")
+        monkeypatch.setattr(memories, "archive_messages", archive)
+        await store.archive_session("test:g", lambda channel, sender: "someone", "someone")  # the next turn's
+        archived = sorted(r.content for r in await store.list("someone", kinds=(MemoryKind.ARCHIVAL,)))
+    finally:
+        await db.close()
+    assert archived == ["committed meanwhile", "first", "ok"]

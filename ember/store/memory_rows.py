@@ -70,7 +70,8 @@ _ARCHIVABLE = (
     "WHERE m.session_key = :key AND m.role IN ('user', 'assistant') AND TRIM(m.content) != ''"
 )
 _ARCHIVED_BEFORE = Statement(f"{_ARCHIVABLE} AND m.seq < :start ORDER BY m.seq DESC LIMIT 4")
-_NOT_ARCHIVED = Statement(f"{_ARCHIVABLE} AND m.seq >= :start ORDER BY m.seq")
+# Up to the last seq read first: at READ COMMITTED a message committed meanwhile waits for the next run.
+_NOT_ARCHIVED = Statement(f"{_ARCHIVABLE} AND m.seq >= :start AND m.seq <= :high ORDER BY m.seq")
 _LAST_SEQ = Statement(select(func.coalesce(func.max(_m.c.seq), -1)).where(_m.c.session_key == bindparam("key")))
 _archived = (_mi.c.session_key == bindparam("key"), _mi.c.seq_start == bindparam("seq"), _mi.c.kind == "archival")
 _ARCHIVED = Statement(select(_mi.c.num).where(*_archived))
@@ -302,9 +303,9 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
     """Copy the session's messages not yet archived into the archival tier (SqlMemoryStore.archive_session)."""
     mark = tx.execute(_ARCHIVE_MARK, {"key": session_key}).fetchone()
     start = mark[0] if mark else 0
-    earlier = tx.execute(_ARCHIVED_BEFORE, {"key": session_key, "start": start}).fetchall()[::-1]
-    new = tx.execute(_NOT_ARCHIVED, {"key": session_key, "start": start}).fetchall()
     high = tx.execute(_LAST_SEQ, {"key": session_key}).fetchone()[0]
+    earlier = tx.execute(_ARCHIVED_BEFORE, {"key": session_key, "start": start}).fetchall()[::-1]
+    new = tx.execute(_NOT_ARCHIVED, {"key": session_key, "start": start, "high": high}).fetchall()
     line = [*earlier, *new]
     # A named author is part of what was said: "Caroline: I went to the support group".
     texts = [f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip() for row in line]
