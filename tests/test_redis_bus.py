@@ -230,6 +230,17 @@ async def test_two_consumers_of_the_group_share_the_messages(buses: Buses) -> No
     assert set(got["w1"]) | set(got["w2"]) == sent
 
 
+async def test_a_worker_takes_one_message_at_a_time_and_leaves_the_rest_to_the_others(buses: Buses) -> None:
+    busy, idle = await buses.open("w-busy", shards=4), await buses.open("w-idle", shards=4)
+    chats = [f"chat-{i}" for i in range(12)]
+    assert len({shard_of(f"{CHANNEL}:{chat}", 4) for chat in chats}) == 4
+    for chat in chats:
+        await busy.publish_inbound(inbound(f"to {chat}", chat=chat))
+    first = await take(busy)  # and it asks for no more: its turns are all running
+    rest = [(await take(idle)).chat_id for _ in range(len(chats) - 1)]
+    assert sorted([first.chat_id, *rest]) == sorted(chats)
+
+
 async def test_a_dead_consumers_message_is_taken_over(buses: Buses) -> None:
     dead = RedisBus(buses.url, process="w-dead", config=buses.config(claim_idle_ms=200))
     await dead.start()

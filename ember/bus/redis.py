@@ -16,6 +16,8 @@ message (a redelivered message is recognized by its receipt), and the outbox
 into one delivery per answer (`delivery_id`). Within one worker a shard's
 entries arrive in order; two workers may each take one of two messages of a
 session sent back to back, and the session lease then runs them one at a time.
+A worker takes one entry at a time, when it has room for a turn: the others
+stay in Redis for whichever worker is free.
 All processes must agree on the number of shards: it is recorded in Redis, and
 a process configured otherwise refuses to start.
 
