@@ -5,25 +5,50 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from ember.runtime.background import BackgroundRunner, RetryPolicy
 from ember.runtime.leases import HostLock
+from ember.store.engine import Database
 from ember.store.jobs import Job, SqlJobStore
+from ember.store.postgres import PostgresDatabase
 from ember.store.sqlite.database import SqliteDatabase
+from tests.pgserver import ENGINES, engine_database
+
+CLAIM_TTL_S = 0.5  # a shared store's claim, unrenewed: a dead claimer's job is taken over after it
+
+
+@pytest.fixture(params=ENGINES)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    """The job queue on SQLite, and on PostgreSQL, which processes share by claims that expire."""
+    database = await engine_database(request.param, request, tmp_path)
+    yield database
+    await database.close()
+
+
+def job_store(db: Database, claimer: str = "p1", kind: type[SqlJobStore] = SqlJobStore) -> SqlJobStore:
+    """The queue as build_runtime opens it: one home's own on SQLite, shared by claimers on PostgreSQL."""
+    if isinstance(db, SqliteDatabase):
+        return kind(db)
+    return kind(db, claimer=claimer, claim_ttl_s=CLAIM_TTL_S)
+
+
+def runner_lock(jobs: SqlJobStore) -> HostLock | None:
+    # On a home's own store every runner of a test shares one lock file, as the processes of one
+    # EMBER_HOME do; on a shared store there is none, as build_runtime makes it.
+    return HostLock(Path(os.environ["EMBER_HOME"]) / "runner.lock") if jobs.claim_ttl_s is None else None
 
 
 def runner(jobs: SqlJobStore, handler, *, max_attempts: int = 5) -> BackgroundRunner:  # type: ignore[no-untyped-def]
-    # Every runner of a test shares one lock file, as the processes of one EMBER_HOME do.
-    lock = HostLock(Path(os.environ["EMBER_HOME"]) / "runner.lock")
-    return BackgroundRunner(jobs, {"work": handler}, lock,
+    return BackgroundRunner(jobs, {"work": handler}, runner_lock(jobs),
                             retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.01), poll_s=0.05)
 
 
-async def test_one_pending_job_per_kind_and_key(db: SqliteDatabase) -> None:
-    jobs = SqlJobStore(db)
+async def test_one_pending_job_per_kind_and_key(db: Database) -> None:
+    jobs = job_store(db)
     assert await jobs.enqueue("work", "s1")
     assert not await jobs.enqueue("work", "s1")
     assert await jobs.enqueue("work", "s2")
@@ -34,7 +59,7 @@ async def test_one_pending_job_per_kind_and_key(db: SqliteDatabase) -> None:
     assert not await jobs.enqueue(claimed.kind, claimed.dedupe_key)
 
 
-async def test_a_failing_job_is_retried_with_backoff_then_succeeds(db: SqliteDatabase, caplog) -> None:  # type: ignore[no-untyped-def]
+async def test_a_failing_job_is_retried_with_backoff_then_succeeds(db: Database, caplog) -> None:  # type: ignore[no-untyped-def]
     attempts: list[int] = []
 
     async def flaky(job: Job) -> None:
@@ -43,7 +68,7 @@ async def test_a_failing_job_is_retried_with_backoff_then_succeeds(db: SqliteDat
             raise ConnectionError("model unreachable")
 
     caplog.set_level(logging.WARNING)
-    jobs = SqlJobStore(db)
+    jobs = job_store(db)
     background = runner(jobs, flaky)
     await background.start()
     await background.schedule("work", "s1")
@@ -55,11 +80,11 @@ async def test_a_failing_job_is_retried_with_backoff_then_succeeds(db: SqliteDat
     assert len(warnings) == 2 and all("model unreachable" in w and "retrying" in w for w in warnings)
 
 
-async def test_a_job_that_keeps_failing_is_given_up(db: SqliteDatabase) -> None:
+async def test_a_job_that_keeps_failing_is_given_up(db: Database) -> None:
     async def broken(job: Job) -> None:
         raise ValueError("bad data")
 
-    jobs = SqlJobStore(db)
+    jobs = job_store(db)
     background = runner(jobs, broken, max_attempts=3)
     await background.start()
     await background.schedule("work", "s1")
@@ -68,10 +93,10 @@ async def test_a_job_that_keeps_failing_is_given_up(db: SqliteDatabase) -> None:
     assert await jobs.counts() == {"failed": 1}
 
 
-async def test_jobs_survive_a_restart(tmp_path: Path) -> None:
-    db = SqliteDatabase(tmp_path / "ember.db")
-    await db.open()
-    jobs = SqlJobStore(db)
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_jobs_survive_a_restart(engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    db = await engine_database(engine, request, tmp_path)
+    jobs = job_store(db, "died")
     await jobs.enqueue("work", "queued")
     await jobs.enqueue("work", "was-running")
     await jobs.claim_due(1)  # the process dies with this job running
@@ -82,9 +107,11 @@ async def test_jobs_survive_a_restart(tmp_path: Path) -> None:
     async def record(job: Job) -> None:
         ran.append(job.dedupe_key)
 
-    reopened = SqliteDatabase(tmp_path / "ember.db")
+    # The next process; on PostgreSQL another claimer, which takes the job over once its claim runs out.
+    reopened = (SqliteDatabase(tmp_path / "ember.db") if engine == "sqlite"
+                else PostgresDatabase(request.getfixturevalue("pg_store_database")))
     await reopened.open()
-    background = runner(SqlJobStore(reopened), record)
+    background = runner(job_store(reopened, "next"), record)
     await background.start()
     await background.wait_idle()
     await background.stop()
@@ -92,7 +119,7 @@ async def test_jobs_survive_a_restart(tmp_path: Path) -> None:
     await reopened.close()
 
 
-async def test_stop_cancels_a_hung_job_and_it_runs_again_next_start(db: SqliteDatabase) -> None:
+async def test_stop_cancels_a_hung_job_and_it_runs_again_next_start(db: Database) -> None:
     started = asyncio.Event()
     runs: list[str] = []
 
@@ -102,7 +129,7 @@ async def test_stop_cancels_a_hung_job_and_it_runs_again_next_start(db: SqliteDa
             started.set()
             await asyncio.Event().wait()
 
-    jobs = SqlJobStore(db)
+    jobs = job_store(db)
     first = runner(jobs, hangs_once)
     await first.start()
     await first.schedule("work", "s1")
@@ -118,13 +145,16 @@ async def test_stop_cancels_a_hung_job_and_it_runs_again_next_start(db: SqliteDa
     assert await jobs.counts() == {"done": 1}
 
 
-async def test_unknown_job_kind_is_refused_at_scheduling(db: SqliteDatabase) -> None:
-    background = runner(SqlJobStore(db), lambda job: None)
+async def test_unknown_job_kind_is_refused_at_scheduling(db: Database) -> None:
+    background = runner(job_store(db), lambda job: None)
     with pytest.raises(ValueError, match="no handler"):
         await background.schedule("nonsense", "s1")
 
 
-async def test_only_one_runner_per_home_runs_jobs_and_none_steals_a_running_job(db: SqliteDatabase) -> None:
+# SQLite only: it is about the runner lock of one home; on a shared store every process runs
+# jobs, and none takes a running one (tests/test_shared_store.py).
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+async def test_only_one_runner_per_home_runs_jobs_and_none_steals_a_running_job(db: Database) -> None:
     """A second process (say `ember chat -m` beside `ember run`) must not requeue
     and rerun the jobs the first one is running."""
     release = asyncio.Event()
@@ -136,7 +166,7 @@ async def test_only_one_runner_per_home_runs_jobs_and_none_steals_a_running_job(
             await release.wait()
         return run
 
-    jobs = SqlJobStore(db)
+    jobs = job_store(db)
     first, second = runner(jobs, handler("first")), runner(jobs, handler("second"))
     await first.start()
     await first.schedule("work", "s1")
@@ -157,13 +187,13 @@ async def test_only_one_runner_per_home_runs_jobs_and_none_steals_a_running_job(
     assert await jobs.counts() == {"done": 3}
 
 
-async def test_stop_just_after_a_wake_up_returns(db: SqliteDatabase) -> None:
+async def test_stop_just_after_a_wake_up_returns(db: Database) -> None:
     """On Python 3.11, asyncio.wait_for swallows a cancel that arrives as its
     event is set; a runner built on it hung in stop() after a schedule()."""
     async def nothing(job: Job) -> None:
         return None
 
-    jobs = SqlJobStore(db)
+    jobs = job_store(db)
     for i in range(5):
         background = runner(jobs, nothing)
         await background.start()
@@ -183,16 +213,15 @@ class CountedLooks(SqlJobStore):
         return await super().next_due_at()
 
 
-async def test_a_runner_with_every_slot_busy_waits_for_one_without_polling_the_store(db: SqliteDatabase) -> None:
+async def test_a_runner_with_every_slot_busy_waits_for_one_without_polling_the_store(db: Database) -> None:
     started, release = asyncio.Event(), asyncio.Event()
 
     async def slow(job: Job) -> None:
         started.set()
         await release.wait()
 
-    jobs = CountedLooks(db)
-    lock = HostLock(Path(os.environ["EMBER_HOME"]) / "runner.lock")
-    background = BackgroundRunner(jobs, {"work": slow}, lock, concurrency=1, poll_s=5.0)
+    jobs = job_store(db, kind=CountedLooks)
+    background = BackgroundRunner(jobs, {"work": slow}, runner_lock(jobs), concurrency=1, poll_s=5.0)
     await background.start()
     await background.schedule("work", "first")
     await asyncio.wait_for(started.wait(), 5)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from ember.app import build_runtime
+from ember.config import Settings
 from ember.core.events import OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.memory import MemoryKind
@@ -22,6 +23,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store import schema
 from tests.conftest import EPISODES_HEADING, IDENTITY, Harness, job_counts, of_kind, session_key
+from tests.pgserver import RUNTIMES, engine_settings
 
 
 def numbered(messages: list[Message], start: int = 0) -> Session:
@@ -101,6 +103,13 @@ def test_any_history_any_keep_never_splits_a_chain(history: list[Message], keep:
 
 # Racing consolidation against live turns, with real stores and leases.
 
+@pytest.fixture(params=RUNTIMES)
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """Sessions, their boundary, leases and jobs on SQLite, on PostgreSQL, and on PostgreSQL with the
+    Redis bus."""
+    return engine_settings(settings, request.param, request)
+
+
 def racing_model(rng: random.Random) -> FunctionModel:
     async def answer(messages: list[Message], tools: object) -> ModelReply:
         if SUMMARY_INSTRUCTION in messages[0].content:
@@ -156,7 +165,11 @@ async def episode_ranges(h: Harness) -> list[tuple[int, int]]:
         return [(row.seq_start, row.seq_end) for row in rows]
 
 
-@pytest.mark.parametrize("seed", range(12))
+# Twelve races on SQLite; on PostgreSQL (its leases are rows), fewer, to keep the suite's time.
+@pytest.mark.parametrize(("settings", "seed"), [*(("sqlite", seed) for seed in range(12)),
+                                                *(("postgresql", seed) for seed in range(4)),
+                                                *(("postgresql+redis", seed) for seed in range(2))],
+                         indirect=["settings"])
 async def test_consolidation_racing_turns_loses_nothing(start, settings, seed: int) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(seed)
     config = settings.model_copy(update={"consolidation_threshold": 4, "consolidation_keep_recent": rng.randint(0, 3)})
@@ -208,6 +221,7 @@ async def test_summary_reaches_the_next_prompt(start, settings) -> None:  # type
 async def test_pending_consolidation_is_deduplicated_per_session(settings) -> None:  # type: ignore[no-untyped-def]
     config = settings.model_copy(update={"consolidation_threshold": 4})
     runtime = await build_runtime(config, FunctionModel(lambda m, t: ModelReply(text="ok")))
+    await runtime.bus.start()
     await runtime.loop.start()  # the background runner is deliberately not started
     h = Harness(runtime)
     try:
@@ -227,6 +241,7 @@ async def test_pending_consolidation_is_deduplicated_per_session(settings) -> No
         await h.close()
         await runtime.loop.stop()
         await runtime.runner.stop()
+        await runtime.bus.close()
         await runtime.db.close()
 
 

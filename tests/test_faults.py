@@ -84,11 +84,23 @@ from tests.conftest import (
     session_key,
 )
 from tests.modelserver import ModelServer, Reply
+from tests.pgserver import RUNTIMES, engine_settings
 
 KEY = session_key()
 
 
 # --- runtimes ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=RUNTIMES)
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """The runtime's store and bus on SQLite, on PostgreSQL, and on PostgreSQL with the Redis bus."""
+    return engine_settings(settings, request.param, request)
+
+
+# For the tests of a runtime that `assemble` wires on the home's SQLite file around an in-process
+# bus (a RefusingBus, to fail the channel), and of that file locked by another connection.
+sqlite_only = pytest.mark.parametrize("settings", ["sqlite"], indirect=True)
 
 
 def echo_tool(seen: list[str]) -> FunctionTool[NoteArgs]:
@@ -312,6 +324,7 @@ async def test_a_stream_cut_midway_is_one_error_and_no_partial_answer(settings: 
 # --- background work fails -----------------------------------------------------------------------
 
 
+@sqlite_only
 async def test_a_failing_embedding_job_is_retried_with_backoff_and_the_answer_is_delivered_regardless(
         settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
     config = settings.model_copy(update={"job_backoff_base_s": 0.1, "job_max_attempts": 5})
@@ -390,6 +403,7 @@ async def test_a_failing_consolidation_is_retried_and_the_boundary_waits_for_a_s
 # --- the channel fails ---------------------------------------------------------------------------
 
 
+@sqlite_only
 async def test_a_failed_send_keeps_the_answer_owed_and_the_next_start_resends_it(settings: Settings) -> None:
     bus = RefusingBus(refuse_finals=1)
     async with wired(settings, ScriptedModel([ModelReply(text="committed answer")]), bus=bus) as h:
@@ -419,6 +433,7 @@ async def test_a_failed_send_keeps_the_answer_owed_and_the_next_start_resends_it
         assert [d for d in await SqlDeliveryStore(db).undelivered([CHANNEL]) if d.kind == "final"] == []
 
 
+@sqlite_only
 async def test_a_redelivery_after_a_failed_send_gets_the_committed_answer(settings: Settings) -> None:
     model = ScriptedModel([ModelReply(text="committed"), ModelReply(text="a second answer")])
     async with wired(settings, model, bus=RefusingBus(refuse_finals=1)) as h:
@@ -444,6 +459,7 @@ async def owe_an_answer(db: SqliteDatabase, text: str = "owed answer") -> Delive
     return owed
 
 
+@sqlite_only
 async def test_a_channel_still_down_at_the_next_start_does_not_fail_the_start(settings: Settings) -> None:
     settings.home_dir.mkdir(parents=True, exist_ok=True)
     async with open_database(settings) as db:
@@ -461,6 +477,7 @@ async def test_a_channel_still_down_at_the_next_start_does_not_fail_the_start(se
         assert [d.delivery_id for d in await SqlDeliveryStore(db).undelivered([CHANNEL])] == [owed.delivery_id]
 
 
+@sqlite_only
 async def test_a_resend_refused_by_the_channel_is_tried_again_at_the_next_sweep(settings: Settings) -> None:
     settings.home_dir.mkdir(parents=True, exist_ok=True)
     async with open_database(settings) as db:
@@ -526,6 +543,7 @@ async def lock_during(h: Harness, gated: Gated, where: str, hold_s: float) -> Ou
     return await h.next_closing()
 
 
+@sqlite_only
 @pytest.mark.parametrize("where", ["accept", "answer"])
 async def test_a_briefly_locked_store_is_waited_for(settings: Settings, where: str) -> None:
     gated = Gated("answered after the wait")
@@ -551,6 +569,7 @@ async def inbox_and_outbox(settings: Settings) -> tuple[int, int]:
     return receipts, finals
 
 
+@sqlite_only
 @pytest.mark.parametrize("where", ["accept", "answer"])
 async def test_a_store_locked_past_the_busy_timeout_is_one_error_and_never_half_a_commit(
         settings: Settings, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
@@ -578,6 +597,7 @@ async def test_a_store_locked_past_the_busy_timeout_is_one_error_and_never_half_
 
 
 
+@sqlite_only
 async def test_a_store_locked_past_the_busy_timeout_says_so(settings: Settings, monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
     monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 300)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from ember.config import Settings
 from ember.core.events import OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.memory import MemoryKind
@@ -16,6 +19,13 @@ from ember.pipeline.context import PROFILE_HEADING
 from ember.pipeline.inference import TRUNCATED_NOTE, iteration_cap_text
 from ember.skills.review import REVIEW_INSTRUCTION as SKILL_REVIEW_INSTRUCTION
 from tests.conftest import EPISODES_HEADING, IDENTITY, job_counts, of_kind, session_key, tool_run
+from tests.pgserver import RUNTIMES, engine_settings
+
+
+@pytest.fixture(params=RUNTIMES)
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """Turns' tool steps, jobs and memory on SQLite, on PostgreSQL, and on PostgreSQL with the Redis bus."""
+    return engine_settings(settings, request.param, request)
 
 
 def read(path: str, call_id: str = "c1") -> ToolCall:

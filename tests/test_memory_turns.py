@@ -8,8 +8,9 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ember.app import Runtime, build_runtime, configured_model, running
 from ember.config import Settings
@@ -19,13 +20,20 @@ from ember.memory.embeddings import HashingEmbedder
 from ember.pipeline.context import PROFILE_HEADING, RECALLED_HEADING
 from ember.store.tx import Statement
 from tests.modelserver import ModelServer, Reply, tool_call
+from tests.pgserver import RUNTIMES, engine_settings
 
 CHANNEL = "test"  # a sender of this channel is the identity "test:<sender>" unless bound
 
 
-def settings_for(tmp_path: Path, server: ModelServer, **extra: Any) -> Settings:
+@pytest.fixture(params=RUNTIMES)
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """Sessions, memory and its indexes on SQLite, on PostgreSQL, and on PostgreSQL with the Redis bus."""
+    return engine_settings(settings, request.param, request)
+
+
+def settings_for(settings: Settings, server: ModelServer, **extra: Any) -> Settings:
     values: dict[str, Any] = {"consolidation_threshold": 1_000, "job_backoff_base_s": 0.01, **extra}
-    return Settings(home=tmp_path / "home", model=server.model, model_base_url=server.base_url, **values)
+    return settings.model_copy(update={"model": server.model, "model_base_url": server.base_url, **values})
 
 
 @asynccontextmanager
@@ -55,9 +63,9 @@ def system_messages(request: dict[str, Any]) -> list[str]:
 
 
 async def test_a_memory_from_another_session_of_the_same_person_reaches_the_prompt(
-        tmp_path: Path, model_server: ModelServer) -> None:
+        settings: Settings, model_server: ModelServer) -> None:
     model_server.push(Reply(text="Noted."), Reply(text="Mochi."), Reply(text="I don't know."))
-    async with runtime_on(settings_for(tmp_path, model_server)) as runtime:
+    async with runtime_on(settings_for(settings, model_server)) as runtime:
         await say(runtime, "By the way, my cat is called Mochi.", sender="alice", chat="monday")
         await runtime.runner.wait_idle()  # the message joins the searchable history
         answer = await say(runtime, "What is my cat called?", sender="alice", chat="friday")
@@ -72,11 +80,11 @@ async def test_a_memory_from_another_session_of_the_same_person_reaches_the_prom
     assert "Mochi" not in sent_text(bob_prompt)
 
 
-async def test_bound_principals_share_one_memory(tmp_path: Path, model_server: ModelServer) -> None:
+async def test_bound_principals_share_one_memory(settings: Settings, model_server: ModelServer) -> None:
     model_server.push(Reply(text="Noted."), Reply(text="Lyon."))
-    settings = settings_for(tmp_path, model_server,
-                            identities={"alice": ["test:alice-laptop", "test:alice-phone"]})
-    async with runtime_on(settings) as runtime:
+    config = settings_for(settings, model_server,
+                          identities={"alice": ["test:alice-laptop", "test:alice-phone"]})
+    async with runtime_on(config) as runtime:
         await say(runtime, "I was born in Lyon, remember that.", sender="alice-laptop", chat="desk")
         await runtime.runner.wait_idle()
         await say(runtime, "Where was I born?", sender="alice-phone", chat="phone")
@@ -86,7 +94,7 @@ async def test_bound_principals_share_one_memory(tmp_path: Path, model_server: M
                                                          ("assistant", "Noted.")}
 
 
-async def test_remember_and_forget_through_the_models_tools(tmp_path: Path, model_server: ModelServer) -> None:
+async def test_remember_and_forget_through_the_models_tools(settings: Settings, model_server: ModelServer) -> None:
     model_server.push(
         Reply(tool_calls=(tool_call("remember", content="The user's dentist is Dr. Okafor.", subject="user",
                                     key="dentist"),)),
@@ -94,7 +102,7 @@ async def test_remember_and_forget_through_the_models_tools(tmp_path: Path, mode
         Reply(tool_calls=(tool_call("memory_search", query="dentist"),)),
         Reply(text="Dr. Okafor."),
     )
-    async with runtime_on(settings_for(tmp_path, model_server)) as runtime:
+    async with runtime_on(settings_for(settings, model_server)) as runtime:
         await say(runtime, "My dentist is Dr. Okafor.", sender="alice", chat="one")
         await say(runtime, "Who is my dentist?", sender="alice", chat="two")
         facts = await runtime.memory.store.list("test:alice", kinds=(MemoryKind.FACT,))
@@ -111,13 +119,14 @@ async def test_remember_and_forget_through_the_models_tools(tmp_path: Path, mode
         assert (await runtime.memory.store.get("test:alice", facts[0].id)).status is MemoryStatus.ACTIVE
 
 
-async def test_a_group_chats_summary_is_the_groups_not_any_members(tmp_path: Path, model_server: ModelServer) -> None:
+async def test_a_group_chats_summary_is_the_groups_not_any_members(settings: Settings,
+                                                                   model_server: ModelServer) -> None:
     summary = json.dumps({"summary": "Alice and Bob planned a picnic.",
                           "facts": [{"subject": "user", "key": "food", "content": "The user loves olives."}]})
     model_server.responder = lambda body: Reply(
         text=summary if "Summarise" in body["messages"][0]["content"] else "ok")
-    settings = settings_for(tmp_path, model_server, consolidation_threshold=6, consolidation_keep_recent=2)
-    async with runtime_on(settings) as runtime:
+    config = settings_for(settings, model_server, consolidation_threshold=6, consolidation_keep_recent=2)
+    async with runtime_on(config) as runtime:
         for sender, text in [("alice", "I love olives"), ("bob", "picnic on Sunday?"), ("alice", "yes"),
                              ("bob", "I'll bring bread")]:
             await say(runtime, text, sender=sender, chat="group")
@@ -132,7 +141,7 @@ async def test_a_group_chats_summary_is_the_groups_not_any_members(tmp_path: Pat
     assert "picnic on Sunday?" in {r.content for r in bob_archive}
 
 
-async def test_consolidation_extracts_facts_into_the_persons_memory(tmp_path: Path,
+async def test_consolidation_extracts_facts_into_the_persons_memory(settings: Settings,
                                                                     model_server: ModelServer) -> None:
     summary = json.dumps({"summary": "The user talked about their job.",
                           "facts": [{"subject": "user", "key": "employer", "content": "The user works at Acme."},
@@ -142,8 +151,8 @@ async def test_consolidation_extracts_facts_into_the_persons_memory(tmp_path: Pa
     replies = iter([summary, good])
     model_server.responder = lambda body: Reply(
         text=next(replies) if "Summarise" in body["messages"][0]["content"] else "ok")
-    settings = settings_for(tmp_path, model_server, consolidation_threshold=4, consolidation_keep_recent=0)
-    async with runtime_on(settings) as runtime:
+    config = settings_for(settings, model_server, consolidation_threshold=4, consolidation_keep_recent=0)
+    async with runtime_on(config) as runtime:
         await say(runtime, "I work at Acme", sender="carol", chat="a")
         await say(runtime, "as an engineer", sender="carol", chat="a")
         await runtime.runner.wait_idle()
@@ -157,9 +166,10 @@ async def test_consolidation_extracts_facts_into_the_persons_memory(tmp_path: Pa
     assert len(episodes) == 2 and all(e.content == "The user talked about their job." for e in episodes)
 
 
-async def test_an_archived_message_is_found_by_its_neighbours_words(tmp_path: Path, model_server: ModelServer) -> None:
+async def test_an_archived_message_is_found_by_its_neighbours_words(settings: Settings,
+                                                                    model_server: ModelServer) -> None:
     model_server.push(Reply(text="Which one?"), Reply(text="Got it, the red one."), Reply(text="ok"))
-    async with runtime_on(settings_for(tmp_path, model_server)) as runtime:
+    async with runtime_on(settings_for(settings, model_server)) as runtime:
         await say(runtime, "I bought a bicycle today", sender="dana", chat="bikes")
         await say(runtime, "the red one", sender="dana", chat="bikes")
         await runtime.runner.wait_idle()
@@ -168,16 +178,16 @@ async def test_an_archived_message_is_found_by_its_neighbours_words(tmp_path: Pa
         hits = await runtime.memory.search("test:dana", "bicycle", limit=2, kinds=(MemoryKind.ARCHIVAL,))
         counts = await runtime.memory.store.consistency()
         windows = await runtime.db.run_read(lambda tx: tx.execute(Statement(
-            "SELECT COUNT(*) FROM memory_vectors WHERE window IS NOT NULL")).fetchone()[0])
+            'SELECT COUNT(*) FROM memory_vectors WHERE "window" IS NOT NULL')).fetchone()[0])
     # "Which one?" says nothing of bicycles; the message before it does.
     assert [h.record.content for h in hits] == ["I bought a bicycle today", "Which one?"]
     assert counts["rows"] == counts["text_rows"] == 6 and counts["unembedded"] == 0
     assert windows == 6  # every archived message has its window vector, refreshed as neighbours arrived
 
 
-async def test_an_evaluation_session_leaves_no_memory(tmp_path: Path, model_server: ModelServer) -> None:
+async def test_an_evaluation_session_leaves_no_memory(settings: Settings, model_server: ModelServer) -> None:
     model_server.push(Reply(text="ok"))
-    async with runtime_on(settings_for(tmp_path, model_server)) as runtime:
+    async with runtime_on(settings_for(settings, model_server)) as runtime:
         await runtime.bus.publish_inbound(InboundEvent(
             channel=CHANNEL, chat_id="eval", sender_id="erin", text="my secret word is tangerine",
             message_id=uuid.uuid4().hex, metadata={"evaluation": "true"}))

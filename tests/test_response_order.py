@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ember.bus.memory import InProcessBus
+from ember.config import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.messages import Message, Role, Session, ToolCall
@@ -39,8 +40,17 @@ from ember.store.sessions import SqlSessionStore
 from ember.store.traces import SqlTraceStore
 from ember.tools.base import ToolRegistry
 from tests.conftest import job_counts, session_key
+from tests.pgserver import RUNTIMES, engine_settings
 
 Log = list[tuple[str, str]]
+
+
+# The tests of a whole runtime (`start`) run on each runtime; those of the Rig stay on SQLite (`db`):
+# it assembles the loop by hand around the in-process bus, to log the order of its steps.
+@pytest.fixture(params=RUNTIMES)
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """A runtime's sessions and jobs on SQLite, on PostgreSQL, and on PostgreSQL with the Redis bus."""
+    return engine_settings(settings, request.param, request)
 
 
 class RecordingStore:

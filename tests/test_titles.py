@@ -11,7 +11,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import ScriptedModel
 from ember.runtime.titles import SessionTitler, clean_title
 from ember.store.sessions import SqlSessionStore
-from ember.store.sqlite.database import SqliteDatabase
+from tests.pgserver import ENGINES, engine_database
 
 
 @pytest.mark.parametrize(("answer", "title"), [
@@ -32,10 +32,10 @@ def test_a_long_title_is_cut_with_an_ellipsis() -> None:
     assert title is not None and len(title) == 60 and title.endswith("…")
 
 
-@pytest.fixture
-async def sessions(tmp_path: Path) -> SqlSessionStore:
-    db = SqliteDatabase(tmp_path / "ember.db")
-    await db.open()
+@pytest.fixture(params=ENGINES)
+async def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> SqlSessionStore:
+    """The session store, where titles are kept, on SQLite and on PostgreSQL."""
+    db = await engine_database(request.param, request, tmp_path)
     store = SqlSessionStore(db)
     session = Session(key="http:alice:s1")
     await store.append(session, [Message.user("what should I plant?", turn_id="t1"),
