@@ -270,6 +270,16 @@ async def test_a_live_consumers_message_is_not_taken_over(buses: Buses) -> None:
         await asyncio.gather(waiting, return_exceptions=True)
 
 
+async def test_a_saturated_consumers_message_is_not_taken_over_while_it_reads_nothing(buses: Buses) -> None:
+    """Every slot of the holder is busy: its loop asks for no message, yet its turns run on."""
+    holder = await buses.open("w1", claim_idle_ms=200)
+    other = await buses.open("w2", claim_idle_ms=200)
+    await holder.publish_inbound(inbound("slow turn", message_id="m1"))
+    event = await take(holder)
+    await nothing_for(other, 1.5)  # several times claim_idle_ms
+    await holder.ack_inbound(event)
+
+
 async def test_a_released_message_is_taken_over_again_even_by_the_process_that_let_it_go(buses: Buses) -> None:
     """A worker fenced off a session (LeaseLost) lets its message go unacknowledged: it stops keeping
     it fresh, so that when the worker that took the session over dies too, the entry idles and is

@@ -9,8 +9,10 @@ the shards in one consumer group, `workers`, under its own consumer name
 which the agent loop calls once the work the message started is durable: its
 turn's answer or failure committed, or the message recognized as already
 handled. A worker keeps the entries it holds fresh (XCLAIM JUSTID resets their
-idle time) every third of `claim_idle_ms`, and takes over, with XAUTOCLAIM,
-entries idle longer than that: those of a consumer that died or hung. The
+idle time) every third of `claim_idle_ms`, from a task of its own, so even while
+its turns fill every slot and it reads nothing; and when it reads, it takes
+over, with XAUTOCLAIM, entries idle longer than that: those of a consumer that
+died or hung. The
 bus is therefore at-least-once; the store's inbox turns that into one turn per
 message (a redelivered message is recognized by its receipt), and the outbox
 into one delivery per answer (`delivery_id`). Within one worker a shard's
@@ -212,6 +214,7 @@ class RedisBus:
         self._outboxes: dict[str, _Outbox] = {}
         self._stops = f"{ns}:stops"
         self._stop_listener: PubSub | None = None
+        self._freshening: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Connect, check the shard count and create the inbound groups; BusUnavailable if Redis is not there."""
@@ -224,10 +227,14 @@ class RedisBus:
         except BaseException:
             await self.close()
             raise
+        self._freshening = asyncio.create_task(self._keep_held_fresh(), name="ember-redis-held-entries")
         log.info("Redis bus at %s: process %s, %d inbound shards", self._where, self._process, shards)
 
     async def close(self) -> None:
         """Disconnect. What this process was handed and did not ack stays pending: another worker takes it over."""
+        if self._freshening is not None:
+            self._freshening.cancel()
+            await asyncio.gather(self._freshening, return_exceptions=True)
         self._ready.clear()
         self._delivered.clear()
         self._outboxes.clear()
@@ -318,18 +325,33 @@ class RedisBus:
     def _upkeep_every_ms(self) -> int:
         return max(1, self._config.claim_idle_ms // 3)
 
+    async def _keep_held_fresh(self) -> None:
+        """Every third of claim_idle_ms, reset the idle time of the entries this process holds,
+        so that no other worker takes them over while their turns run."""
+        backoff = _Backoff(self._where, "held entries")
+        while True:
+            await asyncio.sleep(self._upkeep_every_ms / 1000)
+            held: dict[str, list[str]] = {}
+            for entry in self._held():
+                held.setdefault(entry.stream, []).append(entry.entry_id)
+            try:
+                for stream, ids in held.items():
+                    await self._client.xclaim(stream, WORKERS, self._process, 0, ids, justid=True)
+            except _DOWN as exc:
+                await backoff.wait(exc)
+            except ResponseError as exc:
+                if not _lost_group(exc):  # a lost group is made again by the next read
+                    raise
+            else:
+                backoff.recovered()
+
     async def _upkeep(self) -> None:
-        """Keep the held entries fresh and take over the entries dead consumers left."""
+        """Take over the entries dead consumers left."""
         now = time.monotonic()
         if now < self._next_upkeep:
             return
         if not self._groups_made:
             await self._create_inbound_groups()
-        held: dict[str, list[str]] = {}
-        for entry in self._held():
-            held.setdefault(entry.stream, []).append(entry.entry_id)
-        for stream, ids in held.items():
-            await self._client.xclaim(stream, WORKERS, self._process, 0, ids, justid=True)
         for stream in self._shards:
             _cursor, entries, _deleted = await self._client.xautoclaim(
                 stream, WORKERS, self._process, self._config.claim_idle_ms, "0-0", count=100)
