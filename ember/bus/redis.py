@@ -509,9 +509,10 @@ class RedisBus:
 
 
 def _end_if_cancelled() -> None:
-    """A blocking read can return normally although its task was cancelled meanwhile (redis-py
-    under Python 3.11 sometimes loses the CancelledError): a consumer's loop must end anyway,
-    or whatever waits for it, a shutdown above all, waits forever."""
+    """A read can return normally although its task was cancelled while it sent the command:
+    redis-py sends through asyncio.wait_for, which on Python 3.11 drops a cancellation that
+    arrives as the send completes. A consumer's loop must end anyway (at its next read, within
+    block_ms), or whatever waits for it, a shutdown above all, waits forever."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
