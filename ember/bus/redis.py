@@ -12,10 +12,9 @@ handled. A worker keeps the entries it holds fresh (XCLAIM JUSTID resets their
 idle time) every third of `claim_idle_ms`, from a task of its own, so even while
 its turns fill every slot and it reads nothing; and when it reads, it takes
 over, with XAUTOCLAIM, entries idle longer than that: those of a consumer that
-died or hung. The
-bus is therefore at-least-once; the store's inbox turns that into one turn per
-message (a redelivered message is recognized by its receipt), and the outbox
-into one delivery per answer (`delivery_id`). Within one worker a shard's
+died or hung. The bus is therefore at-least-once; the store's inbox turns
+that into one turn per message (a redelivered message is recognized by its
+receipt), and the outbox into one delivery per answer (`delivery_id`). Within one worker a shard's
 entries arrive in order; two workers may each take one of two messages of a
 session sent back to back, and the session lease then runs them one at a time.
 A worker takes one entry at a time, when it has room for a turn: the others
@@ -339,9 +338,9 @@ class RedisBus:
                     await self._client.xclaim(stream, WORKERS, self._process, 0, ids, justid=True)
             except _DOWN as exc:
                 await backoff.wait(exc)
-            except ResponseError as exc:
-                if not _lost_group(exc):  # a lost group is made again by the next read
-                    raise
+            except ResponseError as exc:  # NOGROUP: the next read makes the groups again
+                if not _lost_group(exc):
+                    log.warning("Redis bus at %s refused to keep held entries fresh: %s", self._where, exc)
             else:
                 backoff.recovered()
 
