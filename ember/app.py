@@ -368,6 +368,16 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
                    lease_table)
 
 
+async def configured_runtime(settings: Settings, model: ModelClient, *, own_roles: bool = True) -> Runtime:
+    """`build_runtime` as the commands run it: with a model configured (and `own_roles`), the
+    background and approval work go to the models `[model_roles]` names for them; else `model`
+    does it all."""
+    roles = own_roles and settings.model_configured
+    return await build_runtime(settings, model,
+                               background_model=configured_background_model(settings) if roles else None,
+                               approval_model=configured_approval_model(settings, model) if roles else None)
+
+
 def store_database(settings: Settings) -> Database:
     """PostgreSQL when `database_url` is set, else the SQLite file in the home."""
     if settings.database_url is not None:

@@ -10,14 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.app import (
-    build_runtime,
-    configured_approval_model,
-    configured_background_model,
-    configured_model,
-    require_shared_bus,
-    running,
-)
+from ember.app import configured_model, configured_runtime, require_shared_bus, running
 from ember.channels.cli import CHANNEL, CliChannel
 from ember.channels_cli import channels
 from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
@@ -57,10 +50,7 @@ SessionOption = Annotated[str, typer.Option("--session", "-s", help="Session nam
 async def _chat(settings: Settings, model: ModelClient, session: str, message: str | None, *,
                 demo: bool = False) -> int:
     # The demo model does the background work too; a configured chain may name its own for it.
-    configured = not demo and settings.model_configured
-    background = configured_background_model(settings) if configured else None
-    approval = configured_approval_model(settings, model) if configured else None
-    runtime = await build_runtime(settings, model, background_model=background, approval_model=approval)
+    runtime = await configured_runtime(settings, model, own_roles=not demo)
     channel = CliChannel(runtime.bus, runtime.approvals, out, err, chat_id=session)
     runtime.channels.register(channel)
     async with running(runtime):

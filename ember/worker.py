@@ -27,14 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ember.app import (
-    Runtime,
-    build_runtime,
-    configured_approval_model,
-    configured_background_model,
-    require_shared_bus,
-    running,
-)
+from ember.app import Runtime, configured_runtime, require_shared_bus, running
 from ember.channels.gateway.metrics import ProcessMetrics
 from ember.channels.gateway.server import bind
 from ember.config import Settings
@@ -58,9 +51,7 @@ async def work(settings: Settings, model: ModelClient, on_ready: Callable[[str |
 
 async def _work(settings: Settings, model: ModelClient, on_ready: Callable[[str | None], None],
                 sock: socket.socket | None) -> int:
-    background = configured_background_model(settings) if settings.model_configured else None
-    approval = configured_approval_model(settings, model) if settings.model_configured else None
-    runtime = await build_runtime(settings, model, background_model=background, approval_model=approval)
+    runtime = await configured_runtime(settings, model)
     runtime.channels.register(runtime.scheduler())
     stopping = asyncio.Event()
 

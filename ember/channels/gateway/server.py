@@ -17,14 +17,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from ember.app import (
-    Runtime,
-    build_runtime,
-    configured_approval_model,
-    configured_background_model,
-    require_shared_bus,
-    running,
-)
+from ember.app import Runtime, configured_runtime, require_shared_bus, running
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.limits import RedisRateLimiter
@@ -192,9 +185,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
     sock = bind(host, port)
     listening = Listening(host, sock.getsockname()[1], keys.count)
     try:
-        background = configured_background_model(settings) if settings.model_configured else None
-        approval = configured_approval_model(settings, model) if settings.model_configured else None
-        runtime = await build_runtime(settings, model, background_model=background, approval_model=approval)
+        runtime = await configured_runtime(settings, model)
         # Gateways sharing a bus: a request whose answer went astray finds it in the store.
         router = TurnRouter(runtime.bus, answers=runtime.deliveries.store if settings.redis_url else None)
         runtime.channels.register(router)
