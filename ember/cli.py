@@ -10,11 +10,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.app import configured_model, configured_runtime, require_shared_bus, running
+from ember.app import configured_runtime, require_shared_bus, running
 from ember.channels.cli import CHANNEL, CliChannel
 from ember.channels_cli import channels
 from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.configured_models import configured_model
 from ember.core.delivery import interleaved
 from ember.core.errors import EmberError
 from ember.core.messages import Message

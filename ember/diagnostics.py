@@ -12,9 +12,11 @@ from redis.asyncio import Redis
 from rich.console import Console
 from sqlalchemy import bindparam, distinct, func, select, text
 
-from ember.app import model_endpoints, open_database
-from ember.bus.redis import WORKERS, redacted_url
+from ember.app import open_database
+from ember.bus.redis import WORKERS
+from ember.bus.redis_support import redacted_url
 from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.configured_models import model_endpoints
 from ember.core.errors import EmberError
 from ember.models.base import ModelEndpoint
 from ember.store import schema

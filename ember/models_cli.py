@@ -11,9 +11,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ember.app import model_endpoints, model_specs
 from ember.cli_common import err, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.configured_models import model_endpoints, model_specs
 from ember.diagnostics import probe_model
 from ember.models.spec import ANTHROPIC_BASE_URL, ROLES, role_chains
 

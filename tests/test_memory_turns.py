@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from ember.app import Runtime, build_runtime, configured_model, running
+from ember.app import Runtime, build_runtime, running
 from ember.config import Settings
+from ember.configured_models import configured_model
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.memory import MemoryKind, MemoryStatus, shared_identity
 from ember.memory.embeddings import HashingEmbedder

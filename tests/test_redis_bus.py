@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.bus.codec import decode_inbound, decode_outbound, encode_inbound, encode_outbound
-from ember.bus.redis import RedisBus, RedisBusConfig, redacted_url, shard_of
+from ember.bus.redis import RedisBus
+from ember.bus.redis_support import RedisBusConfig, redacted_url, shard_of
 from ember.core.errors import BusUnavailable, ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, ReplyRoute, TurnUsage
 from ember.core.messages import ToolCall

@@ -67,23 +67,28 @@ import asyncio
 import contextlib
 import logging
 import time
-import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
-from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from ember.bus.codec import decode_inbound, decode_outbound, encode_inbound, encode_outbound
+from ember.bus.redis_support import (
+    REDIS_DOWN,
+    Backoff,
+    RedisBusConfig,
+    end_if_cancelled,
+    lost_group,
+    redacted_url,
+    shard_of,
+)
 from ember.core.errors import BusUnavailable, ConfigError
 from ember.core.events import InboundEvent, OutboundEvent
 
@@ -91,8 +96,6 @@ log = logging.getLogger(__name__)
 
 WORKERS = "workers"  # the consumer group of the inbound shards
 READERS = "gateways"  # the consumer group of the outbound streams
-# What "Redis is not there" looks like (a restarting Redis's LOADING is a ConnectionError too).
-_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 T = TypeVar("T")
 
 # KEYS: the route, the shared stream. ARGV: the prefix of process streams, the channel, maxlen, payload,
@@ -106,44 +109,6 @@ if process then
 end
 return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[4])
 """
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RedisBusConfig:
-    namespace: str = "ember"  # the prefix of every key: several deployments can share one Redis
-    shards: int = 4
-    claim_idle_ms: int = 30_000  # a pending entry idle this long is a dead consumer's: taken over
-    block_ms: int = 1_000  # the longest a read blocks between upkeeps
-    publish_timeout_s: float = 5.0  # how long publishing retries before BusUnavailable
-    outbound_maxlen: int = 10_000
-    reader_ttl_ms: int = 10_000  # a process's outbound stream lives this long after it stops reading
-    route_ttl_s: int = 86_400
-
-    def __post_init__(self) -> None:
-        numbers = (self.shards, self.claim_idle_ms, self.block_ms, self.publish_timeout_s, self.outbound_maxlen,
-                   self.reader_ttl_ms, self.route_ttl_s)
-        if min(numbers) <= 0:
-            raise ConfigError("the Redis bus's shards, timeouts, TTLs and maxlen must be positive")
-        if not self.namespace or ":" in self.namespace:
-            raise ConfigError("the Redis bus's namespace must be a non-empty name without ':'")
-
-
-def shard_of(session_key: str, shards: int) -> int:
-    """The inbound shard of a session: the same in every process and Python run."""
-    return zlib.crc32(session_key.encode("utf-8", "surrogatepass")) % shards
-
-
-def redacted_url(url: str) -> str:
-    """The URL as it may be logged: without its password or query (which can carry one)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "(a malformed Redis URL)"
-    host = f"[{host}]" if ":" in host else host
-    user = f"{parts.username}:***@" if parts.password else (f"{parts.username}@" if parts.username else "")
-    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,26 +127,6 @@ class _Outbox:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     next_beat: float = 0.0
     groups_made: bool = False
-
-
-class _Backoff:
-    """A consumer's wait between tries while Redis is away: logged once per outage."""
-
-    def __init__(self, where: str, reader: str) -> None:
-        self._where, self._reader, self._delay, self._failing = where, reader, 0.05, False
-
-    async def wait(self, exc: BaseException) -> None:
-        if not self._failing:
-            log.warning("Redis bus at %s unreachable (%s reading, %s); retrying with backoff",
-                        self._where, self._reader, type(exc).__name__)
-            self._failing = True
-        await asyncio.sleep(self._delay)
-        self._delay = min(self._delay * 2, 2.0)
-
-    def recovered(self) -> None:
-        if self._failing:
-            log.info("Redis bus at %s reachable again (%s reading)", self._where, self._reader)
-        self._failing, self._delay = False, 0.05
 
 
 class RedisBus:
@@ -259,16 +204,16 @@ class RedisBus:
     async def next_inbound(self) -> InboundEvent:
         """The next message for this worker: new, or taken over from a dead consumer."""
         async with self._inbound_lock:
-            backoff = _Backoff(self._where, "inbound")
+            backoff = Backoff(self._where, "inbound")
             while not self._ready:
-                _end_if_cancelled()
+                end_if_cancelled()
                 try:
                     await self._upkeep()
                     await self._read_new()
-                except _DOWN as exc:
+                except REDIS_DOWN as exc:
                     await backoff.wait(exc)
                 except ResponseError as exc:
-                    if not _lost_group(exc):
+                    if not lost_group(exc):
                         raise
                     log.warning("Redis bus at %s lost the inbound groups; creating them again", self._where)
                     self._groups_made, self._next_upkeep = False, 0.0
@@ -327,7 +272,7 @@ class RedisBus:
     async def _keep_held_fresh(self) -> None:
         """Every third of claim_idle_ms, reset the idle time of the entries this process holds,
         so that no other worker takes them over while their turns run."""
-        backoff = _Backoff(self._where, "held entries")
+        backoff = Backoff(self._where, "held entries")
         while True:
             await asyncio.sleep(self._upkeep_every_ms / 1000)
             held: dict[str, list[str]] = {}
@@ -336,10 +281,10 @@ class RedisBus:
             try:
                 for stream, ids in held.items():
                     await self._client.xclaim(stream, WORKERS, self._process, 0, ids, justid=True)
-            except _DOWN as exc:
+            except REDIS_DOWN as exc:
                 await backoff.wait(exc)
             except ResponseError as exc:  # NOGROUP: the next read makes the groups again
-                if not _lost_group(exc):
+                if not lost_group(exc):
                     log.warning("Redis bus at %s refused to keep held entries fresh: %s", self._where, exc)
             else:
                 backoff.recovered()
@@ -410,19 +355,19 @@ class RedisBus:
             box = self._outboxes[channel] = _Outbox(own=f"{self._ns}:outbound:to:{self._process}:{channel}",
                                                    shared=f"{self._ns}:outbound:any:{channel}")
         async with box.lock:
-            backoff = _Backoff(self._where, f"channel {channel}")
+            backoff = Backoff(self._where, f"channel {channel}")
             while not box.ready:
-                _end_if_cancelled()
+                end_if_cancelled()
                 try:
                     await self._beat(box)
                     reply = await self._client.xreadgroup(
                         READERS, self._process, {box.own: ">", box.shared: ">"}, count=100, noack=True,
                         block=min(self._config.block_ms, self._beat_every_ms))
-                except _DOWN as exc:
+                except REDIS_DOWN as exc:
                     await backoff.wait(exc)
                     continue
                 except ResponseError as exc:
-                    if not _lost_group(exc):
+                    if not lost_group(exc):
                         raise
                     box.groups_made, box.next_beat = False, 0.0
                     continue
@@ -471,9 +416,9 @@ class RedisBus:
         return True
 
     async def next_stop(self) -> str:
-        backoff = _Backoff(self._where, "stop requests")
+        backoff = Backoff(self._where, "stop requests")
         while True:
-            _end_if_cancelled()
+            end_if_cancelled()
             try:
                 if self._stop_listener is None:
                     self._stop_listener = self._client.pubsub(ignore_subscribe_messages=True)
@@ -482,14 +427,14 @@ class RedisBus:
                 backoff.recovered()
                 if message is not None and message["type"] == "message":
                     return str(message["data"])
-            except _DOWN as exc:
+            except REDIS_DOWN as exc:
                 await self._drop_stop_listener()
                 await backoff.wait(exc)
 
     async def _drop_stop_listener(self) -> None:
         listener, self._stop_listener = self._stop_listener, None
         if listener is not None:
-            with contextlib.suppress(*_DOWN):
+            with contextlib.suppress(*REDIS_DOWN):
                 await listener.aclose()
 
     async def _retrying(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
@@ -498,24 +443,10 @@ class RedisBus:
         try:
             async for attempt in AsyncRetrying(stop=stop_after_delay(timeout), reraise=True,
                                                wait=wait_exponential(multiplier=0.05, max=1.0),
-                                               retry=retry_if_exception_type(_DOWN)):
+                                               retry=retry_if_exception_type(REDIS_DOWN)):
                 with attempt:
                     return await op()
-        except _DOWN as exc:
+        except REDIS_DOWN as exc:
             raise BusUnavailable(f"The message bus (Redis at {self._where}) is unreachable: could not {what} "
                                  f"within {timeout:g} s ({type(exc).__name__}).") from exc
         raise AssertionError("tenacity ended without a result")
-
-
-def _end_if_cancelled() -> None:
-    """A read can return normally although its task was cancelled while it sent the command:
-    redis-py sends through asyncio.wait_for, which on Python 3.11 drops a cancellation that
-    arrives as the send completes. A consumer's loop must end anyway (at its next read, within
-    block_ms), or whatever waits for it, a shutdown above all, waits forever."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
-def _lost_group(exc: ResponseError) -> bool:
-    return str(exc).startswith("NOGROUP")

@@ -17,8 +17,8 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ember.bus.redis_support import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class RedisRateLimiter:
     async def retry_after(self, identity: str) -> float:
         try:
             wait = float(await self._take(keys=[self._prefix + identity], args=self._args))
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except REDIS_DOWN as exc:
             if not self._failing:
                 log.warning("rate limits are not applied: their Redis is unreachable (%s)", type(exc).__name__)
                 self._failing = True

@@ -1,0 +1,94 @@
+"""What the Redis bus (ember/bus/redis.py) and the gateways' shared rate limits stand on: the
+bus's settings, the shard of a session, a URL fit for a log, and how a consumer waits out and
+reports an outage."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ember.core.errors import ConfigError
+
+log = logging.getLogger("ember.bus.redis")
+
+# What "Redis is not there" looks like (a restarting Redis's LOADING is a ConnectionError too).
+REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedisBusConfig:
+    namespace: str = "ember"  # the prefix of every key: several deployments can share one Redis
+    shards: int = 4
+    claim_idle_ms: int = 30_000  # a pending entry idle this long is a dead consumer's: taken over
+    block_ms: int = 1_000  # the longest a read blocks between upkeeps
+    publish_timeout_s: float = 5.0  # how long publishing retries before BusUnavailable
+    outbound_maxlen: int = 10_000
+    reader_ttl_ms: int = 10_000  # a process's outbound stream lives this long after it stops reading
+    route_ttl_s: int = 86_400
+
+    def __post_init__(self) -> None:
+        numbers = (self.shards, self.claim_idle_ms, self.block_ms, self.publish_timeout_s, self.outbound_maxlen,
+                   self.reader_ttl_ms, self.route_ttl_s)
+        if min(numbers) <= 0:
+            raise ConfigError("the Redis bus's shards, timeouts, TTLs and maxlen must be positive")
+        if not self.namespace or ":" in self.namespace:
+            raise ConfigError("the Redis bus's namespace must be a non-empty name without ':'")
+
+
+def shard_of(session_key: str, shards: int) -> int:
+    """The inbound shard of a session: the same in every process and Python run."""
+    return zlib.crc32(session_key.encode("utf-8", "surrogatepass")) % shards
+
+
+def redacted_url(url: str) -> str:
+    """The URL as it may be logged: without its password or query (which can carry one)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(a malformed Redis URL)"
+    host = f"[{host}]" if ":" in host else host
+    user = f"{parts.username}:***@" if parts.password else (f"{parts.username}@" if parts.username else "")
+    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
+
+
+class Backoff:
+    """A consumer's wait between tries while Redis is away: logged once per outage."""
+
+    def __init__(self, where: str, reader: str) -> None:
+        self._where, self._reader, self._delay, self._failing = where, reader, 0.05, False
+
+    async def wait(self, exc: BaseException) -> None:
+        if not self._failing:
+            log.warning("Redis bus at %s unreachable (%s reading, %s); retrying with backoff",
+                        self._where, self._reader, type(exc).__name__)
+            self._failing = True
+        await asyncio.sleep(self._delay)
+        self._delay = min(self._delay * 2, 2.0)
+
+    def recovered(self) -> None:
+        if self._failing:
+            log.info("Redis bus at %s reachable again (%s reading)", self._where, self._reader)
+        self._failing, self._delay = False, 0.05
+
+
+def end_if_cancelled() -> None:
+    """A read can return normally although its task was cancelled while it sent the command:
+    redis-py sends through asyncio.wait_for, which on Python 3.11 drops a cancellation that
+    arrives as the send completes. A consumer's loop must end anyway (at its next read, within
+    block_ms), or whatever waits for it, a shutdown above all, waits forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+def lost_group(exc: ResponseError) -> bool:
+    return str(exc).startswith("NOGROUP")

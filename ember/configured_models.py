@@ -1,0 +1,79 @@
+"""The model clients the settings name: one per configured model, and the chain each role
+(main, background, approval) calls, under a router when `[models]` names several."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.core.errors import ModelNotConfigured
+from ember.models.base import ModelClient, ModelEndpoint
+from ember.models.router import ModelRouter, Route
+from ember.models.spec import ANTHROPIC_PREFIX, ModelRole, ModelSpec, role_chains
+
+
+def model_specs(settings: Settings) -> dict[str, ModelSpec]:
+    """Every configured model by name: `[models]`, or the single-model settings as one."""
+    if not settings.model_configured:
+        missing = settings.missing_model_setting()
+        raise ModelNotConfigured(f"{missing}." if missing else
+                                 f"no model is configured. Configure one with:\n  {CONFIGURE_MODEL_HINT}\n"
+                                 "or try Ember on the scripted demo model: --demo")
+    if settings.models:
+        return dict(settings.models)
+    assert settings.model is not None
+    anthropic = settings.model.startswith(ANTHROPIC_PREFIX)
+    return {settings.model: ModelSpec(
+        provider="anthropic" if anthropic else "openai", base_url=settings.model_base_url,
+        model=settings.model.removeprefix(ANTHROPIC_PREFIX),
+        api_key=settings.anthropic_api_key if anthropic else settings.model_api_key,
+        max_tokens=settings.model_max_tokens if anthropic else None,
+        thinking_budget=settings.model_thinking_budget if anthropic else None)}
+
+
+def model_endpoints(settings: Settings, *, names: Collection[str] | None = None,
+                    tried_once: Collection[str] = ()) -> dict[str, ModelEndpoint]:
+    """A client for every configured model (or those `names`), by name (the single-model settings:
+    one, named by its model); those `tried_once` make one attempt per call, not model_max_attempts."""
+    # Imported here: the SDKs take most of a second to import, which
+    # commands that never call a model (sessions, doctor without a model) skip.
+    from ember.models.anthropic_messages import AnthropicModel
+    from ember.models.openai_compat import OpenAICompatibleModel
+
+    endpoints: dict[str, ModelEndpoint] = {}
+    attempts = settings.model_max_attempts
+    for name, spec in model_specs(settings).items():
+        if names is not None and name not in names:
+            continue
+        if spec.provider == "anthropic":
+            endpoints[name] = AnthropicModel(
+                model=spec.model, api_key=spec.key() or settings.anthropic_api_key, base_url=spec.base_url,
+                timeout_s=settings.model_timeout_s, max_attempts=1 if name in tried_once else attempts,
+                max_tokens=spec.max_tokens or settings.model_max_tokens, thinking_budget=spec.thinking_budget)
+        else:
+            assert spec.base_url is not None
+            endpoints[name] = OpenAICompatibleModel(
+                model=spec.model, base_url=spec.base_url, api_key=spec.key(), timeout_s=settings.model_timeout_s,
+                max_attempts=1 if name in tried_once else attempts)
+    return endpoints
+
+
+def configured_model(settings: Settings, role: ModelRole = "main") -> ModelClient:
+    """The model a role calls: the chain `[model_roles]` gives it, under a router, or the one
+    model of the single-model settings."""
+    if not settings.models:
+        return next(iter(model_endpoints(settings).values()))
+    chain = role_chains(settings.models, dict(settings.model_roles))[role]
+    endpoints = model_endpoints(settings, names=chain, tried_once=chain[:-1])
+    return ModelRouter(role, [Route(name, endpoints[name], settings.models[name].context_window) for name in chain])
+
+
+def configured_approval_model(settings: Settings, main: ModelClient) -> ModelClient:
+    """The model that explains approval requests: the approval role's chain when `[models]` names
+    one, else `main`."""
+    return configured_model(settings, "approval") if settings.models else main
+
+
+def configured_background_model(settings: Settings) -> ModelClient | None:
+    """The background role's own model when `[models]` names a chain for it; None: the main model does it."""
+    return configured_model(settings, "background") if settings.models else None
