@@ -724,8 +724,8 @@ def report_throughput(loads: list[Load], cores: int, runs: int) -> None:
         trips = {name: f"{load.round_trips[name]:.1f}" if name in load.round_trips else "-"
                  for name in ("model", "postgres", "redis")}
         print(f"  {load.config.name:<32} {trips['model']:>14} {trips['postgres']:>21} {trips['redis']:>14}")
-    print("  postgres: as PostgreSQL counts them (xact_commit + xact_rollback of the database); each of Ember's")
-    print("  transactions counts twice there: itself and the pool's pre-ping before it (BEGIN; ROLLBACK)")
+    print("  postgres: as PostgreSQL counts them (xact_commit + xact_rollback of the database), the ping of a")
+    print("  connection idle over 5 s included")
 
 
 def report_machines(loads: list[Load], cores: int, db_cores: float, machines: list[int]) -> None:
