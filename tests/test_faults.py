@@ -26,13 +26,13 @@ from ember.app import (
     Runtime,
     _job_handlers,
     build_runtime,
-    configured_model,
     memory_service,
     open_database,
     skill_library,
 )
 from ember.bus.memory import InProcessBus
 from ember.config import Settings
+from ember.configured_models import configured_model
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import ModelError, StoreBusy, StoreUnavailable
 from ember.core.events import OutboundEvent, OutboundKind
