@@ -119,3 +119,23 @@ async def test_a_request_that_hears_its_turn_does_not_look_in_the_store() -> Non
             await router.deliver(event(OutboundKind.DELTA, "x", index))
             await asyncio.sleep(0.05)
     assert answers.looks == 1
+
+
+async def test_a_request_cancelled_again_as_it_ends_leaves_its_message_no_longer_in_flight() -> None:
+    """Starlette cancels the streaming request of a client that left, and anyio cancels it again at
+    each await until it has ended: its message must not stay "in flight" for every resend."""
+    router = TurnRouter(Bus(), answers=Answers(), look_after_s=0.05)  # type: ignore[arg-type]
+    entered = asyncio.Event()
+
+    async def request() -> None:
+        async with router.turn(IDENTITY, KEY, "hi", stream=True, can_approve=True, client_id=CLIENT_ID) as queue:
+            entered.set()
+            await queue.get()
+
+    task = asyncio.create_task(request())
+    await asyncio.wait_for(entered.wait(), 5)
+    for _ in range(5):
+        task.cancel()
+        await asyncio.sleep(0)
+    await asyncio.gather(task, return_exceptions=True)
+    assert not router.in_flight(IDENTITY, CLIENT_ID)

@@ -126,11 +126,15 @@ class TurnRouter:
                                               name=f"ember-answer-of-{message_id}")
             yield queue
         finally:
-            await cancel_task(looking)
+            # Before any await: a request whose client left is cancelled again at each await
+            # until it ends (anyio), and whatever came after one would never run.
             del self._waiting[message_id]
             self._joined.discard(message_id)
             self._next_index.pop(message_id, None)
             self._heard_at.pop(message_id, None)
+            if looking is not None:
+                looking.cancel()
+            await cancel_task(looking)
 
     async def _recorded(self, event: InboundEvent) -> Delivery | None:
         """The answer recorded for `event`'s message, if its turn has answered."""
