@@ -277,6 +277,7 @@ class RandomEmbedder:
     # Random unit vectors are unrelated to one another (cosines of about +-0.05): above this,
     # only a planted vector passes, as only related memories pass a real embedder's floor.
     relevance_floor = 0.2
+    symmetric = True
 
     def _one(self, text: str) -> np.ndarray:
         seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")

@@ -204,8 +204,11 @@ def skill_library(settings: Settings, db: Database) -> SkillLibrary:
 
 def memory_service(settings: Settings, db: Database, embedder: Embedder | None = None) -> MemoryService:
     """The memory of `db` with the configured embedder (loaded here unless given)."""
-    chosen = embedder if embedder is not None else load_embedder(settings.embedding_model)
-    return MemoryService(SqlMemoryStore(db), chosen, identities=Identities(settings.identities))
+    if embedder is None:
+        base_url, key = settings.embedding_endpoint()
+        embedder = load_embedder(settings.embedding_model, base_url=base_url, api_key=key,
+                                 relevance_floor=settings.embedding_relevance_floor)
+    return MemoryService(SqlMemoryStore(db), embedder, identities=Identities(settings.identities))
 
 
 @asynccontextmanager

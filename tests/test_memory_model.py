@@ -60,7 +60,7 @@ from ember.core.memory import (
 from ember.core.messages import Message
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.forgetting import DAY_S, ForgettingPolicy
-from ember.memory.service import RECALLED_KINDS, MemoryService, PromptMemory, RecallBudget
+from ember.memory.service import RECALLED_KINDS, MemoryService, PromptMemory, RecallBudget, window_vector
 from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import Context, WriteOutcome
 from ember.store.postgres import PostgresDatabase
@@ -342,7 +342,10 @@ class MemoryMachine(RuleBasedStateMachine):
             assert left <= self.model.unembedded, f"vectors went missing: {left - self.model.unembedded}"
             self.model.unembedded = left
         if any(isinstance(op, Upkeep) for op in ops):
-            self.settle_upkeep()
+            # A memory recalled while the upkeep ran may be spared by it, or archived just before.
+            recalled_beside = {record.id for op, outcome in zip(ops, outcomes) if isinstance(op, Recall)
+                               for record in (*outcome.profile, *outcome.recalled)}
+            self.settle_upkeep(recalled_beside)
 
     @rule(ops=st.lists(remembers(), min_size=1, max_size=3))
     def remember(self, ops: list[Remember]) -> None:
@@ -467,7 +470,7 @@ class MemoryMachine(RuleBasedStateMachine):
             if (row := self.model.rows.get(record.id)) is not None:
                 row.recalls_high += 1
 
-    def settle_upkeep(self) -> None:
+    def settle_upkeep(self, recalled_beside: frozenset[str] | set[str] = frozenset()) -> None:
         """After an upkeep: a memory is archived exactly when it faded (ages passed and it was not
         recalled since), each active one has the strength the policy gives it, and the recalls
         counted so far are written (all of them, unless a recall came in after the upkeep took them)."""
@@ -478,6 +481,8 @@ class MemoryMachine(RuleBasedStateMachine):
             record = records[id_]
             if row.status is ACTIVE:
                 faded = self.fading_due and policy.fades_out(record, now)
+                if faded and id_ in recalled_beside and record.status is ACTIVE:
+                    continue
                 assert (record.status is ARCHIVED) == faded, f"faded {faded}, yet the store has {record}"
                 if faded:
                     row.status = ARCHIVED
@@ -711,9 +716,11 @@ async def test_two_upkeeps_at_once_never_archive_a_memory_just_recalled(db: Sqli
     # The background runner runs two jobs at a time: one upkeep job may run while the next is claimed.
     first = asyncio.create_task(memory.upkeep())  # takes the recall and writes it
     await asyncio.sleep(0)
-    await memory.upkeep()  # finds no recall of its own to write, and goes on while the first one writes
+    second = asyncio.create_task(memory.upkeep())  # its sweep must wait for the recall the first one writes
+    await asyncio.sleep(0.05)
+    assert not second.done()
     store.written.set()
-    await first
+    await asyncio.gather(first, second)
     record = await memory.store.get("alice", kept.record.id)
     assert record.recall_count == 1 and record.status is MemoryStatus.ACTIVE, record
 
@@ -761,9 +768,12 @@ async def test_a_message_whose_neighbour_arrives_while_it_is_embedded_gets_its_n
         "SELECT m.content, m.context_json, v.window FROM memory_items m JOIN memory_vectors v ON v.num = m.num "
         "WHERE m.content = 'Where to?'")).fetchall())
     [(content, context, window)] = rows
-    text = Context.from_json(context).window(content)
-    assert "Lisbon" in text
-    assert np.allclose(np.frombuffer(window, dtype=np.float32), HashingEmbedder().embed_passages([text])[0]), \
+    neighbours = Context.from_json(context)
+    assert "Lisbon" in neighbours.after
+    embedder = HashingEmbedder()
+    expected = window_vector(embedder.embed_passages([content])[0], list(embedder.embed_passages(
+        list(neighbours.adjacent))), list(embedder.embed_passages(list(neighbours.far))))
+    assert np.allclose(np.frombuffer(window, dtype=np.float32), expected), \
         "the window vector is of the message's old neighbours"
 
 

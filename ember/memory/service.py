@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ember.core.errors import MemoryInputError
+from ember.core.errors import MemoryInputError, ModelError
 from ember.core.memory import (
     MemoryKind,
     MemoryRecord,
@@ -32,6 +32,7 @@ from ember.core.memory import (
 )
 from ember.core.messages import Session
 from ember.memory.embeddings import Embedder
+from ember.memory.encoder import Encoder, bounded_query
 from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
 from ember.memory.identity import Identities
 from ember.memory.retrieval import NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
@@ -43,8 +44,15 @@ from ember.store.segment import match_expression, query_terms
 
 log = logging.getLogger(__name__)
 
-# Small batches: a turn's query waits for the batch being embedded, at most about 100 ms.
+# Memories embedded per step: the background yields to the store and the loop between steps.
 EMBED_BATCH = 8
+# How much the two messages around an archived one weigh in its window vector, beside its own.
+NEIGHBOUR_WEIGHT = 1.0
+FAR_WEIGHT = 0.5
+# The longest a turn waits for its query's vector before recalling by words alone.
+QUERY_WAIT_S = 3.0
+# The recall counts are written every turn; the sweep for what faded, once in this many seconds.
+DECAY_EVERY_S = 3_600.0
 MAX_LIMIT = 100
 # Matches read from the text index (the vectors add their own nearest: vectors.py).
 LEXICAL_DEPTH = 200
@@ -80,6 +88,15 @@ def approx_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
+def window_vector(own: np.ndarray, adjacent: Sequence[np.ndarray], far: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """A message read between its neighbours, made of their vectors: no text is embedded twice."""
+    window = own.astype(np.float32)
+    for vectors, weight in ((adjacent, NEIGHBOUR_WEIGHT), (far, FAR_WEIGHT)):
+        if len(vectors) and weight:
+            window = window + weight * np.sum(vectors, axis=0)
+    return (window / (np.linalg.norm(window) or 1.0)).astype(np.float32)
+
+
 class MemoryService:
     def __init__(self, store: MemoryStore, embedder: Embedder | None, *, identities: Identities | None = None,
                  forgetting: ForgettingPolicy | None = None, reranker: Reranker | None = None,
@@ -89,6 +106,7 @@ class MemoryService:
         self._store = store
         self._text = TextIndex(store, min_rows=index_min_rows)
         self._embedder = embedder
+        self._encoder = Encoder(embedder) if embedder is not None else None
         self._identities = identities or Identities()
         self._forgetting = forgetting or ForgettingPolicy()
         self._reranker = reranker
@@ -100,8 +118,8 @@ class MemoryService:
         self._recalls: dict[tuple[str, str], tuple[int, float]] = {}
         # Two embedding jobs (one queued while another ran) would embed the same rows twice.
         self._embedding = asyncio.Lock()
-        # Recalls an upkeep took and has not written yet: no other upkeep may archive those memories.
-        self._writing_recalls: set[tuple[str, str]] = set()
+        self._upkeep = asyncio.Lock()
+        self._decayed_at = -DECAY_EVERY_S
 
     @property
     def store(self) -> MemoryStore:
@@ -126,6 +144,8 @@ class MemoryService:
         await self._text.close()
         if self._vectors is not None:
             await self._vectors.close()
+        if self._encoder is not None:
+            self._encoder.close()
 
     # -- writing -------------------------------------------------------------------
 
@@ -156,6 +176,7 @@ class MemoryService:
         """
         if not 1 <= limit <= MAX_LIMIT:
             raise MemoryInputError(f"limit must be between 1 and {MAX_LIMIT}; it was {limit}")
+        query = bounded_query(query)
         terms = query_terms(query)
         if not terms:
             raise MemoryInputError("the query has no words to search for")
@@ -192,9 +213,14 @@ class MemoryService:
         return found if found is not None else await self._store.lexical(identity, terms, LEXICAL_DEPTH)
 
     async def _embed_query(self, query: str) -> np.ndarray | None:
-        if self._embedder is None:
+        if self._encoder is None:
             return None
-        return (await asyncio.to_thread(self._embedder.embed_queries, [query]))[0]
+        try:
+            return await asyncio.wait_for(self._encoder.query(query), QUERY_WAIT_S)
+        except (TimeoutError, ModelError) as exc:
+            log.warning("recall by words alone: the query's vector %s", "took too long" if isinstance(
+                exc, TimeoutError) else f"failed ({exc})")
+            return None
 
     async def for_prompt(self, identity: str, message: str, *, budget: RecallBudget,
                          exclude: Callable[[MemoryRecord], bool] = lambda _: False) -> PromptMemory:
@@ -204,6 +230,7 @@ class MemoryService:
         shown = {record.id for record in profile}
         recalled: list[MemoryRecord] = []
         used_ids: list[str] = []
+        message = bounded_query(message)
         if match_expression(message) is not None:
             floor = self._embedder.relevance_floor if self._embedder is not None else 0.0
             used = 0
@@ -274,29 +301,51 @@ class MemoryService:
 
     async def flush_embeddings(self, progress: Callable[[int], None] | None = None) -> int:
         """Embed every memory still without a vector, in batches; returns how many."""
-        if self._embedder is None:
+        if self._encoder is None:
             return 0
         async with self._embedding:
-            return await self._embed_pending(self._embedder, progress)
+            return await self._embed_pending(self._encoder, progress)
 
-    async def _embed_pending(self, embedder: Embedder, progress: Callable[[int], None] | None) -> int:
+    async def _embed_pending(self, encoder: Encoder, progress: Callable[[int], None] | None) -> int:
+        """Each memory's own text is embedded once; its window vector is made of its own and its
+        neighbours' vectors (which are memories of their own, embedded once too)."""
         done = 0
         while batch := await self._store.unembedded(EMBED_BATCH):
-            own = await asyncio.to_thread(embedder.embed_passages, [item.content for item in batch])
-            windows = [item.window for item in batch if item.window is not None]
-            window_vectors = iter(await asyncio.to_thread(embedder.embed_passages, windows) if windows else [])
-            done += await self._store.set_vectors(embedder.name, [
-                (item, _blob(vector), _blob(next(window_vectors)) if item.window is not None else None)
-                for item, vector in zip(batch, own)])
+            contexts = [item.context for item in batch]
+            vectors = await encoder.passages([text for item, context in zip(batch, contexts) for text in (
+                item.content, *(context.adjacent + context.far if context is not None else ()))])
+            rows = []
+            for item, context in zip(batch, contexts):
+                own = vectors[item.content]
+                window = None if context is None else window_vector(
+                    own, [vectors[t] for t in context.adjacent], [vectors[t] for t in context.far])
+                rows.append((item, _blob(own), _blob(window) if window is not None else None))
+            done += await self._store.set_vectors(encoder.embedder.name, rows)
             if progress is not None:
                 progress(done)
         return done
 
     async def upkeep(self) -> tuple[int, int]:
-        """Write the recalls counted since the last run (each strengthens its
-        memory), then archive what faded below the threshold. Returns (recalls, archived)."""
+        """Write the recalls counted since the last run (each strengthens its memory), then, at
+        most once in DECAY_EVERY_S, archive what faded below the threshold. Returns (recalls, archived).
+
+        One at a time: a sweep must see the recalls written before it."""
+        async with self._upkeep:
+            written = await self._write_recalls()
+            now = self._clock()
+            if now - self._decayed_at < DECAY_EVERY_S:
+                return written, 0
+            self._decayed_at = now
+            candidates = await self._store.decay_candidates(FADING_KINDS)
+            # Recalled since the recalls were taken: not faded, whatever the stored record says.
+            faded = [r.id for r in candidates
+                     if self._forgetting.fades_out(r, now) and (r.identity, r.id) not in self._recalls]
+            await self._store.set_strengths({r.id: round(self._forgetting.strength(r, now), 4) for r in candidates},
+                                            faded)
+            return written, len(faded)
+
+    async def _write_recalls(self) -> int:
         recalls, self._recalls = self._recalls, {}
-        self._writing_recalls |= set(recalls)
         try:
             if recalls:
                 await self._store.note_recalls(recalls)
@@ -305,12 +354,4 @@ class MemoryService:
                 earlier, _ = self._recalls.get(key, (0, last))
                 self._recalls[key] = (earlier + times, last)
             raise
-        finally:
-            self._writing_recalls -= set(recalls)
-        now = self._clock()
-        candidates = await self._store.decay_candidates(FADING_KINDS)
-        recalled = {key for key in [*self._recalls, *self._writing_recalls]}
-        faded = [r.id for r in candidates if self._forgetting.fades_out(r, now) and (r.identity, r.id) not in recalled]
-        strengths_by_id = {r.id: round(self._forgetting.strength(r, now), 4) for r in candidates}
-        await self._store.set_strengths(strengths_by_id, faded)
-        return len(recalls), len(faded)
+        return len(recalls)

@@ -61,8 +61,9 @@ class _Matrix:
 
 
 class VectorIndex:
-    def __init__(self, store: VectorRows, model: str, dimensions: int, *,
+    def __init__(self, store: VectorRows, model: str, dimensions: int | None, *,
                  ann_min_rows: int) -> None:
+        """`dimensions` None: those of the first vector read (a provider's model says them with its first)."""
         self._store = store
         self._model = model
         self._dimensions = dimensions
@@ -73,7 +74,7 @@ class VectorIndex:
         """The identity's vectors near `query` and those of the memories `also` names, scored
         against it (every vector, below `ann_min_rows`); None when it has none yet."""
         matrix = await self._current(identity)
-        if matrix.own is None or matrix.window is None or not matrix.nums:
+        if matrix.own is None or matrix.window is None or not matrix.nums or query.shape[0] != matrix.own.shape[1]:
             return None
         q = query.astype(np.float32)
         self._build_when_due(identity, matrix)
@@ -180,7 +181,9 @@ class VectorIndex:
         matrix.count = len(matrix.nums)
 
     def _read(self, blob: bytes) -> np.ndarray | None:
-        if len(blob) != 4 * self._dimensions:
+        if self._dimensions is None and blob and len(blob) % 4 == 0:
+            self._dimensions = len(blob) // 4
+        if len(blob) != 4 * (self._dimensions or 0):
             return None
         vector = np.frombuffer(blob, dtype=np.float32)
         return vector if np.isfinite(vector).all() else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_exponential_jitter
 
 from ember.core.errors import ModelRateLimited, ModelUnavailable
@@ -61,3 +61,15 @@ async def open_with_retries(open_request: Callable[[], Awaitable[T]], attempts: 
             exc.args = (f"{exc.args[0]} (after {attempts} attempts)", *exc.args[1:])
         raise
     raise AssertionError("unreachable: tenacity either returns or raises")
+
+
+def call_with_retries(request: Callable[[], T], attempts: int) -> T:
+    """`request()` as open_with_retries tries it, for a blocking call made on a thread of its own."""
+    retrying = Retrying(retry=retry_if_exception_type(ModelUnavailable), stop=stop_after_attempt(attempts),
+                        wait=_Backoff(), reraise=True)
+    try:
+        return retrying(request)
+    except ModelUnavailable as exc:
+        if attempts > 1:
+            exc.args = (f"{exc.args[0]} (after {attempts} attempts)", *exc.args[1:])
+        raise

@@ -390,8 +390,8 @@ class SqlMemoryStore:
         Each goes to the identity `resolve(channel, sender)` of its turn's
         message, read in the same transaction (`fallback` takes a message
         without a receipt). Each is indexed with its neighbours; the two
-        archived before these learn their new neighbours too, and the one just
-        before is embedded again (its window now reaches the first new one).
+        archived before these learn their new neighbours too, and their window
+        vectors are made again (they now reach the first new ones).
         """
         now = time.time()
         return await self._write(lambda tx: archive_messages(tx, session_key, resolve, fallback, now))

@@ -76,8 +76,6 @@ _LAST_SEQ = Statement(select(func.coalesce(func.max(_m.c.seq), -1)).where(_m.c.s
 _archived = (_mi.c.session_key == bindparam("key"), _mi.c.seq_start == bindparam("seq"), _mi.c.kind == "archival")
 _ARCHIVED = Statement(select(_mi.c.num).where(*_archived))
 _ARCHIVED_ROW = Statement(select(_mi.c.num, _mi.c.identity, _mi.c.content, _mi.c.context_json).where(*_archived))
-_SET_CONTEXT = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num"))
-                         .values(context_json=bindparam("context")))
 _SET_CONTEXT_UNEMBEDDED = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num"))
                                     .values(context_json=bindparam("context"), embedding_model=null()))
 _MOVE_ARCHIVE_MARK = Statement(
@@ -116,6 +114,9 @@ _MEMORY_WRITES_LOCK = 0x656D6265725F6D65  # b"ember_me"
 _HOLD_MEMORY_WRITES = Statement(f"SELECT pg_advisory_xact_lock({_MEMORY_WRITES_LOCK})")
 
 EMBED_JOB = JobRequest(JobKind.EMBED, "all")
+# How much of a neighbouring message an archived one keeps as its context: a pasted document
+# beside it is indexed once, as itself, not again in each neighbour.
+NEIGHBOUR_CHARS = 1_000
 RECONCILE_JOB = JobRequest(JobKind.RECONCILE_FACTS, "all")
 
 
@@ -139,9 +140,10 @@ class Context:
         data = json.loads(text)
         return cls(data.get("before", ""), data.get("after", ""), tuple(data.get("far", ())))
 
-    def window(self, content: str) -> str:
-        """The text the window vector is made from: the message between its neighbours."""
-        return "\n".join(part for part in (self.before, content, self.after) if part)
+    @property
+    def adjacent(self) -> tuple[str, ...]:
+        """The messages right before and after."""
+        return tuple(part for part in (self.before, self.after) if part)
 
 
 def _day(timestamp: float) -> str:
@@ -212,9 +214,9 @@ class Unembedded:
     context_json: str | None
 
     @property
-    def window(self) -> str | None:
-        """The text of its window vector; None for a memory without neighbours."""
-        return Context.from_json(self.context_json).window(self.content) if self.context_json else None
+    def context(self) -> Context | None:
+        """Its neighbours, which its window vector is made with; None for a memory that has none (no window)."""
+        return Context.from_json(self.context_json) if self.context_json else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,15 +289,15 @@ def _neighbours(texts: Sequence[str], index: int) -> Context:
     return Context(before=at(-1), after=at(1), far=tuple(text for text in (at(-2), at(2)) if text))
 
 
-def _refresh_context(tx: Tx, session_key: str, seq: int, created_at: float, context: Context,
-                     *, reembed: bool) -> None:
+def _refresh_context(tx: Tx, session_key: str, seq: int, created_at: float, context: Context) -> None:
     row = tx.execute(_ARCHIVED_ROW, {"key": session_key, "seq": seq}).fetchone()
     if row is None or Context.from_json(row[3]) == context:
         return
     num, identity, content, _ = row
     tx.execute(DELETE_TEXT, {"num": num})
     write_text_row(tx, num, identity, content, created_at, context)
-    tx.execute(_SET_CONTEXT_UNEMBEDDED if reembed else _SET_CONTEXT, {"memory_num": num, "context": context.to_json()})
+    # Its window vector is made with its neighbours: it is made again (of vectors mostly made already).
+    tx.execute(_SET_CONTEXT_UNEMBEDDED, {"memory_num": num, "context": context.to_json()})
 
 
 def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str], fallback: str,
@@ -309,13 +311,13 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
     line = [*earlier, *new]
     # A named author is part of what was said: "Caroline: I went to the support group".
     texts = [f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip() for row in line]
+    heads = [text[:NEIGHBOUR_CHARS] for text in texts]
     for index, (seq, role, _, created_at, channel, sender, name) in enumerate(line):
-        context = _neighbours(texts, index)
+        context = _neighbours(heads, index)
         if index < len(earlier):
             # The two before those only give their neighbours: their own reach further back.
             if index >= len(earlier) - 2:
-                _refresh_context(tx, session_key, seq, created_at, context,
-                                 reembed=index == len(earlier) - 1)
+                _refresh_context(tx, session_key, seq, created_at, context)
             continue
         if tx.execute(_ARCHIVED, {"key": session_key, "seq": seq}).fetchone():
             continue

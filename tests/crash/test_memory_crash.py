@@ -46,6 +46,7 @@ import pytest
 
 from ember.core.memory import NewMemory
 from ember.memory.embeddings import HashingEmbedder
+from ember.memory.service import window_vector
 from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import Context
 from ember.store.sqlite.database import SqliteDatabase
@@ -123,14 +124,17 @@ def _vector_problems(tx: Tx) -> list[str]:
         if vector is None or (v_identity, v_model) != (identity, model) or model != EMBEDDER.name:
             problems.append(f"memory {num} of {identity} has vector {(v_identity, v_model)}, model {model}")
             continue
-        text = Context.from_json(context).window(content) if context else None
-        expected = [content, *([text] if text is not None else [])]
+        own = EMBEDDER.embed_passages([content])[0]
+        neighbours = Context.from_json(context) if context else None
+        expected = [own, *([] if neighbours is None else [window_vector(
+            own, list(EMBEDDER.embed_passages(list(neighbours.adjacent))),
+            list(EMBEDDER.embed_passages(list(neighbours.far))))])]
         made = [vector, *([window] if window is not None else [])]
         if len(made) != len(expected) or not all(
-                np.allclose(np.frombuffer(blob, dtype=np.float32), EMBEDDER.embed_passages([want])[0], atol=1e-6)
+                np.allclose(np.frombuffer(blob, dtype=np.float32), want, atol=1e-6)
                 for blob, want in zip(made, expected)):
             problems.append(f"memory {num} ({content[:40]!r}) has a vector of another text than its own"
-                            + (" or its window" if text is not None else ""))
+                            + (" or its window" if neighbours is not None else ""))
     return problems
 
 
