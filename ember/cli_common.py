@@ -110,8 +110,9 @@ def setup_logging(settings: Settings, verbose: bool) -> None:
         handlers.append(logging.StreamHandler(sys.stderr))
     logging.basicConfig(level=logging.INFO, handlers=handlers,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    # httpx logs every request's full URL at INFO, and a URL can hold a token (a chat webhook's).
-    for chatty in ("httpx", "httpcore"):
+    # httpx logs every request's full URL at INFO, and a URL can hold a token (a chat webhook's);
+    # httpx2 is the copy the openai SDK ships, which would log a line for every model call.
+    for chatty in ("httpx", "httpx2", "httpcore"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
