@@ -109,8 +109,9 @@ class RecordingBus(InProcessBus):
         return [queue.get_nowait() for _ in range(queue.qsize())]
 
 
-def loop_of(db: Database, bus: InProcessBus, store: RecordingStore, pipeline: Pipeline) -> AgentLoop:
-    return AgentLoop(bus, LocalLeases(db.path.parent / "locks"), store, pipeline, SqlTraceStore(db),
+def loop_of(db: Database, bus: InProcessBus, store: RecordingStore, pipeline: Pipeline,
+            traces: SqlTraceStore) -> AgentLoop:
+    return AgentLoop(bus, LocalLeases(db.path.parent / "locks"), store, pipeline, traces,
                      ApprovalBroker(bus, timeout_s=5), DeliveryWorker(SqlDeliveryStore(db), bus), RecoveryPolicy())
 
 
@@ -130,7 +131,9 @@ class Rig:
                                     RecallBudget())
         self.inference = InferenceStage(model, ToolRegistry(), self.store, InferenceLimits())
         self.response = ResponseStage(self.store, RecordingScheduler(self.log), memory, DerivedWorkPolicy(threshold))
-        self.loop = loop_of(db, self.bus, self.store, Pipeline(self.context, self.inference, self.response))
+        self.traces = SqlTraceStore(db)  # the loop's: it reads the traces the loop recorded and kept
+        self.loop = loop_of(db, self.bus, self.store, Pipeline(self.context, self.inference, self.response),
+                            self.traces)
 
     async def run_turn(self, text: str, *, stream: bool) -> list[OutboundEvent]:
         """One turn through the loop's own edge, `_on_inbound`; returns what the channel got."""
@@ -197,7 +200,7 @@ async def test_one_error_response_when_stream_finalize_fails(db: Database) -> No
     assert [e.kind for e in sent if e.kind in (OutboundKind.FINAL, OutboundKind.ERROR)] == [OutboundKind.ERROR]
     # The commit happened before delivery and stays: the answer is in the record.
     assert (await rig.sessions.history("test:c1"))[-1].content == "saved but not delivered"
-    [trace] = await SqlTraceStore(db).for_session("test:c1")
+    [trace] = await rig.traces.for_session("test:c1")
     assert trace.status == "failed" and "ConnectionError" in (trace.error or "")
 
 

@@ -17,7 +17,8 @@
         on a cancellation: deliver the answer if it was committed, else one
             "interrupted" error; a person's stop (stop_turn) also records that
             error, so the history explains the question it leaves unanswered
-        record the turn's trace
+        record the turn's trace (kept, and written with the others every
+            TRACE_FLUSH_S and at stop: the turn does not wait for it)
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class RecoveryPolicy:
 
 INTERRUPTED_TEXT = "Sorry, this turn was interrupted before it finished (Ember is shutting down)."
 STOPPED_TEXT = "Stopped: you stopped this turn before it finished. What it had done so far is kept."
+TRACE_FLUSH_S = 1.0
 NOT_RESUMED_TEXT = ("Sorry, Ember stopped while working on this message and did not finish it. "
                     "Send it again if it still matters.")
 
@@ -132,18 +134,34 @@ class AgentLoop:
         self._running: dict[str, tuple[_Turn, asyncio.Task[None]]] = {}  # by session key, under its lease
         self._consumer: asyncio.Task[None] | None = None
         self._stop_listener: asyncio.Task[None] | None = None
+        self._trace_writer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._consumer = asyncio.create_task(self._consume(), name="ember-agent-loop")
         self._stop_listener = asyncio.create_task(self._listen_for_stops(), name="ember-stop-requests")
+        self._trace_writer = asyncio.create_task(self._write_traces(), name="ember-traces")
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop taking events; let turns in flight finish for `grace_s`, then cancel
-        them (their committed steps stay committed)."""
+        them (their committed steps stay committed); then write the traces kept."""
         await cancel_task(self._consumer)
         await cancel_task(self._stop_listener)
         self._consumer = self._stop_listener = None
         await stop_tasks(self._turns, grace_s)
+        await cancel_task(self._trace_writer)
+        self._trace_writer = None
+        await self._flush_traces()
+
+    async def _write_traces(self) -> None:
+        while True:
+            await asyncio.sleep(TRACE_FLUSH_S)
+            await self._flush_traces()
+
+    async def _flush_traces(self) -> None:
+        try:
+            await self._traces.flush()
+        except Exception:  # the writer's edge: the traces are kept for the next flush; turns go on
+            log.warning("could not write the traces of recent turns; kept for the next try", exc_info=True)
 
     async def stop_turn(self, session_key: str) -> str | None:
         """Cancel the turn running in `session_key`, for the person who asked it: its committed

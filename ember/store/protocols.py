@@ -110,9 +110,11 @@ class JobQueue(Protocol):
 
 
 class TraceLog(Protocol):
-    """Where the agent loop records each turn's trace."""
+    """Where the agent loop records each turn's trace: kept by `record`, written by `flush`."""
 
     async def record(self, trace: TurnTrace) -> None: ...
+
+    async def flush(self) -> None: ...
 
 
 class ApprovalLog(Protocol):

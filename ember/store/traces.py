@@ -1,4 +1,12 @@
-"""One trace row per turn: how it ended, and what it did."""
+"""One trace row per turn: how it ended, and what it did.
+
+Written behind: `record` keeps the trace in memory, and `flush` writes every
+trace kept so far in one transaction (the agent loop flushes every second,
+and at its stop), so a turn never waits for its trace, and many turns share
+one commit. A crash loses at most the traces since the last flush; the turns
+themselves are committed as ever. Every read here flushes first: this process
+reads every trace it recorded.
+"""
 
 from __future__ import annotations
 
@@ -31,24 +39,42 @@ class TurnTrace:
 class SqlTraceStore:
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._pending: list[dict[str, Any]] = []
 
     async def record(self, trace: TurnTrace) -> None:
-        row = {"turn_id": trace.turn_id, "session_key": trace.session_key, "status": trace.status,
-               "error": trace.error, "detail": json.dumps(trace.detail), "started_at": trace.started_at,
-               "finished_at": trace.finished_at}
+        """Kept until the next `flush`, as it is now."""
+        self._pending.append({
+            "turn_id": trace.turn_id, "session_key": trace.session_key, "status": trace.status,
+            "error": trace.error, "detail": json.dumps(trace.detail), "started_at": trace.started_at,
+            "finished_at": trace.finished_at})
+
+    async def flush(self) -> None:
+        """Write the traces kept so far, in one transaction (a resumed turn's latest run wins);
+        on failure they are kept for the next flush."""
+        rows, self._pending = self._pending, []
+        if not rows:
+            return
+
+        latest = list({row["turn_id"]: row for row in rows}.values())  # one row per turn: its latest run
 
         def write(tx: Tx) -> None:
-            tx.execute(_RECORD, row)
+            tx.executemany(_RECORD, latest)
 
-        await self._db.run_write(write)
+        try:
+            await self._db.run_write(write)
+        except BaseException:
+            self._pending[:0] = rows
+            raise
 
     async def get(self, turn_id: str) -> TurnTrace | None:
+        await self.flush()
         t = schema.traces
         async with self._db.read() as conn:
             row = (await conn.execute(select(t).where(t.c.turn_id == turn_id))).first()
         return None if row is None else _trace(row)
 
     async def for_session(self, session_key: str) -> list[TurnTrace]:
+        await self.flush()
         t = schema.traces
         query = select(t).where(t.c.session_key == session_key).order_by(t.c.started_at)
         async with self._db.read() as conn:
@@ -56,6 +82,7 @@ class SqlTraceStore:
 
     async def recent(self, limit: int, session_key: str | None = None, *, prefix: str = "") -> list[TurnTrace]:
         """The latest turns, newest first: of one session, and/or of the sessions whose key starts with `prefix`."""
+        await self.flush()
         t = schema.traces
         query = select(t).order_by(t.c.started_at.desc()).limit(limit)
         if session_key is not None:
@@ -69,6 +96,7 @@ class SqlTraceStore:
 
     async def turn_ids(self, prefix: str, limit: int = 5) -> list[str]:
         """The turn ids that start with `prefix` (a whole id included), at most `limit`."""
+        await self.flush()
         t = schema.traces
         query = select(t.c.turn_id).where(t.c.turn_id.startswith(prefix, autoescape=True)).limit(limit)
         async with self._db.read() as conn:
