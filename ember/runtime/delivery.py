@@ -2,12 +2,13 @@
 
 Every answer is committed with an outbox record. Whoever hands it to a
 channel (the stream's finalize, or the loop) reports `delivered(id)`; the
-worker writes those marks in batches, off the turn's path. At start, and
+worker writes those marks in batches, off the turn's path: one transaction
+for the marks of every `batch_s`, and at stop. At start, and
 every `sweep_s`, records of the channels this process serves that are still
 unconfirmed are sent again with the same delivery id, so a channel that
 dedupes shows each answer once. A crash between the commit and the send
-loses nothing; a crash between the send and the mark re-sends a duplicate
-that the delivery id lets the channel drop.
+loses nothing; a crash between the send and the mark (up to `batch_s` of
+answers) re-sends a duplicate that the delivery id lets the channel drop.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ log = logging.getLogger(__name__)
 
 
 class DeliveryWorker:
-    def __init__(self, store: DeliveryStore, bus: Bus, *, sweep_s: float = 30.0) -> None:
+    def __init__(self, store: DeliveryStore, bus: Bus, *, sweep_s: float = 30.0, batch_s: float = 1.0) -> None:
         self.store = store
         self._bus = bus
         self._sweep_s = sweep_s
+        self._batch_s = batch_s
         self._channels: frozenset[str] = frozenset()
         self._marks: list[str] = []
         self._given_up: list[tuple[str, str]] = []
@@ -99,6 +101,8 @@ class DeliveryWorker:
             except TimeoutError:
                 if self._channels:
                     await self._guarded(self.resend(older_than_s=self._sweep_s))
+            else:
+                await asyncio.sleep(self._batch_s)  # the marks of the turns meanwhile join this batch
             self._wake.clear()
             await self._guarded(self._flush())
 
