@@ -85,7 +85,7 @@ class RecordingScheduler:
     def __init__(self, log: Log) -> None:
         self._log = log
 
-    def wake(self) -> None:
+    def wake(self, delay_s: float = 0.0) -> None:
         self._log.append(("wake", ""))
 
 

@@ -28,3 +28,5 @@ class JobRequest:
     dedupe_key: str
     session_key: str | None = None
     turn_id: str | None = None  # the turn that queued it
+    # Due this long after it is queued: meanwhile an equal request is covered by this one.
+    delay_s: float = 0.0

@@ -22,14 +22,17 @@ EMPTY_ANSWER = "(The model returned an empty answer.)"
 
 
 class Scheduler(Protocol):
-    def wake(self) -> None:
-        """New jobs were committed: look at the queue now rather than at the next poll."""
+    def wake(self, delay_s: float = 0.0) -> None:
+        """New jobs were committed, due in `delay_s`: look at the queue then rather than at the next poll."""
 
 
 @dataclass(frozen=True, slots=True)
 class DerivedWorkPolicy:
     consolidation_threshold: int
     titled_channels: frozenset[str] = frozenset()  # whose sessions the background model names
+    # A turn's derived work is due this long after its commit: the turns committed meanwhile
+    # share it (one archive of a session, one upkeep, for all of them).
+    batch_s: float = 0.25
 
 
 class ResponseStage:
@@ -54,7 +57,7 @@ class ResponseStage:
                                     delivery=delivery, jobs=jobs)
         # 4. Derived work runs in the background and never undoes step 3.
         if jobs:
-            self._scheduler.wake()
+            self._scheduler.wake(self._policy.batch_s)
         # 5. Delivery of the final through the stream, which replaces the draft.
         usage = (TurnUsage(result.input_tokens, result.cached_tokens, result.output_tokens)
                  if result.model_calls else None)
@@ -63,22 +66,22 @@ class ResponseStage:
         return ProcessResult(text, outbound_sent=sent, delivery_id=delivery.delivery_id, usage=usage)
 
     def _derived_work(self, ctx: PipelineContext, result: InferenceResult) -> list[JobRequest]:
-        key, turn, jobs = ctx.session.key, ctx.turn_id, []
+        key, turn, delay, jobs = ctx.session.key, ctx.turn_id, self._policy.batch_s, []
         if not ctx.session.metadata.get("evaluation"):
             # The question and its answer join the searchable history.
-            jobs.append(JobRequest(JobKind.ARCHIVE, key, key, turn))
+            jobs.append(JobRequest(JobKind.ARCHIVE, key, key, turn, delay))
         if self._memory.recalls_pending:
-            jobs.append(JobRequest(JobKind.MEMORY_UPKEEP, "all", turn_id=turn))
+            jobs.append(JobRequest(JobKind.MEMORY_UPKEEP, "all", turn_id=turn, delay_s=delay))
         # The answer about to be committed counts toward the threshold.
         if should_consolidate(ctx.session.unconsolidated_count + 1, self._policy.consolidation_threshold):
-            jobs.append(JobRequest(JobKind.CONSOLIDATE, key, key, turn))
+            jobs.append(JobRequest(JobKind.CONSOLIDATE, key, key, turn, delay))
         if ctx.event.channel in self._policy.titled_channels and _first_exchange(ctx):
-            jobs.append(JobRequest(JobKind.TITLE_SESSION, key, key, turn))
+            jobs.append(JobRequest(JobKind.TITLE_SESSION, key, key, turn, delay))
         if result.total_tool_calls > 0:
             if result.should_review_skills:
-                jobs.append(JobRequest(JobKind.REVIEW_SKILLS, key, key, turn))
+                jobs.append(JobRequest(JobKind.REVIEW_SKILLS, key, key, turn, delay))
             if result.should_review_memory:
-                jobs.append(JobRequest(JobKind.REVIEW_MEMORY, key, key, turn))
+                jobs.append(JobRequest(JobKind.REVIEW_MEMORY, key, key, turn, delay))
         return jobs
 
 

@@ -8,6 +8,12 @@ store (no runner lock), every process runs jobs, renewing its claims every
 third of their time, and takes over the claims of a process that stopped. A failing job is retried
 with exponential backoff and logged as a warning; after `max_attempts` it is
 marked failed. Nothing here can fail a turn: the turn only enqueues.
+
+A turn's derived work is queued due a moment after its commit (`wake(delay_s)`
+says when): the turns committed meanwhile queue equal jobs (archive this
+session, upkeep), which the pending one covers, and the runner wakes once for
+them all, so a busy server runs one job, with its claim and its completion, for
+many turns.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ class BackgroundRunner:
         self._concurrency = concurrency
         self._poll_s = poll_s
         self._wake = asyncio.Event()
+        self._soon: asyncio.TimerHandle | None = None  # a wake-up for jobs queued due later
         self._running: dict[asyncio.Task[None], Job] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self._extended_at = 0.0
@@ -71,8 +78,16 @@ class BackgroundRunner:
         self._wake.set()
         return queued
 
-    def wake(self) -> None:
-        """Jobs were queued in some other transaction (a turn's commit): claim them now."""
+    def wake(self, delay_s: float = 0.0) -> None:
+        """Jobs were queued in some other transaction (a turn's commit), due in `delay_s`: claim
+        them then. One wake-up serves every turn that commits before it."""
+        if delay_s <= 0:
+            self._wake.set()
+        elif self._soon is None:
+            self._soon = asyncio.get_running_loop().call_later(delay_s, self._woken)
+
+    def _woken(self) -> None:
+        self._soon = None
         self._wake.set()
 
     async def start(self) -> None:
@@ -82,6 +97,9 @@ class BackgroundRunner:
         """Stop claiming work; give running jobs `grace_s`, then cancel them and
         put them back in the queue for the next start."""
         try:
+            if self._soon is not None:
+                self._soon.cancel()
+                self._soon = None
             await cancel_task(self._loop_task)
             self._loop_task = None
             await stop_tasks(self._running, grace_s)

@@ -143,7 +143,8 @@ class SqlJobStore:
 def record_job(tx: Tx, request: JobRequest, now: float) -> bool:
     """Queue `request` inside the caller's transaction; False when an equal job is already pending."""
     row = {"id": uuid.uuid4().hex, "kind": request.kind, "dedupe_key": request.dedupe_key,
-           "session_key": request.session_key, "status": PENDING, "attempts": 0, "next_run_at": now,
+           "session_key": request.session_key, "status": PENDING, "attempts": 0,
+           "next_run_at": now + request.delay_s,
            "last_error": None, "created_at": now, "updated_at": now, "turn_id": request.turn_id,
            "claimed_by": None, "claimed_until": None}
     return tx.execute(_ENQUEUE, row).rowcount == 1
