@@ -25,6 +25,7 @@ HEAD = Statement(select(_s.c.next_seq, _s.c.last_consolidated, _s.c.updated_at, 
                  .where(_s.c.key == bindparam("key")))
 WINDOW = Statement(select(_m).where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("start"))
                    .order_by(_m.c.seq))
+HISTORY = Statement(select(_m).where(_m.c.session_key == bindparam("key")).order_by(_m.c.seq))
 CLAIM = Statement(update(_s).where(_s.c.key == bindparam("session"), _s.c.next_seq == bindparam("expected"))
                   .values(next_seq=bindparam("claimed"), updated_at=bindparam("now")))
 CREATE = upsert(lambda ins: ins(_s).on_conflict_do_nothing(index_elements=["key"]))

@@ -39,6 +39,7 @@ from ember.store.session_rows import (
     CLAIM,
     CREATE,
     FIRST_ROLE_FROM,
+    HISTORY,
     INSERT_MESSAGE,
     SPAN,
     WINDOW,
@@ -150,15 +151,15 @@ class SqlSessionStore:
             raise asyncio.CancelledError
 
     async def history(self, key: str) -> list[Message]:
-        """Every readable message of the session, consolidated ones included, as stored."""
-        rows = await self._rows(key)
-        return [item for item in map(parse, rows) if isinstance(item, Message)]
+        """Every readable message of the session, consolidated ones included, as stored: read and
+        parsed in one hop to the reader thread (a title job reads one after each first exchange)."""
+        return await self._db.run_read(functools.partial(_read_history, key=key))
 
     async def unreadable(self) -> list[UnreadableRow]:
         """Rows of any session, inside the window or before it, that cannot be parsed. Read-only."""
         return [
             UnreadableRow(row.session_key, row.seq, item, raw(row))
-            for row in await self._rows(None)
+            for row in await self._all_rows()
             if isinstance(item := parse(row), str)
         ]
 
@@ -254,11 +255,9 @@ class SqlSessionStore:
 
         return await self._db.run_write(commit)
 
-    async def _rows(self, key: str | None) -> list[StoredRow]:
+    async def _all_rows(self) -> list[StoredRow]:
         m = schema.messages
         query = select(m).order_by(m.c.session_key, m.c.seq)
-        if key is not None:
-            query = query.where(m.c.session_key == key)
         async with self._db.read() as conn:
             return list((await conn.execute(query)).all())
 
@@ -331,6 +330,10 @@ def _read_window(tx: Tx, key: str, kept: Window | None) -> tuple[Head | None, Pa
         return head, None
     rows = tx.execute(WINDOW, {"key": key, "start": head.last_consolidated}).fetchall()
     return head, [(row, parse(row)) for row in rows]
+
+
+def _read_history(tx: Tx, key: str) -> list[Message]:
+    return [item for item in map(parse, tx.execute(HISTORY, {"key": key}).fetchall()) if isinstance(item, Message)]
 
 
 def _claim_seqs(tx: Tx, key: str, expected: int, count: int, now: float,
