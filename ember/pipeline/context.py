@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ember.core.delivery import Receipt
 from ember.core.events import InboundEvent
@@ -127,45 +129,76 @@ class ContextStage:
             if event.metadata.get("evaluation") == "true":
                 # An evaluation run: nothing of it may become anyone's memory.
                 session.metadata["evaluation"] = True
-        if not resume:
-            assert event.message_id is not None
-            receipt = Receipt(channel=event.channel, message_id=event.message_id, chat_id=event.chat_id,
-                              sender_id=event.sender_id, turn_id=turn_id)
-            message = Message.user(event.text, turn_id=turn_id, name=event.sender_name)
-            await self._sessions.append(session, [message], receipt=receipt)
+        # The commit goes to the writer and the prompt's reads to the reader: they overlap. The
+        # inference after this stage still starts only once the message is durable (I1).
+        reads = self._sections(session, identity, event.text)
+        if resume:
+            memory, system = await reads
+        else:
+            _, (memory, system) = await _together(self._commit_question(session, event, turn_id), reads)
         intro = self._intro(event) if is_new else ""
         return PipelineContext(
             event=event,
             turn_id=turn_id,
             identity=identity,
             session=session,
-            prompt=await self._prompt(session, identity, event.text),
+            prompt=_assembled(system, session, memory),
             intro_text=intro,
             stream=open_stream(merge_intro(intro, "")) if open_stream is not None else None,
         )
+
+    async def _commit_question(self, session: Session, event: InboundEvent, turn_id: str) -> None:
+        assert event.message_id is not None
+        receipt = Receipt(channel=event.channel, message_id=event.message_id, chat_id=event.chat_id,
+                          sender_id=event.sender_id, turn_id=turn_id)
+        message = Message.user(event.text, turn_id=turn_id, name=event.sender_name)
+        await self._sessions.append(session, [message], receipt=receipt)
 
     def _intro(self, event: InboundEvent) -> str:
         language = language_of(event.text)
         return fill(self._persona.intro_for(event.channel, language), agent_name=self._persona.agent_name,
                     channel=event.channel, language=language)
 
-    async def _prompt(self, session: Session, identity: str, text: str) -> list[Message]:
-        memory = await self._memory.for_prompt(identity, text, budget=self._budget, exclude=_in_window(session))
-        prompt = [Message.system(await self._system_text(session, identity, memory))]
-        prompt += history_for_model(session.messages)
-        if memory.recalled:
-            recalled = Message.system(RECALLED_HEADING + "\n" + "\n".join(map(_dated, memory.recalled)))
-            last_user = max((i for i, m in enumerate(prompt) if m.role is Role.USER), default=len(prompt))
-            prompt.insert(last_user, recalled)
-        return prompt
-
-    async def _system_text(self, session: Session, identity: str, memory: PromptMemory) -> str:
+    async def _sections(self, session: Session, identity: str, text: str) -> tuple[PromptMemory, str]:
+        """The memory the prompt carries and its system text, their reads at once."""
+        memory, index, episodes = await _together(
+            self._memory.for_prompt(identity, text, budget=self._budget, exclude=_in_window(session)),
+            self._skills.index(identity) if self._skills is not None else _nothing(),
+            self._memory.episodes(identity, session.key, EPISODES_IN_PROMPT))
         parts = [fill(self._persona.system_prompt, agent_name=self._persona.agent_name)]
-        if self._skills is not None and (index := await self._skills.index(identity)):
+        if index:
             parts.append(index)
         if memory.profile:
             parts.append(PROFILE_HEADING + "\n" + "\n".join(f"- {r.content}" for r in memory.profile))
-        episodes = await self._memory.episodes(identity, session.key, EPISODES_IN_PROMPT)
         if episodes:
             parts.append("Earlier in this conversation:\n" + "\n".join(f"- {e.content}" for e in episodes))
-        return "\n\n".join(parts)
+        return memory, "\n\n".join(parts)
+
+
+def _assembled(system: str, session: Session, memory: PromptMemory) -> list[Message]:
+    """The prompt: the system text, the history (the new message included), and the recalled
+    memories just before the newest user message."""
+    prompt = [Message.system(system), *history_for_model(session.messages)]
+    if memory.recalled:
+        recalled = Message.system(RECALLED_HEADING + "\n" + "\n".join(map(_dated, memory.recalled)))
+        last_user = max((i for i, m in enumerate(prompt) if m.role is Role.USER), default=len(prompt))
+        prompt.insert(last_user, recalled)
+    return prompt
+
+
+async def _nothing() -> str:
+    return ""
+
+
+async def _together(*steps: Awaitable[Any]) -> list[Any]:
+    """The steps run at once; their results in order. The first failure cancels the others (a
+    commit among them still finishes: the store shields it) and is raised as it is, so the loop
+    sees a LeaseLost or a StoreBusy, not a group of errors."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
