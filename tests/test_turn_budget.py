@@ -77,8 +77,10 @@ TURN_BUDGETS: dict[str, Budget] = {
     "all_transactions": Budget(28, 30, 30),  # write + read transactions, turn and background
     # -- embeddings (texts handed to the embedder) --
     "query_texts_per_turn": Budget(1, 1, 1),  # texts embedded as queries (the turn's recall)
-    "passage_texts_per_message": Budget(3, 3, 3),  # texts embedded as passages, per message stored
-    "passage_chars_per_message_char": Budget(5.32, 5.32, 5.32),  # characters embedded as passages, per one stored
+    # The person's message was embedded as the turn's query, and windows are made of vectors: only the
+    # answer is embedded in the background (0.5 a message; before the embed-once change, 3).
+    "passage_texts_per_message": Budget(0.5, 0.5, 0.5),  # texts embedded as passages, per message stored
+    "passage_chars_per_message_char": Budget(0.6, 0.6, 0.6),  # characters embedded as passages, per one stored
     # -- model calls --
     "turn_model_calls": Budget(1, 1, 1),  # calls on the turn's path: the answer
     "background_model_calls": Budget(0, 0, 0),  # calls of background jobs a plain turn causes

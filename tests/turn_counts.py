@@ -271,4 +271,6 @@ class CountingModel(FunctionModel):
         purpose, text = ("consolidation", SUMMARY) if system == SUMMARY_INSTRUCTION else (
             ("title", TITLE) if system == TITLE_INSTRUCTION else ("answer", ANSWER))
         self.calls[self._senders.now(), purpose] += 1
+        if purpose == "answer":  # each answer its own text, as a model's are: none is embedded from a cache
+            text = f"{ANSWER} ({messages[-1].content})"
         return ModelReply(text=text, input_tokens=10, output_tokens=3)

@@ -93,7 +93,8 @@ _UNEMBEDDED = Statement(select(_mi.c.num, _mi.c.identity, _mi.c.content, _mi.c.c
 _STAMP = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num"), _mi.c.identity == bindparam("owner"),
                                      _unembedded, _mi.c.context_json.is_not_distinct_from(bindparam("context")))
                    .values(embedding_model=bindparam("model")))
-_NEXT_VECTOR_REV = Statement("UPDATE memory_vector_rev SET rev = rev + 1 RETURNING rev")
+# The highest of `count` new revisions: the one row counts every vector written, in commit order.
+_NEXT_VECTOR_REVS = Statement("UPDATE memory_vector_rev SET rev = rev + :count RETURNING rev")
 # An update, not a replace: the database's triggers keep the per-identity counts.
 _PUT_VECTOR = upsert_row(_v, ["num"])
 _VECTOR_STATE = Statement("SELECT rows, rev FROM memory_vector_heads WHERE identity = :identity AND model = :model")
@@ -283,16 +284,17 @@ class SqlMemoryStore:
         rows = list(vectors)
 
         def store(tx: Tx) -> int:
-            stored = 0
-            for item, blob, window in rows:
-                stamp = {"memory_num": item.num, "owner": item.identity, "context": item.context_json, "model": model}
-                if tx.execute(_STAMP, stamp).rowcount != 1:
-                    continue  # purged, or its neighbours changed: not the memory that was embedded
-                rev = tx.execute(_NEXT_VECTOR_REV).fetchone()[0]
-                tx.execute(_PUT_VECTOR, {"num": item.num, "identity": item.identity, "model": model, "rev": rev,
-                                         "vector": blob, "window": window})
-                stored += 1
-            return stored
+            kept = [(item, blob, window) for item, blob, window in rows if tx.execute(_STAMP, {
+                "memory_num": item.num, "owner": item.identity, "context": item.context_json, "model": model,
+            }).rowcount == 1]  # else purged, or its neighbours changed: not the memory that was embedded
+            if not kept:
+                return 0
+            last = tx.execute(_NEXT_VECTOR_REVS, {"count": len(kept)}).fetchone()[0]
+            tx.executemany(_PUT_VECTOR, [
+                {"num": item.num, "identity": item.identity, "model": model, "rev": rev, "vector": blob,
+                 "window": window}
+                for rev, (item, blob, window) in enumerate(kept, start=last - len(kept) + 1)])
+            return len(kept)
 
         return await self._write(store)
 
