@@ -17,6 +17,7 @@ import pytest
 
 from ember.config import isolated_settings
 from ember.core.errors import ConfigError, ModelBadRequest, ModelUnavailable
+from ember.core.language import language_of
 from ember.core.messages import Message
 from ember.memory.embeddings import HashingEmbedder, hashed_vectors, load_embedder
 from ember.memory.encoder import PASSAGE_CHARS, QUERY_HEAD_CHARS, QUERY_TAIL_CHARS, Encoder
@@ -225,3 +226,8 @@ def test_the_endpoint_and_key_of_provider_embeddings(tmp_path: Path) -> None:
         load_embedder("word2vec")
     with pytest.raises(ValueError, match="embedding_model"):
         isolated_settings(home=tmp_path, embedding_model="openai:")
+
+
+def test_a_pasted_megabyte_is_read_for_its_language_by_its_opening() -> None:
+    assert language_of("请帮我看看这份文件。" + "lorem ipsum " * 90_000) == "zh"
+    assert language_of("Please look at this file. " + "文件内容" * 250_000) == "en"
