@@ -567,14 +567,16 @@ async def measured(server: Server, model_base: str, drain_timeout_s: float, work
     return phase
 
 
-async def sequential(server: Server, label: str, turns: int, phase: Phase) -> None:
+async def _client(server: Server, phase: Phase, turns: list[tuple[str, str, str]]) -> None:
+    """Each (who, session, message) of `turns` in order, on one keep-alive connection; a failed
+    turn is noted under `who` and the connection opened again."""
     http = RawHttp(server.base)
     try:
-        for n in range(turns):
+        for who, session, message in turns:
             try:
-                took, named = await one_turn(http, server, f"{label}-s{n // SESSION_TURNS}", question(n))
+                took, named = await one_turn(http, server, session, message)
             except (TurnFailed, OSError, ValueError, KeyError) as exc:
-                phase.errors.append(f"turn {n}: {type(exc).__name__}: {exc}"[:240])
+                phase.errors.append(f"{who}: {type(exc).__name__}: {exc}"[:240])
                 http.close()
                 await asyncio.sleep(0.05)
                 continue
@@ -585,25 +587,13 @@ async def sequential(server: Server, label: str, turns: int, phase: Phase) -> No
         http.close()
 
 
-async def concurrent(server: Server, label: str, sessions: int, turns: int, phase: Phase) -> None:
-    async def client(k: int) -> None:
-        http = RawHttp(server.base)
-        try:
-            for n in range(turns):
-                try:
-                    took, named = await one_turn(http, server, f"{label}-c{k}", question(k * turns + n))
-                except (TurnFailed, OSError, ValueError, KeyError) as exc:
-                    phase.errors.append(f"client {k} turn {n}: {type(exc).__name__}: {exc}"[:240])
-                    http.close()
-                    await asyncio.sleep(0.05)
-                    continue
-                phase.turns += 1
-                phase.latencies.append(took)
-                phase.unnamed += not named
-        finally:
-            http.close()
+async def sequential(server: Server, label: str, turns: int, phase: Phase) -> None:
+    await _client(server, phase, [(f"turn {n}", f"{label}-s{n // SESSION_TURNS}", question(n)) for n in range(turns)])
 
-    await asyncio.gather(*(client(k) for k in range(sessions)))
+
+async def concurrent(server: Server, label: str, sessions: int, turns: int, phase: Phase) -> None:
+    await asyncio.gather(*(_client(server, phase, [(f"client {k} turn {n}", f"{label}-c{k}", question(k * turns + n))
+                                                   for n in range(turns)]) for k in range(sessions)))
 
 
 @dataclass
