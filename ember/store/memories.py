@@ -35,7 +35,16 @@ from ember.store.memory_rows import (
     write_memory,
 )
 from ember.store.segment import COMMON_ROWS, distinctive, expression, indexed_form, owner_token, ts_lexeme
-from ember.store.tx import Statement, Tx, in_json_array, per_dialect, upsert_row
+from ember.store.tx import Statement, Tx, in_json_array, per_dialect
+from ember.store.vector_rows import (
+    DELETE_OTHER_MODELS,
+    UNEMBED,
+    UNEMBED_OTHER_MODELS,
+    UNEMBEDDED,
+    VECTOR_STATE,
+    VECTORS_AFTER,
+    store_vectors,
+)
 
 T = TypeVar("T")
 
@@ -84,28 +93,6 @@ _DELETE_VECTOR = Statement(delete(_v).where(_v.c.num == bindparam("num")))
 _UNLINK = Statement(update(_mi).where(_mi.c.identity == bindparam("owner"),
                                       _mi.c.superseded_by == bindparam("memory_id")).values(superseded_by=null()))
 _DELETE = Statement(delete(_mi).where(_mi.c.num == bindparam("num")))
-
-# Vectors.
-_unembedded = _mi.c.embedding_model.is_(None)
-_UNEMBEDDED = Statement(select(_mi.c.num, _mi.c.identity, _mi.c.content, _mi.c.context_json).where(_unembedded)
-                        .order_by(_mi.c.num).limit(bindparam("limit")))
-# Only the memory as it was embedded: its neighbours (context) unchanged since.
-_STAMP = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num"), _mi.c.identity == bindparam("owner"),
-                                     _unembedded, _mi.c.context_json.is_not_distinct_from(bindparam("context")))
-                   .values(embedding_model=bindparam("model")))
-# The highest of `count` new revisions: the one row counts every vector written, in commit order.
-_NEXT_VECTOR_REVS = Statement("UPDATE memory_vector_rev SET rev = rev + :count RETURNING rev")
-# An update, not a replace: the database's triggers keep the per-identity counts.
-_PUT_VECTOR = upsert_row(_v, ["num"])
-_VECTOR_STATE = Statement("SELECT rows, rev FROM memory_vector_heads WHERE identity = :identity AND model = :model")
-_VECTORS_AFTER = Statement(select(_v.c.num, _v.c.rev, _v.c.vector, _v.c.window)
-                           .where(_v.c.identity == bindparam("identity"), _v.c.model == bindparam("model"),
-                                  _v.c.rev > bindparam("rev")).order_by(_v.c.rev))
-_UNEMBED = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num")).values(embedding_model=null()))
-_UNEMBED_OTHER_MODELS = Statement(update(_mi).where(_mi.c.embedding_model.is_not(None),
-                                                    _mi.c.embedding_model != bindparam("model"))
-                                  .values(embedding_model=null()))
-_DELETE_OTHER_MODELS = Statement(delete(_v).where(_v.c.model != bindparam("model")))
 
 # Contradictions, recall and forgetting.
 _UNCHECKED_FACTS = Statement(MEMORY.where(_mi.c.checked_at.is_(None), _mi.c.kind == "fact", _mi.c.fact_key.is_(None))
@@ -269,11 +256,11 @@ class SqlMemoryStore:
 
     async def unembedded(self, limit: int) -> list[Unembedded]:
         """Memories with no vector yet, of any identity (the embedding job's)."""
-        rows = await self._db.run_read(lambda tx: tx.execute(_UNEMBEDDED, {"limit": limit}).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(UNEMBEDDED, {"limit": limit}).fetchall())
         return [Unembedded(num, identity, content, context) for num, identity, content, context in rows]
 
     async def count_unembedded(self) -> int:
-        return await self._db.run_read(lambda tx: tx.execute(memory_upkeep.COUNT_UNEMBEDDED).fetchone()[0])
+        return await self._db.run_read(lambda tx: tx.execute(memory_upkeep.COUNTUNEMBEDDED).fetchone()[0])
 
     async def set_vectors(self, model: str, vectors: Iterable[tuple[Unembedded, bytes, bytes | None]]) -> int:
         """Store each memory's vector and window vector, and stamp its row with the model; returns how many.
@@ -282,32 +269,18 @@ class SqlMemoryStore:
         window was made from the old ones, and the next run embeds it again.
         """
         rows = list(vectors)
-
-        def store(tx: Tx) -> int:
-            kept = [(item, blob, window) for item, blob, window in rows if tx.execute(_STAMP, {
-                "memory_num": item.num, "owner": item.identity, "context": item.context_json, "model": model,
-            }).rowcount == 1]  # else purged, or its neighbours changed: not the memory that was embedded
-            if not kept:
-                return 0
-            last = tx.execute(_NEXT_VECTOR_REVS, {"count": len(kept)}).fetchone()[0]
-            tx.executemany(_PUT_VECTOR, [
-                {"num": item.num, "identity": item.identity, "model": model, "rev": rev, "vector": blob,
-                 "window": window}
-                for rev, (item, blob, window) in enumerate(kept, start=last - len(kept) + 1)])
-            return len(kept)
-
-        return await self._write(store)
+        return await self._write(lambda tx: store_vectors(tx, model, rows))
 
     async def vector_state(self, identity: str, model: str) -> tuple[int, int]:
         """(count, highest rev) of the identity's vectors by `model`: what a cached matrix checks against."""
         row = await self._db.run_read(lambda tx: tx.execute(
-            _VECTOR_STATE, {"identity": identity, "model": model}).fetchone())
+            VECTOR_STATE, {"identity": identity, "model": model}).fetchone())
         return (0, 0) if row is None else (row[0], row[1])
 
     async def vectors_after(self, identity: str, model: str, rev: int) -> list[tuple[int, int, bytes, bytes | None]]:
         """(num, rev, vector, window) written after `rev`, in order."""
         return await self._db.run_read(lambda tx: tx.execute(
-            _VECTORS_AFTER, {"identity": identity, "model": model, "rev": rev}).fetchall())
+            VECTORS_AFTER, {"identity": identity, "model": model, "rev": rev}).fetchall())
 
     async def quarantine_vector(self, num: int) -> None:
         """A vector that cannot be read is dropped and its memory queued for embedding again."""
@@ -315,7 +288,7 @@ class SqlMemoryStore:
 
         def drop(tx: Tx) -> None:
             tx.execute(_DELETE_VECTOR, {"num": num})
-            tx.execute(_UNEMBED, {"memory_num": num})
+            tx.execute(UNEMBED, {"memory_num": num})
             record_job(tx, EMBED_JOB, now)
 
         await self._write(drop)
@@ -325,8 +298,8 @@ class SqlMemoryStore:
         now = time.time()
 
         def requeue(tx: Tx) -> int:
-            changed = tx.execute(_UNEMBED_OTHER_MODELS, {"model": model}).rowcount
-            tx.execute(_DELETE_OTHER_MODELS, {"model": model})
+            changed = tx.execute(UNEMBED_OTHER_MODELS, {"model": model}).rowcount
+            tx.execute(DELETE_OTHER_MODELS, {"model": model})
             if changed:
                 record_job(tx, EMBED_JOB, now)
             return changed

@@ -1,0 +1,50 @@
+"""A memory's vectors in the caller's transaction: the statements that find what waits for
+one, and storing a batch of them (SqlMemoryStore's vector methods)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import bindparam, delete, null, select, update
+
+from ember.store import schema
+from ember.store.memory_rows import Unembedded
+from ember.store.tx import Statement, Tx, upsert_row
+
+_mi, _v = schema.memory_items, schema.memory_vectors
+
+_unembedded = _mi.c.embedding_model.is_(None)
+UNEMBEDDED = Statement(select(_mi.c.num, _mi.c.identity, _mi.c.content, _mi.c.context_json).where(_unembedded)
+                        .order_by(_mi.c.num).limit(bindparam("limit")))
+# Only the memory as it was embedded: its neighbours (context) unchanged since.
+_STAMP = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num"), _mi.c.identity == bindparam("owner"),
+                                     _unembedded, _mi.c.context_json.is_not_distinct_from(bindparam("context")))
+                   .values(embedding_model=bindparam("model")))
+# The highest of `count` new revisions: the one row counts every vector written, in commit order.
+_NEXT_VECTOR_REVS = Statement("UPDATE memory_vector_rev SET rev = rev + :count RETURNING rev")
+# An update, not a replace: the database's triggers keep the per-identity counts.
+_PUT_VECTOR = upsert_row(_v, ["num"])
+VECTOR_STATE = Statement("SELECT rows, rev FROM memory_vector_heads WHERE identity = :identity AND model = :model")
+VECTORS_AFTER = Statement(select(_v.c.num, _v.c.rev, _v.c.vector, _v.c.window)
+                           .where(_v.c.identity == bindparam("identity"), _v.c.model == bindparam("model"),
+                                  _v.c.rev > bindparam("rev")).order_by(_v.c.rev))
+UNEMBED = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num")).values(embedding_model=null()))
+UNEMBED_OTHER_MODELS = Statement(update(_mi).where(_mi.c.embedding_model.is_not(None),
+                                                    _mi.c.embedding_model != bindparam("model"))
+                                  .values(embedding_model=null()))
+DELETE_OTHER_MODELS = Statement(delete(_v).where(_v.c.model != bindparam("model")))
+
+
+
+def store_vectors(tx: Tx, model: str, rows: Sequence[tuple[Unembedded, bytes, bytes | None]]) -> int:
+    """Each memory's vector and window vector, its row stamped with the model; returns how many."""
+    kept = [(item, blob, window) for item, blob, window in rows if tx.execute(_STAMP, {
+        "memory_num": item.num, "owner": item.identity, "context": item.context_json, "model": model,
+    }).rowcount == 1]  # else purged, or its neighbours changed: not the memory that was embedded
+    if not kept:
+        return 0
+    last = tx.execute(_NEXT_VECTOR_REVS, {"count": len(kept)}).fetchone()[0]
+    tx.executemany(_PUT_VECTOR, [
+        {"num": item.num, "identity": item.identity, "model": model, "rev": rev, "vector": blob, "window": window}
+        for rev, (item, blob, window) in enumerate(kept, start=last - len(kept) + 1)])
+    return len(kept)
