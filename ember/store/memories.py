@@ -260,7 +260,7 @@ class SqlMemoryStore:
         return [Unembedded(num, identity, content, context) for num, identity, content, context in rows]
 
     async def count_unembedded(self) -> int:
-        return await self._db.run_read(lambda tx: tx.execute(memory_upkeep.COUNTUNEMBEDDED).fetchone()[0])
+        return await self._db.run_read(lambda tx: tx.execute(memory_upkeep.COUNT_UNEMBEDDED).fetchone()[0])
 
     async def set_vectors(self, model: str, vectors: Iterable[tuple[Unembedded, bytes, bytes | None]]) -> int:
         """Store each memory's vector and window vector, and stamp its row with the model; returns how many.
