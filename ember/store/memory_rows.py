@@ -3,6 +3,11 @@ text row are, writing one (deduplicated, superseding), archiving a message.
 
 Every write of a memory row writes its full-text row in the same transaction,
 and queues the embedding job there too (I6): a crash keeps all or none.
+
+A memory is derived from what was said, so its text is redacted (core/redact.py) here,
+where every memory is written: the row, its text index row and its vectors never hold
+a secret, whichever path wrote it (an archived message, the remember tool, a review,
+an episode, an import).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from ember.core.memory import (
     content_hash,
     normalized_key,
 )
+from ember.core.redact import redact_text
 from ember.store import schema
 from ember.store.jobs import record_job
 from ember.store.segment import index_text, owner_token
@@ -185,10 +191,16 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def stored_content(content: str) -> str:
+    """A memory's text as it is kept: redacted, then checked (redaction can change its length)."""
+    return check_content(redact_text(content))
+
+
 def insert_memory(tx: Tx, memory: NewMemory, now: float, *,
                   status: MemoryStatus = MemoryStatus.ACTIVE, context: Context = Context()) -> tuple[int, str]:
-    """Write one memory row, its text index row and the embedding job, in the caller's transaction."""
-    content = check_content(memory.content)
+    """Write one memory row, its text index row and the embedding job, in the caller's transaction.
+    `context` comes redacted (archive_messages)."""
+    content = stored_content(memory.content)
     created_at = memory.created_at if memory.created_at is not None else now
     id_ = new_id()
     tx.execute(_INSERT, {
@@ -243,7 +255,7 @@ def write_memory(tx: Tx, memory: NewMemory, now: float) -> WriteOutcome:
 
     The caller's unit holds the memory's writes (hold_memory_writes).
     """
-    content = check_content(memory.content)
+    content = stored_content(memory.content)
     existing = None if memory.kind is MemoryKind.EPISODIC else tx.execute(_KNOWN, {
         "identity": memory.identity, "hash": content_hash(content), "kind": memory.kind.value}).fetchone()
     confirmed: int | None = None
@@ -310,7 +322,8 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
     new = tx.execute(_NOT_ARCHIVED, {"key": session_key, "start": start, "high": high}).fetchall()
     line = [*earlier, *new]
     # A named author is part of what was said: "Caroline: I went to the support group".
-    texts = [f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip() for row in line]
+    # Redacted before they become its content and its neighbours' context.
+    texts = [redact_text(f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip()) for row in line]
     heads = [text[:NEIGHBOUR_CHARS] for text in texts]
     for index, (seq, role, _, created_at, channel, sender, name) in enumerate(line):
         context = _neighbours(heads, index)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from ember.core.errors import MemoryInputError
 from ember.core.memory import MAX_CONTENT_CHARS, MemoryRecord, SourceRank
+from ember.core.redact import redact_text
 from ember.core.tools import Risk, ToolRun
 from ember.memory.service import MAX_LIMIT, MemoryService
 from ember.tools.base import Tool, ToolFailure, TurnTool
@@ -46,13 +47,16 @@ def memory_tools(memory: MemoryService) -> list[Tool]:
         except MemoryInputError as exc:
             raise ToolFailure(str(exc)) from exc
         record = outcome.record
+        # The store keeps memories redacted: the model learns that the secret was not kept.
+        unkept = (" The secret in it was not kept: memories never hold credentials."
+                  if redact_text(args.content) != args.content else "")
         if not outcome.created:
-            return f"Already remembered as {record.id}."
+            return f"Already remembered as {record.id}.{unkept}"
         if record.status.value == "pending":
             return (f"Saved as {record.id}, pending confirmation: it contradicts a fact the user stated "
                     "themselves, which stays in force until they confirm the change.")
         replaced = f" It replaces {', '.join(outcome.superseded)}." if outcome.superseded else ""
-        return f"Remembered as {record.id}.{replaced}"
+        return f"Remembered as {record.id}.{replaced}{unkept}"
 
     async def search(args: SearchArgs, run: ToolRun) -> str:
         try:
