@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from ember.core.messages import Message, Role
+from ember.core.redact import redact_text
 from ember.core.thinking import strip_thinking
 from ember.memory.transcript import render_transcript
 from ember.models.base import ModelClient, complete
@@ -31,7 +32,8 @@ def clean_title(answer: str) -> str | None:
     if not lines:
         return None
     title = lines[0].removeprefix("Title:").strip(DECORATION)
-    title = " ".join(title.split())
+    # A title is derived, and shown in every session list: it never repeats a key the message held.
+    title = " ".join(redact_text(title).split())
     if not title or title.upper() == "NONE":
         return None
     return title if len(title) <= MAX_TITLE_CHARS else title[:MAX_TITLE_CHARS - 1].rstrip() + "…"

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Boolean, Text, bindparam, case, func, insert, or_, select, update
 
+from ember.core.redact import redact_text
 from ember.core.skills import (
     SHARED,
     Proposal,
@@ -145,6 +146,11 @@ class NewVersion:
 
 
 def _add_version(tx: Tx, change: NewVersion, now: float) -> SkillVersion:
+    """A learned skill is derived from what was said, so it is kept redacted (the gate has refused
+    one with a secret already: this holds whatever path admits it). A person's own skill, read
+    from a folder or imported, is kept as they wrote it."""
+    if change.origin is SkillOrigin.LEARNED:
+        change = replace(change, text=redact_text(change.text))
     named = {"owner": change.identity, "skill": change.name}
     row = tx.execute(_CURRENT_VERSION, named).fetchone()
     files = change.files
@@ -283,9 +289,11 @@ def _decided(proposal: Proposal, status: ProposalStatus, by: str, at: float, ver
 
 
 def _insert_proposal(tx: Tx, p: Proposal) -> None:
+    """Kept redacted: the model's text and its reason may quote what was said (a refused one, the secret)."""
     tx.execute(_INSERT_PROPOSAL, {
-        "id": p.id, "identity": p.identity, "name": p.name, "action": p.action, "text": p.text, "risk": p.risk.value,
-        "risk_reasons": json.dumps(list(p.risk_reasons)), "status": p.status.value, "reason": p.reason,
+        "id": p.id, "identity": p.identity, "name": p.name, "action": p.action, "text": redact_text(p.text),
+        "risk": p.risk.value, "risk_reasons": json.dumps(list(p.risk_reasons)), "status": p.status.value,
+        "reason": redact_text(p.reason),
         "created_at": p.created_at, "base_version": p.base_version, "session_key": p.session_key,
         "turn_id": p.turn_id, "job_id": p.job_id, "decided_at": p.decided_at, "decided_by": p.decided_by,
         "version": p.version, "input_tokens": p.input_tokens, "output_tokens": p.output_tokens,

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Row, func, select
 
+from ember.core.redact import redact, redact_text
 from ember.store import schema
 from ember.store.engine import Database
 from ember.store.tx import Tx, upsert_row
@@ -42,10 +43,12 @@ class SqlTraceStore:
         self._pending: list[dict[str, Any]] = []
 
     async def record(self, trace: TurnTrace) -> None:
-        """Kept until the next `flush`, as it is now."""
+        """Kept until the next `flush`, as it is now, redacted: whoever filled it in, a trace never
+        holds a secret. Its detail by look only: its field names are counts ("input_tokens")."""
+        error = None if trace.error is None else redact_text(trace.error)
         self._pending.append({
             "turn_id": trace.turn_id, "session_key": trace.session_key, "status": trace.status,
-            "error": trace.error, "detail": json.dumps(trace.detail), "started_at": trace.started_at,
+            "error": error, "detail": json.dumps(redact(trace.detail, by_name=False)), "started_at": trace.started_at,
             "finished_at": trace.finished_at})
 
     async def flush(self) -> None:
