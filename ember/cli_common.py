@@ -19,6 +19,7 @@ from rich.progress import Progress, TaskID
 from ember.app import open_database
 from ember.config import Settings, load_settings
 from ember.core.errors import EmberError
+from ember.core.redact import redact_handlers
 from ember.store.engine import Database
 
 # soft_wrap: never break a line a user may copy (the configure hint) at the terminal width.
@@ -108,6 +109,9 @@ def setup_logging(settings: Settings, verbose: bool) -> None:
     handlers: list[logging.Handler] = [logging.FileHandler(settings.home_dir / "ember.log")]
     if verbose:
         handlers.append(logging.StreamHandler(sys.stderr))
+    # Every line is redacted where it is written: a handler sees the records of every logger,
+    # uvicorn's and the libraries' included (they propagate to the root's handlers).
+    redact_handlers(handlers)
     logging.basicConfig(level=logging.INFO, handlers=handlers,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     # httpx logs every request's full URL at INFO, and a URL can hold a token (a chat webhook's);
