@@ -16,7 +16,10 @@ exporter, imported only then). The spans:
   turn id can link to it, even from another process or after a restart.
 
 Nothing that may hold a secret becomes an attribute: no message text, no
-tool arguments or output, no approval subject; errors are named by type.
+tool arguments or output, no approval subject; errors are named by type. What
+the SDK adds by itself (an exception's message and stack trace as an event, a
+status description) is redacted on the way out, as every name, attribute and
+event is (RedactingExporter).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from ember.core.redact import redact
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -107,6 +112,40 @@ class SpanObserver:
         trace.get_current_span().add_event("tool_progress", {"gen_ai.tool.name": tool})
 
 
+def _attributes(attributes: Any) -> dict[str, Any]:
+    # By look only: the names are Ember's own, and some are counts ("gen_ai.usage.input_tokens").
+    return {key: redact(value, by_name=False) for key, value in (attributes or {}).items()}
+
+
+def redacted_span(span: ReadableSpan) -> ReadableSpan:
+    status = span.status
+    if status.description:
+        status = Status(status.status_code, redact(status.description))
+    return ReadableSpan(
+        name=redact(span.name), context=span.context, parent=span.parent, resource=span.resource,
+        attributes=_attributes(span.attributes),
+        events=[Event(event.name, _attributes(event.attributes), event.timestamp) for event in span.events],
+        links=[Link(link.context, _attributes(link.attributes)) for link in span.links], kind=span.kind,
+        status=status, start_time=span.start_time, end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope)
+
+
+class RedactingExporter(SpanExporter):
+    """An exporter that sends every span through the redaction pass first."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self._exporter = exporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._exporter.export([redacted_span(span) for span in spans])
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
+
+
 class Telemetry:
     def __init__(self, endpoint: str, *, service_name: str = "ember", exporter: SpanExporter | None = None) -> None:
         if exporter is None:
@@ -115,7 +154,7 @@ class Telemetry:
             exporter = OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces", timeout=10)
         self._provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
                                         id_generator=_TurnIds())
-        self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1_000))
+        self._provider.add_span_processor(BatchSpanProcessor(RedactingExporter(exporter), schedule_delay_millis=1_000))
         self.tracer: Tracer = self._provider.get_tracer("ember")
         self.observer = SpanObserver(self.tracer)
 
