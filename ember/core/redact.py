@@ -80,11 +80,25 @@ def _said(match: re.Match[str]) -> str:
     return f"{match['head']}{REDACTED}{value[len(core):]}"
 
 
-def redact_text(text: str) -> str:
+# A secret right after another ("...-----END PRIVATE KEY-----ghp_...") is found once the first is
+# gone (the patterns look at the character before): passes run until nothing changes.
+_MAX_PASSES = 8
+
+
+def _pass(text: str) -> str:
     text = _SECRET_VALUE.sub(REDACTED, text)
     text = _BEARER.sub(lambda m: f"{m[1]}{REDACTED}", text)
     text = _SAID.sub(_said, text)
     return _ASSIGNMENT.sub(lambda m: f"{m[1]}={REDACTED}" if secret_name(m[1]) else m[0], text)
+
+
+def redact_text(text: str) -> str:
+    for _ in range(_MAX_PASSES):
+        redacted = _pass(text)
+        if redacted == text:
+            break
+        text = redacted
+    return text
 
 
 def redact(value: Any, *, by_name: bool = True) -> Any:
