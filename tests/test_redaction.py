@@ -4,6 +4,7 @@ whole turns, on SQLite and PostgreSQL: memory rows, traces, spans, log lines."""
 
 from __future__ import annotations
 
+import json
 import logging
 import string
 from collections.abc import Iterator
@@ -11,11 +12,26 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import select, text
 
 from ember.cli_common import setup_logging
 from ember.config import Settings
-from ember.core.redact import REDACTED, RedactingFilter, redact, redact_text
+from ember.core.errors import ModelError
+from ember.core.events import OutboundKind
+from ember.core.memory import MemoryKind
+from ember.core.messages import Message, Role, ToolCall
+from ember.core.redact import REDACTED, RedactingFilter, redact, redact_handlers, redact_text
+from ember.memory.consolidation import SUMMARY_INSTRUCTION
+from ember.memory.review import REVIEW_INSTRUCTION as MEMORY_REVIEW
+from ember.models.base import ModelReply
+from ember.models.scripted import FunctionModel
 from ember.runtime.titles import clean_title
+from ember.skills.review import REVIEW_INSTRUCTION as SKILL_REVIEW
+from ember.store import schema
+from ember.store.engine import Database
+from tests.conftest import CHANNEL, SENDER, session_key
+from tests.otelcollector import collecting
+from tests.pgserver import ENGINES, engine_settings
 
 KEYS = [
     "sk-proj-Zq8RtY3vLmN0pKs7WxB2cD4eF6gHiJ",
@@ -178,3 +194,102 @@ def test_every_handler_ember_configures_redacts_the_lines_of_every_logger(
     written = (settings.home_dir / "ember.log").read_text()
     assert written.count("Bearer [redacted] failed") == 4 and KEY[3:] not in written
     assert KEY[3:] not in capsys.readouterr().err
+
+
+# -- through whole turns ------------------------------------------------------------------
+
+CHAT_KEY = "sk-proj-Qw3rTy7uIoP0aSdF9gHjK2lZxC5vBnM"
+TOOL_KEY = "ghp_Mn8bV4cX2zL6kJ0hG9fD3sA7pO1iU5yTrE"
+# The part of each key no redaction leaves and no tokenizer splits (the text index keeps words).
+TAILS = ("Qw3rTy7uIoP0aSdF9gHjK2lZxC5vBnM", "Mn8bV4cX2zL6kJ0hG9fD3sA7pO1iU5yTrE")
+# The session's own record of what was said: it keeps it as said.
+HISTORY_TABLES = {"messages", "outbox", "accepted_inbound", "quarantine"}
+
+
+def secret_model(messages: list[Message], tools: object) -> ModelReply:
+    """Says every key back wherever a model's words become something kept: a remember call, the
+    memory review's facts, the consolidation's summary and facts, a proposed skill, an error."""
+    system = messages[0].content if messages[0].role is Role.SYSTEM else ""
+    if SUMMARY_INSTRUCTION in system:
+        return ModelReply(text=json.dumps({"summary": f"They shared their key {CHAT_KEY}.", "facts": [
+            {"subject": "user", "key": "openai_key", "content": f"The user's OpenAI key is {CHAT_KEY}."}]}))
+    if MEMORY_REVIEW in system:
+        return ModelReply(text=f"- The user's GitHub token is {TOOL_KEY}")
+    if SKILL_REVIEW in system:
+        return ModelReply(text=json.dumps({
+            "action": "create", "name": "use-the-key", "description": f"Call the API with {CHAT_KEY}",
+            "body": f"Send `Authorization: Bearer {CHAT_KEY}`.", "reason": f"they gave {TOOL_KEY}"}))
+    last = messages[-1]
+    if last.role is Role.USER and "again" in last.content:
+        raise ModelError(f"the provider refused the key {CHAT_KEY}")
+    if last.role is Role.USER and "key is" in last.content:
+        call = ToolCall(id="call-1", name="remember", arguments=json.dumps({
+            "content": f"The user's GitHub token is {TOOL_KEY}", "subject": "user", "key": "github_token"}))
+        return ModelReply(tool_calls=(call,))
+    if last.role is Role.USER:
+        return ModelReply(text="You are welcome.")
+    return ModelReply(text="Noted, though I will not keep the key itself.")
+
+
+@pytest.fixture(params=ENGINES)
+def config(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    return engine_settings(settings, request.param, request).model_copy(update={
+        "review_tool_call_threshold": 1, "consolidation_threshold": 6, "consolidation_keep_recent": 0})
+
+
+async def stored_rows(db: Database) -> dict[str, str]:
+    """Every table but the session's own history, and the full-text index, each as one text."""
+    async with db.read() as conn:
+        found = {table.name: repr((await conn.execute(select(table))).all())
+                 for table in schema.metadata.sorted_tables if table.name not in HISTORY_TABLES}
+        found["memory_fts"] = repr((await conn.execute(text(
+            "SELECT owner, body, before, after, far FROM memory_fts"))).all())
+    return found
+
+
+async def test_a_key_said_in_chat_and_one_passed_to_remember_stay_in_the_history_only(
+        start, config: Settings, root_logging: logging.Logger) -> None:  # type: ignore[no-untyped-def]
+    setup_logging(config, verbose=False)
+    root_logging.setLevel(logging.DEBUG)
+    lines: list[str] = []
+    capture = logging.Handler(logging.DEBUG)
+    capture.emit = lambda record: lines.append(logging.Formatter().format(record))  # type: ignore[method-assign]
+    redact_handlers([capture])  # as every handler Ember configures (checked above)
+    root_logging.addHandler(capture)
+    with collecting() as collector:
+        async with start(FunctionModel(secret_model, name="secretive"),
+                         config=config.model_copy(update={"otel_endpoint": collector.endpoint})) as h:
+            answer = await h.turn(f"my OpenAI key is {CHAT_KEY}, and the key is to stay calm")
+            await h.runtime.runner.wait_idle()  # the reviews, before the consolidation the next turn queues
+            await h.turn("thanks")
+            await h.runtime.runner.wait_idle()
+            failed = await h.turn("try again")
+            await h.runtime.runner.wait_idle()
+            rows = await stored_rows(h.runtime.db)
+            history = await h.runtime.sessions.history(session_key())
+            memories = await h.runtime.memory.store.list(f"{CHANNEL}:{SENDER}", include_inactive=True)
+            traces = await h.runtime.traces.for_session(session_key())
+    root_logging.removeHandler(capture)
+    for handler in root_logging.handlers:
+        handler.flush()
+
+    assert answer.text.startswith("Noted") and failed.kind is OutboundKind.ERROR
+    said = [m.content for m in history if m.role is Role.USER]
+    assert said[0] == f"my OpenAI key is {CHAT_KEY}, and the key is to stay calm"
+    assert any(TOOL_KEY in call.arguments for m in history for call in m.tool_calls)
+    # Every path wrote what it derived, redacted: the archived message, remember, the review, the episode.
+    contents = [record.content for record in memories]
+    assert f"my OpenAI key is {REDACTED}, and the key is to stay calm" in contents
+    assert f"The user's GitHub token is {REDACTED}" in contents
+    assert {MemoryKind.ARCHIVAL, MemoryKind.FACT, MemoryKind.EPISODIC} <= {record.kind for record in memories}
+    assert [t.status for t in traces] == ["ok", "ok", "failed"] and REDACTED in (traces[-1].error or "")
+    assert rows["skill_proposals"].count("refused") and "memory_fts" in rows
+    for tail in TAILS:
+        for table, dump in rows.items():
+            assert tail.lower() not in dump.lower(), table
+        assert not [line for line in lines if tail in line]
+        assert tail not in (config.home_dir / "ember.log").read_text()
+        for span in collector.spans:
+            assert tail not in json.dumps([span.name, span.attributes, span.events], default=str), span.name
+    assert any("turn" in line and "failed" in line for line in lines)
+    assert any(event[0] == "exception" for span in collector.spans for event in span.events)
