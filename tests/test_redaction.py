@@ -203,7 +203,7 @@ TOOL_KEY = "ghp_Mn8bV4cX2zL6kJ0hG9fD3sA7pO1iU5yTrE"
 # The part of each key no redaction leaves and no tokenizer splits (the text index keeps words).
 TAILS = ("Qw3rTy7uIoP0aSdF9gHjK2lZxC5vBnM", "Mn8bV4cX2zL6kJ0hG9fD3sA7pO1iU5yTrE")
 # The session's own record of what was said: it keeps it as said.
-HISTORY_TABLES = {"messages", "outbox", "accepted_inbound", "quarantine"}
+HISTORY_TABLES = {"messages"}  # what the web page's history shows
 
 
 def secret_model(messages: list[Message], tools: object) -> ModelReply:
@@ -274,6 +274,7 @@ async def test_a_key_said_in_chat_and_one_passed_to_remember_stay_in_the_history
         handler.flush()
 
     assert answer.text.startswith("Noted") and failed.kind is OutboundKind.ERROR
+    assert failed.text == f"Sorry, I could not answer: the provider refused the key {REDACTED}"
     said = [m.content for m in history if m.role is Role.USER]
     assert said[0] == f"my OpenAI key is {CHAT_KEY}, and the key is to stay calm"
     assert any(TOOL_KEY in call.arguments for m in history for call in m.tool_calls)

@@ -111,7 +111,8 @@ class _Turn:
 
 def error_text(exc: BaseException, turn_id: str) -> str:
     if isinstance(exc, EmberError):  # a StoreBusy says to send the message again
-        return f"Sorry, I could not answer: {exc}"
+        # A provider's error may quote the key it refused: the person is told why, not the key.
+        return f"Sorry, I could not answer: {redact_text(str(exc))}"
     return f"Sorry, something went wrong inside Ember ({type(exc).__name__}). Turn id for the logs: {turn_id}"
 
 
