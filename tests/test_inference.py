@@ -146,14 +146,14 @@ async def test_review_signals_follow_the_tool_call_threshold(start, settings) ->
 async def test_workspace_tools_see_only_the_workspace(tmp_path: Path) -> None:
     from ember.tools.base import ToolRegistry
     from ember.tools.files import file_tools
-    from ember.tools.workspace import Workspace
+    from ember.tools.workspace import Workspaces
 
     root = tmp_path / "ws"
     (root / "sub").mkdir(parents=True)
     (root / "sub" / "x.txt").write_text("1\n2\n3\n4\n")
     (tmp_path / "secret.txt").write_text("top secret")
     (root / "escape").symlink_to(tmp_path / "secret.txt")
-    tools = ToolRegistry(file_tools(Workspace(root)))
+    tools = ToolRegistry(file_tools(Workspaces(root)))
 
     async def run(name: str, **args: object) -> str:
         return await tools.call(ToolCall(id="c", name=name, arguments=json.dumps(args)), tool_run())
