@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,9 +37,12 @@ from ember.tools.shell import shell_tool
 from ember.tools.skills import skill_tools
 from ember.tools.workspace import Workspaces, folder_name
 from tests.conftest import FixedApprover, Harness
+from tests.gatewayproc import LaunchGateway
+from tests.modelserver import ModelServer, Reply, tool_call
 from tests.test_skills import write_skill
 
 SECRET = "alice's secret: the diary"
+KEYS = {"alice": "alice-secret-0123456789", "bob": "bob-secret-0123456789ab"}
 
 
 def tools(spaces: Workspaces) -> ToolRegistry:
@@ -204,3 +208,39 @@ async def test_a_group_chat_works_in_the_groups_folder_once_two_people_wrote(hom
     assert os.listdir(home / "workspaces" / folder_name("test:ann")) == ["first.txt"]
     assert sorted(os.listdir(group)) == ["second.txt", "third.txt"]
     assert not (home / "workspaces" / folder_name("test:ben")).exists()
+
+
+def _tool_runner(body: dict[str, Any]) -> Reply:
+    """The gateway's model: "RUN <tool> <json>" calls that tool; a tool's result is the answer."""
+    last = body["messages"][-1]
+    if last["role"] == "tool":
+        return Reply(text=f"tool said: {last['content']}")
+    found = re.search(r"RUN (\w+) (\{.*\})", str(last.get("content")))
+    return Reply(tool_calls=(tool_call(found[1], **json.loads(found[2])),)) if found else Reply(text="ok")
+
+
+def test_alices_diary_is_nowhere_bobs_turns_can_reach_over_the_gateway(launch_gateway: LaunchGateway,
+                                                                       model_server: ModelServer) -> None:
+    model_server.responder = _tool_runner
+    gateway = launch_gateway(model_server, keys=KEYS, EMBER_TOOL_POLICY__WRITE="allow",
+                             EMBER_TOOL_POLICY__EXECUTE="allow")
+
+    def turn(key: str, tool: str, **arguments: Any) -> str:
+        response = httpx.post(gateway.url("/v1/chat/completions"), timeout=60, headers={
+            "Authorization": f"Bearer {KEYS[key]}", "X-Ember-Session": "diary"}, json={
+            "model": "ember", "messages": [{"role": "user", "content": f"RUN {tool} {json.dumps(arguments)}"}]})
+        assert response.status_code == 200, response.text
+        answer: str = response.json()["choices"][0]["message"]["content"]
+        return answer
+
+    assert "created diary.txt" in turn("alice", "write_file", path="diary.txt", content=SECRET)
+    for tool, arguments in [("read_file", {"path": "diary.txt"}), ("list_dir", {"path": "."}),
+                            ("glob", {"pattern": "**/*.txt"}), ("grep", {"pattern": "secret"}),
+                            ("read_file", {"path": "../alice/diary.txt"}), ("shell", {"command": "cat diary.txt"})]:
+        answer = turn("bob", tool, **arguments)
+        assert SECRET not in answer and "diary.txt\n" not in answer, (tool, answer)
+    assert "created diary.txt" in turn("bob", "write_file", path="diary.txt", content="bob's day")
+    assert SECRET in turn("alice", "read_file", path="diary.txt")
+    assert (gateway.home / "workspaces/alice/diary.txt").read_text() == SECRET
+    assert (gateway.home / "workspaces/bob/diary.txt").read_text() == "bob's day"
+    assert not (gateway.home / "workspace/diary.txt").exists()
