@@ -27,10 +27,14 @@ from ember.core.events import InboundEvent, OutboundKind
 from ember.core.journal import TurnJournal
 from ember.core.memory import shared_identity
 from ember.core.messages import Message, Role, ToolCall
+from ember.core.schedule import Schedule
+from ember.core.tasks import Task
 from ember.core.tools import ToolRun, ToolSpec
+from ember.memory.identity import Identities
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.engine import Database
+from ember.store.tasks import run_event
 from ember.tools.base import ToolRegistry
 from ember.tools.files import file_tools
 from ember.tools.shell import shell_tool
@@ -244,3 +248,14 @@ def test_alices_diary_is_nowhere_bobs_turns_can_reach_over_the_gateway(launch_ga
     assert (gateway.home / "workspaces/alice/diary.txt").read_text() == SECRET
     assert (gateway.home / "workspaces/bob/diary.txt").read_text() == "bob's day"
     assert not (gateway.home / "workspace/diary.txt").exists()
+
+
+def test_scheduled_and_a2a_turns_run_as_their_owner() -> None:
+    """Whose workspace a cron run and an A2A call use: the owner's, bindings included."""
+    identities = Identities({"alice": ["http:alice-phone", "telegram:42"]})
+    assert identities.resolve("a2a", "alice-phone") == "alice"  # the A2A call of a key bound to her
+    assert identities.resolve("a2a", "bob") == "bob"
+    task = Task(id="t1", identity=identities.resolve("telegram", "42"), prompt="p", schedule=Schedule.every("1h", 0.0),
+                reply=None)
+    run = run_event(task, 0.0)
+    assert identities.resolve(run.channel, run.sender_id) == "alice"
