@@ -15,12 +15,12 @@ COPY pyproject.toml ./
 COPY ember ./ember
 RUN pip install . \
     && useradd --system --home-dir /var/lib/ember --shell /usr/sbin/nologin ember \
-    && mkdir -p /var/lib/ember/workspace \
+    && mkdir -p /var/lib/ember/workspace /var/lib/ember/workspaces \
     && chown -R ember:ember /var/lib/ember
 
-# Not root. EMBER_HOME holds ember.log, locks/, skills/, a2a.db and the workspace/; the store itself
-# is in PostgreSQL when EMBER_DATABASE_URL is set. The workspace directory exists in the image so that
-# a volume mounted on it starts out owned by `ember`.
+# Not root. EMBER_HOME holds ember.log, locks/, skills/, a2a.db, workspace/ and workspaces/; the store
+# itself is in PostgreSQL when EMBER_DATABASE_URL is set. The workspace directories exist in the image so
+# that a volume mounted on one starts out owned by `ember`.
 USER ember
 ENV EMBER_HOME=/var/lib/ember
 WORKDIR /var/lib/ember

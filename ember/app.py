@@ -73,7 +73,7 @@ from ember.tools.shell import shell_tool
 from ember.tools.skills import skill_tools
 from ember.tools.tasks import task_tools
 from ember.tools.web import web_fetch_tool
-from ember.tools.workspace import Workspace
+from ember.tools.workspace import Workspaces
 
 if TYPE_CHECKING:
     from ember.runtime.telemetry import Telemetry
@@ -92,17 +92,15 @@ def telemetry(settings: Settings) -> Telemetry | None:
 def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: SqlTaskStore,
                   skills: SkillLibrary) -> ToolRegistry:
     """The built-in tools, and the tools of the MCP servers that started."""
-    workspace_dir = settings.workspace_dir
-    workspace_dir.mkdir(parents=True, exist_ok=True)
-    workspace = Workspace(workspace_dir)
+    folders = workspaces(settings, memory)
     return ToolRegistry([
-        *file_tools(workspace),
-        shell_tool(workspace, timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars,
+        *file_tools(folders),
+        shell_tool(folders, timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars,
                    env_names=settings.shell_env),
         web_fetch_tool(allow_private=settings.web_fetch_allow_private,
                        allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
         *memory_tools(memory),
-        *skill_tools(skills),
+        *skill_tools(skills, folders),
         *task_tools(tasks, default_tz=settings.timezone),
         *a2a_tools(settings.a2a_agents, allow_private=settings.web_fetch_allow_private,
                    allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
@@ -198,8 +196,15 @@ def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidatio
 def skill_library(settings: Settings, db: Database) -> SkillLibrary:
     """The skills of `db`, with the bundled folders and the person's."""
     policy = SkillPolicy(settings.skills_auto_admit, settings.skills_index_chars, settings.skills_archive_after_days)
-    return SkillLibrary(SqlSkillStore(db), default_folders(settings.skills_path), policy,
-                        workspace=settings.workspace_dir)
+    return SkillLibrary(SqlSkillStore(db), default_folders(settings.skills_path), policy)
+
+
+def workspaces(settings: Settings, memory: MemoryService) -> Workspaces:
+    """The identities' workspaces (workspace_scope = "identity"), or the one everyone shares;
+    ConfigError when `workspace` and EMBER_HOME/workspaces lie one inside the other."""
+    if settings.workspace_scope == "shared":
+        return Workspaces(settings.workspace_dir)
+    return Workspaces(settings.workspace_dir, settings.workspaces_dir, owners=memory)
 
 
 def memory_service(settings: Settings, db: Database, embedder: Embedder | None = None) -> MemoryService:

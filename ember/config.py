@@ -62,8 +62,10 @@ class Settings(BaseSettings):
 
     # Where Ember keeps its store, logs, locks and ember.toml.
     home: Path = Path("~/.ember")
-    # The folder the file and shell tools work in (default: HOME/workspace); nothing outside it.
+    # The folder the file and shell tools work in for `local` (default: HOME/workspace); nothing outside it.
     workspace: Path | None = None
+    # "identity": every other identity works in HOME/workspaces/<identity>/; "shared": all in `workspace`.
+    workspace_scope: Literal["identity", "shared"] = "identity"
     # The agent's name, in the system prompt and the A2A card.
     agent_name: str = "Ember"
     # The system prompt's opening; {agent_name} is filled in.
@@ -292,6 +294,10 @@ class Settings(BaseSettings):
         return (self.workspace or self.home_dir / "workspace").expanduser()
 
     @property
+    def workspaces_dir(self) -> Path:
+        return self.home_dir / "workspaces"
+
+    @property
     def telegram_bot(self) -> TelegramSpec | None:
         """The Telegram bot to run: `[telegram]`, or the defaults when only EMBER_TELEGRAM_TOKEN is set."""
         if self.telegram is not None:
@@ -342,22 +348,13 @@ class Settings(BaseSettings):
         return bool(self.models or (self.model and (self.model_base_url or self.model.startswith(ANTHROPIC_PREFIX))))
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, **_unused: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
         if cls._from_code_only:
             return (init_settings,)
-        return (
-            init_settings,
-            env_settings,
-            TomlConfigSettingsSource(settings_cls, toml_file=config_file()),
-            _ProviderFallback(settings_cls),
-        )
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file()),
+                _ProviderFallback(settings_cls))
 
 
 class _ProviderFallback(PydanticBaseSettingsSource):

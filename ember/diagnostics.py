@@ -17,13 +17,14 @@ from ember.bus.redis import WORKERS
 from ember.bus.redis_support import redacted_url
 from ember.config import CONFIGURE_MODEL_HINT, Settings
 from ember.configured_models import model_endpoints
-from ember.core.errors import EmberError
+from ember.core.errors import ConfigError, EmberError
 from ember.models.base import ModelEndpoint
 from ember.store import schema
 from ember.store.jobs import SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.migrations import SCHEMA_VERSION
 from ember.store.sessions import SqlSessionStore
+from ember.tools.workspace import Workspaces
 
 MODEL_CHECK_TIMEOUT_S = 10.0
 _l = schema.leases
@@ -65,6 +66,12 @@ def _check_config(settings: Settings, report: Report) -> None:
         report.fail(f"workspace {workspace} is not readable")
     else:
         report.ok(f"workspace {workspace}")
+    if settings.workspace_scope == "identity":
+        try:
+            Workspaces(workspace, settings.workspaces_dir)
+            report.ok(f"every other identity's workspace under {settings.workspaces_dir}")
+        except ConfigError as exc:
+            report.fail(str(exc))
 
 
 async def _check_store(settings: Settings, report: Report) -> None:

@@ -157,8 +157,8 @@ async def test_a_streamed_answer_arrives_in_chunks_then_once_whole(clients: dict
 
 async def test_a_tool_turn_is_reported_as_working_and_answers(clients: dict[str, Client], model: ModelServer,
                                                               gateway: GatewayProcess) -> None:
-    (gateway.home / "workspace").mkdir(exist_ok=True)
-    (gateway.home / "workspace" / "a2a.txt").write_text("the launch code is 7")
+    (gateway.home / "workspaces" / "alice").mkdir(parents=True, exist_ok=True)  # the caller's own
+    (gateway.home / "workspaces" / "alice" / "a2a.txt").write_text("the launch code is 7")
     model.push(Reply(tool_calls=(tool_call("read_file", path="a2a.txt"),)), Reply(text="The code is 7."))
     responses = await events(clients["alice_stream"], request("read a2a.txt"))
     statuses = [r.status_update.status for r in responses if r.WhichOneof("payload") == "status_update"]
@@ -182,7 +182,7 @@ async def test_an_approval_waits_in_input_required_and_the_next_message_answers_
         await events(clients["bob"], request("yes", task=waiting))
     done = final_task(await events(clients["alice"], request(reply, task=waiting)))
     assert done.status.state == TaskState.TASK_STATE_COMPLETED and answer(done) == "Finished."
-    assert (gateway.home / "workspace" / name).exists() is written
+    assert (gateway.home / "workspaces" / "alice" / name).exists() is written
     tool_result = [m for m in model.requests[-1]["messages"] if m["role"] == "tool"][-1]["content"]
     assert ("not permitted" in tool_result) is not written
 
@@ -202,7 +202,7 @@ async def test_cancelling_a_task_that_waits_for_an_approval_denies_it(clients: d
     else:
         pytest.fail("the cancelled turn did not go on after its approval was denied")
     assert "not permitted" in model.requests[-1]["messages"][-1]["content"]
-    assert not (gateway.home / "workspace" / name).exists()
+    assert not (gateway.home / "workspaces" / "alice" / name).exists()
 
 
 async def test_a_resent_message_id_gets_the_recorded_answer_not_a_second_turn(clients: dict[str, Client],

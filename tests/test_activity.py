@@ -42,8 +42,8 @@ def model() -> Iterator[ModelServer]:
 @pytest.fixture(scope="module")
 def gateway(model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayProcess:
     gateway = launch_module_gateway(model, keys=SECRETS, EMBER_MODEL_MAX_ATTEMPTS="1")
-    workspace = gateway.home / "workspace"
-    workspace.mkdir(exist_ok=True)
+    workspace = gateway.home / "workspaces" / "alice"  # the workspace of the key whose turns run here
+    workspace.mkdir(parents=True, exist_ok=True)
     (workspace / "notes.txt").write_text("buy milk\n")
     return gateway
 
@@ -156,7 +156,7 @@ def test_a_persons_approval_shows_who_allowed_the_call(clients: Clients, model: 
                 assert decided.status_code == 200, decided.text
             elif line == "event: final":
                 turn_id = json.loads(next(lines).removeprefix("data: "))["turn_id"]
-    assert (gateway.home / "workspace" / "approved.txt").read_text() == "hi"
+    assert (gateway.home / "workspaces" / "alice" / "approved.txt").read_text() == "hi"
     wait_until(lambda: alice.get(f"/api/activity/{turn_id}").status_code == 200, timeout_s=10, what="the trace")
 
     turn = alice.get(f"/api/activity/{turn_id}").json()

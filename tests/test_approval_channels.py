@@ -115,7 +115,7 @@ def gateway(launch_gateway: LaunchGateway, model_server: ModelServer) -> Gateway
 
 
 def gateway_workspace(gateway: GatewayProcess) -> Path:
-    return gateway.home / "workspace"
+    return gateway.home / "workspaces" / "alice"  # alice runs the turns
 
 
 def test_gateway_approve_and_deny(gateway: GatewayProcess, model_server: ModelServer) -> None:
@@ -167,7 +167,7 @@ def test_a_configured_approver_answers_anothers_request(launch_gateway: LaunchGa
     model_server.push(*write_then_answer("ok.txt", "by bob", "Written."))
     events = run_turn(gateway, ALICE, "s", "write ok", {"decision": "approve_once"}, answering_key=BOB)
     assert dict(events)["answered"]["status"] == 200
-    assert (gateway.home / "workspace" / "ok.txt").read_text() == "by bob"
+    assert (gateway.home / "workspaces" / "alice" / "ok.txt").read_text() == "by bob"
 
 
 def test_openai_clients_cannot_approve_so_risky_calls_are_denied(gateway: GatewayProcess,
@@ -217,4 +217,4 @@ def test_a_request_left_by_a_killed_gateway_is_expired_not_unknown(launch_gatewa
     assert answered.status_code == 410 and "restarted" in answered.json()["error"]["message"]
     assert httpx.post(again.url(f"/api/approvals/{asked['id']}"), json={"decision": "deny"},
                       headers=auth(BOB)).status_code == 404  # still not Bob's to see
-    assert not (again.home / "workspace" / "k.txt").exists()
+    assert not (again.home / "workspaces" / "alice" / "k.txt").exists()

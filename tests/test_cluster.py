@@ -687,7 +687,7 @@ def test_an_approval_asked_in_a_worker_is_answered_on_a_gateway(cluster: Cluster
         assert [r.status_code for r in answered] == [200], [r.text for r in answered]
         assert the_final(events)["text"] == f"done: {text}"
         results = [e.data["text"] for e in events if e.name == "tool_result"]
-        written = [w for w in cluster.workers if (w.home / "workspace" / path).exists()]
+        written = [w for w in cluster.workers if (w.home / "workspaces" / IDENTITY / path).exists()]
         outcomes[decision] = (results, written)
         row = query(cluster.database_url, "SELECT status, decided_by FROM approvals WHERE id = $1", requests[0]["id"])
         assert row == [{"status": decision, "decided_by": f"user:{IDENTITY}"}]
@@ -696,6 +696,7 @@ def test_an_approval_asked_in_a_worker_is_answered_on_a_gateway(cluster: Cluster
                           headers=AUTH, timeout=TIMEOUT)
         assert late.status_code == 409 and late.json()["error"]["code"] == "approval_decided"
     results, written = outcomes["approve_once"]
-    assert len(written) == 1 and (written[0].home / "workspace" / f"{session}-0.txt").read_text() == "approved"
+    assert len(written) == 1
+    assert (written[0].home / "workspaces" / IDENTITY / f"{session}-0.txt").read_text() == "approved"
     results, written = outcomes["deny"]
     assert written == [] and "not permitted" in results[0]

@@ -50,7 +50,7 @@ def protocol_valid(messages: list[dict[str, Any]]) -> bool:
 def test_the_agent_fixes_a_failing_test(launch_gateway: LaunchGateway, model_server: ModelServer,
                                          tmp_path: Path) -> None:
     home = tmp_path / "home"
-    project(home / "workspace")
+    project(home / "workspaces" / "alice")
     (home / "ember.toml").write_text(POLICY)
     model_server.push(
         Reply(tool_calls=(tool_call("read_file", path="calc.py"),)),
@@ -83,9 +83,9 @@ def test_the_agent_fixes_a_failing_test(launch_gateway: LaunchGateway, model_ser
     assert "return a - b" in results[0]
     assert "1 failed" in results[1] and "exit code: 1" in results[1]
     assert "1 passed" in results[3] and "exit code: 0" in results[3]
-    assert (home / "workspace" / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    assert (home / "workspaces" / "alice" / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
     rerun = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_calc.py"],
-                           cwd=home / "workspace", capture_output=True, text=True, timeout=60)
+                           cwd=home / "workspaces" / "alice", capture_output=True, text=True, timeout=60)
     assert rerun.returncode == 0, rerun.stdout
 
     history = httpx.get(gateway.url("/api/sessions/fix/messages"), headers=auth(KEY)).json()["messages"]

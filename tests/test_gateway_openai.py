@@ -26,8 +26,8 @@ def model() -> Iterator[ModelServer]:
 def gateway(model: ModelServer, launch_module_gateway: LaunchGateway,
             tmp_path_factory: pytest.TempPathFactory) -> GatewayProcess:
     home = tmp_path_factory.mktemp("gateway") / "home"
-    (home / "workspace").mkdir(parents=True)
-    (home / "workspace" / "notes.txt").write_text("the launch code is 4711\n")
+    (home / "workspaces" / "tester").mkdir(parents=True)
+    (home / "workspaces" / "tester" / "notes.txt").write_text("the launch code is 4711\n")
     return launch_module_gateway(model, keys={"tester": KEY}, home=home)
 
 

@@ -18,6 +18,7 @@ from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.context import PROFILE_HEADING
 from ember.pipeline.inference import TRUNCATED_NOTE, iteration_cap_text
 from ember.skills.review import REVIEW_INSTRUCTION as SKILL_REVIEW_INSTRUCTION
+from ember.tools.workspace import Workspaces
 from tests.conftest import EPISODES_HEADING, IDENTITY, job_counts, of_kind, session_key, tool_run
 from tests.pgserver import RUNTIMES, engine_settings
 
@@ -33,9 +34,9 @@ def read(path: str, call_id: str = "c1") -> ToolCall:
 
 
 async def test_tool_step_is_committed_with_its_results_and_streamed(start, settings) -> None:  # type: ignore[no-untyped-def]
-    settings.workspace_dir.mkdir(parents=True)
-    (settings.workspace_dir / "a.txt").write_text("alpha\n")
-    (settings.workspace_dir / "b.txt").write_text("beta\n")
+    own = Workspaces(settings.workspace_dir, settings.workspaces_dir).for_identity(IDENTITY)
+    (own.root / "a.txt").write_text("alpha\n")
+    (own.root / "b.txt").write_text("beta\n")
     model = ScriptedModel([
         ModelReply(text="<think>which files?</think>Reading both.",
                    tool_calls=(read("a.txt", "c1"), read("b.txt", "c2"))),
@@ -146,14 +147,13 @@ async def test_review_signals_follow_the_tool_call_threshold(start, settings) ->
 async def test_workspace_tools_see_only_the_workspace(tmp_path: Path) -> None:
     from ember.tools.base import ToolRegistry
     from ember.tools.files import file_tools
-    from ember.tools.workspace import Workspace
 
     root = tmp_path / "ws"
     (root / "sub").mkdir(parents=True)
     (root / "sub" / "x.txt").write_text("1\n2\n3\n4\n")
     (tmp_path / "secret.txt").write_text("top secret")
     (root / "escape").symlink_to(tmp_path / "secret.txt")
-    tools = ToolRegistry(file_tools(Workspace(root)))
+    tools = ToolRegistry(file_tools(Workspaces(root)))
 
     async def run(name: str, **args: object) -> str:
         return await tools.call(ToolCall(id="c", name=name, arguments=json.dumps(args)), tool_run())

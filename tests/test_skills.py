@@ -33,6 +33,7 @@ from ember.skills.library import SkillLibrary
 from ember.skills.review import REVIEW_INSTRUCTION, parse_answer
 from ember.store.engine import Database
 from ember.store.skills import NewVersion
+from ember.tools.workspace import Workspaces
 from tests.conftest import IDENTITY, Harness, job_counts, of_kind, running_harness, session_key
 from tests.pgserver import ENGINES, RUNTIMES, engine_database, engine_settings
 
@@ -364,7 +365,8 @@ async def test_skill_view_reads_files_and_puts_scripts_in_the_workspace(tmp_path
     body = await library.view("someone", "with-files")
     assert "references/notes.md, scripts/go.py" in body
     assert await library.view("someone", "with-files", "references/notes.md") == "Some notes."
-    script = await library.view("someone", "with-files", "scripts/go.py")
+    script = await library.view("someone", "with-files", "scripts/go.py",
+                               workspace=Workspaces(settings.workspace_dir).for_identity("someone"))
     assert "run it with the shell tool" in script
     assert (settings.workspace_dir / ".skills/with-files/scripts/go.py").read_text() == "print('go')\n"
     with pytest.raises(SkillNotFound, match=re.escape("has no file '../../etc/passwd'")):

@@ -12,7 +12,7 @@ from ember.core.tools import Risk
 from ember.tools.approval import Rule, ToolPolicy
 from ember.tools.base import ToolRegistry
 from ember.tools.files import MAX_GLOB_RESULTS, MAX_GREP_MATCHES, file_tools
-from ember.tools.workspace import Workspace
+from ember.tools.workspace import Workspaces
 from tests.conftest import tool_run
 
 
@@ -29,7 +29,7 @@ def ws(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def tools(ws: Path) -> ToolRegistry:
-    return ToolRegistry(file_tools(Workspace(ws)))
+    return ToolRegistry(file_tools(Workspaces(ws)))
 
 
 async def call(tools: ToolRegistry, name: str, **args: object) -> str:

@@ -18,7 +18,7 @@ from ember.core.tools import Risk
 from ember.tools.approval import Rule, ToolPolicy
 from ember.tools.base import ToolRegistry
 from ember.tools.shell import shell_tool
-from ember.tools.workspace import Workspace
+from ember.tools.workspace import Workspaces
 from tests.conftest import tool_run
 
 
@@ -31,7 +31,7 @@ def ws(tmp_path: Path) -> Path:
 
 def registry(ws: Path, *, timeout_s: float = 10.0, output_cap: int = 30_000,
              env_names: tuple[str, ...] = ()) -> ToolRegistry:
-    return ToolRegistry([shell_tool(Workspace(ws), timeout_s=timeout_s, output_cap=output_cap,
+    return ToolRegistry([shell_tool(Workspaces(ws), timeout_s=timeout_s, output_cap=output_cap,
                                     env_names=env_names)])
 
 

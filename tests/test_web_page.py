@@ -101,8 +101,8 @@ def test_a_wrong_key_shows_an_error_and_no_sessions(
 
 def test_a_tool_call_is_shown_collapsed_with_its_result(
         page: Page, model: ModelServer, gateway: GatewayProcess) -> None:
-    workspace = gateway.home / "workspace"
-    workspace.mkdir(exist_ok=True)
+    workspace = gateway.home / "workspaces" / "alice"  # the workspace of the key whose turns run here
+    workspace.mkdir(parents=True, exist_ok=True)
     (workspace / "shopping-list.txt").write_text("eggs\n")
     model.push(Reply(text="Let me look.", tool_calls=(tool_call("list_dir", path="."),)),
                       Reply(text="There is one file: shopping-list.txt"))
@@ -143,14 +143,14 @@ def test_a_risky_call_waits_for_the_users_click(page: Page, model: ModelServer, 
     expect(request.locator(".approval-rating")).to_have_text("Risk: medium (changes a file)")
     request.locator(".approval-approve_once").click()
     expect(answer(page).last).to_have_text("Written.")
-    assert (gateway.home / "workspace" / "from-the-page.txt").read_text() == "hello"
+    assert (gateway.home / "workspaces" / "alice" / "from-the-page.txt").read_text() == "hello"
 
     send(page, "write another")
     expect(page.locator(".approval")).to_have_count(2)
     page.locator(".approval").last.locator(".approval-deny").click()
     expect(answer(page).last).to_have_text("Not written.")
     expect(page.locator(".approval").last.locator(".approval-outcome")).to_have_text("Denied.")
-    assert not (gateway.home / "workspace" / "refused.txt").exists()
+    assert not (gateway.home / "workspaces" / "alice" / "refused.txt").exists()
 
 
 def test_model_output_cannot_run_script(
@@ -476,10 +476,10 @@ def test_a_request_of_a_turn_the_page_is_not_showing_can_be_answered_there(
     pending.locator(".approval-approve_once").click()
     expect(pending.locator(".approval-outcome")).to_have_text("Allowed.")
     for _ in range(100):
-        if (gateway.home / "workspace" / "from-elsewhere.txt").exists():
+        if (gateway.home / "workspaces" / "alice" / "from-elsewhere.txt").exists():
             break
         page.wait_for_timeout(100)
-    assert (gateway.home / "workspace" / "from-elsewhere.txt").read_text() == "hi"
+    assert (gateway.home / "workspaces" / "alice" / "from-elsewhere.txt").read_text() == "hi"
     expect(page.locator("#pending-approvals")).to_be_hidden(timeout=10_000)  # the next look finds none
     page.goto(gateway.url("/#elsewhere"))
     expect(answer(page).last).to_have_text("Written from elsewhere.")

@@ -17,7 +17,7 @@ import pytest
 from ember.core.messages import ToolCall
 from ember.tools.base import ToolFailure, ToolRegistry
 from ember.tools.files import file_tools
-from ember.tools.workspace import Workspace
+from ember.tools.workspace import Workspace, Workspaces
 from tests.conftest import tool_run
 
 SECRET = "SECRET-LAUNCH-CODE-0000"
@@ -116,7 +116,7 @@ async def test_no_attempt_escapes(layout: tuple[Path, Path], tmp_path: Path, att
     ws, out = layout
     path = attempt.format(ws=ws, out=out, OUT=str(out).upper())
     before = snapshot(tmp_path, ws)
-    registry = ToolRegistry(file_tools(Workspace(ws)))
+    registry = ToolRegistry(file_tools(Workspaces(ws)))
 
     for tool in TOOLS:
         name, args = arguments(tool, path)
@@ -138,7 +138,7 @@ async def test_no_attempt_escapes(layout: tuple[Path, Path], tmp_path: Path, att
 
 async def test_a_symlink_inside_that_points_inside_is_allowed(layout: tuple[Path, Path]) -> None:
     ws, _ = layout
-    registry = ToolRegistry(file_tools(Workspace(ws)))
+    registry = ToolRegistry(file_tools(Workspaces(ws)))
 
     async def call(name: str, **args: object) -> str:
         return await registry.call(ToolCall(id="c", name=name, arguments=json.dumps(args)), tool_run())
@@ -150,7 +150,7 @@ async def test_a_symlink_inside_that_points_inside_is_allowed(layout: tuple[Path
 
 async def test_walking_the_whole_workspace_leaves_links_out_behind(layout: tuple[Path, Path]) -> None:
     ws, _ = layout
-    registry = ToolRegistry(file_tools(Workspace(ws)))
+    registry = ToolRegistry(file_tools(Workspaces(ws)))
 
     async def call(name: str, **args: object) -> str:
         return await registry.call(ToolCall(id="c", name=name, arguments=json.dumps(args)), tool_run())

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ember.core.errors import ConfigError
-from ember.core.memory import default_identity
+from ember.core.memory import KEYED_CHANNELS, default_identity
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -37,5 +37,9 @@ class Identities:
 
     def resolve(self, channel: str, sender_id: str) -> str:
         principal = f"{channel}:{sender_id}"
-        return self._by_principal.get(principal) or default_identity(principal)
+        bound = self._by_principal.get(principal)
+        if bound is None and channel in KEYED_CHANNELS:
+            # A gateway key is one principal over HTTP and A2A alike; bindings name it http:<key>.
+            bound = self._by_principal.get(f"http:{sender_id}")
+        return bound or default_identity(principal)
 

@@ -299,6 +299,15 @@ class MemoryService:
             return shared_identity(session.key)
         return people.pop() if people else session_identity(session.key, session.metadata)
 
+    async def workspace_owner(self, session_key: str, identity: str) -> str:
+        """Whose workspace a turn of `identity` works in: theirs, or, once someone else
+        wrote in the session too (a group chat), the group's shared identity, the
+        one `owner` gives its summaries."""
+        senders = (await self._store.senders(session_key)).values()
+        if any(self._identities.resolve(channel, sender) != identity for channel, sender in senders):
+            return shared_identity(session_key)
+        return identity
+
     async def flush_embeddings(self, progress: Callable[[int], None] | None = None) -> int:
         """Embed every memory still without a vector, in batches; returns how many."""
         if self._encoder is None:

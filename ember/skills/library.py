@@ -36,6 +36,7 @@ from ember.core.skills import (
 from ember.skills.format import SKILL_FILE, SkillDoc, SkillFormatError, check_name, digest, parse_skill_md, read_folder
 from ember.store.protocols import SkillStore
 from ember.store.skills import NewVersion
+from ember.tools.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,16 @@ def default_folders(home_skills: Path) -> list[SkillFolder]:
     return [SkillFolder(BUNDLED_DIR, SkillOrigin.BUNDLED), SkillFolder(home_skills, SkillOrigin.HOME)]
 
 
+def _place_script(workspace: Workspace, relative: str, content: str) -> str:
+    """Writes a skill's script into the workspace through its jail (a link planted on the
+    way is not followed); returns where it is."""
+    path = workspace.resolve(relative)
+    file, _ = workspace.open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True)
+    with file:
+        file.write(content.encode("utf-8"))
+    return workspace.display(path)
+
+
 def unified_diff(before: str, after: str, before_label: str, after_label: str) -> str:
     return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
                                         before_label, after_label))
@@ -71,11 +82,10 @@ def unified_diff(before: str, after: str, before_label: str, after_label: str) -
 
 class SkillLibrary:
     def __init__(self, store: SkillStore, folders: Sequence[SkillFolder] = (), policy: SkillPolicy | None = None,
-                 *, workspace: Path | None = None, clock: Callable[[], float] = time.time) -> None:
+                 *, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.policy = policy or SkillPolicy()
         self._folders = list(folders)
-        self._workspace = workspace
         self._clock = clock
         self.load_errors: dict[str, str] = {}  # folder -> why it was not loaded
         self._signature: tuple[tuple[str, int], ...] | None = None
@@ -217,8 +227,9 @@ class SkillLibrary:
         hint = f" Skills that come close: {', '.join(close)}." if close else ""
         raise SkillNotFound(f"no skill {name[:80]!r}.{archived}{hint}")
 
-    async def view(self, identity: str, name: str, file: str | None = None) -> str:
-        """A skill's instructions, or one of its files; a script is also put in the workspace to run."""
+    async def view(self, identity: str, name: str, file: str | None = None, *,
+                   workspace: Workspace | None = None) -> str:
+        """A skill's instructions, or one of its files; a script is also put in `workspace` to run."""
         skill = await self.find(identity, name)
         version = await self.store.version(skill)
         assert version is not None
@@ -232,18 +243,10 @@ class SkillLibrary:
             known = ", ".join(sorted(version.files)) or "none"
             raise SkillNotFound(f"skill {skill.name} has no file {file[:120]!r}; its files: {known}")
         content = version.files[file]
-        if file.startswith("scripts/") and self._workspace is not None:
-            placed = await asyncio.to_thread(self._place_script, skill, file, content)
+        if file.startswith("scripts/") and workspace is not None:
+            placed = await asyncio.to_thread(_place_script, workspace, f".skills/{skill.name}/{file}", content)
             return f"{content}\n\n[This script is at {placed} in the workspace; run it with the shell tool.]"
         return content
-
-    def _place_script(self, skill: Skill, file: str, content: str) -> str:
-        assert self._workspace is not None
-        relative = Path(".skills") / skill.name / file
-        target = self._workspace / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
-        return relative.as_posix()
 
     # What a person does
 

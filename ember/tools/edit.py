@@ -12,9 +12,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from ember.core.tools import Risk
-from ember.tools.base import FunctionTool, ToolFailure
-from ember.tools.workspace import Workspace
+from ember.core.tools import Risk, ToolRun
+from ember.tools.base import ToolFailure, TurnTool
+from ember.tools.workspace import Workspace, Workspaces
 
 MAX_EDIT_BYTES = 2_000_000
 MAX_LINES_LISTED = 20
@@ -104,19 +104,21 @@ def _edit(workspace: Workspace, path: Path, args: EditFileArgs) -> str:
     return f"edited {shown}: replaced {count}, now at {_line_spans(edited, new_starts, len(new))}"
 
 
-def edit_tools(workspace: Workspace) -> list[FunctionTool]:
-    async def write_file(args: WriteFileArgs) -> str:
+def edit_tools(workspaces: Workspaces) -> list[TurnTool]:
+    async def write_file(args: WriteFileArgs, run: ToolRun) -> str:
+        workspace = await workspaces.for_run(run)
         path = workspace.resolve(args.path)
         return await asyncio.to_thread(_write, workspace, path, args.content)
 
-    async def edit_file(args: EditFileArgs) -> str:
+    async def edit_file(args: EditFileArgs, run: ToolRun) -> str:
+        workspace = await workspaces.for_run(run)
         path = workspace.resolve(args.path)
         return await asyncio.to_thread(_edit, workspace, path, args)
 
     return [
-        FunctionTool("write_file", "Create a text file in the workspace, or replace all of its content.",
-                     WriteFileArgs, write_file, risk=Risk.WRITE, subject=lambda a: a.path, verb="write the file"),
-        FunctionTool("edit_file", "Replace an exact piece of text in a file of the workspace. `old` must match "
-                     "exactly once (give enough surrounding lines), unless replace_all is set.", EditFileArgs,
-                     edit_file, risk=Risk.WRITE, subject=lambda a: a.path, verb="edit the file"),
+        TurnTool("write_file", "Create a text file in the workspace, or replace all of its content.",
+                 WriteFileArgs, write_file, risk=Risk.WRITE, subject=lambda a: a.path, verb="write the file"),
+        TurnTool("edit_file", "Replace an exact piece of text in a file of the workspace. `old` must match "
+                 "exactly once (give enough surrounding lines), unless replace_all is set.", EditFileArgs,
+                 edit_file, risk=Risk.WRITE, subject=lambda a: a.path, verb="edit the file"),
     ]

@@ -1,5 +1,6 @@
 """File tools confined to the workspace: read_file, list_dir, glob and grep here,
-write_file and edit_file in ember.tools.edit; `file_tools` returns all six.
+write_file and edit_file in ember.tools.edit; `file_tools` returns all six. Each
+call works in the workspace of its turn (Workspaces.for_run).
 
 Every path goes through Workspace.resolve and every file is opened through
 Workspace.open. Walks (glob, grep) use os.fwalk, which never descends into a
@@ -19,10 +20,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from ember.core.tools import Risk
-from ember.tools.base import FunctionTool, ToolFailure
+from ember.core.tools import Risk, ToolRun
+from ember.tools.base import ToolFailure, TurnTool
 from ember.tools.edit import edit_tools
-from ember.tools.workspace import Workspace
+from ember.tools.workspace import Workspace, Workspaces
 
 MAX_READ_BYTES = 2_000_000
 MAX_LIST_ENTRIES = 500
@@ -292,34 +293,36 @@ def _grep(workspace: Workspace, args: GrepArgs) -> str:
     return search.report(workspace.display(path), truncated=walk.truncated)
 
 
-def file_tools(workspace: Workspace) -> list[FunctionTool]:
-    async def read_file(args: ReadFileArgs) -> str:
+def file_tools(workspaces: Workspaces) -> list[TurnTool]:
+    async def read_file(args: ReadFileArgs, run: ToolRun) -> str:
         if args.end_line is not None and args.end_line < args.start_line:
             raise ToolFailure("end_line is before start_line")
+        workspace = await workspaces.for_run(run)
         path = workspace.resolve(args.path)
         return await asyncio.to_thread(_read_lines, workspace, path, args.start_line, args.end_line)
 
-    async def list_dir(args: ListDirArgs) -> str:
+    async def list_dir(args: ListDirArgs, run: ToolRun) -> str:
+        workspace = await workspaces.for_run(run)
         path = workspace.resolve(args.path)
         return await asyncio.to_thread(_list, workspace, path)
 
-    async def glob(args: GlobArgs) -> str:
-        return await asyncio.to_thread(_glob, workspace, args.pattern)
+    async def glob(args: GlobArgs, run: ToolRun) -> str:
+        return await asyncio.to_thread(_glob, await workspaces.for_run(run), args.pattern)
 
-    async def grep(args: GrepArgs) -> str:
-        return await asyncio.to_thread(_grep, workspace, args)
+    async def grep(args: GrepArgs, run: ToolRun) -> str:
+        return await asyncio.to_thread(_grep, await workspaces.for_run(run), args)
 
     return [
-        FunctionTool("read_file", "Read a text file from the workspace, optionally a range of lines.",
-                     ReadFileArgs, read_file, risk=Risk.READ, subject=lambda a: a.path, verb="read the file"),
-        *edit_tools(workspace),
-        FunctionTool("list_dir", "List the entries of a directory in the workspace.", ListDirArgs, list_dir,
-                     risk=Risk.READ, subject=lambda a: a.path, verb="list the directory"),
-        FunctionTool("glob", f"Find files and directories in the workspace by glob pattern, sorted; at most "
-                     f"{MAX_GLOB_RESULTS} are shown.", GlobArgs, glob, risk=Risk.READ,
-                     subject=lambda a: a.pattern, verb="list the files matching"),
-        FunctionTool("grep", "Search file contents in the workspace with a regular expression, line by line. "
-                     "Prints `path:line: text` for matches and `path-line- text` for context lines; binary files "
-                     f"and symlinks are skipped; at most {MAX_GREP_MATCHES} matches.", GrepArgs, grep,
-                     risk=Risk.READ, subject=lambda a: a.path, verb="search the contents of"),
+        TurnTool("read_file", "Read a text file from the workspace, optionally a range of lines.",
+                 ReadFileArgs, read_file, risk=Risk.READ, subject=lambda a: a.path, verb="read the file"),
+        *edit_tools(workspaces),
+        TurnTool("list_dir", "List the entries of a directory in the workspace.", ListDirArgs, list_dir,
+                 risk=Risk.READ, subject=lambda a: a.path, verb="list the directory"),
+        TurnTool("glob", f"Find files and directories in the workspace by glob pattern, sorted; at most "
+                 f"{MAX_GLOB_RESULTS} are shown.", GlobArgs, glob, risk=Risk.READ,
+                 subject=lambda a: a.pattern, verb="list the files matching"),
+        TurnTool("grep", "Search file contents in the workspace with a regular expression, line by line. "
+                 "Prints `path:line: text` for matches and `path-line- text` for context lines; binary files "
+                 f"and symlinks are skipped; at most {MAX_GREP_MATCHES} matches.", GrepArgs, grep,
+                 risk=Risk.READ, subject=lambda a: a.path, verb="search the contents of"),
     ]

@@ -1,6 +1,6 @@
 """The shell tool: one command under /bin/sh, in the workspace, with a deadline.
 
-    start    /bin/sh -c COMMAND, cwd = the workspace root, stdin from /dev/null,
+    start    /bin/sh -c COMMAND, cwd = the turn's workspace root, stdin from /dev/null,
              stdout and stderr interleaved in one pipe, in a new session (so a
              new process group whose id is the shell's pid), with a minimal
              environment and a mark of this run that every descendant inherits;
@@ -38,9 +38,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from ember.core.redact import secret_env_name
-from ember.core.tools import Risk
-from ember.tools.base import FunctionTool, ToolFailure
-from ember.tools.workspace import Workspace
+from ember.core.tools import Risk, ToolRun
+from ember.tools.base import ToolFailure, TurnTool
+from ember.tools.workspace import Workspaces
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_OUTPUT_CAP = 30_000
@@ -202,14 +202,15 @@ async def run_command(command: str, cwd: str, timeout_s: float, capture: Capture
         transport.close()
 
 
-def shell_tool(workspace: Workspace, *, timeout_s: float = DEFAULT_TIMEOUT_S, output_cap: int = DEFAULT_OUTPUT_CAP,
-               env_names: Sequence[str] = ()) -> FunctionTool[ShellArgs]:
+def shell_tool(workspaces: Workspaces, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+               output_cap: int = DEFAULT_OUTPUT_CAP, env_names: Sequence[str] = ()) -> TurnTool[ShellArgs]:
     """The `shell` tool; `timeout_s` is the longest a call may ask for, and its default;
     `env_names` are variables passed through besides BASE_ENV (secret-like ones never are)."""
 
-    async def shell(args: ShellArgs) -> str:
+    async def shell(args: ShellArgs, run: ToolRun) -> str:
         if "\x00" in args.command:
             raise ToolFailure("the command contains a NUL character")
+        workspace = await workspaces.for_run(run)
         limit = timeout_s if args.timeout_s is None else min(args.timeout_s, timeout_s)
         capture = Capture(output_cap)
         code, timed_out = await run_command(args.command, str(workspace.root), limit, capture, env_names)
@@ -220,7 +221,7 @@ def shell_tool(workspace: Workspace, *, timeout_s: float = DEFAULT_TIMEOUT_S, ou
         lines.append(output if output else "(no output)")
         return "\n".join(lines)
 
-    return FunctionTool(
+    return TurnTool(
         "shell",
         f"Run a shell command (/bin/sh -c) in the workspace directory and return its exit code and output "
         f"(stdout and stderr together; the middle is cut past {output_cap} characters). It is killed, with every "

@@ -10,6 +10,7 @@ from ember.core.errors import SkillError
 from ember.core.tools import Risk, ToolRun
 from ember.skills.library import SkillLibrary
 from ember.tools.base import Tool, ToolFailure, TurnTool
+from ember.tools.workspace import Workspaces
 
 
 class SkillViewArgs(BaseModel):
@@ -19,10 +20,13 @@ class SkillViewArgs(BaseModel):
                                          "omit it for the skill's instructions.")
 
 
-def skill_tools(library: SkillLibrary) -> list[Tool]:
+def skill_tools(library: SkillLibrary, workspaces: Workspaces) -> list[Tool]:
+    """skill_view puts a skill's script into the workspace of the turn that asked for it."""
+
     async def view(args: SkillViewArgs, run: ToolRun) -> str:
+        workspace = await workspaces.for_run(run) if args.file is not None else None
         try:
-            return await library.view(run.identity, args.name, args.file)
+            return await library.view(run.identity, args.name, args.file, workspace=workspace)
         except SkillError as exc:
             raise ToolFailure(str(exc)) from exc
 

@@ -1,4 +1,5 @@
-"""The workspace jail: every path a tool touches resolves inside one folder.
+"""The workspace jail: every path a tool touches resolves inside one folder,
+and Workspaces, which says whose folder a turn's tools work in.
 
     resolve(relative)   checks the text of the path (no absolute or drive paths,
                         no '..', no '~', no NUL), then follows every symlink and
@@ -19,14 +20,25 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
+import re
 import stat
+import unicodedata
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
+from ember.core.errors import ConfigError
+from ember.core.memory import LOCAL_IDENTITY
+from ember.core.tools import ToolRun
 from ember.tools.base import ToolFailure
 
 MAX_PATH_CHARS = 4096
+SLUG_CHARS = 48
+DIGEST_CHARS = 16
+# A folder name that is the identity itself; "+" is outside it, so "<slug>+<digest>" never is one.
+_PLAIN = re.compile(r"[a-z0-9_-][a-z0-9._-]{0,63}")
+_UNSAFE = re.compile(r"[^a-z0-9._-]+")
 
 
 class Workspace:
@@ -121,6 +133,64 @@ class Workspace:
             if info.st_size > limit:
                 raise ToolFailure(f"{self.display(path)} is larger than {limit} bytes")
             return file.read(limit)
+
+
+def folder_name(identity: str) -> str:
+    """The folder of `identity` under workspaces/: the identity itself when it is a plain
+    lower-case name, else a readable slug of it and a digest of its exact text. Distinct
+    identities get distinct names (a digest collision aside), also on a file system that
+    ignores case, and every name is one safe path component of at most 65 bytes."""
+    if _PLAIN.fullmatch(identity):
+        return identity
+    ascii_text = unicodedata.normalize("NFKD", identity).encode("ascii", "ignore").decode().lower()
+    slug = _UNSAFE.sub("-", ascii_text).strip(".-")[:SLUG_CHARS]
+    digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_CHARS]
+    return f"{slug}+{digest}"
+
+
+class SessionOwners(Protocol):
+    async def workspace_owner(self, session_key: str, identity: str) -> str:
+        """Whose workspace a turn of `identity` in the session uses: theirs, or a group chat's."""
+        ...
+
+
+class Workspaces:
+    """Whose folder a turn's file and shell tools work in.
+
+    With `per_identity` (workspace_scope = "identity") each identity has its own
+    folder, `per_identity/<folder_name(identity)>`, made on first use; `local`, the
+    terminal's person, keeps `local`. Without it (scope "shared") everyone works in
+    `local`. `owners` says when a group chat's turns use the group's folder.
+    """
+
+    def __init__(self, local: Path, per_identity: Path | None = None, owners: SessionOwners | None = None) -> None:
+        self._local = local.expanduser().resolve()
+        self._root = per_identity.expanduser().resolve() if per_identity is not None else None
+        self._owners = owners
+        if self._root is not None and (self._root.is_relative_to(self._local)
+                                       or self._local.is_relative_to(self._root)):
+            raise ConfigError(f"workspace {self._local} and the identities' workspaces {self._root} must not lie "
+                              "one inside the other (set `workspace` to a folder of its own, or "
+                              "workspace_scope = \"shared\")")
+
+    def for_identity(self, identity: str) -> Workspace:
+        if self._root is None or identity == LOCAL_IDENTITY:
+            self._local.mkdir(parents=True, exist_ok=True)
+            return Workspace(self._local)
+        self._root.mkdir(parents=True, exist_ok=True)
+        folder = self._root / folder_name(identity)
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir()
+        # A link planted in place of the folder (by a shell command) would lead into someone else's.
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            raise ToolFailure(f"the workspace {folder.name} is not a plain folder; ask the administrator")
+        return Workspace(folder)
+
+    async def for_run(self, run: ToolRun) -> Workspace:
+        identity = run.identity
+        if self._root is not None and self._owners is not None:
+            identity = await self._owners.workspace_owner(run.session_key, identity)
+        return self.for_identity(identity)
 
 
 def _plain(exc: OSError, shown: str) -> str:
