@@ -2,6 +2,7 @@
 
     decide(action):  the first rule whose tool and subject patterns match,
                      else the tool's own setting, else its risk class's.
+                     A shell command is judged by its parts (decide_command).
     allow -> run;  deny -> an "Error:" result;  ask -> the turn's approver asks
     the person behind the channel, and silence past the timeout denies.
 
@@ -22,8 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ember.core.messages import ToolCall
 from ember.core.tools import Decision, Risk, ToolAction, ToolRun, ToolSpec, Verdict
 from ember.tools.base import ToolFailure, Toolset
+from ember.tools.shell_parse import SimpleCommand, read_command
 
 Choice = Literal["allow", "ask", "deny"]
+# The tool whose subject is a command line (tools/shell.py).
+SHELL_TOOL = "shell"
 
 
 class Rule(BaseModel):
@@ -32,7 +36,8 @@ class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # A tool name pattern (MCP tools are server__tool).
     tool: str = "*"
-    # A pattern for what the call acts on: a path, a command, a URL.
+    # A pattern for what the call acts on: a path, a command, a URL. A shell command line
+    # is matched part by part: each simple command in it must be allowed (README, "Approval").
     subject: str = "*"
     # What a matching call gets.
     decision: Choice
@@ -56,15 +61,59 @@ class ToolPolicy(BaseModel):
     timeout_s: float = Field(default=120.0, gt=0)
 
     def decide(self, action: ToolAction) -> Choice:
+        if action.tool == SHELL_TOOL:
+            return self.decide_command(action)
+        return self._rule(action.tool, action.subject) or self._setting(action)
+
+    def decide_command(self, action: ToolAction) -> Choice:
+        """A shell command line, judged by what it runs.
+
+        A rule denying the whole line denies it. Otherwise each simple command in it
+        gets the first rule matching its text, else the tool's setting: any deny
+        denies, any ask asks, and the line is allowed only when every part is. A rule
+        cannot allow a part with a guard its pattern does not spell out, nor any part
+        of a line with unsafe features (those ask). A line bashlex cannot read asks
+        if a rule matches it whole, else gets the setting.
+        """
+        whole = self._rule(action.tool, action.subject)
+        if whole == "deny":
+            return "deny"
+        setting = self._setting(action)
+        line = read_command(action.subject)
+        if line is None:
+            return setting if whole is None else "ask"
+        choices = {self._part(action.tool, command, setting, bool(line.unsafe)) for command in line.commands}
+        return "deny" if "deny" in choices else "ask" if "ask" in choices else "allow"
+
+    def _part(self, tool: str, command: SimpleCommand, setting: Choice, unsafe: bool) -> Choice:
+        choice = self._rule(tool, command.text, command.guard)
+        if choice is None:
+            return setting
+        return "ask" if choice == "allow" and unsafe else choice
+
+    def _rule(self, tool: str, subject: str, guard: str = "") -> Choice | None:
+        """The first matching rule's decision; an allow rule matches a guarded subject only by naming its guard."""
         for rule in self.rules:
-            if fnmatch.fnmatchcase(action.tool, rule.tool) and fnmatch.fnmatchcase(action.subject, rule.subject):
-                return rule.decision
+            if not (fnmatch.fnmatchcase(tool, rule.tool) and fnmatch.fnmatchcase(subject, rule.subject)):
+                continue
+            if rule.decision == "allow" and guard and not _literal_start(rule.subject).startswith(guard):
+                continue
+            return rule.decision
+        return None
+
+    def _setting(self, action: ToolAction) -> Choice:
         for pattern, choice in self.tools.items():
             if fnmatch.fnmatchcase(action.tool, pattern):
                 return choice
         by_risk: dict[Risk, Choice] = {Risk.READ: self.read, Risk.WRITE: self.write, Risk.EXECUTE: self.execute,
                                        Risk.NETWORK: self.network}
         return by_risk[action.risk]
+
+
+def _literal_start(pattern: str) -> str:
+    """A pattern's text before its first wildcard: what it requires literally."""
+    cut = min((i for i, c in enumerate(pattern) if c in "*?["), default=len(pattern))
+    return pattern[:cut]
 
 
 def denial_text(action: ToolAction, verdict: Verdict) -> str:
