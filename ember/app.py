@@ -93,6 +93,7 @@ def telemetry(settings: Settings) -> Telemetry | None:
 def shell_sandbox(settings: Settings) -> SandboxChoice:
     """Where shell commands run; Ember's home and the workspaces do not exist inside."""
     return sandbox_choice(settings.shell_sandbox, hidden=(settings.home_dir, settings.workspace_dir),
+                          read_only=[path.expanduser() for path in settings.shell_read_only_paths],
                           docker_image=settings.shell_docker_image)
 
 

@@ -119,6 +119,8 @@ class Settings(BaseSettings):
     shell_network: bool = True
     # The image of shell_sandbox = "docker".
     shell_docker_image: str = "debian:stable-slim"
+    # Folders a sandboxed shell command may read besides the system's (a toolchain, e.g. ~/.pyenv).
+    shell_read_only_paths: list[Path] = Field(default_factory=list)
     # web_fetch (and outbound webhooks, call_agent) refuse loopback, private and link-local
     # addresses unless allowed here.
     web_fetch_allow_private: bool = False

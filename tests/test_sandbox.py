@@ -125,6 +125,16 @@ async def test_a_command_writes_in_its_workspace_and_nowhere_else(ws: Path) -> N
     assert not any(Path(folder, marker).exists() for folder in ("/usr", "/etc", "/opt", "/tmp"))
 
 
+async def test_shell_read_only_paths_are_shown_read_only(ws: Path, tmp_path: Path) -> None:
+    toolchain = tmp_path / "toolchain"
+    toolchain.mkdir()
+    (toolchain / "VERSION").write_text("1.2.3")
+    command = f"cat {toolchain}/VERSION; echo; touch {toolchain}/x 2>/dev/null || echo read-only"
+    assert "No such file" in await run(tools(ws), command)
+    shown = await run(tools(ws, sandbox_choice("bubblewrap", read_only=[toolchain])), command)
+    assert shown == "exit code: 0\n1.2.3\nread-only\n"
+
+
 @pytest.mark.parametrize("network", [True, False])
 async def test_shell_network_decides_whether_loopback_is_reachable(ws: Path, network: bool) -> None:
     accepted = asyncio.Event()

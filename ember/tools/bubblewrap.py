@@ -3,9 +3,10 @@
     processes  a PID namespace with its own /proc, so no ancestor's /proc/<pid>/environ exists
                for it; a new session (no terminal to push input into); no capabilities, even as root
     files      the system folders that exist (SYSTEM_DIRS) read-only, symlinked ones as the same
-               symlinks; Ember's home and the workspaces folder covered by an empty tmpfs where they
-               lie under one; then the workspace, bound read-write at its real path (the working
-               directory and HOME); /tmp an empty tmpfs; /dev minimal. Nothing else exists.
+               symlinks, and the folders of shell_read_only_paths; Ember's home and the workspaces
+               folder covered by an empty tmpfs where they lie under one of those; then the
+               workspace, bound read-write at its real path (the working directory and HOME); /tmp
+               an empty tmpfs; /dev minimal. Nothing else exists.
     network    the host's, or with shell_network = false a namespace of its own with only loopback
     end        bwrap's pid 1 (the namespace's init) exits when the command does, and the kernel then
                kills everything left in the namespace, whatever session or environment it moved to;
@@ -36,9 +37,10 @@ def _under(path: Path, folder: Path) -> bool:
 class Bubblewrap:
     name = "bubblewrap"
 
-    def __init__(self, executable: str | None, hidden: Sequence[Path] = ()) -> None:
+    def __init__(self, executable: str | None, hidden: Sequence[Path] = (), read_only: Sequence[Path] = ()) -> None:
         self._executable = executable
         self._hidden = tuple(Path(os.path.realpath(path)) for path in hidden)
+        self._read_only = tuple(Path(os.path.realpath(path)) for path in read_only)
 
     def problem(self) -> str | None:
         if self._executable is None:
@@ -53,7 +55,7 @@ class Bubblewrap:
         root = str(launch.root)
         argv = [self._executable, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
                 "--cap-drop", "ALL", *([] if launch.network else ["--unshare-net"]),
-                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", *self._system(),
+                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", *self._system(), *self._extra(),
                 *self._covers(), "--bind", root, root, "--chdir", root, "--setenv", "HOME", root,
                 "/bin/sh", "-c", launch.command]
         return Command(argv, {**launch.env, "HOME": root})
@@ -71,9 +73,13 @@ class Bubblewrap:
             args += ["--ro-bind", str(target), str(target)]
         return args
 
+    def _extra(self) -> list[str]:
+        return [arg for path in self._read_only if path.exists() for arg in ("--ro-bind", str(path), str(path))]
+
     def _covers(self) -> list[str]:
         """A tmpfs over each hidden folder that a read-only bind would otherwise show."""
         bound = [Path(os.path.realpath(f)) for f in SYSTEM_DIRS if os.path.isdir(f) and not os.path.islink(f)]
+        bound += self._read_only
         args = []
         for path in self._hidden:
             if path.is_dir() and any(_under(path, folder) for folder in bound):

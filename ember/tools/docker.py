@@ -1,7 +1,8 @@
 """The docker sandbox, for hosts where namespaces are not allowed to Ember but a Docker daemon runs.
 
 The same contract as bubblewrap's in a throwaway container of `shell_docker_image`: the workspace
-bound at its real path (the working directory and HOME) and nothing else of the host, Ember's user
+bound at its real path (the working directory and HOME), shell_read_only_paths read-only and nothing
+else of the host, Ember's user
 and group (so what it writes is Ember's), no capabilities, no new privileges, a cap on processes,
 network `none` unless shell_network is on. Each run's container has a name of its own, so a timeout
 ends it with `docker kill`, and everything in it with it.
@@ -13,6 +14,8 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Sequence
+from pathlib import Path
 
 from ember.tools.sandbox import Command, Launch, probe, signal_exit, signal_group
 
@@ -33,9 +36,10 @@ def container_name(launch: Launch) -> str:
 class Docker:
     name = "docker"
 
-    def __init__(self, executable: str | None, image: str = DEFAULT_IMAGE) -> None:
+    def __init__(self, executable: str | None, image: str = DEFAULT_IMAGE, read_only: Sequence[Path] = ()) -> None:
         self._executable = executable
         self.image = image
+        self._read_only = tuple(Path(os.path.realpath(path)) for path in read_only)
 
     def problem(self) -> str | None:
         if self._executable is None:
@@ -50,9 +54,12 @@ class Docker:
         argv = [self._executable, "run", "--rm", "-i", "--name", container_name(launch),
                 "--network", "bridge" if launch.network else "none", "--pids-limit", str(PIDS_LIMIT),
                 "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                "--user", f"{os.getuid()}:{os.getgid()}", "-v", f"{root}:{root}", "-w", root,
+                "--user", f"{os.getuid()}:{os.getgid()}", *self._mounts(), "-v", f"{root}:{root}", "-w", root,
                 "-e", f"HOME={root}", *passed, self.image, "/bin/sh", "-c", launch.command]
         return Command(argv, self._client_env())
+
+    def _mounts(self) -> list[str]:
+        return [arg for path in self._read_only for arg in ("-v", f"{path}:{path}:ro")]
 
     def signal(self, launch: Launch, pid: int, sig: signal.Signals) -> None:
         assert self._executable is not None, "problem() said it cannot start"

@@ -53,12 +53,13 @@ class SandboxChoice:
         return f"{what} ({'; '.join(problems)}): {ENABLE_HINT}"
 
 
-def sandbox_choice(mode: SandboxMode = "auto", *, hidden: Sequence[Path] = (),
+def sandbox_choice(mode: SandboxMode = "auto", *, hidden: Sequence[Path] = (), read_only: Sequence[Path] = (),
                    docker_image: str = DEFAULT_IMAGE) -> SandboxChoice:
     """The candidates of `mode`, bwrap and docker looked for on PATH; `hidden` are Ember's folders (its
-    home, the workspaces) that must not exist inside a sandbox."""
-    bubblewrap = Bubblewrap(shutil.which("bwrap"), hidden)
-    docker = Docker(shutil.which("docker"), docker_image)
+    home, the workspaces) that must not exist inside a sandbox, `read_only` folders it shows besides the
+    system's."""
+    bubblewrap = Bubblewrap(shutil.which("bwrap"), hidden, read_only)
+    docker = Docker(shutil.which("docker"), docker_image, read_only)
     candidates: dict[SandboxMode, list[Sandbox]] = {"auto": [bubblewrap, docker], "bubblewrap": [bubblewrap],
                                                     "docker": [docker], "none": [Unsandboxed()]}
     return SandboxChoice(mode, candidates[mode])
