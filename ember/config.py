@@ -42,6 +42,7 @@ from ember.models.spec import (
 from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import ToolPolicy
 from ember.tools.mcp.config import McpServers
+from ember.tools.sandbox import SandboxMode
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -114,7 +115,7 @@ class Settings(BaseSettings):
     # Environment variables a shell command gets besides PATH, HOME, the locale and a few more.
     shell_env: list[str] = Field(default_factory=list)
     # Where shell commands run: bubblewrap, docker, auto (the first of them that starts) or none (unsandboxed).
-    shell_sandbox: Literal["auto", "bubblewrap", "docker", "none"] = "auto"
+    shell_sandbox: SandboxMode = "auto"
     # Whether a sandboxed shell command may use the network (false: loopback of its own only).
     shell_network: bool = True
     # The image of shell_sandbox = "docker".

@@ -200,6 +200,20 @@ async def test_cancelling_the_call_kills_the_process_group(ws: Path, mode: Sandb
     assert await survivors(nap) == []
 
 
+async def test_a_call_cancelled_while_it_starts_leaves_nothing_running(ws: Path, mode: SandboxMode, nap: str) -> None:
+    tools = registry(ws, mode=mode)
+    await run(tools, "true")  # the sandbox is found: what follows is the start itself
+    for turns in range(12):  # of the event loop before the cancel: before, during and after the fork
+        call = asyncio.create_task(run(tools, FAMILY.replace("NAP", nap)))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await asyncio.sleep(0.5)  # what escaped has started its sleeps by now
+    assert running(nap) == []
+
+
 async def test_the_event_loop_keeps_running_during_a_command(ws: Path) -> None:
     ticks = 0
 

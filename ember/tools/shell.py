@@ -141,16 +141,30 @@ async def _within(future: asyncio.Future[None], seconds: float) -> bool:
     return future.done()
 
 
+async def _start(sandbox: Sandbox, launch: Launch, capture: Capture) -> tuple[asyncio.SubprocessTransport, _Watch]:
+    """The command's process, started; cancelled meanwhile, it is killed once it exists."""
+    start = sandbox.command(launch)
+    spawning = asyncio.ensure_future(asyncio.get_running_loop().subprocess_exec(
+        lambda: _Watch(capture), *start.argv, cwd=launch.root, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=start.env,
+    ))
+    try:
+        return await asyncio.shield(spawning)
+    except asyncio.CancelledError:
+        # The child runs as soon as it is forked, before the pipes are connected and this returns.
+        with contextlib.suppress(OSError):
+            transport, _ = await spawning
+            sandbox.signal(launch, transport.get_pid(), signal.SIGKILL)
+            transport.close()
+        raise
+
+
 async def run_command(command: str, cwd: str, timeout_s: float, capture: Capture, env_names: Sequence[str] = (),
                       *, sandbox: Sandbox, network: bool = True) -> tuple[int | None, bool]:
     """Runs `command` in `sandbox` as the module docstring says; returns (exit code, timed out)."""
     run_id = uuid.uuid4().hex
     launch = Launch(command, Path(cwd), network, command_env(env_names, run_id), run_id)
-    start = sandbox.command(launch)
-    transport, watch = await asyncio.get_running_loop().subprocess_exec(
-        lambda: _Watch(capture), *start.argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=start.env,
-    )
+    transport, watch = await _start(sandbox, launch, capture)
     pid = transport.get_pid()
     ended = False
     try:
