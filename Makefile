@@ -35,11 +35,18 @@ REDIS_SERVER ?= /usr/bin/redis-server
 $(REDIS_SERVER):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server
 
+# The shell tool's sandbox, and its tests (tests/test_sandbox.py). `make run` does without it: the shell
+# tool then refuses, saying how to enable one.
+BWRAP ?= /usr/bin/bwrap
+
+$(BWRAP):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap
+
 tests/a2a_js/node_modules: tests/a2a_js/package-lock.json | $(NODE)
 	cd tests/a2a_js && npm ci --no-audit --no-fund --silent
 	touch $@
 
-test: $(BIN)/.installed $(CHROMIUM) $(REDIS_SERVER) tests/a2a_js/node_modules
+test: $(BIN)/.installed $(CHROMIUM) $(REDIS_SERVER) $(BWRAP) tests/a2a_js/node_modules
 	EMBER_TEST_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed

@@ -69,6 +69,7 @@ from ember.tools.explain import ApprovalExplainer
 from ember.tools.files import file_tools
 from ember.tools.mcp import McpHub, start_mcp
 from ember.tools.memory import memory_tools
+from ember.tools.sandboxes import SandboxChoice, sandbox_choice
 from ember.tools.shell import shell_tool
 from ember.tools.skills import skill_tools
 from ember.tools.tasks import task_tools
@@ -89,13 +90,21 @@ def telemetry(settings: Settings) -> Telemetry | None:
     return Telemetry(settings.otel_endpoint, service_name=settings.otel_service_name)
 
 
+def shell_sandbox(settings: Settings) -> SandboxChoice:
+    """Where shell commands run; Ember's home and the workspaces do not exist inside."""
+    return sandbox_choice(settings.shell_sandbox, hidden=(settings.home_dir, settings.workspace_dir),
+                          read_only=[path.expanduser() for path in settings.shell_read_only_paths],
+                          docker_image=settings.shell_docker_image)
+
+
 def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: SqlTaskStore,
                   skills: SkillLibrary) -> ToolRegistry:
     """The built-in tools, and the tools of the MCP servers that started."""
     folders = workspaces(settings, memory)
     return ToolRegistry([
         *file_tools(folders),
-        shell_tool(folders, timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars,
+        shell_tool(folders, sandbox=shell_sandbox(settings), network=settings.shell_network,
+                   timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars,
                    env_names=settings.shell_env),
         web_fetch_tool(allow_private=settings.web_fetch_allow_private,
                        allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),

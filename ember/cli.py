@@ -25,6 +25,7 @@ from ember.memory_cli import memory_app
 from ember.models.base import ModelClient
 from ember.models.demo import LABEL, demo_model
 from ember.models_cli import models
+from ember.runtime.hardening import make_undumpable
 from ember.skills_cli import skills_app
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.sessions import SqlSessionStore
@@ -375,5 +376,7 @@ def _when(timestamp: float) -> str:
 
 
 def main() -> None:
+    # Every command: a process of the same user must not read its environment (its keys) from /proc.
+    make_undumpable()
     app()
 

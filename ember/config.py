@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -27,6 +26,7 @@ from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComSpec
+from ember.config_sources import ProviderFallback
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
 from ember.core.schedule import zone
@@ -42,6 +42,7 @@ from ember.models.spec import (
 from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import ToolPolicy
 from ember.tools.mcp.config import McpServers
+from ember.tools.sandbox import SandboxMode
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -115,6 +116,14 @@ class Settings(BaseSettings):
     shell_output_chars: int = Field(default=30_000, ge=1_000)
     # Environment variables a shell command gets besides PATH, HOME, the locale and a few more.
     shell_env: list[str] = Field(default_factory=list)
+    # Where shell commands run: bubblewrap, docker, auto (the first of them that starts) or none (unsandboxed).
+    shell_sandbox: SandboxMode = "auto"
+    # Whether a sandboxed shell command may use the network (false: loopback of its own only).
+    shell_network: bool = True
+    # The image of shell_sandbox = "docker".
+    shell_docker_image: str = "debian:stable-slim"
+    # Folders a sandboxed shell command may read besides the system's (a toolchain, e.g. ~/.pyenv).
+    shell_read_only_paths: list[Path] = Field(default_factory=list)
     # web_fetch (and outbound webhooks, call_agent) refuse loopback, private and link-local
     # addresses unless allowed here.
     web_fetch_allow_private: bool = False
@@ -354,19 +363,7 @@ class Settings(BaseSettings):
         if cls._from_code_only:
             return (init_settings,)
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file()),
-                _ProviderFallback(settings_cls))
-
-
-class _ProviderFallback(PydanticBaseSettingsSource):
-    """The usual OPENAI_* and ANTHROPIC_API_KEY variables, below every Ember setting."""
-
-    def __call__(self) -> dict[str, Any]:
-        found = {"model_base_url": os.environ.get("OPENAI_BASE_URL"), "model_api_key": os.environ.get("OPENAI_API_KEY"),
-                 "anthropic_api_key": os.environ.get("ANTHROPIC_API_KEY")}
-        return {name: value for name, value in found.items() if value}
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
+                ProviderFallback(settings_cls))
 
 
 class _Isolated(Settings):

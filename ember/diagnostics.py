@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from rich.console import Console
 from sqlalchemy import bindparam, distinct, func, select, text
 
-from ember.app import open_database
+from ember.app import open_database, shell_sandbox
 from ember.bus.redis import WORKERS
 from ember.bus.redis_support import redacted_url
 from ember.config import CONFIGURE_MODEL_HINT, Settings
@@ -24,6 +24,7 @@ from ember.store.jobs import SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.migrations import SCHEMA_VERSION
 from ember.store.sessions import SqlSessionStore
+from ember.tools.sandboxes import SandboxUnavailable
 from ember.tools.workspace import Workspaces
 
 MODEL_CHECK_TIMEOUT_S = 10.0
@@ -50,6 +51,7 @@ class Report:
 async def run_checks(settings: Settings, console: Console) -> int:
     report = Report(console)
     _check_config(settings, report)
+    await asyncio.to_thread(_check_sandbox, settings, report)
     await _check_store(settings, report)
     await _check_bus(settings, report)
     await _check_model(settings, report)
@@ -72,6 +74,20 @@ def _check_config(settings: Settings, report: Report) -> None:
             report.ok(f"every other identity's workspace under {settings.workspaces_dir}")
         except ConfigError as exc:
             report.fail(str(exc))
+
+
+def _check_sandbox(settings: Settings, report: Report) -> None:
+    """Which sandbox the shell tool runs its commands in (it tries them, as the first command would)."""
+    try:
+        sandbox = shell_sandbox(settings).sandbox()
+    except SandboxUnavailable as exc:  # configured explicitly, it is a failure; by default, the shell is only off
+        (report.warn if settings.shell_sandbox == "auto" else report.fail)(f"shell tool refused: {exc}")
+        return
+    if sandbox.name == "none":
+        report.warn('shell: commands run unsandboxed, as Ember\'s user (shell_sandbox = "none")')
+        return
+    network = "with" if settings.shell_network else "without"
+    report.ok(f"shell: commands run in the {sandbox.name} sandbox, {network} network")
 
 
 async def _check_store(settings: Settings, report: Report) -> None:

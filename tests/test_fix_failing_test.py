@@ -17,7 +17,9 @@ from tests.test_approval_channels import auth, sse
 
 KEY = "alice-secret-0123456789"
 PYTEST = f"{sys.executable} -m pytest -q -p no:cacheprovider test_calc.py"
-POLICY = """
+# The sandboxed shell sees the system only: this python's venv and installation are shown to it too.
+POLICY = f"""
+shell_read_only_paths = ["{sys.prefix}", "{sys.base_prefix}"]
 [tool_policy]
 timeout_s = 30
 [[tool_policy.rules]]

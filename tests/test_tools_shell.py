@@ -1,11 +1,12 @@
-"""The shell tool: exit codes, capped output, the workspace as cwd, no process outliving its call,
-and none of Ember's secrets in its environment."""
+"""The shell tool: exit codes, capped output, the workspace as cwd, no process outliving its call
+(in the bubblewrap sandbox and unsandboxed), and none of Ember's secrets in its environment."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from ember.core.messages import ToolCall
 from ember.core.tools import Risk
 from ember.tools.approval import Rule, ToolPolicy
 from ember.tools.base import ToolRegistry
+from ember.tools.sandbox import SandboxMode
+from ember.tools.sandboxes import sandbox_choice
 from ember.tools.shell import shell_tool
 from ember.tools.workspace import Workspaces
 from tests.conftest import tool_run
@@ -30,9 +33,21 @@ def ws(tmp_path: Path) -> Path:
 
 
 def registry(ws: Path, *, timeout_s: float = 10.0, output_cap: int = 30_000,
-             env_names: tuple[str, ...] = ()) -> ToolRegistry:
-    return ToolRegistry([shell_tool(Workspaces(ws), timeout_s=timeout_s, output_cap=output_cap,
-                                    env_names=env_names)])
+             env_names: tuple[str, ...] = (), mode: SandboxMode = "auto") -> ToolRegistry:
+    return ToolRegistry([shell_tool(Workspaces(ws), sandbox=sandbox_choice(mode), timeout_s=timeout_s,
+                                    output_cap=output_cap, env_names=env_names)])
+
+
+# Where processes are looked for from outside: a pid written inside a PID namespace names another process here.
+@pytest.fixture(params=["bubblewrap", "none"])
+def mode(request: pytest.FixtureRequest) -> SandboxMode:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def nap() -> str:
+    """A sleep of 1000 s spelt uniquely (1000.<digits>), so its processes can be found by their command line."""
+    return f"sleep 1000.{secrets.randbelow(10**9):09d}"
 
 
 async def run(tools: ToolRegistry, command: str, **args: object) -> str:
@@ -40,29 +55,30 @@ async def run(tools: ToolRegistry, command: str, **args: object) -> str:
     return await tools.call(ToolCall(id="c", name="shell", arguments=arguments), tool_run())
 
 
-def alive(pid: int) -> bool:
-    """Whether the process runs; a zombie (exited, not yet reaped) counts as dead."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return fields.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+def running(token: str) -> list[int]:
+    """The live processes whose command line holds `token` (a zombie counts as dead)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if token in cmdline and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
 
 
-async def wait_dead(pids: list[int], within_s: float = 2.0) -> list[int]:
-    """The pids still alive after waiting up to `within_s`."""
+async def survivors(token: str, within_s: float = 2.0) -> list[int]:
+    """The processes holding `token` still running after waiting up to `within_s`."""
     deadline = time.monotonic() + within_s
-    while (living := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+    while (living := running(token)) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
     return living
 
 
-def pids(ws: Path, *names: str) -> list[int]:
-    return [int((ws / name).read_text()) for name in names]
-
-
 # The shell, a child shell, and that child's background sleep, each writing its pid down.
-FAMILY = ("echo $$ > shell.pid; sh -c 'sleep 1000 & echo $! > grandchild.pid; sleep 1000' & "
+FAMILY = ("echo $$ > shell.pid; sh -c 'NAP & echo $! > grandchild.pid; NAP' & "
           "echo $! > child.pid; wait")
 
 
@@ -99,19 +115,18 @@ async def test_a_command_that_never_ends_is_killed_at_its_timeout(ws: Path) -> N
     assert result.startswith("exit code: -15 (killed by SIGTERM)\ntimed out after 0.5 s; the process group was killed")
 
 
-async def test_a_timeout_kills_the_children_too(ws: Path) -> None:
-    result = await run(registry(ws), FAMILY, timeout_s=1)
+async def test_a_timeout_kills_the_children_too(ws: Path, mode: SandboxMode, nap: str) -> None:
+    result = await run(registry(ws, mode=mode), FAMILY.replace("NAP", nap), timeout_s=1)
     assert "timed out after 1 s; the process group was killed" in result
-    family = pids(ws, "shell.pid", "child.pid", "grandchild.pid")
-    assert await wait_dead(family) == []
+    assert await survivors(nap) == []
 
 
-async def test_a_command_ignoring_sigterm_is_killed_after_the_grace(ws: Path) -> None:
+async def test_a_command_ignoring_sigterm_is_killed_after_the_grace(ws: Path, mode: SandboxMode, nap: str) -> None:
     started = time.monotonic()
-    result = await run(registry(ws), "trap '' TERM; sleep 1000 & echo $! > child.pid; wait", timeout_s=0.5)
+    result = await run(registry(ws, mode=mode), f"trap '' TERM; {nap} & wait", timeout_s=0.5)
     assert time.monotonic() - started < 3
     assert result.startswith("exit code: -9 (killed by SIGKILL)\ntimed out")
-    assert await wait_dead(pids(ws, "child.pid")) == []
+    assert await survivors(nap) == []
 
 
 async def test_the_timeout_asked_for_is_capped_by_the_configured_maximum(ws: Path) -> None:
@@ -119,29 +134,31 @@ async def test_the_timeout_asked_for_is_capped_by_the_configured_maximum(ws: Pat
     assert "timed out after 0.5 s" in result
 
 
-async def test_a_background_child_left_behind_neither_blocks_nor_survives(ws: Path) -> None:
+async def test_a_background_child_left_behind_neither_blocks_nor_survives(ws: Path, mode: SandboxMode,
+                                                                         nap: str) -> None:
     started = time.monotonic()
-    result = await run(registry(ws, timeout_s=5), "sleep 1000 & echo $! > child.pid; echo started")
+    result = await run(registry(ws, timeout_s=5, mode=mode), f"{nap} & echo started")
     assert time.monotonic() - started < 2
     assert result == "exit code: 0\nstarted\n"
-    assert await wait_dead(pids(ws, "child.pid")) == []
+    assert await survivors(nap) == []
 
 
 # Two ways out of the process group: a new session, and a double fork (the parent gone, the child adopted).
-ESCAPEES = ("setsid sh -c 'echo $$ > escaped.pid; exec sleep 1000' & "
-            "( (sh -c 'echo $$ > orphan.pid; exec sleep 1000' &) & ); sleep 0.3; echo started")
+ESCAPEES = "setsid sh -c 'exec NAP' & ( (sh -c 'exec NAP' &) & ); sleep 0.3; echo started"
 
 
-async def test_a_child_that_left_the_group_is_killed_when_the_command_ends(ws: Path) -> None:
-    result = await run(registry(ws), ESCAPEES)
+async def test_a_child_that_left_the_group_is_killed_when_the_command_ends(ws: Path, mode: SandboxMode,
+                                                                          nap: str) -> None:
+    result = await run(registry(ws, mode=mode), ESCAPEES.replace("NAP", nap))
     assert result == "exit code: 0\nstarted\n"
-    assert await wait_dead(pids(ws, "escaped.pid", "orphan.pid")) == []
+    assert await survivors(nap) == []
 
 
-async def test_a_child_that_left_the_group_is_killed_at_the_timeout(ws: Path) -> None:
-    result = await run(registry(ws), ESCAPEES.replace("echo started", "sleep 1000"), timeout_s=1)
+async def test_a_child_that_left_the_group_is_killed_at_the_timeout(ws: Path, mode: SandboxMode, nap: str) -> None:
+    result = await run(registry(ws, mode=mode), ESCAPEES.replace("NAP", nap).replace("echo started", nap),
+                       timeout_s=1)
     assert "timed out after 1 s" in result
-    assert await wait_dead(pids(ws, "escaped.pid", "orphan.pid")) == []
+    assert await survivors(nap) == []
 
 
 async def test_output_after_the_timeout_never_reaches_the_result(ws: Path) -> None:
@@ -170,8 +187,8 @@ async def test_no_secret_of_the_runtime_reaches_a_command(ws: Path, monkeypatch:
     assert listed["TOOL_HOME"] == "/opt/tool" and listed["PATH"] and listed["HOME"]
 
 
-async def test_cancelling_the_call_kills_the_process_group(ws: Path) -> None:
-    call = asyncio.create_task(run(registry(ws), FAMILY))
+async def test_cancelling_the_call_kills_the_process_group(ws: Path, mode: SandboxMode, nap: str) -> None:
+    call = asyncio.create_task(run(registry(ws, mode=mode), FAMILY.replace("NAP", nap)))
     deadline = time.monotonic() + 5
     while not all((ws / name).exists() and (ws / name).read_text().strip()
                   for name in ("shell.pid", "child.pid", "grandchild.pid")):
@@ -180,7 +197,21 @@ async def test_cancelling_the_call_kills_the_process_group(ws: Path) -> None:
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    assert await wait_dead(pids(ws, "shell.pid", "child.pid", "grandchild.pid")) == []
+    assert await survivors(nap) == []
+
+
+async def test_a_call_cancelled_while_it_starts_leaves_nothing_running(ws: Path, mode: SandboxMode, nap: str) -> None:
+    tools = registry(ws, mode=mode)
+    await run(tools, "true")  # the sandbox is found: what follows is the start itself
+    for turns in range(12):  # of the event loop before the cancel: before, during and after the fork
+        call = asyncio.create_task(run(tools, FAMILY.replace("NAP", nap)))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await asyncio.sleep(0.5)  # what escaped has started its sleeps by now
+    assert running(nap) == []
 
 
 async def test_the_event_loop_keeps_running_during_a_command(ws: Path) -> None:

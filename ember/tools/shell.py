@@ -1,27 +1,24 @@
-"""The shell tool: one command under /bin/sh, in the workspace, with a deadline.
+"""The shell tool: one command under /bin/sh, in the workspace, in a sandbox, with a deadline.
 
-    start    /bin/sh -c COMMAND, cwd = the turn's workspace root, stdin from /dev/null,
-             stdout and stderr interleaved in one pipe, in a new session (so a
-             new process group whose id is the shell's pid), with a minimal
-             environment and a mark of this run that every descendant inherits;
-    wait     for the shell to exit, at most the timeout;
-    end      SIGTERM to the group on timeout, SIGKILL after a short grace; once
-             the shell has exited, SIGKILL to whatever it left in its group and
-             to every process carrying the run's mark (one that called setsid or
-             forked twice left the group, not the mark), so a background child
-             neither outlives the call nor holds the pipe open. Cancelling the
-             calling task ends them the same way. Output after the timeout is
-             dropped.
-    report   "exit code: N" first, a timeout line if it fired, then the output,
-             its middle cut when it is longer than the cap.
+    start    the sandbox's argv for /bin/sh -c COMMAND (tools/sandbox.py), cwd = the turn's workspace root,
+             stdin from /dev/null, stdout and stderr interleaved in one pipe, in a new session (so
+             a new process group whose id is its pid), with a minimal environment and a mark of
+             this run that every descendant inherits;
+    wait     for it to exit, at most the timeout;
+    end      SIGTERM to everything the command started on timeout, SIGKILL after a short grace;
+             once it has exited, SIGKILL to whatever it left behind (the sandbox finds what called
+             setsid or forked twice), so a background child neither outlives the call nor holds
+             the pipe open. Cancelling the calling task ends them the same way. Output after the
+             timeout is dropped.
+    report   "exit code: N" first, a timeout line if it fired, then the output, its middle cut when
+             it is longer than the cap.
 
-The environment is PATH, HOME, the locale and a few more of the runtime's
-(BASE_ENV), plus the names `shell_env` adds; never an EMBER_ variable or one
-named like a key, token, secret or password. The command has the runtime's
-permissions otherwise: the workspace jail of the file tools does not apply to
-it, only its starting directory does. Approval (risk "execute") is what guards
-it. A process that clears its own environment and leaves the session escapes
-the mark: the kill cannot find it, but its output no longer reaches the result.
+The environment is PATH, HOME, the locale and a few more of the runtime's (BASE_ENV), plus the
+names `shell_env` adds; never an EMBER_ variable or one named like a key, token, secret or
+password. What else the command can see and reach is the sandbox's to say: by default one that
+shows it the system read-only and only its own workspace; with shell_sandbox = "none" it has the
+runtime's permissions, and only approval (risk "execute") guards it. When no sandbox of the
+configured mode can start, every call fails with the line saying how to enable one.
 """
 
 from __future__ import annotations
@@ -40,6 +37,8 @@ from pydantic import BaseModel, Field
 from ember.core.redact import secret_env_name
 from ember.core.tools import Risk, ToolRun
 from ember.tools.base import ToolFailure, TurnTool
+from ember.tools.sandbox import RUN_MARK, Launch, Sandbox
+from ember.tools.sandboxes import SandboxChoice, SandboxUnavailable, sandbox_choice
 from ember.tools.workspace import Workspaces
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -49,8 +48,6 @@ DRAIN_S = 1.0
 # What a command sees of the runtime's environment, besides the names `shell_env` adds.
 BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM",
             "TMPDIR")
-# Every process a command starts inherits this variable, whatever session or parent it moves to.
-RUN_MARK = "TOOL_RUN_ID"
 
 
 def command_env(names: Sequence[str], run_id: str) -> dict[str, str]:
@@ -104,33 +101,6 @@ class Capture:
             self._tail = joined[max(len(joined) - self._tail_cap, 0) :]
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _marked(run_id: str) -> list[int]:
-    """The processes whose environment carries the run's mark (Linux /proc; none elsewhere)."""
-    mark = f"{RUN_MARK}={run_id}".encode()
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            if mark in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-    return found
-
-
-def _kill_marked(run_id: str) -> None:
-    # A process may fork while it is being looked for: look again until none is left.
-    for _ in range(5):
-        found = _marked(run_id)
-        if not found:
-            return
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-
-
 def _exit_line(code: int | None) -> str:
     if code is None:
         return "exit code: unknown (the shell did not exit)"
@@ -171,49 +141,72 @@ async def _within(future: asyncio.Future[None], seconds: float) -> bool:
     return future.done()
 
 
-async def run_command(command: str, cwd: str, timeout_s: float, capture: Capture,
-                      env_names: Sequence[str] = ()) -> tuple[int | None, bool]:
-    """Runs `command` as the module docstring says; returns (exit code, timed out)."""
+async def _start(sandbox: Sandbox, launch: Launch, capture: Capture) -> tuple[asyncio.SubprocessTransport, _Watch]:
+    """The command's process, started; cancelled meanwhile, it is killed once it exists."""
+    start = sandbox.command(launch)
+    spawning = asyncio.ensure_future(asyncio.get_running_loop().subprocess_exec(
+        lambda: _Watch(capture), *start.argv, cwd=launch.root, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=start.env,
+    ))
+    try:
+        return await asyncio.shield(spawning)
+    except asyncio.CancelledError:
+        # The child runs as soon as it is forked, before the pipes are connected and this returns.
+        with contextlib.suppress(OSError):
+            transport, _ = await spawning
+            sandbox.signal(launch, transport.get_pid(), signal.SIGKILL)
+            transport.close()
+        raise
+
+
+async def run_command(command: str, cwd: str, timeout_s: float, capture: Capture, env_names: Sequence[str] = (),
+                      *, sandbox: Sandbox, network: bool = True) -> tuple[int | None, bool]:
+    """Runs `command` in `sandbox` as the module docstring says; returns (exit code, timed out)."""
     run_id = uuid.uuid4().hex
-    transport, watch = await asyncio.get_running_loop().subprocess_exec(
-        lambda: _Watch(capture), "/bin/sh", "-c", command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-        env=command_env(env_names, run_id),
-    )
-    group = transport.get_pid()
+    launch = Launch(command, Path(cwd), network, command_env(env_names, run_id), run_id)
+    transport, watch = await _start(sandbox, launch, capture)
+    pid = transport.get_pid()
     ended = False
     try:
         timed_out = not await _within(watch.exited, timeout_s)
         if timed_out:
             capture.close()
-            _signal_group(group, signal.SIGTERM)
+            await asyncio.to_thread(sandbox.signal, launch, pid, signal.SIGTERM)
             await _within(watch.exited, TERM_GRACE_S)
-        _signal_group(group, signal.SIGKILL)
-        await asyncio.to_thread(_kill_marked, run_id)
+        await asyncio.to_thread(sandbox.signal, launch, pid, signal.SIGKILL)
         ended = True
-        # The group is dead, so the pipe closes; a process that left the group may still hold it.
+        # Everything is dead, so the pipe closes; a process that escaped the sandbox's kill may still hold it.
         await _within(watch.exited, DRAIN_S)
         await _within(watch.closed, DRAIN_S)
-        return transport.get_returncode(), timed_out
+        code = transport.get_returncode()
+        return (None if code is None else sandbox.exit_code(code)), timed_out
     finally:
         if not ended:  # cancelled, or failed: nothing the command started may outlive the call
-            _signal_group(group, signal.SIGKILL)
-            _kill_marked(run_id)
+            sandbox.signal(launch, pid, signal.SIGKILL)
         transport.close()
 
 
-def shell_tool(workspaces: Workspaces, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-               output_cap: int = DEFAULT_OUTPUT_CAP, env_names: Sequence[str] = ()) -> TurnTool[ShellArgs]:
-    """The `shell` tool; `timeout_s` is the longest a call may ask for, and its default;
-    `env_names` are variables passed through besides BASE_ENV (secret-like ones never are)."""
+def shell_tool(workspaces: Workspaces, *, sandbox: SandboxChoice | None = None, network: bool = True,
+               timeout_s: float = DEFAULT_TIMEOUT_S, output_cap: int = DEFAULT_OUTPUT_CAP,
+               env_names: Sequence[str] = ()) -> TurnTool[ShellArgs]:
+    """The `shell` tool; `sandbox` is where commands run (by default the first that starts here, of
+    bubblewrap and docker); `network` whether they may reach it; `timeout_s` is the longest a call may
+    ask for, and its default; `env_names` are variables passed through besides BASE_ENV (secret-like
+    ones never are)."""
+    choice = sandbox or sandbox_choice("auto")
 
     async def shell(args: ShellArgs, run: ToolRun) -> str:
         if "\x00" in args.command:
             raise ToolFailure("the command contains a NUL character")
+        try:
+            where = await asyncio.to_thread(choice.sandbox)
+        except SandboxUnavailable as exc:
+            raise ToolFailure(str(exc)) from exc
         workspace = await workspaces.for_run(run)
         limit = timeout_s if args.timeout_s is None else min(args.timeout_s, timeout_s)
         capture = Capture(output_cap)
-        code, timed_out = await run_command(args.command, str(workspace.root), limit, capture, env_names)
+        code, timed_out = await run_command(args.command, str(workspace.root), limit, capture, env_names,
+                                            sandbox=where, network=network)
         lines = [_exit_line(code)]
         if timed_out:
             lines.append(f"timed out after {limit:g} s; the process group was killed")

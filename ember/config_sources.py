@@ -1,0 +1,21 @@
+"""The settings source below every Ember setting: the providers' usual variables."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic.fields import FieldInfo
+from pydantic_settings import PydanticBaseSettingsSource
+
+
+class ProviderFallback(PydanticBaseSettingsSource):
+    """The usual OPENAI_* and ANTHROPIC_API_KEY variables, below every Ember setting."""
+
+    def __call__(self) -> dict[str, Any]:
+        found = {"model_base_url": os.environ.get("OPENAI_BASE_URL"), "model_api_key": os.environ.get("OPENAI_API_KEY"),
+                 "anthropic_api_key": os.environ.get("ANTHROPIC_API_KEY")}
+        return {name: value for name, value in found.items() if value}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
