@@ -18,13 +18,14 @@ from tests.test_approval_channels import auth, sse
 KEY = "alice-secret-0123456789"
 PYTEST = f"{sys.executable} -m pytest -q -p no:cacheprovider test_calc.py"
 # The sandboxed shell sees the system only: this python's venv and installation are shown to it too.
+# A rule allows a program given by its path only when it names that path.
 POLICY = f"""
 shell_read_only_paths = ["{sys.prefix}", "{sys.base_prefix}"]
 [tool_policy]
 timeout_s = 30
 [[tool_policy.rules]]
 tool = "shell"
-subject = "* -m pytest *"
+subject = "{sys.executable} -m pytest *"
 decision = "allow"
 """
 

@@ -14,7 +14,7 @@ from ember.core.tools import Decision, Risk, ToolAction
 from ember.tools.approval import ApprovalGate, Choice, Rule, ToolPolicy
 from ember.tools.base import ToolRegistry
 from ember.tools.shell import shell_tool
-from ember.tools.workspace import Workspace
+from ember.tools.workspace import Workspaces
 from tests.conftest import FixedApprover, tool_run
 
 PYTEST = [Rule(tool="shell", subject="pytest*", decision="allow")]
@@ -110,7 +110,7 @@ def test_an_allowed_command_joined_with_another_is_never_allowed(allowed: str, n
 
 
 async def test_through_the_gate_a_compound_command_asks_and_an_allowed_one_runs(tmp_path: Path) -> None:
-    gate = ApprovalGate(ToolRegistry([shell_tool(Workspace(tmp_path), timeout_s=10)]),
+    gate = ApprovalGate(ToolRegistry([shell_tool(Workspaces(tmp_path), timeout_s=10)]),
                         ToolPolicy(rules=[Rule(tool="shell", subject="echo *", decision="allow")]))
     approver = FixedApprover(Decision.DENY)
     run = tool_run(approver)
