@@ -100,7 +100,9 @@ def shell_sandbox(settings: Settings) -> SandboxChoice:
 def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: SqlTaskStore,
                   skills: SkillLibrary) -> ToolRegistry:
     """The built-in tools, and the tools of the MCP servers that started."""
-    folders = workspaces(settings, memory)
+    # "identity": each person's own folder, `workspace` for `local`; ConfigError when the two overlap.
+    folders = (Workspaces(settings.workspace_dir) if settings.workspace_scope == "shared"
+               else Workspaces(settings.workspace_dir, settings.workspaces_dir, owners=memory))
     return ToolRegistry([
         *file_tools(folders),
         shell_tool(folders, sandbox=shell_sandbox(settings), network=settings.shell_network,
@@ -206,14 +208,6 @@ def skill_library(settings: Settings, db: Database) -> SkillLibrary:
     """The skills of `db`, with the bundled folders and the person's."""
     policy = SkillPolicy(settings.skills_auto_admit, settings.skills_index_chars, settings.skills_archive_after_days)
     return SkillLibrary(SqlSkillStore(db), default_folders(settings.skills_path), policy)
-
-
-def workspaces(settings: Settings, memory: MemoryService) -> Workspaces:
-    """The identities' workspaces (workspace_scope = "identity"), or the one everyone shares;
-    ConfigError when `workspace` and EMBER_HOME/workspaces lie one inside the other."""
-    if settings.workspace_scope == "shared":
-        return Workspaces(settings.workspace_dir)
-    return Workspaces(settings.workspace_dir, settings.workspaces_dir, owners=memory)
 
 
 def memory_service(settings: Settings, db: Database, embedder: Embedder | None = None) -> MemoryService:
