@@ -6,9 +6,6 @@ this is the one place that knows them all.
 
 from __future__ import annotations
 
-import os
-import secrets
-import socket
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -42,7 +39,7 @@ from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
 from ember.runtime.channels import ChannelHub
 from ember.runtime.delivery import DeliveryWorker
-from ember.runtime.leases import HostLock, LocalLeases
+from ember.runtime.leases import HostLock, LocalLeases, process_name
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
 from ember.runtime.titles import SessionTitler
 from ember.runtime.usage import UsageRecorder
@@ -74,7 +71,7 @@ from ember.tools.shell import shell_tool
 from ember.tools.skills import skill_tools
 from ember.tools.tasks import task_tools
 from ember.tools.web import web_fetch_tool
-from ember.tools.workspace import Workspaces
+from ember.tools.workspace import SessionOwners, Workspaces
 
 if TYPE_CHECKING:
     from ember.runtime.telemetry import Telemetry
@@ -92,17 +89,15 @@ def telemetry(settings: Settings) -> Telemetry | None:
 
 def shell_sandbox(settings: Settings) -> SandboxChoice:
     """Where shell commands run; Ember's home and the workspaces do not exist inside."""
+    read_only = [path.expanduser() for path in settings.shell_read_only_paths]
     return sandbox_choice(settings.shell_sandbox, hidden=(settings.home_dir, settings.workspace_dir),
-                          read_only=[path.expanduser() for path in settings.shell_read_only_paths],
-                          docker_image=settings.shell_docker_image)
+                          read_only=read_only, docker_image=settings.shell_docker_image)
 
 
 def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: SqlTaskStore,
                   skills: SkillLibrary) -> ToolRegistry:
     """The built-in tools, and the tools of the MCP servers that started."""
-    # "identity": each person's own folder, `workspace` for `local`; ConfigError when the two overlap.
-    folders = (Workspaces(settings.workspace_dir) if settings.workspace_scope == "shared"
-               else Workspaces(settings.workspace_dir, settings.workspaces_dir, owners=memory))
+    folders = workspaces(settings, memory)
     return ToolRegistry([
         *file_tools(folders),
         shell_tool(folders, sandbox=shell_sandbox(settings), network=settings.shell_network,
@@ -208,6 +203,12 @@ def skill_library(settings: Settings, db: Database) -> SkillLibrary:
     """The skills of `db`, with the bundled folders and the person's."""
     policy = SkillPolicy(settings.skills_auto_admit, settings.skills_index_chars, settings.skills_archive_after_days)
     return SkillLibrary(SqlSkillStore(db), default_folders(settings.skills_path), policy)
+
+
+def workspaces(settings: Settings, owners: SessionOwners | None) -> Workspaces:
+    """Each identity's own folder (`workspace` for `local`), or one for all (workspace_scope = "shared")."""
+    per_identity = settings.workspaces_dir if settings.workspace_scope == "identity" else None
+    return Workspaces(settings.workspace_dir, per_identity, owners=owners)
 
 
 def memory_service(settings: Settings, db: Database, embedder: Embedder | None = None) -> MemoryService:
@@ -336,12 +337,6 @@ def require_shared_bus(settings: Settings, command: str) -> None:
         raise ConfigError(f"{command} needs the Redis bus, where gateways and the workers that run their "
                           "turns meet: set EMBER_REDIS_URL (and EMBER_DATABASE_URL for processes on several "
                           "machines)")
-
-
-def process_name() -> str:
-    """This process among those sharing a store and a bus: what its leases, job claims and
-    pending messages are held as. Unique even where every container's process is pid 1."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}".replace(":", "-")
 
 
 def message_bus(settings: Settings, process: str | None = None) -> Bus:

@@ -135,8 +135,8 @@ async def test_local_keeps_workspace_and_shared_scope_shares_it(home: Path, tmp_
 def test_a_workspace_holding_the_identities_folders_is_refused_at_start(home: Path) -> None:
     for workspace in (home, home / "workspaces", home / "workspaces/alice"):
         with pytest.raises(ConfigError, match="must not lie one inside the other"):
-            workspaces(Settings(home=home, workspace=workspace), None)  # type: ignore[arg-type]
-    workspaces(Settings(home=home, workspace=home, workspace_scope="shared"), None)  # type: ignore[arg-type]
+            workspaces(Settings(home=home, workspace=workspace), None)
+    workspaces(Settings(home=home, workspace=home, workspace_scope="shared"), None)
 
 
 async def test_skill_scripts_land_in_the_callers_workspace(home: Path, per_identity: Workspaces,

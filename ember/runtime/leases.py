@@ -12,6 +12,8 @@ import asyncio
 import fcntl
 import hashlib
 import os
+import secrets
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +22,12 @@ from ember.core.leases import KeyedLocks
 
 POLL_START_S = 0.001
 POLL_MAX_S = 0.05
+
+
+def process_name() -> str:
+    """This process among those sharing a store and a bus: what its leases, job claims and
+    pending messages are held as. Unique even where every container's process is pid 1."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}".replace(":", "-")
 
 
 class HostLock:
