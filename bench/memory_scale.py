@@ -50,7 +50,7 @@ At 100,000 (or the largest size below it), and at every larger size, it
 profiles where a fused search's time goes, each part timed on its own over
 the same queries (at most 200, fewer when slow): the FTS5 query
 (`store.lexical`), the vector-count check `VectorIndex` makes before every
-search (`store.vector_state`), the embedding's thread hop, the two
+search (`store.vectors_since`), the embedding's thread hop, the two
 matrix-vector products of `VectorIndex.scores` (the same numpy operations on
 the same matrices), the fusion (`fuse`, over every
 vector), the record fetch (`by_nums`, with its statement's plan, and the same
@@ -683,14 +683,14 @@ async def profile_search(bench: MemoryBench, searchers: Searchers, queries: list
     searchers.index = None
     gc.collect()
     # The person's two matrices as VectorIndex holds them (own vectors; window vectors, or own again).
-    rows = await store.vectors_after(PERSON, MODEL, 0)
+    (_, latest), rows = await store.vectors_since(PERSON, MODEL, 0)
     own = np.vstack([np.frombuffer(blob, dtype=np.float32) for _, _, blob, _ in rows])
     window = np.vstack([np.frombuffer(w if w is not None else blob, dtype=np.float32) for _, _, blob, w in rows])
     nums = np.asarray([num for num, _, _, _ in rows], dtype=np.int64)  # VectorIndex keeps this array
     positions = {int(num): i for i, num in enumerate(nums)}
     del rows
     parts: dict[str, list[float]] = {name: [] for name in (
-        "FTS5 query (store.lexical)", "vector count check (store.vector_state)", "embedding thread hop",
+        "FTS5 query (store.lexical)", "vector catch-up check (store.vectors_since)", "embedding thread hop",
         "2 matvecs, own + window (numpy)", "fusion over all n (fuse)",
         "record fetch (store.by_nums)", "empty read hop (db.run_read)",
         "text index query (TextIndex.lexical)", "nearest rows, scored (VectorIndex.scores)",
@@ -711,7 +711,7 @@ async def profile_search(bench: MemoryBench, searchers: Searchers, queries: list
                                        (f"owner:{owner_token(PERSON)} AND ({expression})",)).fetchone()[0])
             lexical, seconds = await timed(store.lexical(PERSON, query_terms(query), LEXICAL_DEPTH))
             parts[names[0]].append(seconds)
-            _, seconds = await timed(store.vector_state(PERSON, MODEL))
+            _, seconds = await timed(store.vectors_since(PERSON, MODEL, latest))
             parts[names[1]].append(seconds)
             vector, seconds = await timed(asyncio.to_thread(searchers.embedder.embed_queries, [query]))
             parts[names[2]].append(seconds)

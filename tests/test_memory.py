@@ -211,16 +211,17 @@ async def test_the_vector_count_searches_check_is_kept_by_the_database(memory: M
     written = [await memory.remember("alice", text) for text in ("I sail.", "I knit.", "I bake bread.")]
     await memory.remember("bob", "I run.")
     await memory.flush_embeddings()
-    count, rev = await memory.store.vector_state("alice", model)
-    assert count == 3 and rev > 0 and (await memory.store.vector_state("bob", model))[0] == 1
+    (count, rev), rows = await memory.store.vectors_since("alice", model, 0)
+    assert count == len(rows) == 3 and rev > 0 and (await memory.store.vectors_since("bob", model, 0))[0][0] == 1
+    assert (await memory.store.vectors_since("alice", model, rev)) == ((3, rev), [])  # nothing new since
     await memory.store.purge("alice", written[0].record.id)
-    assert await memory.store.vector_state("alice", model) == (2, rev)  # a search sees the purge: it reloads
+    assert (await memory.store.vectors_since("alice", model, rev))[0] == (2, rev)  # a search sees the purge: it reloads
     await db.run_write(lambda tx: tx.execute(
         Statement("UPDATE memory_vector_heads SET rows = 9 WHERE identity = 'bob'")))
     assert (await memory.store.consistency())["miscounted_vectors"] == 1  # `ember doctor` reports it
     await memory.store.reindex_text()
     assert (await memory.store.consistency())["miscounted_vectors"] == 0
-    assert (await memory.store.vector_state("bob", model))[0] == 1
+    assert (await memory.store.vectors_since("bob", model, 0))[0][0] == 1
 
 
 async def test_memories_fade_unless_recalled_and_stated_facts_last_longest(memory: MemoryService,

@@ -67,10 +67,12 @@ RECALLED_KINDS = (MemoryKind.FACT, MemoryKind.EPISODIC, MemoryKind.ARCHIVAL)
 
 @dataclass(frozen=True, slots=True)
 class PromptMemory:
-    """What a turn's prompt carries: stable profile facts, then what the message recalled."""
+    """What a turn's prompt carries: stable profile facts, the session's latest summaries (oldest
+    first), then what the message recalled."""
 
     profile: tuple[MemoryRecord, ...] = ()
     recalled: tuple[MemoryRecord, ...] = ()
+    episodes: tuple[MemoryRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,11 +224,12 @@ class MemoryService:
                 exc, TimeoutError) else f"failed ({exc})")
             return None
 
-    async def for_prompt(self, identity: str, message: str, *, budget: RecallBudget,
-                         exclude: Callable[[MemoryRecord], bool] = lambda _: False) -> PromptMemory:
-        """Profile facts (stable order, so the prompt prefix stays cacheable), then
-        the memories the message recalls, within the budget. Each recall is counted."""
-        profile = tuple(await self._store.profile(identity, budget.profile_facts)) if budget.profile_facts else ()
+    async def for_prompt(self, identity: str, message: str, *, budget: RecallBudget, session_key: str = "",
+                         episodes: int = 0, exclude: Callable[[MemoryRecord], bool] = lambda _: False) -> PromptMemory:
+        """Profile facts (stable order, so the prompt prefix stays cacheable), the session's latest
+        `episodes` summaries, then the memories the message recalls, within the budget. Each
+        recall is counted."""
+        profile, summaries = await self._profile_and_episodes(identity, budget.profile_facts, session_key, episodes)
         shown = {record.id for record in profile}
         recalled: list[MemoryRecord] = []
         used_ids: list[str] = []
@@ -250,15 +253,20 @@ class MemoryService:
                 used_ids.append(record.id)
                 used += cost
         self._note_recalled(identity, used_ids)
-        return PromptMemory(profile, tuple(recalled))
+        return PromptMemory(tuple(profile), tuple(recalled), tuple(summaries))
 
     async def episodes(self, identity: str, session_key: str, limit: int) -> list[MemoryRecord]:
         """The session's latest consolidation summaries, oldest first: the person's
         own, or the group's when the session is shared (its members saw it all)."""
-        found = [record for owner in (identity, shared_identity(session_key))
-                 for record in await self._store.list(owner, kinds=(MemoryKind.EPISODIC,), limit=limit,
-                                                      session_key=session_key)]
-        return sorted(found, key=lambda record: record.created_at)[-limit:]
+        return (await self._profile_and_episodes(identity, 0, session_key, limit))[1]
+
+    async def _profile_and_episodes(self, identity: str, facts: int, session_key: str,
+                                    limit: int) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
+        if not facts and not (session_key and limit):
+            return [], []
+        owners = (identity, shared_identity(session_key)) if session_key and limit else ()
+        profile, found = await self._store.prompt_records(identity, facts, owners, session_key, limit)
+        return profile, sorted(found, key=lambda record: record.created_at)[-limit:] if limit else []
 
     def _note_recalled(self, identity: str, ids: Sequence[str]) -> None:
         now = self._clock()

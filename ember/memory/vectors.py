@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -133,21 +133,25 @@ class VectorIndex:
             matrix.building = None
 
     async def _current(self, identity: str) -> _Matrix:
-        count, rev = await self._store.vector_state(identity, self._model)
+        """The identity's matrix, caught up with the store: its state and what is new come in one read."""
         matrix = self._matrices.get(identity)
+        after = matrix.rev if matrix is not None else 0
+        (count, rev), written = await self._store.vectors_since(identity, self._model, after)
         if matrix is not None and (matrix.count, matrix.rev) == (count, rev):
             return matrix
         if matrix is None or count < matrix.count or rev < matrix.rev:
+            if after:  # what was read is what came after a stale matrix: a new one needs every row
+                written = (await self._store.vectors_since(identity, self._model, 0))[1]
             matrix = self._matrices[identity] = _Matrix()
-        await self._top_up(identity, matrix)
+        await self._top_up(matrix, written)
         if matrix.count != count:  # rows were deleted as others were added: the matrix holds stale ones
             matrix = self._matrices[identity] = _Matrix()
-            await self._top_up(identity, matrix)
+            await self._top_up(matrix, (await self._store.vectors_since(identity, self._model, 0))[1])
         return matrix
 
-    async def _top_up(self, identity: str, matrix: _Matrix) -> None:
+    async def _top_up(self, matrix: _Matrix, written: Sequence[tuple[int, int, bytes, bytes | None]]) -> None:
         own_rows, window_rows, nums = [], [], []
-        for num, rev, blob, window_blob in await self._store.vectors_after(identity, self._model, matrix.rev):
+        for num, rev, blob, window_blob in written:
             matrix.rev = max(matrix.rev, rev)
             own = self._read(blob)
             window = self._read(window_blob) if window_blob is not None else own

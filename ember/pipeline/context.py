@@ -161,17 +161,17 @@ class ContextStage:
 
     async def _sections(self, session: Session, identity: str, text: str) -> tuple[PromptMemory, str]:
         """The memory the prompt carries and its system text, their reads at once."""
-        memory, index, episodes = await _together(
-            self._memory.for_prompt(identity, text, budget=self._budget, exclude=_in_window(session)),
-            self._skills.index(identity) if self._skills is not None else _nothing(),
-            self._memory.episodes(identity, session.key, EPISODES_IN_PROMPT))
+        memory, index = await _together(
+            self._memory.for_prompt(identity, text, budget=self._budget, session_key=session.key,
+                                    episodes=EPISODES_IN_PROMPT, exclude=_in_window(session)),
+            self._skills.index(identity) if self._skills is not None else _nothing())
         parts = [fill(self._persona.system_prompt, agent_name=self._persona.agent_name)]
         if index:
             parts.append(index)
         if memory.profile:
             parts.append(PROFILE_HEADING + "\n" + "\n".join(f"- {r.content}" for r in memory.profile))
-        if episodes:
-            parts.append("Earlier in this conversation:\n" + "\n".join(f"- {e.content}" for e in episodes))
+        if memory.episodes:
+            parts.append("Earlier in this conversation:\n" + "\n".join(f"- {e.content}" for e in memory.episodes))
         return memory, "\n\n".join(parts)
 
 

@@ -43,6 +43,7 @@ from ember.store.vector_rows import (
     UNEMBEDDED,
     VECTOR_STATE,
     VECTORS_AFTER,
+    VectorRow,
     store_vectors,
 )
 
@@ -156,11 +157,22 @@ class SqlMemoryStore:
         rows = await self._db.run_read(lambda tx: tx.execute(_BY_NUMS, found).fetchall())
         return dict(map(record_of, rows))
 
-    async def profile(self, identity: str, limit: int) -> list[MemoryRecord]:
-        """The identity's active facts that name an attribute (subject and key), in a stable order."""
-        rows = await self._db.run_read(lambda tx: tx.execute(
-            _PROFILE, {"identity": identity, "limit": limit}).fetchall())
-        return [record_of(row)[1] for row in rows]
+    async def prompt_records(self, identity: str, profile_limit: int, episode_owners: Sequence[str],
+                             session_key: str, episode_limit: int) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
+        """In one read: the identity's active facts that name an attribute (subject and key), in a
+        stable order, and the session's latest episodes of each of `episode_owners`, newest first."""
+        listing = _LISTINGS[False, True, True]
+        kinds = json.dumps([MemoryKind.EPISODIC.value])
+
+        def read(tx: Tx) -> tuple[list[Any], list[Any]]:
+            profile = tx.execute(_PROFILE, {"identity": identity, "limit": profile_limit}).fetchall() \
+                if profile_limit else []
+            episodes = [row for owner in episode_owners for row in tx.execute(listing, {
+                "identity": owner, "session_key": session_key, "kinds": kinds, "limit": episode_limit}).fetchall()]
+            return profile, episodes
+
+        profile, episodes = await self._db.run_read(read)
+        return [record_of(row)[1] for row in profile], [record_of(row)[1] for row in episodes]
 
     async def list(self, identity: str, *, kinds: Sequence[MemoryKind] = (), include_inactive: bool = False,
                    limit: int = 100, session_key: str | None = None) -> list[MemoryRecord]:
@@ -271,16 +283,15 @@ class SqlMemoryStore:
         rows = list(vectors)
         return await self._write(lambda tx: store_vectors(tx, model, rows))
 
-    async def vector_state(self, identity: str, model: str) -> tuple[int, int]:
-        """(count, highest rev) of the identity's vectors by `model`: what a cached matrix checks against."""
-        row = await self._db.run_read(lambda tx: tx.execute(
-            VECTOR_STATE, {"identity": identity, "model": model}).fetchone())
-        return (0, 0) if row is None else (row[0], row[1])
+    async def vectors_since(self, identity: str, model: str, rev: int) -> tuple[tuple[int, int], list[VectorRow]]:
+        """In one read: (count, highest rev) of the identity's vectors by `model`, what a cached matrix
+        checks against, and the (num, rev, vector, window) written after `rev`, in order."""
+        def read(tx: Tx) -> tuple[tuple[int, int], list[VectorRow]]:
+            state = tx.execute(VECTOR_STATE, {"identity": identity, "model": model}).fetchone()
+            rows = tx.execute(VECTORS_AFTER, {"identity": identity, "model": model, "rev": rev}).fetchall()
+            return (0, 0) if state is None else (state[0], state[1]), [tuple(row) for row in rows]
 
-    async def vectors_after(self, identity: str, model: str, rev: int) -> list[tuple[int, int, bytes, bytes | None]]:
-        """(num, rev, vector, window) written after `rev`, in order."""
-        return await self._db.run_read(lambda tx: tx.execute(
-            VECTORS_AFTER, {"identity": identity, "model": model, "rev": rev}).fetchall())
+        return await self._db.run_read(read)
 
     async def quarantine_vector(self, num: int) -> None:
         """A vector that cannot be read is dropped and its memory queued for embedding again."""

@@ -163,7 +163,10 @@ class MemoryStore(Protocol):
 
     async def lexical(self, identity: str, terms: Sequence[str], limit: int) -> list[tuple[int, float]]: ...
 
-    async def profile(self, identity: str, limit: int) -> list[MemoryRecord]: ...
+    async def prompt_records(self, identity: str, profile_limit: int, episode_owners: Sequence[str],
+                             session_key: str, episode_limit: int) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
+        """The profile facts and the session's episodes of each owner, in one read."""
+        ...
 
     async def list(self, identity: str, *, kinds: Sequence[MemoryKind] = (), include_inactive: bool = False,
                    limit: int = 100, session_key: str | None = None) -> list[MemoryRecord]: ...
@@ -212,10 +215,10 @@ class TextRows(Protocol):
 class VectorRows(Protocol):
     """What the in-process vector matrices catch up from: memories' vectors by revision."""
 
-    async def vector_state(self, identity: str, model: str) -> tuple[int, int]: ...
-
-    async def vectors_after(self, identity: str, model: str,
-                            rev: int) -> list[tuple[int, int, bytes, bytes | None]]: ...
+    async def vectors_since(self, identity: str, model: str,
+                            rev: int) -> tuple[tuple[int, int], list[tuple[int, int, bytes, bytes | None]]]:
+        """(count, highest rev) of the identity's vectors, and those written after `rev`, in one read."""
+        ...
 
     async def quarantine_vector(self, num: int) -> None: ...
 

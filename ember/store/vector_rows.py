@@ -24,6 +24,8 @@ _STAMP = Statement(update(_mi).where(_mi.c.num == bindparam("memory_num"), _mi.c
 _NEXT_VECTOR_REVS = Statement("UPDATE memory_vector_rev SET rev = rev + :count RETURNING rev")
 # An update, not a replace: the database's triggers keep the per-identity counts.
 _PUT_VECTOR = upsert_row(_v, ["num"])
+# (num, rev, vector, window) of one memory's vectors; window is None where it is the vector itself.
+VectorRow = tuple[int, int, bytes, bytes | None]
 VECTOR_STATE = Statement("SELECT rows, rev FROM memory_vector_heads WHERE identity = :identity AND model = :model")
 VECTORS_AFTER = Statement(select(_v.c.num, _v.c.rev, _v.c.vector, _v.c.window)
                            .where(_v.c.identity == bindparam("identity"), _v.c.model == bindparam("model"),
