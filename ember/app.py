@@ -217,7 +217,8 @@ def memory_service(settings: Settings, db: Database, embedder: Embedder | None =
         base_url, key = settings.embedding_endpoint()
         embedder = load_embedder(settings.embedding_model, base_url=base_url, api_key=key,
                                  relevance_floor=settings.embedding_relevance_floor)
-    return MemoryService(SqlMemoryStore(db), embedder, identities=Identities(settings.identities))
+    return MemoryService(SqlMemoryStore(db, embeds=embedder is not None), embedder,
+                         identities=Identities(settings.identities))
 
 
 @asynccontextmanager

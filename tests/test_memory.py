@@ -374,7 +374,7 @@ async def test_a_message_committed_while_its_session_is_archived_is_archived_by_
     await db.open()
     archive, statements = memory_rows.archive_messages, []
 
-    def with_a_commit_meanwhile(tx: Any, *args: Any) -> int:
+    def with_a_commit_meanwhile(tx: Any, *args: Any, **options: Any) -> int:
         class Meanwhile:
             dialect = tx.dialect
 
@@ -390,7 +390,7 @@ async def test_a_message_committed_while_its_session_is_archived_is_archived_by_
             def executemany(self, statement: Any, rows: Any) -> None:
                 tx.executemany(statement, rows)
 
-        return archive(Meanwhile(), *args)
+        return archive(Meanwhile(), *args, **options)
 
     try:
         sessions, store = SqlSessionStore(db), SqlMemoryStore(db)

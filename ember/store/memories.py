@@ -122,8 +122,9 @@ _SENDERS = Statement(select(_i.c.turn_id, _i.c.channel, _i.c.sender_id)
 class SqlMemoryStore:
     """The embedded default: SQLite rows, FTS5 BM25 and vectors as float32 blobs."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, embeds: bool = True) -> None:
         self._db = db
+        self._embeds = embeds  # a memory with an embedder: each write queues the embedding job
 
     async def _write(self, work: Callable[[Tx], T]) -> T:
         """`work` as one write unit, holding the memory's writes first (memory_rows.hold_memory_writes)."""
@@ -135,12 +136,12 @@ class SqlMemoryStore:
 
     async def write(self, memory: NewMemory) -> WriteOutcome:
         now = time.time()
-        return await self._write(lambda tx: write_memory(tx, memory, now))
+        return await self._write(lambda tx: write_memory(tx, memory, now, embed=self._embeds))
 
     async def write_many(self, memories: Sequence[NewMemory]) -> list[WriteOutcome]:
         """One transaction for the batch (imports)."""
         now = time.time()
-        return await self._write(lambda tx: [write_memory(tx, m, now) for m in memories])
+        return await self._write(lambda tx: [write_memory(tx, m, now, embed=self._embeds) for m in memories])
 
     async def get(self, identity: str, memory_id: str) -> MemoryRecord:
         row = await self._db.run_read(lambda tx: tx.execute(
@@ -152,7 +153,6 @@ class SqlMemoryStore:
     async def by_nums(self, identity: str, nums: Sequence[int]) -> dict[int, MemoryRecord]:
         if not nums:
             return {}
-
         found = {"nums": json.dumps(list(nums)), "identity": identity}
         rows = await self._db.run_read(lambda tx: tx.execute(_BY_NUMS, found).fetchall())
         return dict(map(record_of, rows))
@@ -165,8 +165,7 @@ class SqlMemoryStore:
         kinds = json.dumps([MemoryKind.EPISODIC.value])
 
         def read(tx: Tx) -> tuple[list[Any], list[Any]]:
-            profile = tx.execute(_PROFILE, {"identity": identity, "limit": profile_limit}).fetchall() \
-                if profile_limit else []
+            profile = tx.execute(_PROFILE, {"identity": identity, "limit": profile_limit}).fetchall()
             episodes = [row for owner in episode_owners for row in tx.execute(listing, {
                 "identity": owner, "session_key": session_key, "kinds": kinds, "limit": episode_limit}).fetchall()]
             return profile, episodes
@@ -379,8 +378,8 @@ class SqlMemoryStore:
         archived before these learn their new neighbours too, and their window
         vectors are made again (they now reach the first new ones).
         """
-        now = time.time()
-        return await self._write(lambda tx: archive_messages(tx, session_key, resolve, fallback, now))
+        now, embed = time.time(), self._embeds
+        return await self._write(lambda tx: archive_messages(tx, session_key, resolve, fallback, now, embed=embed))
 
     # -- upkeep --------------------------------------------------------------------
 

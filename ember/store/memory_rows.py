@@ -196,10 +196,11 @@ def stored_content(content: str) -> str:
     return check_content(redact_text(content))
 
 
-def insert_memory(tx: Tx, memory: NewMemory, now: float, *,
-                  status: MemoryStatus = MemoryStatus.ACTIVE, context: Context = Context()) -> tuple[int, str]:
-    """Write one memory row, its text index row and the embedding job, in the caller's transaction.
-    `context` comes redacted (archive_messages)."""
+def insert_memory(tx: Tx, memory: NewMemory, now: float, *, status: MemoryStatus = MemoryStatus.ACTIVE,
+                  context: Context = Context(), embed: bool = True) -> tuple[int, str]:
+    """Write one memory row, its text index row and (with `embed`: a memory runs with an
+    embedder) the embedding job, in the caller's transaction. `context` comes redacted
+    (archive_messages)."""
     content = stored_content(memory.content)
     created_at = memory.created_at if memory.created_at is not None else now
     id_ = new_id()
@@ -212,7 +213,8 @@ def insert_memory(tx: Tx, memory: NewMemory, now: float, *,
     })
     num = tx.execute(_NUM_OF_ID, {"id": id_}).fetchone()[0]
     write_text_row(tx, num, memory.identity, content, created_at, context)
-    record_job(tx, EMBED_JOB, now)
+    if embed:
+        record_job(tx, EMBED_JOB, now)
     return num, id_
 
 
@@ -241,7 +243,7 @@ class WriteOutcome:
     superseded: tuple[str, ...] = ()
 
 
-def write_memory(tx: Tx, memory: NewMemory, now: float) -> WriteOutcome:
+def write_memory(tx: Tx, memory: NewMemory, now: float, *, embed: bool = True) -> WriteOutcome:
     """Add a memory unless this identity already has its content, in any state
     but forgotten: a fact said twice is one fact, and an import run again adds
     nothing, superseded facts included. (An episode is always added: its
@@ -270,7 +272,8 @@ def write_memory(tx: Tx, memory: NewMemory, now: float) -> WriteOutcome:
         current = [record_of(row) for row in tx.execute(
             _CURRENT_FACTS, {"identity": memory.identity, "subject": subject, "key": key}).fetchall()]
     parked = any(record.source_rank > memory.source_rank for _, record in current)
-    num, id_ = insert_memory(tx, memory, now, status=MemoryStatus.PENDING if parked else MemoryStatus.ACTIVE)
+    num, id_ = insert_memory(tx, memory, now, status=MemoryStatus.PENDING if parked else MemoryStatus.ACTIVE,
+                             embed=embed)
     if confirmed is not None:
         # Said again by a better source: the new row replaces the weaker one, active or still waiting.
         supersede(tx, confirmed, id_, now)
@@ -313,7 +316,7 @@ def _refresh_context(tx: Tx, session_key: str, seq: int, created_at: float, cont
 
 
 def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str], fallback: str,
-                     now: float) -> int:
+                     now: float, *, embed: bool = True) -> int:
     """Copy the session's messages not yet archived into the archival tier (SqlMemoryStore.archive_session)."""
     mark = tx.execute(_ARCHIVE_MARK, {"key": session_key}).fetchone()
     start = mark[0] if mark else 0
@@ -340,6 +343,6 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
             source=f"session {session_key}",
             source_rank=SourceRank.USER_STATED if role == "user" else SourceRank.INFERRED,
             session_key=session_key, seq_start=seq, seq_end=seq + 1, created_at=created_at),
-            now, context=context)
+            now, context=context, embed=embed)
     tx.execute(_MOVE_ARCHIVE_MARK, {"key": session_key, "next_seq": high + 1})
     return len(new)
