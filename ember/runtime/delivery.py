@@ -69,7 +69,7 @@ class DeliveryWorker:
     async def stop(self) -> None:
         await cancel_task(self._task)
         self._task = None
-        await self._flush()
+        await self.flush()
 
     async def send(self, delivery: Delivery) -> None:
         """Hand a committed record to its channel, replacing any draft shown there, and mark it delivered."""
@@ -104,9 +104,10 @@ class DeliveryWorker:
             else:
                 await asyncio.sleep(self._batch_s)  # the marks of the turns meanwhile join this batch
             self._wake.clear()
-            await self._guarded(self._flush())
+            await self._guarded(self.flush())
 
-    async def _flush(self) -> None:
+    async def flush(self) -> None:
+        """Write the marks gathered so far now (the worker does every `batch_s`, and at stop)."""
         marks, self._marks = self._marks, []
         given_up, self._given_up = self._given_up, []
         try:
