@@ -282,7 +282,8 @@ class SqlMemoryStore:
         rows = list(vectors)
         return await self._write(lambda tx: store_vectors(tx, model, rows))
 
-    async def vectors_since(self, identity: str, model: str, rev: int) -> tuple[tuple[int, int], list[VectorRow]]:
+    async def vectors_since(self, identity: str, model: str,
+                            rev: int) -> tuple[tuple[int, int], list[tuple[int, int, bytes, bytes | None]]]:
         """In one read: (count, highest rev) of the identity's vectors by `model`, what a cached matrix
         checks against, and the (num, rev, vector, window) written after `rev`, in order."""
         def read(tx: Tx) -> tuple[tuple[int, int], list[VectorRow]]:
