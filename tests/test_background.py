@@ -13,7 +13,7 @@ import pytest
 from ember.runtime.background import BackgroundRunner, RetryPolicy
 from ember.runtime.leases import HostLock
 from ember.store.engine import Database
-from ember.store.jobs import Job, SqlJobStore
+from ember.store.jobs import Claimed, Job, SqlJobStore
 from ember.store.postgres import PostgresDatabase
 from ember.store.sqlite.database import SqliteDatabase
 from tests.pgserver import ENGINES, engine_database
@@ -53,7 +53,7 @@ async def test_one_pending_job_per_kind_and_key(db: Database) -> None:
     assert not await jobs.enqueue("work", "s1")
     assert await jobs.enqueue("work", "s2")
     assert await jobs.enqueue("other", "s1")
-    [claimed, *_] = await jobs.claim_due(1)
+    [claimed, *_] = (await jobs.claim_due(1)).jobs
     # While one runs, one more may wait: it covers what arrived after the run started.
     assert await jobs.enqueue(claimed.kind, claimed.dedupe_key)
     assert not await jobs.enqueue(claimed.kind, claimed.dedupe_key)
@@ -204,13 +204,42 @@ async def test_stop_just_after_a_wake_up_returns(db: Database) -> None:
 
 
 class CountedLooks(SqlJobStore):
-    """The job store, counting how often the runner looks for the next due job."""
+    """The job store, counting how often the runner looks for due jobs."""
 
     looks = 0
 
-    async def next_due_at(self) -> float | None:
+    async def claim_due(self, limit: int) -> Claimed:
         self.looks += 1
-        return await super().next_due_at()
+        return await super().claim_due(limit)
+
+
+async def test_a_runner_that_ran_its_last_job_looks_no_more_until_something_is_queued(db: Database) -> None:
+    """The claim says when the next job is due: no empty claim after a job, no separate read."""
+    ran: list[int] = []
+
+    async def flaky(job: Job) -> None:
+        ran.append(job.attempts)
+        if len(ran) == 1:
+            raise RuntimeError("first attempt fails")
+
+    # A shared store is polled every third of a claim's time (other processes queue jobs too): long here.
+    jobs = CountedLooks(db) if isinstance(db, SqliteDatabase) else CountedLooks(db, claimer="p1", claim_ttl_s=30)
+    background = BackgroundRunner(jobs, {"work": flaky}, runner_lock(jobs),
+                                  retry=RetryPolicy(backoff_base_s=0.05), poll_s=5.0)
+    await background.start()
+    await background.schedule("work", "once")
+    async with asyncio.timeout(5):
+        while (await jobs.counts()).get("done") != 1:
+            await asyncio.sleep(0.02)
+    looks = jobs.looks
+    await asyncio.sleep(0.3)  # long enough for any needless look to happen
+    assert ran == [0, 1] and jobs.looks == looks
+    await background.schedule("work", "again")
+    async with asyncio.timeout(5):
+        while (await jobs.counts()).get("done") != 2:
+            await asyncio.sleep(0.02)
+    assert jobs.looks == looks + 1
+    await background.stop()
 
 
 async def test_a_runner_with_every_slot_busy_waits_for_one_without_polling_the_store(db: Database) -> None:

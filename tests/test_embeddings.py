@@ -185,6 +185,34 @@ async def test_while_the_endpoint_is_down_recall_goes_on_by_words(db: SqliteData
     await memory.close()
 
 
+async def test_archiving_embeds_what_it_archived_and_queues_the_job_only_when_the_endpoint_fails(
+        db: SqliteDatabase, server: EmbeddingServer, caplog: pytest.LogCaptureFixture) -> None:
+    embedder = ProviderEmbedder("mock-embed", base_url=server.base_url, api_key=KEY, attempts=1)
+    memory, sessions = MemoryService(SqlMemoryStore(db), embedder), SqlSessionStore(db)
+    jobs = Statement("SELECT kind, status FROM jobs")
+    vectors = Statement("SELECT COUNT(*) FROM memory_vectors")
+
+    async def said(question: str, answer: str) -> int:
+        await sessions.append(await sessions.load("cli:work"), [Message.user(question), Message.assistant(answer)])
+        return await memory.archive_session(await sessions.load("cli:work"))
+
+    assert await said("Where did I park?", "On level 3, row F.") == 2
+    assert await db.run_read(lambda tx: tx.execute(vectors).fetchone()[0]) == 2  # embedded by the archive itself
+    assert await db.run_read(lambda tx: tx.execute(jobs).fetchall()) == []  # no embedding job of their own
+    server.fail(503, times=10)
+    with caplog.at_level(logging.WARNING):
+        assert await said("What is the wifi password?", "It is on the fridge.") == 2  # the archive holds
+    assert "embedding them later" in caplog.text and KEY not in caplog.text
+    assert await db.run_read(lambda tx: tx.execute(jobs).fetchall()) == [("embed", "pending")]
+    hits = await memory.search("local", "wifi password")
+    assert hits[0].record.content == "What is the wifi password?"  # found by its words meanwhile
+    server.failures.clear()
+    # The job's run, once the endpoint is back: the two new ones, and the two before them, whose windows reach them.
+    assert await memory.flush_embeddings() == 4
+    assert await db.run_read(lambda tx: tx.execute(vectors).fetchone()[0]) == 4
+    await memory.close()
+
+
 async def test_a_slow_endpoint_delays_a_turn_only_so_long(db: SqliteDatabase, server: EmbeddingServer) -> None:
     embedder = ProviderEmbedder("mock-embed", base_url=server.base_url, api_key=KEY)
     memory = MemoryService(SqlMemoryStore(db), embedder)

@@ -755,15 +755,18 @@ async def test_a_message_whose_neighbour_arrives_while_it_is_embedded_gets_its_n
     sessions = SqlSessionStore(db)
     session = await sessions.load("test:c1")
     await sessions.append(session, [Message.user("I am planning a trip."), Message.assistant("Where to?")])
-    await memory.archive_session(await sessions.load("test:c1"))
-    flush = asyncio.create_task(memory.flush_embeddings())
-    await embedder.hold()  # the embedding job has read both messages
+    archiving = asyncio.create_task(memory.archive_session(await sessions.load("test:c1")))
+    await embedder.hold()  # the archive wrote both messages, and embedding them has read them
     session = await sessions.load("test:c1")
     await sessions.append(session, [Message.user("To Lisbon, in May.")])
-    await memory.archive_session(await sessions.load("test:c1"))  # "Where to?" learns its next neighbour
+    # "Where to?" learns its next neighbour; this archive's own embedding waits for the first.
+    next_archive = asyncio.create_task(memory.archive_session(await sessions.load("test:c1")))
+    lisbon = Statement("SELECT COUNT(*) FROM memory_items WHERE content = 'To Lisbon, in May.'")
+    async with asyncio.timeout(10):
+        while not await db.run_read(lambda tx: tx.execute(lisbon).fetchone()[0]):
+            await asyncio.sleep(0.01)
     embedder.released.set()
-    await flush
-    await memory.flush_embeddings()
+    await asyncio.gather(archiving, next_archive)
     rows = await db.run_read(lambda tx: tx.execute(Statement(
         "SELECT m.content, m.context_json, v.window FROM memory_items m JOIN memory_vectors v ON v.num = m.num "
         "WHERE m.content = 'Where to?'")).fetchall())

@@ -157,7 +157,7 @@ async def test_shared_claimers_never_take_the_same_job(processes: Callable[[], P
     claimed: dict[str, list[str]] = {"w1": [], "w2": []}
 
     async def drain(store: SqlJobStore) -> None:
-        while batch := await store.claim_due(3):
+        while batch := (await store.claim_due(3)).jobs:
             claimed[store.claimer] += [job.dedupe_key for job in batch]
 
     await asyncio.gather(drain(first), drain(second), drain(first), drain(second))
@@ -173,14 +173,14 @@ async def test_a_dead_claimers_job_is_taken_over_and_a_renewed_claim_is_not(
                                                                                   claim_ttl_s=60)
     await dead.enqueue("consolidate", "s1", session_key="s1")
     await dead.enqueue("consolidate", "s2", session_key="s2")
-    jobs = {job.dedupe_key: job for job in await dead.claim_due(10)}
-    assert set(jobs) == {"s1", "s2"} and await survivor.claim_due(10) == []
+    jobs = {job.dedupe_key: job for job in (await dead.claim_due(10)).jobs}
+    assert set(jobs) == {"s1", "s2"} and (await survivor.claim_due(10)).jobs == []
     # "dead" renews s1 and then stops; its claim on s2 runs out.
     assert await dead.extend([jobs["s1"]]) == 1
     async with db.write() as conn:
         await conn.execute(text("UPDATE jobs SET claimed_until = :past WHERE dedupe_key = 's2'"),
                            {"past": time.time() - 1})
-    taken = await survivor.claim_due(10)
+    taken = (await survivor.claim_due(10)).jobs
     assert [job.dedupe_key for job in taken] == ["s2"]
     assert taken[0].attempts == 0, "a crash is not the job's failed attempt"
     assert await dead.extend(jobs.values()) == 1, "the dead claimer's claim on s2 is no longer its own"

@@ -285,8 +285,19 @@ class MemoryService:
         history), each into the memory of the person whose turn it was."""
         if session.metadata.get("evaluation"):
             return 0
-        return await self._store.archive_session(session.key, self._identities.resolve,
-                                                 session_identity(session.key, session.metadata))
+        # Embedded here, before the archive's job completes (a crash re-runs it, and this finds
+        # them still waiting): a job of their own would cost a claim, reads and a completion a turn.
+        inline = self._encoder is not None
+        archived = await self._store.archive_session(session.key, self._identities.resolve,
+                                                     session_identity(session.key, session.metadata),
+                                                     queue_embedding=not inline)
+        if inline:
+            try:
+                await self.flush_embeddings()
+            except ModelError as exc:  # the archive holds; the embedding job retries with its backoff
+                log.warning("archived %d messages; embedding them later: %s", archived, exc)
+                await self._store.queue_embedding()
+        return archived
 
     async def turn_owners(self, session: Session) -> dict[str, str]:
         """turn id -> the identity of the person who sent that turn's message."""
@@ -326,8 +337,8 @@ class MemoryService:
     async def _embed_pending(self, encoder: Encoder, progress: Callable[[int], None] | None) -> int:
         """Each memory's own text is embedded once; its window vector is made of its own and its
         neighbours' vectors (which are memories of their own, embedded once too)."""
-        done = 0
-        while batch := await self._store.unembedded(EMBED_BATCH):
+        done, more = 0, True
+        while more and (batch := await self._store.unembedded(EMBED_BATCH)):
             contexts = [item.context for item in batch]
             vectors = await encoder.passages([text for item, context in zip(batch, contexts) for text in (
                 item.content, *(context.adjacent + context.far if context is not None else ()))])
@@ -337,7 +348,10 @@ class MemoryService:
                 window = None if context is None else window_vector(
                     own, [vectors[t] for t in context.adjacent], [vectors[t] for t in context.far])
                 rows.append((item, _blob(own), _blob(window) if window is not None else None))
-            done += await self._store.set_vectors(encoder.embedder.name, rows)
+            stored = await self._store.set_vectors(encoder.embedder.name, rows)
+            done += stored
+            # A short batch was the last, unless a row's neighbours changed meanwhile and it waits again.
+            more = len(batch) == EMBED_BATCH or stored < len(batch)
             if progress is not None:
                 progress(done)
         return done

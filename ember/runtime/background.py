@@ -19,7 +19,6 @@ many turns.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -66,6 +65,10 @@ class BackgroundRunner:
         self._wake = asyncio.Event()
         self._soon: asyncio.TimerHandle | None = None  # a wake-up for jobs queued due later
         self._running: dict[asyncio.Task[None], Job] = {}
+        # Whether something may be due that the last claim did not see (queued, woken, retried,
+        # or a poll's time: other processes queue too); else the claim's next due time is known.
+        self._look = True
+        self._next_due: float | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._extended_at = 0.0
 
@@ -75,19 +78,23 @@ class BackgroundRunner:
         if kind not in self._handlers:
             raise ValueError(f"no handler for job kind {kind!r}")
         queued = await self._jobs.enqueue(kind, dedupe_key, session_key=session_key)
-        self._wake.set()
+        self._look_now()
         return queued
 
     def wake(self, delay_s: float = 0.0) -> None:
         """Jobs were queued in some other transaction (a turn's commit), due in `delay_s`: claim
         them then. One wake-up serves every turn that commits before it."""
         if delay_s <= 0:
-            self._wake.set()
+            self._look_now()
         elif self._soon is None:
             self._soon = asyncio.get_running_loop().call_later(delay_s, self._woken)
 
     def _woken(self) -> None:
         self._soon = None
+        self._look_now()
+
+    def _look_now(self) -> None:
+        self._look = True
         self._wake.set()
 
     async def start(self) -> None:
@@ -116,7 +123,7 @@ class BackgroundRunner:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"background jobs still busy after {timeout_s}s: {counts}")
-            self._wake.set()
+            self._look_now()
             await asyncio.sleep(0.02)
 
     async def _run(self) -> None:
@@ -126,15 +133,16 @@ class BackgroundRunner:
             try:
                 if await self._hold_runner_lock():
                     await self._extend_claims()
-                    await self._claim()
-                    timeout = await self._sleep_for()
+                    timeout = await self._claim()
             except Exception:  # the runner's edge: a locked store or a lock file error is retried, not fatal
                 log.warning("background runner could not read the job queue; retrying", exc_info=True)
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
             # cancellation that arrives as the event is set, and stop() would hang.
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
+            except TimeoutError:
+                self._look = True
 
     async def _hold_runner_lock(self) -> bool:
         if self._lock is None or self._lock.held:
@@ -150,14 +158,26 @@ class BackgroundRunner:
             log.info("requeued %d background job(s) left running by a process that stopped", requeued)
         return True
 
-    async def _claim(self) -> None:
+    async def _claim(self) -> float:
+        """Claim due jobs into the free slots; how long to sleep then. One write, and no read:
+        the claim says when the next job is due."""
+        longest = self._poll_s if self._jobs.claim_ttl_s is None else min(self._poll_s, self._jobs.claim_ttl_s / 3)
         free = self._concurrency - len(self._running)
         if free <= 0:
-            return
-        for job in await self._jobs.claim_due(free):
-            task = asyncio.create_task(self._execute(job), name=f"ember-job-{job.kind}")
-            self._running[task] = job
-            task.add_done_callback(self._finished)
+            return longest  # due jobs wait for a free slot, and a job finishing wakes the runner
+        if self._look or (self._next_due is not None and self._next_due <= time.time()):
+            self._look = False
+            claimed = await self._jobs.claim_due(free)
+            self._next_due = claimed.next_due_at
+            for job in claimed.jobs:
+                task = asyncio.create_task(self._execute(job), name=f"ember-job-{job.kind}")
+                self._running[task] = job
+                task.add_done_callback(self._finished)
+            if len(self._running) >= self._concurrency:
+                return longest
+        if self._next_due is None:
+            return longest
+        return min(longest, max(0.0, self._next_due - time.time()))
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.pop(task, None)
@@ -172,15 +192,6 @@ class BackgroundRunner:
         await self._jobs.extend(self._running.values())
         self._extended_at = time.monotonic()
 
-    async def _sleep_for(self) -> float:
-        longest = self._poll_s if self._jobs.claim_ttl_s is None else min(self._poll_s, self._jobs.claim_ttl_s / 3)
-        if len(self._running) >= self._concurrency:
-            return longest  # due jobs wait for a free slot, and a job finishing wakes the runner
-        due = await self._jobs.next_due_at()
-        if due is None:
-            return longest
-        return min(longest, max(0.0, due - time.time()))
-
     async def _execute(self, job: Job) -> None:
         # A job's model calls are charged to its kind and its session (and so the session's identity).
         current_scope.set(UsageScope(session_key=job.session_key, job_kind=job.kind))
@@ -192,6 +203,7 @@ class BackgroundRunner:
                 await handler(job)
         except asyncio.CancelledError:
             await self._record(self._jobs.release(job), job)
+            self._look = True
             raise
         except Exception as exc:  # a background failure is logged and retried, never raised
             attempts = job.attempts + 1
@@ -202,6 +214,7 @@ class BackgroundRunner:
                 "; giving up" if retry_in is None else f"; retrying in {retry_in:.1f}s",
             )
             await self._record(self._jobs.fail(job, f"{type(exc).__name__}: {exc}", retry_in_s=retry_in), job)
+            self._look = True  # its retry is due later than the last claim saw
             return
         await self._record(self._jobs.complete(job), job)
 

@@ -71,6 +71,14 @@ class Job:
     turn_id: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    jobs: list[Job]
+    # When the earliest job still pending after the claim is due (None: none is): the runner
+    # sleeps until then without asking the store again.
+    next_due_at: float | None
+
+
 class SqlJobStore:
     """`claim_ttl_s`: the store is shared by processes that each run jobs, as `claimer`; None:
     one runner per home, holding the runner lock."""
@@ -85,15 +93,16 @@ class SqlJobStore:
         request, now = JobRequest(kind, dedupe_key, session_key), time.time()
         return await self._db.run_write(lambda tx: record_job(tx, request, now))
 
-    async def claim_due(self, limit: int) -> list[Job]:
-        """Move up to `limit` due jobs to running and return them."""
+    async def claim_due(self, limit: int) -> Claimed:
+        """Move up to `limit` due jobs to running and return them, with when the next is due."""
         now = time.time()
         query, until = (_DUE, None) if self.claim_ttl_s is None else (_DUE_OR_ABANDONED, now + self.claim_ttl_s)
         params = {"now": now, "claimer": self.claimer or None, "until": until}
 
-        def claim(tx: Tx) -> list[Job]:
+        def claim(tx: Tx) -> Claimed:
             due = [Job(*row) for row in tx.execute(query, {"now": now, "limit": limit}).fetchall()]
-            return [job for job in due if tx.execute(_CLAIM, {**params, "job_id": job.id}).rowcount == 1]
+            taken = [job for job in due if tx.execute(_CLAIM, {**params, "job_id": job.id}).rowcount == 1]
+            return Claimed(taken, tx.execute(_NEXT_DUE).fetchone()[0])
 
         return await self._db.run_write(claim)
 
@@ -132,9 +141,6 @@ class SqlJobStore:
             return len(running)
 
         return await self._db.run_write(requeue)
-
-    async def next_due_at(self) -> float | None:
-        return await self._db.run_read(lambda tx: tx.execute(_NEXT_DUE).fetchone()[0])
 
     async def counts(self) -> dict[str, int]:
         return await self._db.run_read(lambda tx: dict(tx.execute(_COUNTS).fetchall()))

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Float, Select, bindparam, case, delete, func, literal_column, null, select, update
+from sqlalchemy import Select, bindparam, delete, func, literal_column, null, select, update
 
 from ember.core.errors import MemoryNotFound
 from ember.core.memory import MemoryKind, MemoryRecord, MemoryStatus, NewMemory
@@ -105,16 +105,6 @@ _BOTH_ACTIVE = Statement(select(func.count()).select_from(_mi).where(
 _SUPERSEDE_BY = Statement(update(_mi).where(_mi.c.identity == bindparam("owner"), _mi.c.id == bindparam("old_id"))
                           .values(status="superseded", superseded_by=bindparam("new_id"), invalid_at=bindparam("now"),
                                   updated_at=bindparam("now")))
-_last = bindparam("last", type_=Float)
-_last_recalled = func.coalesce(_mi.c.last_recalled_at, 0)
-_RECALLED = Statement(update(_mi).where(*_of).values(
-    recall_count=_mi.c.recall_count + bindparam("times"), strength=literal_column("1.0"),
-    last_recalled_at=case((_last > _last_recalled, _last), else_=_last_recalled)))
-_DECAY_CANDIDATES = per_dialect(lambda dialect: MEMORY.where(_mi.c.status == "active",
-                                                             in_json_array(_mi.c.kind, "kinds", dialect)))
-_SET_STRENGTH = Statement(update(_mi).where(_mi.c.id == bindparam("memory_id")).values(strength=bindparam("strength")))
-_ARCHIVE = Statement(update(_mi).where(_mi.c.id == bindparam("memory_id"), _mi.c.status == "active")
-                     .values(status="archived", invalid_at=bindparam("now"), updated_at=bindparam("now")))
 _SENDERS = Statement(select(_i.c.turn_id, _i.c.channel, _i.c.sender_id)
                      .where(_i.c.session_key == bindparam("session_key")))
 
@@ -304,6 +294,10 @@ class SqlMemoryStore:
 
         await self._write(drop)
 
+    async def queue_embedding(self) -> None:
+        """Queue the embedding job, which embeds every memory still without a vector."""
+        await self._write(lambda tx: record_job(tx, EMBED_JOB, time.time()))
+
     async def forget_other_models(self, model: str) -> int:
         """Queue every memory embedded by another model for a new embedding; returns how many."""
         now = time.time()
@@ -346,19 +340,20 @@ class SqlMemoryStore:
         """Add recall counts ((identity, id) -> (times, last time)) in one write; a recall restores full strength."""
         rows = [{"owner": identity, "memory_id": id_, "times": times, "last": last}
                 for (identity, id_), (times, last) in recalls.items()]
-        await self._write(lambda tx: tx.executemany(_RECALLED, rows))
+        await self._write(lambda tx: tx.executemany(memory_upkeep.RECALLED, rows))
 
     async def decay_candidates(self, kinds: Sequence[MemoryKind]) -> list[MemoryRecord]:
         rows = await self._db.run_read(lambda tx: tx.execute(
-            _DECAY_CANDIDATES, {"kinds": json.dumps([k.value for k in kinds])}).fetchall())
+            memory_upkeep.DECAY_CANDIDATES, {"kinds": json.dumps([k.value for k in kinds])}).fetchall())
         return [record_of(row)[1] for row in rows]
 
     async def set_strengths(self, strengths: dict[str, float], archive: Sequence[str]) -> None:
         now = time.time()
 
         def store(tx: Tx) -> None:
-            tx.executemany(_SET_STRENGTH, [{"memory_id": id_, "strength": value} for id_, value in strengths.items()])
-            tx.executemany(_ARCHIVE, [{"memory_id": id_, "now": now} for id_ in archive])
+            tx.executemany(memory_upkeep.SET_STRENGTH,
+                           [{"memory_id": id_, "strength": value} for id_, value in strengths.items()])
+            tx.executemany(memory_upkeep.ARCHIVE_FADED, [{"memory_id": id_, "now": now} for id_ in archive])
 
         await self._write(store)
 
@@ -369,7 +364,8 @@ class SqlMemoryStore:
         rows = await self._db.run_read(lambda tx: tx.execute(_SENDERS, {"session_key": session_key}).fetchall())
         return {turn_id: (channel, sender) for turn_id, channel, sender in rows}
 
-    async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], fallback: str) -> int:
+    async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], fallback: str, *,
+                              queue_embedding: bool = True) -> int:
         """Copy the session's committed user and assistant messages not yet archived
         into the archival tier, in one transaction; returns how many.
 
@@ -377,9 +373,11 @@ class SqlMemoryStore:
         message, read in the same transaction (`fallback` takes a message
         without a receipt). Each is indexed with its neighbours; the two
         archived before these learn their new neighbours too, and their window
-        vectors are made again (they now reach the first new ones).
+        vectors are made again (they now reach the first new ones). Without
+        `queue_embedding` no embedding job is queued: the caller embeds them
+        before its own job completes.
         """
-        now, embed = time.time(), self._embeds
+        now, embed = time.time(), self._embeds and queue_embedding
         return await self._write(lambda tx: archive_messages(tx, session_key, resolve, fallback, now, embed=embed))
 
     # -- upkeep --------------------------------------------------------------------

@@ -1,16 +1,17 @@
 """Upkeep of what the memory store derives from its rows: the text index rebuilt, the vectors
 without a row dropped and each identity's recounted (`ember memory reindex`), and the counts that
-must agree (`ember doctor`). Each is a unit of work of one `Tx`."""
+must agree (`ember doctor`), each a unit of work of one `Tx`; and the statements of recall and
+forgetting."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import bindparam, delete, func, select
+from sqlalchemy import Float, bindparam, case, delete, func, literal_column, select, update
 
 from ember.store import schema
-from ember.store.memory_rows import Context, write_text_row
-from ember.store.tx import Statement, Tx
+from ember.store.memory_rows import MEMORY, Context, write_text_row
+from ember.store.tx import Statement, Tx, in_json_array, per_dialect
 
 _mi, _v = schema.memory_items, schema.memory_vectors
 _VECTOR_COUNTS = "SELECT identity, model, COUNT(*) AS n, MAX(rev) AS rev FROM memory_vectors GROUP BY identity, model"
@@ -27,6 +28,17 @@ _ORPHAN_VECTORS = Statement("SELECT COUNT(*) FROM memory_vectors v WHERE NOT EXI
 _MISCOUNTED_VECTORS = Statement(f"SELECT COUNT(*) FROM ({_VECTOR_COUNTS}) AS c FULL JOIN memory_vector_heads h "
                                 "USING (identity, model) WHERE COALESCE(c.n, 0) != COALESCE(h.rows, 0)")
 
+# Recall strengthens a memory; what fades is archived (MemoryService.upkeep).
+_last = bindparam("last", type_=Float)
+_last_recalled = func.coalesce(_mi.c.last_recalled_at, 0)
+RECALLED = Statement(update(_mi).where(_mi.c.identity == bindparam("owner"), _mi.c.id == bindparam("memory_id")).values(
+    recall_count=_mi.c.recall_count + bindparam("times"), strength=literal_column("1.0"),
+    last_recalled_at=case((_last > _last_recalled, _last), else_=_last_recalled)))
+DECAY_CANDIDATES = per_dialect(lambda dialect: MEMORY.where(_mi.c.status == "active",
+                                                             in_json_array(_mi.c.kind, "kinds", dialect)))
+SET_STRENGTH = Statement(update(_mi).where(_mi.c.id == bindparam("memory_id")).values(strength=bindparam("strength")))
+ARCHIVE_FADED = Statement(update(_mi).where(_mi.c.id == bindparam("memory_id"), _mi.c.status == "active")
+                     .values(status="archived", invalid_at=bindparam("now"), updated_at=bindparam("now")))
 # SQLite-only: the text index is FTS5's memory_fts, its rows keyed by their memory's rowid.
 _CLEAR_TEXT = Statement("DELETE FROM memory_fts")
 _COUNT_TEXT_ROWS = Statement("SELECT COUNT(*) FROM memory_fts")
