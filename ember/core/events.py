@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ember.core.messages import ToolCall
+from ember.core.sampling import Sampling
 from ember.core.tools import ApprovalRequest
 
 
@@ -43,6 +44,8 @@ class InboundEvent:
     # Where the answer goes when not back where the message came from (a webhook's outbound
     # target, the chat that created a scheduled task).
     reply: ReplyRoute | None = None
+    # The client's options for the model calls answering it (the OpenAI route's max_tokens, ...).
+    sampling: Sampling | None = None
 
     @property
     def session_key(self) -> str:

@@ -28,6 +28,7 @@ from ember.channels.gateway.memory_api import MemoryApi
 from ember.channels.gateway.metrics import GatewayMetrics
 from ember.channels.gateway.native_api import NativeApi
 from ember.channels.gateway.openai_api import OpenAIApi
+from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits
 from ember.channels.gateway.schemas import openapi_document
 from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
@@ -91,6 +92,7 @@ class GatewayOptions:
     timezone: str = "UTC"  # of tasks created without one
     agent_name: str = "Ember"
     model_label: str = ""  # the model that answers, as the page shows it
+    sampling_limits: SamplingLimits = DEFAULT_LIMITS  # the most an OpenAI-route request may ask for
 
 
 class IdentityGate:
@@ -163,7 +165,8 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
     metrics = GatewayMetrics()
     if services.usage is not None:
         services.usage.observe(metrics.count_usage)
-    openai_api = OpenAIApi(router, metrics, agent_id=options.agent_id, max_body_bytes=options.max_body_bytes)
+    openai_api = OpenAIApi(router, metrics, agent_id=options.agent_id, max_body_bytes=options.max_body_bytes,
+                           limits=options.sampling_limits)
     native_api = NativeApi(router, services.sessions, services.approvals, metrics,
                            max_body_bytes=options.max_body_bytes, approvers=options.approvers,
                            deliveries=services.deliveries, turns=services.turns)

@@ -40,18 +40,22 @@ from ember.channels.gateway.http import (
     sse,
 )
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
+from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits, requested_sampling
 from ember.channels.gateway.schemas import ChatCompletionRequest
 from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRouter
 from ember.core.errors import BusUnavailable
 from ember.core.events import OutboundEvent, OutboundKind, TurnUsage
+from ember.core.sampling import Sampling
 
 
 class OpenAIApi:
-    def __init__(self, router: TurnRouter, metrics: GatewayMetrics, *, agent_id: str, max_body_bytes: int) -> None:
+    def __init__(self, router: TurnRouter, metrics: GatewayMetrics, *, agent_id: str, max_body_bytes: int,
+                 limits: SamplingLimits = DEFAULT_LIMITS) -> None:
         self._router = router
         self._metrics = metrics
         self._agent_id = agent_id
         self._max_body_bytes = max_body_bytes
+        self._limits = limits
         self._created = int(time.time())
 
     def routes(self) -> list[Route]:
@@ -70,6 +74,7 @@ class OpenAIApi:
         if not users or not users[-1].text().strip():
             raise ApiError(400, "messages must end with a user message that has text", code="no_user_message",
                            param="messages")
+        sampling = requested_sampling(body, self._limits)
         identity: str = request.state.identity
         key = self._session(request, body)
         client_id = request.headers.get(IDEMPOTENCY_HEADER)
@@ -80,7 +85,8 @@ class OpenAIApi:
         headers = {SESSION_HEADER: key}
         completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self._agent_id)
         clock = self._metrics.clock("openai")
-        message = _Message(identity, key, users[-1].text(), client_id, users[-1].name, evaluation_requested(request))
+        message = _Message(identity, key, users[-1].text(), client_id, users[-1].name, evaluation_requested(request),
+                           sampling)
         if body.stream:
             completion.include_usage = body.stream_options is not None and body.stream_options.include_usage
             stream = self._stream(message, completion, clock)
@@ -89,7 +95,7 @@ class OpenAIApi:
         try:
             async with self._router.turn(identity, key, message.text, stream=False, can_approve=False,
                                          client_id=client_id, sender_name=message.name,
-                                         evaluation=message.evaluation) as queue:
+                                         evaluation=message.evaluation, sampling=sampling) as queue:
                 while (event := await queue.get()).kind not in (OutboundKind.FINAL, OutboundKind.ERROR):
                     pass
         except InFlight as exc:
@@ -113,7 +119,8 @@ class OpenAIApi:
         try:
             async with self._router.turn(message.identity, message.key, message.text, stream=True,
                                          can_approve=False, client_id=message.client_id,
-                                         sender_name=message.name, evaluation=message.evaluation) as queue:
+                                         sender_name=message.name, evaluation=message.evaluation,
+                                         sampling=message.sampling) as queue:
                 yield completion.chunk({"role": "assistant", "content": ""})
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
@@ -165,6 +172,7 @@ class _Message:
     client_id: str | None
     name: str | None
     evaluation: bool
+    sampling: Sampling | None
 
 
 class _Completion:
