@@ -28,6 +28,7 @@ from ember.channels.webhooks.outbound import OutboundWebhooks
 from ember.config import Settings
 from ember.core.errors import ConfigError, EmberError
 from ember.models.base import ModelClient
+from ember.store.conversations import SqlConversationIndex
 
 if TYPE_CHECKING:
     from ember.channels.a2a import A2AServer
@@ -227,7 +228,8 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
             sampling_limits=SamplingLimits(settings.gateway_max_tokens, settings.gateway_max_temperature),
         )
         services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
-                                   runtime.identities, runtime.usage, runtime.tasks, runtime.skills,
+                                   runtime.identities, SqlConversationIndex(runtime.db), runtime.usage,
+                                   runtime.tasks, runtime.skills,
                                    deliveries=runtime.deliveries.store, turns=runtime.loop,
                                    traces=runtime.traces)
         app = create_app(router, services, keys, options, lifespan=lifespan, channel_routes=channel_routes,

@@ -28,6 +28,7 @@ from ember.core.channels import ChannelCapabilities
 from ember.core.delivery import Delivery
 from ember.core.errors import StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.messages import Message
 from ember.core.sampling import Sampling
 from ember.runtime.tasks import cancel_task
 from ember.store.protocols import Inbox
@@ -96,7 +97,8 @@ class TurnRouter:
     @asynccontextmanager
     async def turn(self, identity: str, key: str, text: str, *, stream: bool, can_approve: bool,
                    client_id: str | None = None, sender_name: str | None = None, evaluation: bool = False,
-                   sampling: Sampling | None = None) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
+                   sampling: Sampling | None = None,
+                   history: tuple[Message, ...] = ()) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
         """Send the message to the agent; yield the queue its answer arrives on.
 
         `can_approve`: the client sees approval requests and can answer them.
@@ -104,7 +106,8 @@ class TurnRouter:
         resend with the same id gets the recorded answer, not a second turn.
         `sender_name`: who wrote it, when the client relays a chat of several people.
         `evaluation`: a new session it starts is an evaluation run, and leaves no memory.
-        `sampling`: the client's options for the model calls answering it.
+        `sampling`: the client's options for the model calls answering it. `history`: the
+        conversation before it, as the client has it, which a new session begins with.
         """
         message_id = f"{identity}:{client_id}" if client_id else uuid.uuid4().hex
         if message_id in self._waiting:
@@ -112,7 +115,7 @@ class TurnRouter:
         event = InboundEvent(channel=self.name, chat_id=chat_id(identity, key), sender_id=identity, text=text,
                              message_id=message_id, sender_name=sender_name, stream=stream,
                              can_approve=can_approve, metadata={"evaluation": "true"} if evaluation else {},
-                             sampling=sampling)
+                             sampling=sampling, history=history)
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
         self._waiting[message_id] = queue
         self._next_index[message_id] = 0
