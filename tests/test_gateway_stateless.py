@@ -1,6 +1,7 @@
 """Stateless OpenAI clients (Open WebUI, LibreChat, `llm`, ...) keep their conversation: the
 official `openai` SDK sends the whole history each time and names no session, against a running
-`ember serve` with the tests' own model server behind it, on SQLite and on PostgreSQL."""
+`ember serve` with the tests' own model server behind it, on each runtime: SQLite, PostgreSQL,
+and PostgreSQL with the Redis bus (the conversation a client brings crosses it)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
-from tests.pgserver import ENGINES
+from tests.pgserver import RUNTIMES
 
 ALICE = "alice-secret-0123456789"
 BOB = "bob-secret-0123456789ab"
@@ -28,12 +29,16 @@ def model() -> Iterator[ModelServer]:
         yield server
 
 
-@pytest.fixture(scope="module", params=ENGINES)
+@pytest.fixture(scope="module", params=RUNTIMES)
 def gateway(request: pytest.FixtureRequest, model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayProcess:
-    store = {}
-    if request.param == "postgresql":
-        store["EMBER_DATABASE_URL"] = request.getfixturevalue("pg_server").fresh_database()
-    gateway = launch_module_gateway(model, keys={"alice": ALICE, "bob": BOB}, **store)
+    # Caps below the defaults, to see that the settings set them.
+    env = {"EMBER_GATEWAY_MAX_TOKENS": "1000", "EMBER_GATEWAY_MAX_TEMPERATURE": "1.2"}
+    if request.param.startswith("postgresql"):
+        env["EMBER_DATABASE_URL"] = request.getfixturevalue("pg_server").fresh_database()
+    if request.param == "postgresql+redis":
+        env |= {"EMBER_REDIS_URL": request.getfixturevalue("redis_server").url,
+                "EMBER_REDIS_NAMESPACE": f"stateless-{uuid.uuid4().hex[:8]}"}
+    gateway = launch_module_gateway(model, keys={"alice": ALICE, "bob": BOB}, **env)
     assert (gateway.home / "ember.db").exists() == (request.param == "sqlite")
     return gateway
 
@@ -203,3 +208,29 @@ def test_a_failed_turn_sent_again_starts_over_seeded_with_the_conversation(
     retry = ask(alice, model, [user(q1), assistant(a1), user("Now three.")], "One, two, three.")
     assert retry != session
     assert seen(model) == [("user", q1), ("assistant", a1), ("user", "Now three.")]  # the question once
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_sampling_options_reach_the_model_within_the_settings_caps(
+        alice: openai.OpenAI, model: ModelServer, stream: bool) -> None:
+    q1 = f"Be brief ({words()})."
+    model.push(Reply(text="Yes."))
+    done = alice.chat.completions.with_raw_response.create(
+        model=AGENT, messages=[user(q1)], stream=stream, max_tokens=1000, temperature=1.2, top_p=0.5)
+    list(done.parse()) if stream else done.parse()
+    sent = model.requests[-1]
+    assert (sent["max_tokens"], sent["temperature"], sent["top_p"]) == (1000, 1.2, 0.5)
+    # The follow-up still continues the conversation, and sets options of its own.
+    session = done.headers["X-Ember-Session"]
+    model.push(Reply(text="Still yes."))
+    again = alice.chat.completions.with_raw_response.create(
+        model=AGENT, messages=[user(q1), assistant("Yes."), user("Sure?")], stream=stream, max_completion_tokens=7)
+    list(again.parse()) if stream else again.parse()
+    assert again.headers["X-Ember-Session"] == session
+    assert model.requests[-1]["max_tokens"] == 7 and "temperature" not in model.requests[-1]
+    for options, param, says in [({"max_tokens": 1001}, "max_tokens", "from 1 to 1000 (gateway_max_tokens caps it)"),
+                                 ({"temperature": 1.3}, "temperature",
+                                  "from 0 to 1.2 (gateway_max_temperature caps it); it was 1.3")]:
+        with pytest.raises(openai.BadRequestError) as caught:
+            alice.chat.completions.create(model=AGENT, messages=[user(q1)], stream=stream, **options)
+        assert caught.value.body["param"] == param and says in caught.value.message
