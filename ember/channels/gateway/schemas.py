@@ -353,7 +353,10 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     session_header = [{"name": "X-Ember-Session", "in": "header", "required": False,
-                       "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN}},
+                       "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN},
+                       "description": "The session. Without it or the user field, the messages before the new "
+                                      "one continue the caller's session holding them, or start one seeded "
+                                      "with them; the response's X-Ember-Session names it"},
                       {"name": "Idempotency-Key", "in": "header", "required": False,
                        "schema": {"type": "string", "pattern": CLIENT_ID_PATTERN}},
                       _EVALUATION_HEADER]
