@@ -276,9 +276,10 @@ def test_an_out_of_range_sampling_option_is_a_400(client: openai.OpenAI, model: 
     assert len(model.requests) == before  # no turn ran
 
 
-def test_a_wrongly_typed_sampling_option_is_an_invalid_request(gateway: GatewayProcess) -> None:
+@pytest.mark.parametrize(("option", "value"), [("temperature", "warm"), ("max_tokens", True), ("top_p", "0.5")])
+def test_a_wrongly_typed_sampling_option_is_an_invalid_request(gateway: GatewayProcess, option: str,
+                                                              value: object) -> None:
     response = httpx.post(gateway.url("/v1/chat/completions"), headers={"Authorization": f"Bearer {KEY}"},
-                          json={"model": AGENT, "messages": [{"role": "user", "content": "hi"}],
-                                "temperature": "warm"})
+                          json={"model": AGENT, "messages": [{"role": "user", "content": "hi"}], option: value})
     assert response.status_code == 422
-    assert response.json()["error"]["param"] == "temperature"
+    assert response.json()["error"]["param"] == option

@@ -58,12 +58,13 @@ class ChatCompletionRequest(BaseModel):
     )
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # Ranges are documented, not enforced here: the route says what is out of range (400).
-    max_tokens: int | None = Field(default=None, json_schema_extra={"minimum": 1})
-    max_completion_tokens: int | None = Field(default=None, json_schema_extra={"minimum": 1},
+    # Ranges are documented, not enforced here: the route says what is out of range (400). Strict: true
+    # or "7" is not a number.
+    max_tokens: int | None = Field(default=None, strict=True, json_schema_extra={"minimum": 1})
+    max_completion_tokens: int | None = Field(default=None, strict=True, json_schema_extra={"minimum": 1},
                                               description="The same as max_tokens; either may be sent")
-    temperature: float | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": 2})
-    top_p: float | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": 1})
+    temperature: float | None = Field(default=None, strict=True, json_schema_extra={"minimum": 0, "maximum": 2})
+    top_p: float | None = Field(default=None, strict=True, json_schema_extra={"minimum": 0, "maximum": 1})
     # The pattern is documented, not enforced here: the route says what is wrong with the key (400).
     user: str | None = Field(default=None, json_schema_extra={"pattern": SESSION_KEY_PATTERN},
                              description="The session, when no X-Ember-Session header names one")
