@@ -233,6 +233,11 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     # Larger request bodies get 413.
     gateway_max_body_bytes: int = Field(default=1_048_576, ge=1_024)
+    # The most output tokens an OpenAI-route request may ask for (max_tokens, max_completion_tokens)
+    # per model call; more gets 400. Without one, the model's own limit holds.
+    gateway_max_tokens: int = Field(default=32_768, ge=1, le=10_000_000)
+    # The highest temperature an OpenAI-route request may ask for (the API's range is 0 to 2); more gets 400.
+    gateway_max_temperature: float = Field(default=2.0, ge=0, le=2)
     # Identities (gateway key names) that may see and answer every session's approval requests.
     gateway_approvers: list[str] = Field(default_factory=list)
     # Per identity: a steady rate of requests...

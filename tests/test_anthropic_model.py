@@ -16,6 +16,7 @@ from ember.core.errors import (
     StreamBroken,
 )
 from ember.core.messages import Message, ToolCall
+from ember.core.sampling import Sampling
 from ember.models.anthropic_messages import AnthropicModel
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta, complete
 from tests.anthropicserver import MODEL, AnthropicServer, Turn, signature
@@ -57,6 +58,29 @@ async def test_text_streams_in_pieces_with_usage_and_cache_tokens(anthropic_serv
     headers = anthropic_server.headers[0]  # the SDK sends the key as a bearer token (older ones: x-api-key)
     assert headers.get("x-api-key", headers.get("authorization", "").removeprefix("Bearer ")) == "sk-ant-test"
     assert headers["anthropic-version"]
+
+
+async def test_a_callers_max_tokens_is_sent_and_the_options_the_api_lacks_are_not(
+        anthropic_server: AnthropicServer) -> None:
+    anthropic_server.push(Turn(text="Brief."), Turn(text="Thought."))
+    model = client(anthropic_server)
+    options = Sampling(max_tokens=64, temperature=0.6, top_p=0.8)
+    assert (await _reply(model, options)).text == "Brief."
+    sent = anthropic_server.requests[0]
+    assert sent["max_tokens"] == 64 and "temperature" not in sent and "top_p" not in sent
+    thinking = client(anthropic_server, thinking_budget=1024)
+    assert (await _reply(thinking, options)).text == "Thought."
+    sent = anthropic_server.requests[1]  # the thinking budget must fit under the configured limit
+    assert sent["max_tokens"] == 4096 and sent["thinking"]["budget_tokens"] == 1024
+
+
+async def _reply(model: AnthropicModel, sampling: Sampling) -> ModelReply:
+    try:
+        events = [event async for event in model.stream(HELLO, sampling=sampling)]
+    finally:
+        await model.aclose()
+    assert isinstance(events[-1], ModelReply)
+    return events[-1]
 
 
 async def test_a_tool_call_is_put_together_from_its_json_fragments(anthropic_server: AnthropicServer) -> None:

@@ -229,3 +229,57 @@ def test_a_stream_reports_usage_only_when_asked(client: openai.OpenAI, model: Mo
     plain = list(client.chat.completions.create(model=AGENT, messages=[{"role": "user", "content": "again"}],
                                                 stream=True, extra_headers={"X-Ember-Session": "s-usage-stream"}))
     assert all(chunk.usage is None and chunk.choices for chunk in plain)
+
+
+def test_sampling_options_reach_each_model_call(client: openai.OpenAI, model: ModelServer) -> None:
+    model.push(Reply(text="Short."))
+    client.chat.completions.create(model=AGENT, messages=[{"role": "user", "content": "be brief"}],
+                                   max_tokens=50, temperature=0.3, top_p=0.9,
+                                   extra_headers={"X-Ember-Session": "s-sampling"})
+    sent = model.requests[-1]
+    assert (sent["max_tokens"], sent["temperature"], sent["top_p"]) == (50, 0.3, 0.9)
+    # Streamed, with the newer name, through a tool call: every call of the turn gets them.
+    model.push(Reply(tool_calls=(tool_call("list_dir", path="."),)), Reply(text="Done."))
+    before = len(model.requests)
+    streamed_text = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+        model=AGENT, messages=[{"role": "user", "content": "look"}], stream=True, max_completion_tokens=40,
+        temperature=0, extra_headers={"X-Ember-Session": "s-sampling"}))
+    assert streamed_text == "Done."
+    calls = model.requests[before:]
+    assert len(calls) == 2
+    assert all(c["max_tokens"] == 40 and c["temperature"] == 0 and "top_p" not in c for c in calls)
+    # A request that sets none leaves the model its own settings.
+    model.push(Reply(text="ok"))
+    client.chat.completions.create(model=AGENT, messages=[{"role": "user", "content": "plain"}],
+                                   extra_headers={"X-Ember-Session": "s-sampling"})
+    assert not {"max_tokens", "temperature", "top_p"} & set(model.requests[-1])
+
+
+@pytest.mark.parametrize(("options", "param", "says"), [
+    ({"temperature": 2.5}, "temperature", "temperature must be from 0 to 2; it was 2.5"),
+    ({"temperature": -0.1}, "temperature", "from 0 to 2"),
+    ({"top_p": 1.5}, "top_p", "top_p must be from 0 to 1; it was 1.5"),
+    ({"max_tokens": 0}, "max_tokens", "max_tokens must be from 1 to 32768"),
+    ({"max_completion_tokens": 100_000}, "max_completion_tokens",
+     "from 1 to 32768 (gateway_max_tokens caps it); it was 100000"),
+    ({"max_tokens": 10, "max_completion_tokens": 20}, "max_completion_tokens", "disagree"),
+])
+def test_an_out_of_range_sampling_option_is_a_400(client: openai.OpenAI, model: ModelServer,
+                                                  options: dict, param: str, says: str) -> None:
+    before = len(model.requests)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=AGENT, messages=[{"role": "user", "content": "hi"}],
+                                           stream=stream, **options)
+        assert caught.value.body["code"] == "invalid_value" and caught.value.body["param"] == param
+        assert says in caught.value.message
+    assert len(model.requests) == before  # no turn ran
+
+
+@pytest.mark.parametrize(("option", "value"), [("temperature", "warm"), ("max_tokens", True), ("top_p", "0.5")])
+def test_a_wrongly_typed_sampling_option_is_an_invalid_request(gateway: GatewayProcess, option: str,
+                                                              value: object) -> None:
+    response = httpx.post(gateway.url("/v1/chat/completions"), headers={"Authorization": f"Bearer {KEY}"},
+                          json={"model": AGENT, "messages": [{"role": "user", "content": "hi"}], option: value})
+    assert response.status_code == 422
+    assert response.json()["error"]["param"] == option

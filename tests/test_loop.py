@@ -11,11 +11,11 @@ from ember.bus.memory import InProcessBus
 from ember.bus.redis import WORKERS, RedisBus
 from ember.config import Settings
 from ember.core.errors import ModelError
-from ember.core.events import OutboundKind
+from ember.core.events import InboundEvent, OutboundKind
 from ember.core.messages import Message, Role
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
-from tests.conftest import session_key
+from tests.conftest import CHANNEL, SENDER, session_key
 from tests.pgserver import RUNTIMES, engine_settings
 
 
@@ -155,3 +155,26 @@ async def test_stop_lets_a_turn_in_flight_finish(start) -> None:  # type: ignore
         await stopping
         history = await h.runtime.sessions.history(session_key())
     assert history[-1].content == "finished"
+
+
+async def test_the_history_an_event_brings_begins_a_new_session_once(start) -> None:  # type: ignore[no-untyped-def]
+    model = FunctionModel(lambda messages, tools: ModelReply(text=f"answer {len(messages)}"))
+    brought = (Message.user("I am Ada.", name="Ada"), Message.assistant("Hello, Ada."))
+
+    def event(text: str) -> InboundEvent:
+        return InboundEvent(channel=CHANNEL, chat_id="seeded", sender_id=SENDER, text=text, message_id=text,
+                            history=brought)
+
+    async with start(model) as h:
+        await h.runtime.bus.publish_inbound(event("Who am I?"))
+        first = await h.next_closing("seeded")
+        # The brought turns come before the question, each once.
+        shown = [(m.role, m.content) for m in model.requests[-1] if m.role is not Role.SYSTEM]
+        assert shown == [(Role.USER, "I am Ada."), (Role.ASSISTANT, "Hello, Ada."), (Role.USER, "Who am I?")]
+        await h.runtime.bus.publish_inbound(event("Again?"))  # the session has messages: the history is not added
+        await h.next_closing("seeded")
+        stored = await h.runtime.sessions.history(session_key("seeded"))
+    assert [(m.role, m.content, m.name) for m in stored] == [
+        (Role.USER, "I am Ada.", "Ada"), (Role.ASSISTANT, "Hello, Ada.", None), (Role.USER, "Who am I?", None),
+        (Role.ASSISTANT, first.text, None), (Role.USER, "Again?", None), (Role.ASSISTANT, "answer 6", None)]
+    assert [m.turn_id is None for m in stored] == [True, True, False, False, False, False]

@@ -25,7 +25,8 @@ from ember.bus.redis import RedisBus
 from ember.bus.redis_support import RedisBusConfig, redacted_url, shard_of
 from ember.core.errors import BusUnavailable, ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, ReplyRoute, TurnUsage
-from ember.core.messages import ToolCall
+from ember.core.messages import Message, Role, ToolCall
+from ember.core.sampling import Sampling
 from ember.core.tools import ApprovalRequest, Explanation, Risk, ToolAction
 from tests.redisserver import RedisServer, _free_port
 
@@ -121,11 +122,16 @@ async def nothing_for(bus: RedisBus, seconds: float) -> None:
 
 texts = st.text(max_size=40)
 optional_texts = st.none() | texts
+samplings = st.builds(Sampling, max_tokens=st.none() | st.integers(1, 10**6),
+                      temperature=st.none() | st.floats(0, 2), top_p=st.none() | st.floats(0, 1))
+messages = st.builds(Message, role=st.sampled_from(Role), content=texts, name=optional_texts,
+                     tool_calls=st.lists(st.builds(ToolCall, texts, texts, texts), max_size=2).map(tuple))
 inbound_events = st.builds(
     InboundEvent, channel=texts, chat_id=texts, sender_id=texts, text=texts, message_id=optional_texts,
     sender_name=optional_texts, stream=st.booleans(), can_approve=st.booleans(), recovery=st.booleans(),
     metadata=st.dictionaries(texts, texts, max_size=4).map(MappingProxyType),
-    reply=st.none() | st.builds(ReplyRoute, texts, texts))
+    reply=st.none() | st.builds(ReplyRoute, texts, texts), sampling=st.none() | samplings,
+    history=st.lists(messages, max_size=3).map(tuple))
 approvals = st.builds(
     ApprovalRequest, id=texts, session_key=texts, turn_id=texts,
     action=st.builds(ToolAction, tool=texts, risk=st.sampled_from(Risk), subject=texts, summary=texts,
@@ -145,6 +151,7 @@ def test_inbound_events_round_trip_exactly(event: InboundEvent) -> None:
     decoded = decode_inbound(encode_inbound(event))
     assert decoded == event
     assert isinstance(decoded.metadata, MappingProxyType)
+    assert type(decoded.history) is tuple and all(type(m.role) is Role for m in decoded.history)
 
 
 @settings(max_examples=300, deadline=None)

@@ -10,6 +10,7 @@ import pytest
 
 from ember.store import protocols
 from ember.store.approvals import SqlApprovalStore
+from ember.store.conversations import SqlConversationIndex
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import SqlJobStore
 from ember.store.memories import SqlMemoryStore
@@ -27,6 +28,7 @@ IMPLEMENTATIONS = {
     protocols.JobQueue: SqlJobStore,
     protocols.TraceLog: SqlTraceStore,
     protocols.ApprovalLog: SqlApprovalStore,
+    protocols.ConversationIndex: SqlConversationIndex,
     protocols.DueTasks: SqlTaskStore,
     protocols.UsageLedger: SqlUsageStore,
     protocols.MemoryStore: SqlMemoryStore,

@@ -4,9 +4,10 @@ The wire form is an envelope `{"v": 1, "type": "inbound" | "outbound", "event": 
 (and "approval" for the request an approval row keeps, store/approvals.py)
 whose event holds every field of the dataclass by name: nested dataclasses
 (ReplyRoute, ToolCall, ApprovalRequest with its ToolAction and Explanation,
-TurnUsage) as objects, enums by value, the metadata mapping as an object, None
-as null. Decoding is the exact inverse (`decode(encode(e)) == e`, with the same
-types: enums are enums again, metadata a read-only mapping) and strict: a
+TurnUsage, Sampling, the Messages of a history) as objects, tuples as arrays,
+enums by value, the metadata mapping as an object, None as null. Decoding is
+the exact inverse (`decode(encode(e)) == e`, with the same types: enums are
+enums again, tuples tuples, metadata a read-only mapping) and strict: a
 payload that is not this shape raises `ValueError` naming the field at fault.
 A field missing from the payload takes its default, so a producer one version
 behind still decodes; a field the dataclass does not have is rejected.
@@ -89,6 +90,8 @@ def _to_json(value: Any) -> Any:
         return value.value
     if isinstance(value, Mapping):
         return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_to_json(item) for item in value]
     return value
 
 
@@ -108,6 +111,8 @@ def _from_json(hint: Any, raw: Any, where: str) -> Any:
         return _from_json(options[0], raw, where)
     if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping):
         return _mapping(hint, raw, where)
+    if origin is tuple:
+        return _tuple(hint, raw, where)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return _enum(hint, raw, where)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
@@ -141,6 +146,15 @@ def _mapping(hint: Any, raw: Any, where: str) -> Mapping[Any, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be an object, not {_json_type(raw)}")
     return types.MappingProxyType({k: _from_json(value_type, v, f"{where}[{k!r}]") for k, v in raw.items()})
+
+
+def _tuple(hint: Any, raw: Any, where: str) -> tuple[Any, ...]:
+    item_type, *rest = typing.get_args(hint)
+    if rest != [Ellipsis]:
+        raise TypeError(f"the codec supports tuples of one item type only ({where})")
+    if not isinstance(raw, list):
+        raise ValueError(f"{where} must be an array, not {_json_type(raw)}")
+    return tuple(_from_json(item_type, item, f"{where}[{i}]") for i, item in enumerate(raw))
 
 
 def _dataclass(cls: type[Any], raw: Any, where: str) -> Any:

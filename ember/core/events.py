@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ember.core.messages import ToolCall
+from ember.core.messages import Message, ToolCall
+from ember.core.sampling import Sampling
 from ember.core.tools import ApprovalRequest
 
 
@@ -43,6 +44,11 @@ class InboundEvent:
     # Where the answer goes when not back where the message came from (a webhook's outbound
     # target, the chat that created a scheduled task).
     reply: ReplyRoute | None = None
+    # The client's options for the model calls answering it (the OpenAI route's max_tokens, ...).
+    sampling: Sampling | None = None
+    # The conversation before this message, as the client supplied it (user and assistant text):
+    # a session this message starts begins with it. Ignored by a session that has messages.
+    history: tuple[Message, ...] = ()
 
     @property
     def session_key(self) -> str:

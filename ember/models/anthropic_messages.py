@@ -36,6 +36,7 @@ from ember.core.errors import (
     StreamBroken,
 )
 from ember.core.messages import Message, Role, ToolCall
+from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
 from ember.models.retry import open_with_retries, retry_after_seconds
@@ -191,7 +192,8 @@ class AnthropicModel:
         self._client = AsyncAnthropic(api_key=api_key or "not-set", base_url=self.base_url, timeout=timeout_s,
                                       max_retries=0)
 
-    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
+    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
+                     sampling: Sampling | None = None) -> AsyncIterator[ModelEvent]:
         system, turns = to_anthropic(messages)
         request: dict[str, Any] = {"model": self.name, "max_tokens": self._max_tokens, "messages": turns}
         if system:
@@ -201,6 +203,10 @@ class AnthropicModel:
                                 for t in tools]
         if self._thinking_budget and _thinking_replayable(turns):
             request["thinking"] = {"type": "enabled", "budget_tokens": self._thinking_budget}
+        elif sampling is not None and sampling.max_tokens is not None:
+            # Not while thinking, whose budget must fit under it. The Messages API as the SDK
+            # speaks it takes no temperature or top_p: those are not sent.
+            request["max_tokens"] = sampling.max_tokens
         answer = _Answer()
         for _ in range(MAX_CONTINUATIONS + 1):
             answer.blocks, answer.stop_reason = [], None

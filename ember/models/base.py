@@ -8,6 +8,7 @@ from typing import Protocol
 
 from ember.core.errors import ModelError
 from ember.core.messages import Message, ToolCall
+from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
 
 
@@ -45,8 +46,12 @@ ModelEvent = TextDelta | ReasoningDelta | ModelReply
 class ModelClient(Protocol):
     name: str
 
-    def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
-        """Deltas as they arrive, then exactly one ModelReply. Raises ModelError."""
+    def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
+               sampling: Sampling | None = None) -> AsyncIterator[ModelEvent]:
+        """Deltas as they arrive, then exactly one ModelReply. Raises ModelError.
+
+        `sampling`: the caller's options for this call, over the client's own settings.
+        """
         ...
 
     async def aclose(self) -> None:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ember.core.messages import Message
+from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
 from ember.core.usage import Price, UsageRow, cost_usd, current_scope
 from ember.models.base import ModelClient, ModelEvent, ModelReply
@@ -28,7 +29,8 @@ class MeteredModel:
         self._record = record
         self._tracer = tracer
 
-    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
+    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
+                     sampling: Sampling | None = None) -> AsyncIterator[ModelEvent]:
         span = None
         if self._tracer is not None:
             from opentelemetry.trace import SpanKind  # only when traces are on: the import costs a CLI start
@@ -36,7 +38,7 @@ class MeteredModel:
             span = self._tracer.start_span(f"chat {self.name}", kind=SpanKind.CLIENT, attributes={
                 "gen_ai.operation.name": "chat", "gen_ai.request.model": self.name})
         try:
-            async for event in self.inner.stream(messages, tools):
+            async for event in self.inner.stream(messages, tools, sampling=sampling):
                 if isinstance(event, ModelReply):
                     row = self._count(event)
                     if span is not None:

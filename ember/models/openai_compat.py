@@ -29,6 +29,7 @@ from ember.core.errors import (
     StreamBroken,
 )
 from ember.core.messages import Message, Role, ToolCall
+from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
 from ember.models.retry import open_with_retries, retry_after_seconds
@@ -188,8 +189,9 @@ class OpenAICompatibleModel:
         self._client = AsyncOpenAI(base_url=base_url, api_key=api_key or "not-needed", timeout=timeout_s, max_retries=0,
                                    http_client=DefaultAioHttpClient())
 
-    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
-        chunks = await self._open(messages, tools)
+    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
+                     sampling: Sampling | None = None) -> AsyncIterator[ModelEvent]:
+        chunks = await self._open(messages, tools, sampling)
         text: list[str] = []
         reasoning: list[str] = []
         calls = _ToolCallBuffer()
@@ -240,13 +242,19 @@ class OpenAICompatibleModel:
             raise typed(exc, "listing its models", self.base_url) from exc
         return [item.id for item in page.data]
 
-    async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> AsyncStream[Any]:  # chunks: dicts
+    async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec],
+                    sampling: Sampling | None) -> AsyncStream[Any]:  # chunks: dicts
         request: dict[str, Any] = {
             "model": self.name,
             "messages": [to_openai_message(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if sampling is not None:
+            # max_tokens, not max_completion_tokens: the name every compatible server reads.
+            request |= {name: value for name, value in (("max_tokens", sampling.max_tokens),
+                                                        ("temperature", sampling.temperature),
+                                                        ("top_p", sampling.top_p)) if value is not None}
         if tools:
             request["tools"] = [to_openai_tool(t) for t in tools]
 

@@ -27,6 +27,7 @@ from ember.core.errors import (
     StreamBroken,
 )
 from ember.core.messages import Message
+from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelClient, ModelEvent, ModelReply
 
@@ -101,7 +102,8 @@ class ModelRouter:
         self.routes = list(routes)
         self.name = self.routes[0].model.name
 
-    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
+    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
+                     sampling: Sampling | None = None) -> AsyncIterator[ModelEvent]:
         failures: list[str] = []
         needs_window = 0  # set by a context too long: only a larger window may take the request
         for position, route in enumerate(self.routes):
@@ -113,7 +115,7 @@ class ModelRouter:
                 continue
             sent = False
             try:
-                async for event in route.model.stream(messages, tools):
+                async for event in route.model.stream(messages, tools, sampling=sampling):
                     if isinstance(event, ModelReply):
                         breaker.succeeded()  # before the yield: a consumer may stop at the reply
                         event = replace(event, model=route.label, passed_over=tuple(failures))

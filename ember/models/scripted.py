@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 
 from ember.core.errors import ModelError
 from ember.core.messages import Message
+from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
 
@@ -33,9 +34,12 @@ class FunctionModel:
         self._chunk_size = chunk_size
         self._delta_delay_s = delta_delay_s
         self.requests: list[list[Message]] = []
+        self.samplings: list[Sampling | None] = []  # each request's, in order
 
-    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> AsyncIterator[ModelEvent]:
+    async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
+                     sampling: Sampling | None = None) -> AsyncIterator[ModelEvent]:
         self.requests.append(list(messages))
+        self.samplings.append(sampling)
         reply = self._fn(list(messages), list(tools))
         if inspect.isawaitable(reply):
             reply = await reply

@@ -119,8 +119,12 @@ class ContextStage:
         `resume` picks up a turn whose message was committed before: nothing new is written.
         """
         session = await self._sessions.load(event.session_key)
+        # The conversation a client brought along begins a new session (which is then not new to the
+        # person); a session that has messages already has it.
+        seed = event.history if session.next_seq == 0 else ()
         # New until it has an answer: a first turn that failed still gets the intro next time.
-        is_new = session.last_consolidated == 0 and not any(m.role is Role.ASSISTANT for m in session.messages)
+        is_new = not seed and session.last_consolidated == 0 and not any(
+            m.role is Role.ASSISTANT for m in session.messages)
         # The sender's memory, not the session's: in a group chat each member recalls only their own.
         identity = self._identities.resolve(event.channel, event.sender_id)
         if session.next_seq == 0:
@@ -135,7 +139,7 @@ class ContextStage:
         if resume:
             memory, system = await reads
         else:
-            _, (memory, system) = await _together(self._commit_question(session, event, turn_id), reads)
+            _, (memory, system) = await _together(self._commit_question(session, event, turn_id, seed), reads)
         intro = self._intro(event) if is_new else ""
         return PipelineContext(
             event=event,
@@ -147,12 +151,14 @@ class ContextStage:
             stream=open_stream(merge_intro(intro, "")) if open_stream is not None else None,
         )
 
-    async def _commit_question(self, session: Session, event: InboundEvent, turn_id: str) -> None:
+    async def _commit_question(self, session: Session, event: InboundEvent, turn_id: str,
+                               seed: Sequence[Message]) -> None:
+        """The question, after the `seed` a new session starts with, in one transaction."""
         assert event.message_id is not None
         receipt = Receipt(channel=event.channel, message_id=event.message_id, chat_id=event.chat_id,
                           sender_id=event.sender_id, turn_id=turn_id)
         message = Message.user(event.text, turn_id=turn_id, name=event.sender_name)
-        await self._sessions.append(session, [message], receipt=receipt)
+        await self._sessions.append(session, [*seed, message], receipt=receipt)
 
     def _intro(self, event: InboundEvent) -> str:
         language = language_of(event.text)

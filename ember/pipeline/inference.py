@@ -101,7 +101,7 @@ class InferenceStage:
 
     async def _model_step(self, ctx: PipelineContext, messages: list[Message]) -> ModelReply:
         visible = ThinkFilter()
-        async for event in self._model.stream(messages, self._tools.specs()):
+        async for event in self._model.stream(messages, self._tools.specs(), sampling=ctx.event.sampling):
             if isinstance(event, ModelReply):
                 if ctx.stream is not None:
                     await ctx.stream.delta(visible.flush())

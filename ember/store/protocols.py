@@ -131,6 +131,14 @@ class ApprovalLog(Protocol):
     async def expire_pending(self, *, older_than_s: float = 0.0) -> int: ...
 
 
+class ConversationIndex(Protocol):
+    """Which session holds a conversation, for the OpenAI route's clients that name no session."""
+
+    async def take(self, owner: str, digest: str) -> str | None: ...
+
+    async def put(self, owner: str, session_key: str, digest: str) -> None: ...
+
+
 class DueTasks(Protocol):
     """Scheduled tasks, for the scheduler: each due run claimed once, with its message."""
 

@@ -59,6 +59,15 @@ jobs = Table(
     Column("claimed_until", Float),
 )
 
+conversation_digests = Table(
+    "conversation_digests",
+    metadata,
+    Column("session_key", Text, primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("digest", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
 session_grants = Table(
     "session_grants",
     metadata,

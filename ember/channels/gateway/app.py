@@ -22,12 +22,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ember import __version__
 from ember.channels.gateway.activity_api import ActivityApi
 from ember.channels.gateway.auth import ApiKeys
+from ember.channels.gateway.conversations import Conversations
 from ember.channels.gateway.http import ApiError
 from ember.channels.gateway.limits import Limiter, RateLimiter
 from ember.channels.gateway.memory_api import MemoryApi
 from ember.channels.gateway.metrics import GatewayMetrics
 from ember.channels.gateway.native_api import NativeApi
 from ember.channels.gateway.openai_api import OpenAIApi
+from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits
 from ember.channels.gateway.schemas import openapi_document
 from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
@@ -40,7 +42,7 @@ from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.usage import UsageRecorder
 from ember.skills.library import SkillLibrary
 from ember.store.jobs import SqlJobStore
-from ember.store.protocols import Inbox
+from ember.store.protocols import ConversationIndex, Inbox
 from ember.store.sessions import SqlSessionStore
 from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
@@ -73,6 +75,7 @@ class GatewayServices:
     approvals: ApprovalBroker
     memory: MemoryService
     identities: Identities
+    conversations: ConversationIndex  # which session holds the conversation of a request naming none
     usage: UsageRecorder | None = None  # its counts reach /metrics
     tasks: SqlTaskStore | None = None
     skills: SkillLibrary | None = None
@@ -91,6 +94,7 @@ class GatewayOptions:
     timezone: str = "UTC"  # of tasks created without one
     agent_name: str = "Ember"
     model_label: str = ""  # the model that answers, as the page shows it
+    sampling_limits: SamplingLimits = DEFAULT_LIMITS  # the most an OpenAI-route request may ask for
 
 
 class IdentityGate:
@@ -163,7 +167,8 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
     metrics = GatewayMetrics()
     if services.usage is not None:
         services.usage.observe(metrics.count_usage)
-    openai_api = OpenAIApi(router, metrics, agent_id=options.agent_id, max_body_bytes=options.max_body_bytes)
+    openai_api = OpenAIApi(router, metrics, Conversations(services.conversations), agent_id=options.agent_id,
+                           max_body_bytes=options.max_body_bytes, limits=options.sampling_limits)
     native_api = NativeApi(router, services.sessions, services.approvals, metrics,
                            max_body_bytes=options.max_body_bytes, approvers=options.approvers,
                            deliveries=services.deliveries, turns=services.turns)

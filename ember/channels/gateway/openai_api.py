@@ -2,8 +2,9 @@
 
 Ember keeps the conversation: the last user message of a request is the new
 message, and the session comes from the `X-Ember-Session` header, else the
-request's `user` field, else a new session named in the response's
-`X-Ember-Session` header.
+request's `user` field, else the messages before the new one: the session whose
+conversation they are, or a new one seeded with them (conversations.py). The
+response's `X-Ember-Session` header names it.
 
 Streaming sends only visible text. The final answer reconciles the draft: what
 the deltas have not yet said of it is sent as one more delta, so the deltas of
@@ -15,9 +16,11 @@ clients cannot answer approval requests, so calls that need one are denied.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ember.channels.gateway.conversations import Conversations, Thread, conversation
 from ember.channels.gateway.http import (
     IDEMPOTENCY_HEADER,
     KEEPALIVE_S,
@@ -40,18 +44,24 @@ from ember.channels.gateway.http import (
     sse,
 )
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
+from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits, requested_sampling
 from ember.channels.gateway.schemas import ChatCompletionRequest
 from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRouter
 from ember.core.errors import BusUnavailable
 from ember.core.events import OutboundEvent, OutboundKind, TurnUsage
+from ember.core.messages import Message
+from ember.core.sampling import Sampling
 
 
 class OpenAIApi:
-    def __init__(self, router: TurnRouter, metrics: GatewayMetrics, *, agent_id: str, max_body_bytes: int) -> None:
+    def __init__(self, router: TurnRouter, metrics: GatewayMetrics, conversations: Conversations, *, agent_id: str,
+                 max_body_bytes: int, limits: SamplingLimits = DEFAULT_LIMITS) -> None:
         self._router = router
+        self._conversations = conversations
         self._metrics = metrics
         self._agent_id = agent_id
         self._max_body_bytes = max_body_bytes
+        self._limits = limits
         self._created = int(time.time())
 
     def routes(self) -> list[Route]:
@@ -66,30 +76,16 @@ class OpenAIApi:
 
     async def chat_completions(self, request: Request) -> Response:
         body = await read_json(request, ChatCompletionRequest, self._max_body_bytes)
-        users = [m for m in body.messages if m.role == "user"]
-        if not users or not users[-1].text().strip():
-            raise ApiError(400, "messages must end with a user message that has text", code="no_user_message",
-                           param="messages")
-        identity: str = request.state.identity
-        key = self._session(request, body)
-        client_id = request.headers.get(IDEMPOTENCY_HEADER)
-        if client_id is not None:
-            checked_client_id(client_id, f"the {IDEMPOTENCY_HEADER} header")
-        if self._router.in_flight(identity, client_id):
-            raise ApiError(409, IN_FLIGHT_TEXT, code="in_flight")
-        headers = {SESSION_HEADER: key}
+        message = await self._message(request, body)
+        headers = {SESSION_HEADER: message.key}
         completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self._agent_id)
         clock = self._metrics.clock("openai")
-        message = _Message(identity, key, users[-1].text(), client_id, users[-1].name, evaluation_requested(request))
         if body.stream:
             completion.include_usage = body.stream_options is not None and body.stream_options.include_usage
             stream = self._stream(message, completion, clock)
             return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-        # An OpenAI client cannot answer approval requests: calls that need one are denied.
         try:
-            async with self._router.turn(identity, key, message.text, stream=False, can_approve=False,
-                                         client_id=client_id, sender_name=message.name,
-                                         evaluation=message.evaluation) as queue:
+            async with self._turn(message, stream=False) as queue:
                 while (event := await queue.get()).kind not in (OutboundKind.FINAL, OutboundKind.ERROR):
                     pass
         except InFlight as exc:
@@ -97,23 +93,58 @@ class OpenAIApi:
         if event.kind is OutboundKind.ERROR:
             clock.closed("error")
             raise ApiError(502, event.text, code="turn_failed", headers=headers)
+        await self._answered(message, event.text)
         clock.closed("final")
         return JSONResponse(completion.whole(event.text, event.usage), headers=headers)
 
-    def _session(self, request: Request, body: ChatCompletionRequest) -> str:
+    async def _message(self, request: Request, body: ChatCompletionRequest) -> _Message:
+        """The request's new message and where it goes; ApiError for what is wrong with it."""
+        last = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=None)
+        if last is None or not body.messages[last].text().strip():
+            raise ApiError(400, "messages must end with a user message that has text", code="no_user_message",
+                           param="messages")
+        question = body.messages[last]
+        sampling = requested_sampling(body, self._limits)
+        identity: str = request.state.identity
+        named = self._named_session(request, body)
+        client_id = request.headers.get(IDEMPOTENCY_HEADER)
+        if client_id is not None:
+            checked_client_id(client_id, f"the {IDEMPOTENCY_HEADER} header")
+        evaluation = evaluation_requested(request)
+        if self._router.in_flight(identity, client_id):
+            raise ApiError(409, IN_FLIGHT_TEXT, code="in_flight")
+        if named is None:  # the messages before the new one say which conversation it continues
+            thread = await self._conversations.thread(identity, conversation(body.messages[:last]))
+            key = thread.key
+        else:
+            thread, key = None, named
+        return _Message(identity, key, question.text(), client_id, question.name, evaluation, sampling, thread)
+
+    def _named_session(self, request: Request, body: ChatCompletionRequest) -> str | None:
         # The user field is checked even when the header names the session: the document says what it may be.
         user = checked_key(body.user, "the user field") if body.user else None
         if header := request.headers.get(SESSION_HEADER):
             return checked_key(header, f"the {SESSION_HEADER} header")
-        return user or uuid.uuid4().hex
+        return user
+
+    def _turn(self, message: _Message, *, stream: bool) -> AbstractAsyncContextManager[asyncio.Queue[OutboundEvent]]:
+        # An OpenAI client cannot answer approval requests: calls that need one are denied.
+        return self._router.turn(message.identity, message.key, message.text, stream=stream, can_approve=False,
+                                 client_id=message.client_id, sender_name=message.name,
+                                 evaluation=message.evaluation, sampling=message.sampling,
+                                 history=message.thread.seed if message.thread else ())
+
+    async def _answered(self, message: _Message, shown: str) -> None:
+        """Before the client has the answer: its next request, with the answer, finds the session."""
+        if message.thread is not None:
+            question = Message.user(message.text, name=message.name)
+            await self._conversations.answered(message.identity, message.thread, question, shown)
 
     async def _stream(self, message: _Message, completion: _Completion, clock: TurnClock) -> AsyncIterator[bytes]:
         step = ""  # visible text of the current model step, as streamed
-        shown = False  # any text streamed in this turn
+        said: list[str] = []  # every piece of text streamed in this turn
         try:
-            async with self._router.turn(message.identity, message.key, message.text, stream=True,
-                                         can_approve=False, client_id=message.client_id,
-                                         sender_name=message.name, evaluation=message.evaluation) as queue:
+            async with self._turn(message, stream=True) as queue:
                 yield completion.chunk({"role": "assistant", "content": ""})
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
@@ -121,14 +152,17 @@ class OpenAIApi:
                         yield SSE_KEEPALIVE
                     elif event.kind is OutboundKind.DELTA:
                         clock.delta()
-                        piece = "\n\n" + event.text if shown and not step else event.text
+                        piece = "\n\n" + event.text if said and not step else event.text
                         step += event.text
-                        shown = True
+                        said.append(piece)
                         yield completion.chunk({"content": piece})
                     elif event.kind is OutboundKind.TOOL_CALL:
                         step = ""
                     elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
-                        for part in _closing(event, completion, step, shown):
+                        rest = _rest(event.text, step, bool(said))
+                        if event.kind is OutboundKind.FINAL:
+                            await self._answered(message, "".join(said) + rest)
+                        for part in _closing(event, completion, rest):
                             yield part
                         clock.closed("final" if event.kind is OutboundKind.FINAL else "error")
                         return
@@ -144,12 +178,16 @@ class OpenAIApi:
             clock.abandoned()
 
 
-def _closing(event: OutboundEvent, completion: _Completion, step: str, shown: bool) -> list[bytes]:
+def _rest(text: str, step: str, shown: bool) -> str:
+    """What the stream has not yet said of the final `text`, after the current step's `step`.
+    Should the draft ever stray from the record, the record follows it whole."""
+    return text[len(step):] if text.startswith(step) else ("\n\n" if shown else "") + text
+
+
+def _closing(event: OutboundEvent, completion: _Completion, rest: str) -> list[bytes]:
     if event.kind is OutboundKind.ERROR:
         error = {"message": event.text, "type": "server_error", "code": "turn_failed", "param": None}
         return [sse(None, {"error": error}), sse(None, "[DONE]")]
-    # Should the draft ever stray from the record, the record follows it whole.
-    rest = event.text[len(step):] if event.text.startswith(step) else ("\n\n" if shown else "") + event.text
     parts = [completion.chunk({"content": rest})] if rest else []
     parts.append(completion.chunk({}, finish_reason="stop"))
     if completion.include_usage:  # after the finish, as OpenAI sends it
@@ -165,6 +203,8 @@ class _Message:
     client_id: str | None
     name: str | None
     evaluation: bool
+    sampling: Sampling | None
+    thread: Thread | None  # where a request that names no session goes
 
 
 class _Completion:

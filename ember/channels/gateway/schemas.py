@@ -40,8 +40,11 @@ class StreamOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    """The OpenAI request. Ember keeps the history itself: only the last user message
-    is new; sampling options are accepted and left to the configured model."""
+    """The OpenAI request. Ember keeps the history itself: only the last user message is new
+    (the earlier ones find or seed the session when none is named). max_tokens (or
+    max_completion_tokens), temperature and top_p reach each model call of the turn, within the
+    gateway's caps; every other field (n, stop, seed, tools, response_format, penalties, ...) is
+    accepted and ignored."""
 
     model_config = ConfigDict(extra="allow")
     model: str
@@ -55,6 +58,13 @@ class ChatCompletionRequest(BaseModel):
     )
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Ranges are documented, not enforced here: the route says what is out of range (400). Strict: true
+    # or "7" is not a number.
+    max_tokens: int | None = Field(default=None, strict=True, json_schema_extra={"minimum": 1})
+    max_completion_tokens: int | None = Field(default=None, strict=True, json_schema_extra={"minimum": 1},
+                                              description="The same as max_tokens; either may be sent")
+    temperature: float | None = Field(default=None, strict=True, json_schema_extra={"minimum": 0, "maximum": 2})
+    top_p: float | None = Field(default=None, strict=True, json_schema_extra={"minimum": 0, "maximum": 1})
     # The pattern is documented, not enforced here: the route says what is wrong with the key (400).
     user: str | None = Field(default=None, json_schema_extra={"pattern": SESSION_KEY_PATTERN},
                              description="The session, when no X-Ember-Session header names one")
@@ -344,7 +354,10 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     session_header = [{"name": "X-Ember-Session", "in": "header", "required": False,
-                       "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN}},
+                       "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN},
+                       "description": "The session. Without it or the user field, the messages before the new "
+                                      "one continue the caller's session holding them, or start one seeded "
+                                      "with them; the response's X-Ember-Session names it"},
                       {"name": "Idempotency-Key", "in": "header", "required": False,
                        "schema": {"type": "string", "pattern": CLIENT_ID_PATTERN}},
                       _EVALUATION_HEADER]

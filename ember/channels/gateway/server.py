@@ -21,12 +21,14 @@ from ember.app import Runtime, configured_runtime, require_shared_bus, running
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.limits import RedisRateLimiter
+from ember.channels.gateway.sampling import SamplingLimits
 from ember.channels.gateway.turns import TurnRouter
 from ember.channels.webhooks.inbound import WebhookChannel
 from ember.channels.webhooks.outbound import OutboundWebhooks
 from ember.config import Settings
 from ember.core.errors import ConfigError, EmberError
 from ember.models.base import ModelClient
+from ember.store.conversations import SqlConversationIndex
 
 if TYPE_CHECKING:
     from ember.channels.a2a import A2AServer
@@ -223,9 +225,11 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
             timezone=settings.timezone,
             agent_name=settings.agent_name,
             model_label=model_label(settings, model),
+            sampling_limits=SamplingLimits(settings.gateway_max_tokens, settings.gateway_max_temperature),
         )
         services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
-                                   runtime.identities, runtime.usage, runtime.tasks, runtime.skills,
+                                   runtime.identities, SqlConversationIndex(runtime.db), runtime.usage,
+                                   runtime.tasks, runtime.skills,
                                    deliveries=runtime.deliveries.store, turns=runtime.loop,
                                    traces=runtime.traces)
         app = create_app(router, services, keys, options, lifespan=lifespan, channel_routes=channel_routes,

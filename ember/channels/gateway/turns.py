@@ -28,6 +28,8 @@ from ember.core.channels import ChannelCapabilities
 from ember.core.delivery import Delivery
 from ember.core.errors import StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.messages import Message
+from ember.core.sampling import Sampling
 from ember.runtime.tasks import cancel_task
 from ember.store.protocols import Inbox
 
@@ -94,8 +96,9 @@ class TurnRouter:
 
     @asynccontextmanager
     async def turn(self, identity: str, key: str, text: str, *, stream: bool, can_approve: bool,
-                   client_id: str | None = None, sender_name: str | None = None,
-                   evaluation: bool = False) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
+                   client_id: str | None = None, sender_name: str | None = None, evaluation: bool = False,
+                   sampling: Sampling | None = None,
+                   history: tuple[Message, ...] = ()) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
         """Send the message to the agent; yield the queue its answer arrives on.
 
         `can_approve`: the client sees approval requests and can answer them.
@@ -103,13 +106,16 @@ class TurnRouter:
         resend with the same id gets the recorded answer, not a second turn.
         `sender_name`: who wrote it, when the client relays a chat of several people.
         `evaluation`: a new session it starts is an evaluation run, and leaves no memory.
+        `sampling`: the client's options for the model calls answering it. `history`: the
+        conversation before it, as the client has it, which a new session begins with.
         """
         message_id = f"{identity}:{client_id}" if client_id else uuid.uuid4().hex
         if message_id in self._waiting:
             raise InFlight(client_id or message_id)
         event = InboundEvent(channel=self.name, chat_id=chat_id(identity, key), sender_id=identity, text=text,
                              message_id=message_id, sender_name=sender_name, stream=stream,
-                             can_approve=can_approve, metadata={"evaluation": "true"} if evaluation else {})
+                             can_approve=can_approve, metadata={"evaluation": "true"} if evaluation else {},
+                             sampling=sampling, history=history)
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
         self._waiting[message_id] = queue
         self._next_index[message_id] = 0
