@@ -8,8 +8,8 @@ as `input-required` (the next message in the task answers it: yes, always or
 no), the committed answer as the whole artifact (it replaces the chunks) and
 `completed`; an error as `failed`. Callers authenticate with the gateway's
 bearer keys, and see only their own tasks (the SDK's task store is partitioned
-by the key's name). The task records are kept in `EMBER_HOME/a2a.db`, so a
-restart keeps them; the turns, as every turn, are in the store.
+by the key's name). The task records are in Ember's store (store/a2a_tasks.py), with the turns:
+a restart keeps them, and every gateway on one database reads, cancels and streams the same tasks.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ import asyncio
 import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from a2a.auth.user import UnauthenticatedUser, User
 from a2a.helpers import new_task_from_user_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.cluster import TaskEventStream, VersionedTaskStore
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import DefaultServerCallContextBuilder, create_agent_card_routes, create_jsonrpc_routes
-from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore, TaskUpdater
+from a2a.server.tasks import TaskUpdater
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -39,7 +39,6 @@ from a2a.types import (
     StringList,
     TaskState,
 )
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from starlette.requests import Request
 from starlette.routing import BaseRoute
 
@@ -98,7 +97,8 @@ class _GatewayIdentity(DefaultServerCallContextBuilder):
         return _Caller(identity) if identity else UnauthenticatedUser()
 
 
-def _owner(context: ServerCallContext) -> str:
+def task_owner(context: ServerCallContext) -> str:
+    """Whose task a call reads and writes: the caller's key name."""
     if not context.user.is_authenticated:  # the identity gate lets no such call through
         raise PermissionError("an A2A call without a caller reached the task store")
     return context.user.user_name
@@ -204,25 +204,19 @@ class A2AServer:
     router: TurnRouter
     handler: DefaultRequestHandler
     routes: list[BaseRoute]
-    engine: AsyncEngine | None = None
 
     async def aclose(self) -> None:
         await self.handler.aclose()
-        if self.engine is not None:
-            await self.engine.dispose()
 
 
-def a2a_server(router: TurnRouter, approvals: ApprovalBroker, card: AgentCard,
-               tasks_path: Path | None = None) -> A2AServer:
-    """`tasks_path`: the SQLite file the task records are kept in (a file of their own, so the SDK's
-    writes never wait on Ember's); None keeps them in memory."""
-    engine = create_async_engine(f"sqlite+aiosqlite:///{tasks_path}") if tasks_path is not None else None
-    store = (DatabaseTaskStore(engine, table_name="a2a_tasks", owner_resolver=_owner) if engine is not None
-             else InMemoryTaskStore(owner_resolver=_owner))
-    handler = DefaultRequestHandler(agent_executor=EmberExecutor(router, approvals), task_store=store,
-                                    agent_card=card)
+def a2a_server(router: TurnRouter, approvals: ApprovalBroker, card: AgentCard, tasks: VersionedTaskStore,
+               events: TaskEventStream) -> A2AServer:
+    """`tasks` keeps the task records (by `task_owner`); `events` carries a task's events to a
+    stream resubscribed through another gateway than the one running it."""
+    handler = DefaultRequestHandler(agent_executor=EmberExecutor(router, approvals), task_store=tasks,
+                                    agent_card=card, event_stream=events)
     routes: list[BaseRoute] = [
         *create_agent_card_routes(card, card_url=CARD_PATH),
         *create_jsonrpc_routes(handler, RPC_PATH, context_builder=_GatewayIdentity(), enable_v0_3_compat=True),
     ]
-    return A2AServer(router, handler, routes, engine)
+    return A2AServer(router, handler, routes)

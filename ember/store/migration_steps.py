@@ -13,6 +13,7 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ember.store.migration_a2a import A2A_TASKS
 from ember.store.migration_step import ByDialect, Step
 
 
@@ -492,4 +493,5 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         # The whole request, for a process other than the one whose turn waits on it to list.
         "ALTER TABLE approvals ADD COLUMN request_json TEXT",
     ),
+    A2A_TASKS,
 ]

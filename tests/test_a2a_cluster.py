@@ -1,0 +1,160 @@
+"""A2A tasks are in the main store: two `ember serve` on one PostgreSQL read, cancel and stream the
+same tasks (the official a2a-sdk client), and a task file an earlier Ember kept in EMBER_HOME is
+copied into the store once at start."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from a2a.auth.user import User
+from a2a.client import ClientConfig, create_client
+from a2a.client.client import Client
+from a2a.helpers import new_task_from_user_message, new_text_part
+from a2a.server.context import ServerCallContext
+from a2a.server.tasks import DatabaseTaskStore
+from a2a.types import (
+    Artifact,
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTasksRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    TaskState,
+)
+from a2a.utils.errors import TaskNotFoundError
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from ember.channels.a2a import task_owner
+from tests.gatewayproc import GatewayProcess, LaunchGateway
+from tests.modelserver import ModelServer, Reply
+
+ALICE, BOB = "alice-a2a-key-0123456789", "bob-a2a-key-0123456789ab"
+KEYS = {"alice": ALICE, "bob": BOB}
+
+
+@asynccontextmanager
+async def client(gateway: GatewayProcess, key: str = ALICE, *, streaming: bool = False) -> AsyncIterator[Client]:
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30) as transport:
+        made = await create_client(gateway.base_url, ClientConfig(streaming=streaming, httpx_client=transport))
+        try:
+            yield made
+        finally:
+            await made.close()
+
+
+def request(text: str) -> SendMessageRequest:
+    return SendMessageRequest(message=Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex,
+                                              parts=[Part(text=text)]))
+
+
+def states(responses: list[StreamResponse]) -> list[int]:
+    found = []
+    for response in responses:
+        kind = response.WhichOneof("payload")
+        if kind == "task":
+            found.append(response.task.status.state)
+        elif kind == "status_update":
+            found.append(response.status_update.status.state)
+    return found
+
+
+async def collect(stream: AsyncIterator[StreamResponse], into: list[StreamResponse]) -> None:
+    async for response in stream:
+        into.append(response)
+
+
+async def test_a_task_created_through_one_gateway_is_read_followed_and_cancelled_through_another(
+        launch_gateway: LaunchGateway, model_server: ModelServer, pg_database: str, tmp_path: Path) -> None:
+    first, second = (launch_gateway(model_server, keys=KEYS, home=tmp_path / name, EMBER_DATABASE_URL=pg_database)
+                     for name in ("one", "two"))
+    held = threading.Event()
+    model_server.push(Reply(text="An answer that comes too late.", hold=held))
+    sent: list[StreamResponse] = []
+    followed: list[StreamResponse] = []
+    async with client(first, streaming=True) as alice_one, client(second, streaming=True) as alice_two, \
+            client(second, BOB) as bob_two:
+        sending = asyncio.create_task(collect(alice_one.send_message(request("take your time")), sent))
+        try:
+            for _ in range(200):
+                listed = await alice_two.list_tasks(ListTasksRequest())
+                if listed.tasks:
+                    break
+                await asyncio.sleep(0.05)
+            [task] = listed.tasks
+            got = await alice_two.get_task(GetTaskRequest(id=task.id))
+            assert got.status.state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
+            assert got.history[0].parts[0].text == "take your time"
+            with pytest.raises(TaskNotFoundError):  # another caller's task does not exist for bob
+                await bob_two.get_task(GetTaskRequest(id=task.id))
+            following = asyncio.create_task(collect(alice_two.subscribe(SubscribeToTaskRequest(id=task.id)),
+                                                    followed))
+            for _ in range(200):  # the resubscription reads the task first, then follows its events
+                if followed:
+                    break
+                await asyncio.sleep(0.05)
+
+            cancelled = await alice_two.cancel_task(CancelTaskRequest(id=task.id))
+            assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+            await asyncio.wait_for(following, 30)  # the followed stream ends with the cancel
+            assert states(followed)[0] == got.status.state and states(followed)[-1] == TaskState.TASK_STATE_CANCELED
+            held.set()  # the turn on the first gateway goes on, and learns at its next write
+            await asyncio.wait_for(sending, 30)
+        finally:
+            held.set()
+            sending.cancel()
+        again = await alice_one.get_task(GetTaskRequest(id=task.id))
+    assert again.status.state == TaskState.TASK_STATE_CANCELED
+    assert "too late" not in "".join(p.text for artifact in again.artifacts for p in artifact.parts)
+
+
+async def old_task_file(path: Path) -> str:
+    """An EMBER_HOME/a2a.db as an earlier Ember left it: the SDK's own store, one task of alice's."""
+    engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
+    store = DatabaseTaskStore(engine, table_name="a2a_tasks", owner_resolver=task_owner)
+    task = new_task_from_user_message(Message(role=Role.ROLE_USER, message_id="m1", parts=[new_text_part("hello")]))
+    task.status.state = TaskState.TASK_STATE_COMPLETED
+    task.artifacts.append(Artifact(artifact_id="answer", name="answer", parts=[new_text_part("Kept from before.")]))
+    context = ServerCallContext(user=_Alice())
+    await store.save(task, context)
+    await engine.dispose()
+    return task.id
+
+
+class _Alice(User):
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def user_name(self) -> str:
+        return "alice"
+
+
+@pytest.mark.filterwarnings("ignore:This declarative base already contains")  # the SDK's model, made again
+async def test_an_old_task_file_is_copied_into_the_store_once(launch_gateway: LaunchGateway,
+                                                               model_server: ModelServer, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    task_id = await old_task_file(home / "a2a.db")
+    gateway = launch_gateway(model_server, keys=KEYS, home=home)
+    assert not (home / "a2a.db").exists() and (home / "a2a.db.migrated").exists()
+    async with client(gateway) as alice:
+        kept = await alice.get_task(GetTaskRequest(id=task_id))
+        assert kept.status.state == TaskState.TASK_STATE_COMPLETED
+        assert kept.artifacts[0].parts[0].text == "Kept from before."
+        assert [t.id for t in (await alice.list_tasks(ListTasksRequest())).tasks] == [task_id]
+    assert gateway.stop() == 0
+    again = launch_gateway(model_server, keys=KEYS, home=home, port=gateway.port)  # copied once: nothing to do
+    async with client(again) as alice:
+        assert (await alice.get_task(GetTaskRequest(id=task_id))).status.state == TaskState.TASK_STATE_COMPLETED
