@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -17,6 +17,7 @@ from a2a.auth.user import User
 from a2a.client import ClientConfig, create_client
 from a2a.client.client import Client
 from a2a.helpers import new_task_from_user_message, new_text_part
+from a2a.server.cluster import ConcurrentTaskModificationError, TaskVersion, VersionedEvent
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import (
@@ -30,14 +31,19 @@ from a2a.types import (
     SendMessageRequest,
     StreamResponse,
     SubscribeToTaskRequest,
+    Task,
     TaskState,
+    TaskStatusUpdateEvent,
 )
 from a2a.utils.errors import TaskNotFoundError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from ember.channels.a2a import task_owner
+from ember.store.a2a_tasks import SqlA2ATaskEvents, SqlA2ATaskStore
+from ember.store.engine import Database
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply
+from tests.pgserver import ENGINES, engine_database
 
 ALICE, BOB = "alice-a2a-key-0123456789", "bob-a2a-key-0123456789ab"
 KEYS = {"alice": ALICE, "bob": BOB}
@@ -158,3 +164,84 @@ async def test_an_old_task_file_is_copied_into_the_store_once(launch_gateway: La
     again = launch_gateway(model_server, keys=KEYS, home=home, port=gateway.port)  # copied once: nothing to do
     async with client(again) as alice:
         assert (await alice.get_task(GetTaskRequest(id=task_id))).status.state == TaskState.TASK_STATE_COMPLETED
+
+
+@pytest.fixture(params=ENGINES)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    database = await engine_database(request.param, request, tmp_path)
+    yield database  # type: ignore[misc]
+    await database.close()
+
+
+def owned_by(name: str) -> Callable[[ServerCallContext], str]:
+    return lambda context: name
+
+
+def a_task(state: TaskState.ValueType, text: str = "hello") -> Task:
+    task = new_task_from_user_message(Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex,
+                                              parts=[new_text_part(text)]))
+    task.status.state = state
+    task.status.timestamp.GetCurrentTime()
+    return task
+
+
+CONTEXT = ServerCallContext(user=_Alice())
+
+
+async def test_a_write_names_the_version_it_read_and_a_cancel_overrides_a_running_task(db: Database) -> None:
+    store = SqlA2ATaskStore(db, owned_by("alice"))
+    task = a_task(TaskState.TASK_STATE_WORKING)
+    first = await store.save(task, event=None, prev=None, prev_version=TaskVersion.MISSING, context=CONTEXT)
+    with pytest.raises(ConcurrentTaskModificationError):  # a second first write
+        await store.save(task, event=None, prev=None, prev_version=TaskVersion.MISSING, context=CONTEXT)
+    second = await store.save(task, event=None, prev=task, prev_version=first, context=CONTEXT)
+    with pytest.raises(ConcurrentTaskModificationError):  # written from a version another write replaced
+        await store.save(task, event=None, prev=task, prev_version=first, context=CONTEXT)
+    assert second.is_after(first)
+
+    cancelled = Task()
+    cancelled.CopyFrom(task)
+    cancelled.status.state = TaskState.TASK_STATE_CANCELED
+    update = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=cancelled.status)
+    third = await store.save(cancelled, event=update, prev=task, prev_version=first, context=CONTEXT)
+    with pytest.raises(ConcurrentTaskModificationError):  # an ended task is not cancelled again
+        await store.save(cancelled, event=None, prev=task, prev_version=third, context=CONTEXT)
+    stored = await store.get(task.id, CONTEXT)
+    assert stored is not None and stored.version == third
+    assert stored.task.status.state == TaskState.TASK_STATE_CANCELED
+    assert await SqlA2ATaskStore(db, owned_by("bob")).get(task.id, CONTEXT) is None
+
+    [event] = [e async for e in _first(SqlA2ATaskEvents(db, poll_s=0.01).subscribe(task.id, after=second), 1)]
+    assert event.version == third and event.event == update
+
+
+async def _first(stream: AsyncIterator[VersionedEvent], count: int) -> AsyncIterator[VersionedEvent]:
+    async with aclosing(stream):  # type: ignore[type-var]
+        async for event in stream:
+            yield event
+            count -= 1
+            if not count:
+                return
+
+
+async def test_list_pages_through_the_callers_tasks_newest_first(db: Database) -> None:
+    store = SqlA2ATaskStore(db, owned_by("alice"))
+    made = []
+    for n in range(5):
+        task = a_task(TaskState.TASK_STATE_COMPLETED if n % 2 else TaskState.TASK_STATE_WORKING, f"task {n}")
+        task.status.timestamp.FromNanoseconds(1_700_000_000_000_000_000 + n)
+        await store.save(task, event=None, prev=None, prev_version=TaskVersion.MISSING, context=CONTEXT)
+        made.append(task.id)
+    await SqlA2ATaskStore(db, owned_by("bob")).save(a_task(TaskState.TASK_STATE_WORKING), event=None, prev=None,
+                                                    prev_version=TaskVersion.MISSING, context=CONTEXT)
+    seen, token = [], ""
+    while True:
+        page = await store.list(ListTasksRequest(page_size=2, page_token=token), CONTEXT)
+        assert page.total_size == 5
+        seen += [t.id for t in page.tasks]
+        if not page.next_page_token:
+            break
+        token = page.next_page_token
+    assert seen == made[::-1]
+    done = await store.list(ListTasksRequest(status=TaskState.TASK_STATE_COMPLETED), CONTEXT)
+    assert [t.id for t in done.tasks] == [made[3], made[1]] and done.total_size == 2
