@@ -5,6 +5,7 @@ copied into the store once at start."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -39,7 +40,7 @@ from a2a.utils.errors import TaskNotFoundError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from ember.channels.a2a import task_owner
-from ember.store.a2a_tasks import SqlA2ATaskEvents, SqlA2ATaskStore
+from ember.store.a2a_tasks import SqlA2ATaskEvents, SqlA2ATaskStore, import_task_file
 from ember.store.engine import Database
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply
@@ -127,13 +128,16 @@ async def test_a_task_created_through_one_gateway_is_read_followed_and_cancelled
 async def old_task_file(path: Path) -> str:
     """An EMBER_HOME/a2a.db as an earlier Ember left it: the SDK's own store, one task of alice's."""
     engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
-    store = DatabaseTaskStore(engine, table_name="a2a_tasks", owner_resolver=task_owner)
+    # The SDK's model of its default table (one of another name is declared once per process), renamed below.
+    store = DatabaseTaskStore(engine, owner_resolver=task_owner)
     task = new_task_from_user_message(Message(role=Role.ROLE_USER, message_id="m1", parts=[new_text_part("hello")]))
     task.status.state = TaskState.TASK_STATE_COMPLETED
     task.artifacts.append(Artifact(artifact_id="answer", name="answer", parts=[new_text_part("Kept from before.")]))
     context = ServerCallContext(user=_Alice())
     await store.save(task, context)
     await engine.dispose()
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE tasks RENAME TO a2a_tasks")
     return task.id
 
 
@@ -147,7 +151,6 @@ class _Alice(User):
         return "alice"
 
 
-@pytest.mark.filterwarnings("ignore:This declarative base already contains")  # the SDK's model, made again
 async def test_an_old_task_file_is_copied_into_the_store_once(launch_gateway: LaunchGateway,
                                                                model_server: ModelServer, tmp_path: Path) -> None:
     home = tmp_path / "home"
@@ -245,3 +248,18 @@ async def test_list_pages_through_the_callers_tasks_newest_first(db: Database) -
     assert seen == made[::-1]
     done = await store.list(ListTasksRequest(status=TaskState.TASK_STATE_COMPLETED), CONTEXT)
     assert [t.id for t in done.tasks] == [made[3], made[1]] and done.total_size == 2
+
+
+async def test_an_old_task_file_without_a_table_or_with_a_task_already_copied_is_set_aside(
+        db: Database, tmp_path: Path) -> None:
+    empty = tmp_path / "empty" / "a2a.db"
+    empty.parent.mkdir()
+    sqlite3.connect(empty).close()  # a gateway never called: the SDK had made no table yet
+    assert await import_task_file(db, empty) == 0 and (empty.parent / "a2a.db.migrated").exists()
+    old = tmp_path / "a2a.db"
+    task_id = await old_task_file(old)
+    assert await import_task_file(db, old) == 1
+    (tmp_path / "a2a.db.migrated").rename(old)
+    assert await import_task_file(db, old) == 0  # copied before: the store's row stands
+    stored = await SqlA2ATaskStore(db, task_owner).get(task_id, CONTEXT)
+    assert stored is not None and stored.task.artifacts[0].parts[0].text == "Kept from before."

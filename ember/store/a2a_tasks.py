@@ -12,6 +12,10 @@ a stream resubscribed through another gateway follows by polling.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import logging
+import sqlite3
 import time
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
@@ -39,6 +43,7 @@ from ember.store import schema
 from ember.store.engine import Database
 from ember.store.tx import Statement, Tx
 
+log = logging.getLogger(__name__)
 _t, _e = schema.a2a_tasks, schema.a2a_task_events
 ENDED = frozenset(TaskState.Name(s) for s in (TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_CANCELED,
                                                TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_REJECTED))
@@ -201,22 +206,37 @@ class SqlA2ATaskEvents(TaskEventStream):
         del task_id  # its events go with age
 
 
+_OLD_COLUMNS = ("id", "context_id", "kind", "owner", "status", "artifacts", "history", "metadata", "protocol_version")
+_OLD_JSON = ("status", "artifacts", "history", "metadata")
+
+
+def _read_task_file(path: Path) -> list[dict[str, object]]:
+    """The rows of the SDK's table in an old task file, as its model's fields; none without a table
+    (the SDK made it at the first call: a gateway never called left none)."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'a2a_tasks'").fetchone():
+            return []
+        rows = conn.execute(f"SELECT {', '.join(_OLD_COLUMNS)} FROM a2a_tasks").fetchall()
+    fields = [dict(zip(_OLD_COLUMNS, row, strict=True)) for row in rows]
+    for row in fields:
+        row.update({name: json.loads(row[name]) for name in _OLD_JSON if isinstance(row[name], str)})
+        row["task_metadata"] = row.pop("metadata")
+    return fields
+
+
 async def import_task_file(db: Database, path: Path) -> int:
     """Copy the tasks of a gateway's own task file (EMBER_HOME/a2a.db, where they were kept before
     they moved into the store) into `db`, then rename it `a2a.db.migrated`, so it is copied once.
     Returns how many tasks were copied; a task already in the store is left as it is."""
+    from a2a.server.models import TaskModel
     from a2a.server.tasks import DatabaseTaskStore
-    from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+    from sqlalchemy.ext.asyncio import create_async_engine
 
-    engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
-    try:
-        old = DatabaseTaskStore(engine, create_table=False, table_name="a2a_tasks")
-        async with async_sessionmaker(engine)() as session:
-            models = (await session.execute(select(old.task_model))).scalars().all()
-            # The SDK's own reading of its rows (it knows the older protocol's too).
-            rows = [task_row(old._from_orm(model), model.owner or "", 1) for model in models]
-    finally:
-        await engine.dispose()
+    # The SDK's own reading of its rows, which knows the older protocol's too; it never connects.
+    reader = DatabaseTaskStore(create_async_engine("sqlite+aiosqlite://"), create_table=False)
+    fields = await asyncio.to_thread(_read_task_file, path)
+    rows = [task_row(reader._from_orm(TaskModel(**row)), str(row["owner"] or ""), 1) for row in fields]
     copied = await db.run_write(lambda tx: sum(tx.execute(_INSERT_NEW, row).rowcount for row in rows)) if rows else 0
     await asyncio.to_thread(path.rename, path.with_name(path.name + ".migrated"))
+    log.info("copied %d of %d A2A tasks from %s into the store", copied, len(rows), path)
     return copied
