@@ -213,7 +213,7 @@ _OLD_JSON = ("status", "artifacts", "history", "metadata")
 def _read_task_file(path: Path) -> list[dict[str, object]]:
     """The rows of the SDK's table in an old task file, as its model's fields; none without a table
     (the SDK made it at the first call: a gateway never called left none)."""
-    with contextlib.closing(sqlite3.connect(path)) as conn:
+    with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
         if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'a2a_tasks'").fetchone():
             return []
         rows = conn.execute(f"SELECT {', '.join(_OLD_COLUMNS)} FROM a2a_tasks").fetchall()
@@ -237,6 +237,7 @@ async def import_task_file(db: Database, path: Path) -> int:
     fields = await asyncio.to_thread(_read_task_file, path)
     rows = [task_row(reader._from_orm(TaskModel(**row)), str(row["owner"] or ""), 1) for row in fields]
     copied = await db.run_write(lambda tx: sum(tx.execute(_INSERT_NEW, row).rowcount for row in rows)) if rows else 0
-    await asyncio.to_thread(path.rename, path.with_name(path.name + ".migrated"))
+    with contextlib.suppress(FileNotFoundError):  # another process sharing the home moved it first
+        await asyncio.to_thread(path.rename, path.with_name(path.name + ".migrated"))
     log.info("copied %d of %d A2A tasks from %s into the store", copied, len(rows), path)
     return copied
