@@ -43,11 +43,16 @@ from ember.channels.a2a import task_owner
 from ember.store.a2a_tasks import SqlA2ATaskEvents, SqlA2ATaskStore, import_task_file
 from ember.store.engine import Database
 from tests.gatewayproc import GatewayProcess, LaunchGateway
-from tests.modelserver import ModelServer, Reply
+from tests.modelserver import ModelServer, Reply, tool_call
 from tests.pgserver import ENGINES, engine_database
 
 ALICE, BOB = "alice-a2a-key-0123456789", "bob-a2a-key-0123456789ab"
 KEYS = {"alice": ALICE, "bob": BOB}
+POLICY = """
+[tool_policy]
+write = "ask"
+timeout_s = 120
+"""
 
 
 @asynccontextmanager
@@ -83,8 +88,7 @@ async def collect(stream: AsyncIterator[StreamResponse], into: list[StreamRespon
 
 async def test_a_task_created_through_one_gateway_is_read_followed_and_cancelled_through_another(
         launch_gateway: LaunchGateway, model_server: ModelServer, pg_database: str, tmp_path: Path) -> None:
-    first, second = (launch_gateway(model_server, keys=KEYS, home=tmp_path / name, EMBER_DATABASE_URL=pg_database)
-                     for name in ("one", "two"))
+    first, second = (gateway_on(launch_gateway, model_server, tmp_path / name, pg_database) for name in ("one", "two"))
     held = threading.Event()
     model_server.push(Reply(text="An answer that comes too late.", hold=held))
     sent: list[StreamResponse] = []
@@ -120,9 +124,37 @@ async def test_a_task_created_through_one_gateway_is_read_followed_and_cancelled
         finally:
             held.set()
             sending.cancel()
-        again = await alice_one.get_task(GetTaskRequest(id=task.id))
-    assert again.status.state == TaskState.TASK_STATE_CANCELED
-    assert "too late" not in "".join(p.text for artifact in again.artifacts for p in artifact.parts)
+            again = await alice_one.get_task(GetTaskRequest(id=task.id))
+        assert again.status.state == TaskState.TASK_STATE_CANCELED
+        assert "too late" not in "".join(p.text for artifact in again.artifacts for p in artifact.parts)
+        await a_task_waiting_for_an_approval_is_cancelled_through_the_other_gateway(first, second, model_server)
+
+
+def gateway_on(launch: LaunchGateway, model_server: ModelServer, home: Path, database: str) -> GatewayProcess:
+    home.mkdir()
+    (home / "ember.toml").write_text(POLICY)
+    return launch(model_server, keys=KEYS, home=home, EMBER_DATABASE_URL=database)
+
+
+async def a_task_waiting_for_an_approval_is_cancelled_through_the_other_gateway(
+        first: GatewayProcess, second: GatewayProcess, model_server: ModelServer) -> None:
+    """The turn waits in the first gateway: it learns of the cancel there, and its approval is denied."""
+    name = f"cancelled-{uuid.uuid4().hex[:6]}.txt"
+    model_server.push(Reply(tool_calls=(tool_call("write_file", path=name, content="no"),)), Reply(text="Stopped."))
+    async with client(first) as alice_one, client(second) as alice_two:
+        [waiting] = [r.task for r in [r async for r in alice_one.send_message(request(f"write {name}"))]
+                     if r.WhichOneof("payload") == "task"][-1:]
+        assert waiting.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+        cancelled = await alice_two.cancel_task(CancelTaskRequest(id=waiting.id))
+        assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+    for _ in range(300):  # the first gateway looks about every second
+        if model_server.requests and model_server.requests[-1]["messages"][-1]["role"] == "tool":
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the turn waiting in the first gateway did not go on after the cancel")
+    assert "not permitted" in model_server.requests[-1]["messages"][-1]["content"]
+    assert not (first.home / "workspaces" / "alice" / name).exists()
 
 
 async def old_task_file(path: Path) -> str:

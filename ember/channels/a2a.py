@@ -114,12 +114,21 @@ class _Turn:
     approval_id: str | None = None
     chunks: int = 0
     draft: list[str] = field(default_factory=list)
+    watch: asyncio.Task[None] | None = None  # while parked: whether another gateway cancels the task
+
+
+# How often a turn waiting for an approval answer looks whether its task was cancelled through
+# another gateway (which writes the store only).
+CANCEL_POLL_S = 1.0
 
 
 class EmberExecutor(AgentExecutor):
-    def __init__(self, router: TurnRouter, approvals: ApprovalBroker) -> None:
+    def __init__(self, router: TurnRouter, approvals: ApprovalBroker, tasks: VersionedTaskStore,
+                 poll_s: float = CANCEL_POLL_S) -> None:
         self._router = router
         self._approvals = approvals
+        self._tasks = tasks
+        self._poll_s = poll_s
         self._turns: dict[str, _Turn] = {}
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -129,7 +138,7 @@ class EmberExecutor(AgentExecutor):
             await event_queue.enqueue_event(new_task_from_user_message(context.message))
         task = TaskUpdater(event_queue, context.task_id, context.context_id)
         text = context.get_user_input()
-        turn = self._turns.pop(context.task_id, None)
+        turn = self._unpark(context.task_id)
         if turn is not None:  # the answer to the approval the task is waiting on
             await self._answer(turn, caller, text)
         else:
@@ -138,20 +147,50 @@ class EmberExecutor(AgentExecutor):
         try:
             parked = await self._relay(turn, task)
         finally:
-            if parked:
+            if parked and context.call_context is not None:
                 self._turns[context.task_id] = turn
+                turn.watch = asyncio.create_task(self._watch(context.task_id, context.call_context))
             else:
                 await turn.exit.aclose()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """The task is cancelled; a turn waiting on an approval is answered "no" so that it ends.
         A running turn finishes on its own, and its answer stays in the session."""
-        turn = self._turns.pop(context.task_id or "", None)
+        turn = self._unpark(context.task_id or "")
         if turn is not None:
-            if turn.approval_id is not None:
-                await self._approvals.resolve(turn.approval_id, Decision.DENY, by="a2a cancel",
-                                              scope=turn.session_key)
+            await self._deny(turn)
+
+    async def aclose(self) -> None:
+        for task_id in list(self._turns):
+            turn = self._unpark(task_id)
+            assert turn is not None
             await turn.exit.aclose()
+
+    def _unpark(self, task_id: str) -> _Turn | None:
+        turn = self._turns.pop(task_id, None)
+        if turn is not None and turn.watch is not None and turn.watch is not asyncio.current_task():
+            turn.watch.cancel()
+        return turn
+
+    async def _deny(self, turn: _Turn) -> None:
+        if turn.approval_id is not None:
+            await self._approvals.resolve(turn.approval_id, Decision.DENY, by="a2a cancel", scope=turn.session_key)
+        await turn.exit.aclose()
+
+    async def _watch(self, task_id: str, call: ServerCallContext) -> None:
+        """A parked turn's task cancelled through another gateway: its approval is answered "no" here."""
+        while task_id in self._turns:
+            await asyncio.sleep(self._poll_s)
+            try:
+                stored = await self._tasks.get(task_id, call)
+            except Exception:  # the store is down for now: the next look may find it
+                logging.getLogger(__name__).warning("could not read A2A task %s", task_id, exc_info=True)
+                continue
+            if stored is None or stored.task.status.state == TaskState.TASK_STATE_CANCELED:
+                turn = self._unpark(task_id)
+                if turn is not None:
+                    await self._deny(turn)
+                return
 
     async def _start(self, caller: str, context: RequestContext, text: str) -> _Turn:
         stack = AsyncExitStack()
@@ -203,20 +242,22 @@ class A2AServer:
 
     router: TurnRouter
     handler: DefaultRequestHandler
+    executor: EmberExecutor
     routes: list[BaseRoute]
 
     async def aclose(self) -> None:
         await self.handler.aclose()
+        await self.executor.aclose()
 
 
 def a2a_server(router: TurnRouter, approvals: ApprovalBroker, card: AgentCard, tasks: VersionedTaskStore,
                events: TaskEventStream) -> A2AServer:
     """`tasks` keeps the task records (by `task_owner`); `events` carries a task's events to a
     stream resubscribed through another gateway than the one running it."""
-    handler = DefaultRequestHandler(agent_executor=EmberExecutor(router, approvals), task_store=tasks,
-                                    agent_card=card, event_stream=events)
+    executor = EmberExecutor(router, approvals, tasks)
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=tasks, agent_card=card, event_stream=events)
     routes: list[BaseRoute] = [
         *create_agent_card_routes(card, card_url=CARD_PATH),
         *create_jsonrpc_routes(handler, RPC_PATH, context_builder=_GatewayIdentity(), enable_v0_3_compat=True),
     ]
-    return A2AServer(router, handler, routes)
+    return A2AServer(router, handler, executor, routes)
