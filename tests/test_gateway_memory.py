@@ -150,6 +150,19 @@ def test_add_list_search_and_forget_a_memory(clients: Clients) -> None:
     assert by_id(search(alice, tag, all="true"), record["id"])["status"] == "archived"
 
 
+def test_a_memory_added_over_http_keeps_no_thinking(clients: Clients) -> None:
+    """I4: a client relaying a model's raw reply adds the fact, not the thinking, closed or cut off."""
+    bob = clients["bob"]
+    tag = word()
+    closed = add(bob, f"<think>they said {tag} twice</think>{tag} drinks jasmine tea.")
+    unclosed = add(bob, f"{tag} drinks it at four.<thinking>and maybe {tag} also")
+    assert (closed["content"], unclosed["content"]) == (f"{tag} drinks jasmine tea.", f"{tag} drinks it at four.")
+    assert sorted(hit["content"] for hit in search(bob, tag)) == sorted([closed["content"], unclosed["content"]])
+    only = bob.post("/api/memory", json={"content": f"<think>{tag} is thinking</think>"})
+    assert "but for thinking" in assert_error(only, 422, "invalid_memory")["message"]
+    assert not [record for record in listed(bob, all="true") if "thinking" in record["content"]]
+
+
 def test_a_fact_with_the_same_subject_and_key_replaces_the_old_one(clients: Clients) -> None:
     alice = clients["alice"]
     subject = word()

@@ -8,8 +8,8 @@ as `input-required` (the next message in the task answers it: yes, always or
 no), the committed answer as the whole artifact (it replaces the chunks) and
 `completed`; an error as `failed`. Callers authenticate with the gateway's
 bearer keys, and see only their own tasks (the SDK's task store is partitioned
-by the key's name). The task records are kept in `EMBER_HOME/a2a.db`, so a
-restart keeps them; the turns, as every turn, are in the store.
+by the key's name). The task records are in Ember's store (store/a2a_tasks.py), with the turns:
+a restart keeps them, and every gateway on one database reads, cancels and streams the same tasks.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ import asyncio
 import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from a2a.auth.user import UnauthenticatedUser, User
 from a2a.helpers import new_task_from_user_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.cluster import TaskEventStream, VersionedTaskStore
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import DefaultServerCallContextBuilder, create_agent_card_routes, create_jsonrpc_routes
-from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore, TaskUpdater
+from a2a.server.tasks import TaskUpdater
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -39,7 +39,6 @@ from a2a.types import (
     StringList,
     TaskState,
 )
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from starlette.requests import Request
 from starlette.routing import BaseRoute
 
@@ -98,7 +97,8 @@ class _GatewayIdentity(DefaultServerCallContextBuilder):
         return _Caller(identity) if identity else UnauthenticatedUser()
 
 
-def _owner(context: ServerCallContext) -> str:
+def task_owner(context: ServerCallContext) -> str:
+    """Whose task a call reads and writes: the caller's key name."""
     if not context.user.is_authenticated:  # the identity gate lets no such call through
         raise PermissionError("an A2A call without a caller reached the task store")
     return context.user.user_name
@@ -114,12 +114,21 @@ class _Turn:
     approval_id: str | None = None
     chunks: int = 0
     draft: list[str] = field(default_factory=list)
+    watch: asyncio.Task[None] | None = None  # while parked: whether another gateway cancels the task
+
+
+# How often a turn waiting for an approval answer looks whether its task was cancelled through
+# another gateway (which writes the store only).
+CANCEL_POLL_S = 1.0
 
 
 class EmberExecutor(AgentExecutor):
-    def __init__(self, router: TurnRouter, approvals: ApprovalBroker) -> None:
+    def __init__(self, router: TurnRouter, approvals: ApprovalBroker, tasks: VersionedTaskStore,
+                 poll_s: float = CANCEL_POLL_S) -> None:
         self._router = router
         self._approvals = approvals
+        self._tasks = tasks
+        self._poll_s = poll_s
         self._turns: dict[str, _Turn] = {}
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -129,7 +138,7 @@ class EmberExecutor(AgentExecutor):
             await event_queue.enqueue_event(new_task_from_user_message(context.message))
         task = TaskUpdater(event_queue, context.task_id, context.context_id)
         text = context.get_user_input()
-        turn = self._turns.pop(context.task_id, None)
+        turn = self._unpark(context.task_id)
         if turn is not None:  # the answer to the approval the task is waiting on
             await self._answer(turn, caller, text)
         else:
@@ -138,20 +147,50 @@ class EmberExecutor(AgentExecutor):
         try:
             parked = await self._relay(turn, task)
         finally:
-            if parked:
+            if parked and context.call_context is not None:
                 self._turns[context.task_id] = turn
+                turn.watch = asyncio.create_task(self._watch(context.task_id, context.call_context))
             else:
                 await turn.exit.aclose()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """The task is cancelled; a turn waiting on an approval is answered "no" so that it ends.
         A running turn finishes on its own, and its answer stays in the session."""
-        turn = self._turns.pop(context.task_id or "", None)
+        turn = self._unpark(context.task_id or "")
         if turn is not None:
-            if turn.approval_id is not None:
-                await self._approvals.resolve(turn.approval_id, Decision.DENY, by="a2a cancel",
-                                              scope=turn.session_key)
+            await self._deny(turn)
+
+    async def aclose(self) -> None:
+        for task_id in list(self._turns):
+            turn = self._unpark(task_id)
+            assert turn is not None
             await turn.exit.aclose()
+
+    def _unpark(self, task_id: str) -> _Turn | None:
+        turn = self._turns.pop(task_id, None)
+        if turn is not None and turn.watch is not None and turn.watch is not asyncio.current_task():
+            turn.watch.cancel()
+        return turn
+
+    async def _deny(self, turn: _Turn) -> None:
+        if turn.approval_id is not None:
+            await self._approvals.resolve(turn.approval_id, Decision.DENY, by="a2a cancel", scope=turn.session_key)
+        await turn.exit.aclose()
+
+    async def _watch(self, task_id: str, call: ServerCallContext) -> None:
+        """A parked turn's task cancelled through another gateway: its approval is answered "no" here."""
+        while task_id in self._turns:
+            await asyncio.sleep(self._poll_s)
+            try:
+                stored = await self._tasks.get(task_id, call)
+            except Exception:  # the store is down for now: the next look may find it
+                logging.getLogger(__name__).warning("could not read A2A task %s", task_id, exc_info=True)
+                continue
+            if stored is None or stored.task.status.state == TaskState.TASK_STATE_CANCELED:
+                turn = self._unpark(task_id)
+                if turn is not None:
+                    await self._deny(turn)
+                return
 
     async def _start(self, caller: str, context: RequestContext, text: str) -> _Turn:
         stack = AsyncExitStack()
@@ -203,26 +242,22 @@ class A2AServer:
 
     router: TurnRouter
     handler: DefaultRequestHandler
+    executor: EmberExecutor
     routes: list[BaseRoute]
-    engine: AsyncEngine | None = None
 
     async def aclose(self) -> None:
         await self.handler.aclose()
-        if self.engine is not None:
-            await self.engine.dispose()
+        await self.executor.aclose()
 
 
-def a2a_server(router: TurnRouter, approvals: ApprovalBroker, card: AgentCard,
-               tasks_path: Path | None = None) -> A2AServer:
-    """`tasks_path`: the SQLite file the task records are kept in (a file of their own, so the SDK's
-    writes never wait on Ember's); None keeps them in memory."""
-    engine = create_async_engine(f"sqlite+aiosqlite:///{tasks_path}") if tasks_path is not None else None
-    store = (DatabaseTaskStore(engine, table_name="a2a_tasks", owner_resolver=_owner) if engine is not None
-             else InMemoryTaskStore(owner_resolver=_owner))
-    handler = DefaultRequestHandler(agent_executor=EmberExecutor(router, approvals), task_store=store,
-                                    agent_card=card)
+def a2a_server(router: TurnRouter, approvals: ApprovalBroker, card: AgentCard, tasks: VersionedTaskStore,
+               events: TaskEventStream) -> A2AServer:
+    """`tasks` keeps the task records (by `task_owner`); `events` carries a task's events to a
+    stream resubscribed through another gateway than the one running it."""
+    executor = EmberExecutor(router, approvals, tasks)
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=tasks, agent_card=card, event_stream=events)
     routes: list[BaseRoute] = [
         *create_agent_card_routes(card, card_url=CARD_PATH),
         *create_jsonrpc_routes(handler, RPC_PATH, context_builder=_GatewayIdentity(), enable_v0_3_compat=True),
     ]
-    return A2AServer(router, handler, routes, engine)
+    return A2AServer(router, handler, executor, routes)

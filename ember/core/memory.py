@@ -13,6 +13,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from ember.core.errors import MemoryInputError
+from ember.core.thinking import strip_thinking
 
 LOCAL_IDENTITY = "local"  # the terminal's person
 
@@ -135,9 +136,11 @@ def normalized_key(value: str | None) -> str | None:
 
 
 def check_content(content: str) -> str:
-    text = content.strip()
+    """The content as a memory keeps it: without the model's thinking (I4), trimmed, not empty."""
+    text = strip_thinking(content).strip()
     if not text:
-        raise MemoryInputError("a memory needs some content; it was empty")
+        only_thinking = " but for thinking" if content.strip() else ""
+        raise MemoryInputError(f"a memory needs some content; it was empty{only_thinking}")
     if len(text) > MAX_CONTENT_CHARS:
         raise MemoryInputError(f"a memory is at most {MAX_CONTENT_CHARS} characters; this one has {len(text)}")
     return text

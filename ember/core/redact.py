@@ -4,7 +4,8 @@ by how a person says them ("my password is ...").
 `redact_text` is the one pass. Everything derived from what people and models said goes
 through it before it is kept: memory rows and their indexes, learned skills, traces, spans
 and log lines. The session's own history is not derived: it keeps what was said.
-The pass is idempotent: `redact_text(redact_text(t)) == redact_text(t)`.
+The pass is idempotent: `redact_text(redact_text(t)) == redact_text(t)`. Memory rows and
+learned skills take `derived_text`, the same pass after the model's thinking is left out.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any
+
+from ember.core.thinking import strip_thinking
 
 REDACTED = "[redacted]"
 _SECRET_NAME = re.compile(r"(pass(word|wd)?|secret|token|api[_-]?key|auth|credential|private[_-]?key|cookie)",
@@ -99,6 +102,12 @@ def redact_text(text: str) -> str:
             break
         text = redacted
     return text
+
+
+def derived_text(text: str) -> str:
+    """What Ember keeps of a text derived from what was said: no thinking (I4), then no secret.
+    Thinking goes first: a redaction could eat a tag ("token=<think>...") and leave its block."""
+    return redact_text(strip_thinking(text))
 
 
 def redact(value: Any, *, by_name: bool = True) -> Any:

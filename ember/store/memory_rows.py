@@ -4,10 +4,10 @@ text row are, writing one (deduplicated, superseding), archiving a message.
 Every write of a memory row writes its full-text row in the same transaction,
 and queues the embedding job there too (I6): a crash keeps all or none.
 
-A memory is derived from what was said, so its text is redacted (core/redact.py) here,
-where every memory is written: the row, its text index row and its vectors never hold
-a secret, whichever path wrote it (an archived message, the remember tool, a review,
-an episode, an import).
+A memory is derived from what was said, so its text is redacted (core/redact.py) and
+its thinking left out (I4) here, where every memory is written: the row, its text index
+row and its vectors never hold a secret or a `<think>` block, whichever path wrote it
+(an archived message, the remember tool, a review, an episode, an import, the API).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ember.core.memory import (
     content_hash,
     normalized_key,
 )
-from ember.core.redact import redact_text
+from ember.core.redact import derived_text, redact_text
 from ember.store import schema
 from ember.store.jobs import record_job
 from ember.store.segment import index_text, owner_token
@@ -192,8 +192,9 @@ def new_id() -> str:
 
 
 def stored_content(content: str) -> str:
-    """A memory's text as it is kept: redacted, then checked (redaction can change its length)."""
-    return check_content(redact_text(content))
+    """A memory's text as it is kept: checked (which leaves the thinking out), redacted, then checked
+    again (redaction can change its length)."""
+    return check_content(redact_text(check_content(content)))
 
 
 def insert_memory(tx: Tx, memory: NewMemory, now: float, *, status: MemoryStatus = MemoryStatus.ACTIVE,
@@ -325,8 +326,8 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
     new = tx.execute(_NOT_ARCHIVED, {"key": session_key, "start": start, "high": high}).fetchall()
     line = [*earlier, *new]
     # A named author is part of what was said: "Caroline: I went to the support group".
-    # Redacted before they become its content and its neighbours' context.
-    texts = [redact_text(f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip()) for row in line]
+    # Kept as derived text before they become its content and its neighbours' context.
+    texts = [derived_text(f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip()) for row in line]
     heads = [text[:NEIGHBOUR_CHARS] for text in texts]
     for index, (seq, role, _, created_at, channel, sender, name) in enumerate(line):
         context = _neighbours(heads, index)

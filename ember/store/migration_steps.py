@@ -13,6 +13,7 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ember.store.migration_a2a import A2A_TASKS
 from ember.store.migration_step import ByDialect, Step
 
 
@@ -502,4 +503,5 @@ MIGRATIONS: list[tuple[Step, ...]] = [
             updated_at DOUBLE PRECISION NOT NULL)""",
         "CREATE INDEX conversation_digests_by_digest ON conversation_digests (owner, digest)",
     ),
+    A2A_TASKS,
 ]

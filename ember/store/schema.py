@@ -325,3 +325,25 @@ skill_reviews = Table(
     Column("reviewed_seq", BigInteger, nullable=False),
     Column("updated_at", Float, nullable=False),
 )
+
+a2a_tasks = Table(
+    "a2a_tasks",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("context_id", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("updated_ns", BigInteger),
+    Column("version", BigInteger, nullable=False),
+    Column("task_json", Text, nullable=False),
+)
+
+a2a_task_events = Table(
+    "a2a_task_events",
+    metadata,
+    Column("seq", Integer, primary_key=True),
+    Column("task_id", Text, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("event_json", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Boolean, Text, bindparam, case, func, insert, or_, select, update
 
-from ember.core.redact import redact_text
+from ember.core.redact import derived_text
 from ember.core.skills import (
     SHARED,
     Proposal,
@@ -146,11 +146,11 @@ class NewVersion:
 
 
 def _add_version(tx: Tx, change: NewVersion, now: float) -> SkillVersion:
-    """A learned skill is derived from what was said, so it is kept redacted (the gate has refused
-    one with a secret already: this holds whatever path admits it). A person's own skill, read
-    from a folder or imported, is kept as they wrote it."""
+    """A learned skill is derived from what was said, so it is kept redacted and without the model's
+    thinking (the gate has refused one with a secret already: this holds whatever path admits it).
+    A person's own skill, read from a folder or imported, is kept as they wrote it."""
     if change.origin is SkillOrigin.LEARNED:
-        change = replace(change, text=redact_text(change.text))
+        change = replace(change, text=derived_text(change.text), description=derived_text(change.description))
     named = {"owner": change.identity, "skill": change.name}
     row = tx.execute(_CURRENT_VERSION, named).fetchone()
     files = change.files
@@ -249,7 +249,7 @@ class SqlSkillStore:
                 row = tx.execute(_PROPOSAL_OF_JOB, {"job_id": proposal.job_id}).fetchone()
                 if row is not None:
                     return _proposal(row)
-            recorded = proposal
+            recorded = _kept(proposal)
             if admit is not None:
                 version = _add_version(tx, admit, now)
                 recorded = _decided(proposal, ProposalStatus.ADMITTED, admit.admitted_by, now, version.version)
@@ -288,12 +288,18 @@ def _decided(proposal: Proposal, status: ProposalStatus, by: str, at: float, ver
     return replace(proposal, status=status, decided_by=by, decided_at=at, version=version)
 
 
+def _kept(proposal: Proposal) -> Proposal:
+    """As a proposal is kept: the model's text and its reason may quote what was said (a refused one,
+    the secret) or carry its thinking."""
+    return replace(proposal, text=derived_text(proposal.text), reason=derived_text(proposal.reason))
+
+
 def _insert_proposal(tx: Tx, p: Proposal) -> None:
-    """Kept redacted: the model's text and its reason may quote what was said (a refused one, the secret)."""
+    p = _kept(p)
     tx.execute(_INSERT_PROPOSAL, {
-        "id": p.id, "identity": p.identity, "name": p.name, "action": p.action, "text": redact_text(p.text),
+        "id": p.id, "identity": p.identity, "name": p.name, "action": p.action, "text": p.text,
         "risk": p.risk.value, "risk_reasons": json.dumps(list(p.risk_reasons)), "status": p.status.value,
-        "reason": redact_text(p.reason),
+        "reason": p.reason,
         "created_at": p.created_at, "base_version": p.base_version, "session_key": p.session_key,
         "turn_id": p.turn_id, "job_id": p.job_id, "decided_at": p.decided_at, "decided_by": p.decided_by,
         "version": p.version, "input_tokens": p.input_tokens, "output_tokens": p.output_tokens,

@@ -163,19 +163,25 @@ def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None) 
     return routes
 
 
-def a2a_channel(settings: Settings, runtime: Runtime, public_url: str) -> A2AServer | None:
-    """The A2A server's channel, registered, and its routes; None when a2a_enabled is off."""
+async def a2a_channel(settings: Settings, runtime: Runtime, public_url: str) -> A2AServer | None:
+    """The A2A server's channel, registered, and its routes; None when a2a_enabled is off. Its tasks
+    are in the store; a task file an earlier Ember kept in EMBER_HOME is copied in first, once."""
     if not settings.a2a_enabled:
         return None
     from ember.channels.a2a import CHANNEL as A2A  # the SDK: only when on
-    from ember.channels.a2a import RPC_PATH, a2a_server, agent_card
+    from ember.channels.a2a import RPC_PATH, a2a_server, agent_card, task_owner
+    from ember.store.a2a_tasks import SqlA2ATaskEvents, SqlA2ATaskStore, import_task_file
+
+    if (old := settings.home_dir / "a2a.db").exists():
+        await import_task_file(runtime.db, old)
 
     router = TurnRouter(runtime.bus, name=A2A, answers=runtime.deliveries.store if settings.redis_url else None)
     runtime.channels.register(router)
     card = agent_card(name=settings.agent_name, url=public_url.rstrip("/") + RPC_PATH, tools=runtime.tools.specs(),
                       description=f"{settings.agent_name}, a long-running agent on Ember: it answers, uses its "
                                   "tools with its person's approval, and remembers.")
-    return a2a_server(router, runtime.approvals, card, settings.home_dir / "a2a.db")
+    return a2a_server(router, runtime.approvals, card, SqlA2ATaskStore(runtime.db, task_owner),
+                      SqlA2ATaskEvents(runtime.db))
 
 
 async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str, port: int,
@@ -195,7 +201,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         channel_routes += chat_channels(settings, runtime, settings.gateway_public_url)
         if turns:  # else the workers fire the scheduled tasks
             runtime.channels.register(runtime.scheduler())
-        a2a = a2a_channel(settings, runtime, settings.gateway_public_url or f"http://{host}:{listening.port}")
+        a2a = await a2a_channel(settings, runtime, settings.gateway_public_url or f"http://{host}:{listening.port}")
         if a2a is not None:
             channel_routes += a2a.routes
 

@@ -1,0 +1,37 @@
+"""The migration step that keeps A2A tasks in the main store (they were in a file of each gateway's
+own, so a task created through one gateway was unknown to the next).
+
+`a2a_tasks`: one row per task, the task itself as the protocol's JSON, its `version` counting the
+writes (a write names the version it read: two writers never overwrite each other unseen).
+`a2a_task_events`: the events those writes applied, in order, for a stream followed through
+another gateway than the one running the task.
+"""
+
+from __future__ import annotations
+
+from ember.store.migration_step import ByDialect, Step
+
+_EVENTS = """CREATE TABLE a2a_task_events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            task_id TEXT NOT NULL,
+            version BIGINT NOT NULL,
+            event_json TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL)"""
+
+A2A_TASKS: tuple[Step, ...] = (
+    """CREATE TABLE a2a_tasks (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        context_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        updated_ns BIGINT,
+        version BIGINT NOT NULL,
+        task_json TEXT NOT NULL)""",
+    # ListTasks: a caller's own, newest first.
+    "CREATE INDEX a2a_tasks_by_owner ON a2a_tasks (owner, updated_ns)",
+    ByDialect.edited(_EVENTS, "seq INTEGER PRIMARY KEY AUTOINCREMENT",
+                     "seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"),
+    "CREATE INDEX a2a_task_events_by_task ON a2a_task_events (task_id, seq)",
+    # Old events are pruned by age.
+    "CREATE INDEX a2a_task_events_by_age ON a2a_task_events (created_at)",
+)
