@@ -236,6 +236,24 @@ async def test_recovery_outside_the_window_answers_with_a_notice(settings: Setti
     assert_delivery_id_names_the_answer(final, stored)
 
 
+async def test_a_cut_off_turn_redelivered_after_a_later_message_gets_the_notice_not_the_later_answer(
+        settings: Settings) -> None:
+    """Resumed then, the turn would answer the later question (the model reads the history to
+    its end), and the first question's asker would get the second's answer."""
+    await cut_off_turn(settings, "first question", "m1")
+    model = ScriptedModel([ModelReply(text="answer to the second")])
+    async with serving_runtime(settings, model) as h:
+        await h.publish("second question", message_id="m2")
+        assert (await h.next_closing()).text == "answer to the second"
+        await h.publish("first question", message_id="m1")  # the channel delivers the cut-off one again
+        again = await h.next_closing()
+    assert (again.kind, again.text, again.reply_to) == (OutboundKind.FINAL, NOT_RESUMED_TEXT, "m1")
+    assert len(model.requests) == 1
+    assert shapes(await history(settings)) == [
+        (Role.USER, "first question"), (Role.USER, "second question"), (Role.ASSISTANT, "answer to the second"),
+        (Role.ASSISTANT, NOT_RESUMED_TEXT)]
+
+
 async def test_recovery_leaves_answered_messages_alone(settings: Settings) -> None:
     async with serving_runtime(settings, ScriptedModel([ModelReply(text="answered")])) as h:
         await h.publish("question", message_id="m1")

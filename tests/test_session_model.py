@@ -175,8 +175,10 @@ class SessionMachine(RuleBasedStateMachine):
         config = self.settings.model_copy(update={"interrupted_turns": "notice"}) if notice else self.settings
         self.script.hanging = asyncio.Event()
         cut = [mid for mid, sent in self.sent.items() if sent.status == "cut"]
-        if recover and not notice:
-            self.script.plan.extend(Step("final", self.label("r")) for _ in cut)
+        # Each resumed if its question is still the session's last, else answered with the notice.
+        resumed = [mid for mid in cut if not notice and self.last_asked(mid)]
+        if recover:
+            self.script.plan.extend(Step("final", self.label("r")) for _ in resumed)
         self.stack = AsyncExitStack()
         self.runtime: Runtime = await build_runtime(config, FunctionModel(self.script.reply),
                                                     tools=ToolRegistry([self.script.tool()]))
@@ -188,7 +190,8 @@ class SessionMachine(RuleBasedStateMachine):
             for mid in cut:
                 final = await self.closing(mid)
                 assert final.kind is OutboundKind.FINAL, final
-                self.expected.append((Role.ASSISTANT, NOT_RESUMED_TEXT if notice else final.text))
+                self.expected.append((Role.ASSISTANT, final.text if mid in resumed else NOT_RESUMED_TEXT))
+                assert final.text == NOT_RESUMED_TEXT or mid in resumed, final
                 self.sent[mid].status = "answered"
             assert not self.script.plan, "recovery did not resume every cut-off turn"
 
@@ -218,6 +221,12 @@ class SessionMachine(RuleBasedStateMachine):
             seen = len(events)
             await asyncio.sleep(0.005)
         raise AssertionError(f"no answer to {message_id} within {WAIT_S}s")
+
+    def last_asked(self, mid: str) -> bool:
+        """Whether `mid`'s question is the last one in the history, so that resuming its turn
+        answers it and no other."""
+        asked = [content for role, content in self.expected if role is Role.USER]
+        return asked[-1] == self.sent[mid].text
 
     def label(self, prefix: str) -> str:
         self.counter += 1
@@ -267,6 +276,13 @@ class SessionMachine(RuleBasedStateMachine):
         if sent.status == "answered":
             closing = self.run(self.send(mid, sent.text))  # the record again; the model is not asked
             assert closing.kind is OutboundKind.FINAL and closing.stream_full_text, closing
+            return
+        if sent.status == "cut" and not self.last_asked(mid):
+            # Resumed now, its turn would answer a later question: it gets the notice instead.
+            closing = self.run(self.send(mid, sent.text))
+            assert (closing.kind, closing.text) == (OutboundKind.FINAL, NOT_RESUMED_TEXT), closing
+            self.expected.append((Role.ASSISTANT, NOT_RESUMED_TEXT))
+            sent.status = "answered"
             return
         # Cut off or failed: the turn runs (again) from what was committed, its question not written twice.
         steps = [*self.plan_tools(tools), Step("final", self.label("a"))]

@@ -5,8 +5,9 @@
         arrival order; different sessions run concurrently)
             the message was accepted before (a redelivery)?
                 answered:   re-send the recorded answer, same delivery id
-                unanswered: its turn was cut off: resume it, or after the
-                            freshness window answer with a notice
+                unanswered: its turn was cut off: resume it, or (after the
+                            freshness window, or when a later message of
+                            the session came meanwhile) answer with a notice
             ctx    = ContextStage.prepare(event)     user message + receipt committed
             result = InferenceStage.run(ctx)         model + tools, steps committed
             done   = ResponseStage.finalize(ctx, result)   answer + outbox record committed
@@ -30,20 +31,18 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
 from ember.core.delivery import Delivery, Receipt, delivery_id
-from ember.core.errors import EmberError, LeaseLost, StoreError
+from ember.core.errors import LeaseLost, StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
-from ember.core.journal import Observers, Spans, TurnJournal, TurnObserver
+from ember.core.journal import Spans
 from ember.core.leases import SessionLeases
 from ember.core.messages import Message, Role
 from ember.core.redact import redact_text
 from ember.core.tools import ToolRun
-from ember.core.turn import PipelineContext
 from ember.pipeline.context import ContextStage
 from ember.pipeline.inference import InferenceStage
 from ember.pipeline.response import ResponseStage
@@ -51,6 +50,15 @@ from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.streaming import StreamPublisher
 from ember.runtime.tasks import cancel_task, stop_tasks
+from ember.runtime.turn_state import (
+    INTERRUPTED_TEXT,
+    NOT_RESUMED_TEXT,
+    STOPPED_TEXT,
+    TRACE_FLUSH_S,
+    RecoveryPolicy,
+    TurnState,
+    error_text,
+)
 from ember.store.protocols import SessionStore, TraceLog
 from ember.store.traces import TurnTrace
 
@@ -62,58 +70,6 @@ class Pipeline:
     context: ContextStage
     inference: InferenceStage
     response: ResponseStage
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryPolicy:
-    """What to do at start-up with a message whose turn a crash cut off."""
-
-    mode: Literal["resume", "notice"] = "resume"
-    # Older than this, resuming would surprise: the user gets a notice instead.
-    window_s: float = 600.0
-
-    def resumes(self, receipt: Receipt) -> bool:
-        return self.mode == "resume" and time.time() - receipt.received_at <= self.window_s
-
-
-INTERRUPTED_TEXT = "Sorry, this turn was interrupted before it finished (Ember is shutting down)."
-STOPPED_TEXT = "Stopped: you stopped this turn before it finished. What it had done so far is kept."
-TRACE_FLUSH_S = 1.0
-NOT_RESUMED_TEXT = ("Sorry, Ember stopped while working on this message and did not finish it. "
-                    "Send it again if it still matters.")
-
-
-@dataclass(slots=True)
-class _Turn:
-    """One turn as the loop tracks it, for a failure or a cancellation to report honestly."""
-
-    turn_id: str
-    journal: TurnJournal = field(default_factory=TurnJournal)
-    also: TurnObserver | None = None  # another observer of every turn: OpenTelemetry
-    resume: bool = False
-    ctx: PipelineContext | None = None
-    delivered: bool = False
-    trace: TurnTrace | None = None
-    stop_requested: bool = False  # by a person (stop_turn), not by Ember shutting down
-
-    @property
-    def observer(self) -> TurnObserver:
-        return self.journal if self.also is None else Observers((self.journal, self.also))
-
-    def undelivered_answer(self) -> Message | None:
-        """The turn's final answer when it was committed but not yet sent."""
-        if self.ctx is None or self.delivered or not self.ctx.session.messages:
-            return None
-        last = self.ctx.session.messages[-1]
-        final = last.role is Role.ASSISTANT and not last.tool_calls and last.turn_id == self.turn_id
-        return last if final else None
-
-
-def error_text(exc: BaseException, turn_id: str) -> str:
-    if isinstance(exc, EmberError):  # a StoreBusy says to send the message again
-        # A provider's error may quote the key it refused: the person is told why, not the key.
-        return f"Sorry, I could not answer: {redact_text(str(exc))}"
-    return f"Sorry, something went wrong inside Ember ({type(exc).__name__}). Turn id for the logs: {turn_id}"
 
 
 class AgentLoop:
@@ -132,7 +88,7 @@ class AgentLoop:
         self._deliveries = deliveries
         self._recovery = recovery
         self._turns: set[asyncio.Task[None]] = set()
-        self._running: dict[str, tuple[_Turn, asyncio.Task[None]]] = {}  # by session key, under its lease
+        self._running: dict[str, tuple[TurnState, asyncio.Task[None]]] = {}  # by session key, under its lease
         self._consumer: asyncio.Task[None] | None = None
         self._stop_listener: asyncio.Task[None] | None = None
         self._trace_writer: asyncio.Task[None] | None = None
@@ -246,25 +202,37 @@ class AgentLoop:
         await self._bus.ack_inbound(event)
 
     async def _on_inbound(self, event: InboundEvent) -> None:
+        """The event's turn under its session's lease."""
+        try:
+            async with self._leases.hold(event.session_key):
+                await self._answer(event)
+        except (LeaseLost, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # the lease failed before a turn could start
+            turn_id = uuid.uuid4().hex
+            log.exception("turn %s of %s could not start", turn_id, event.session_key)
+            await self._publish(event, turn_id, OutboundKind.ERROR, error_text(exc, turn_id))
+
+    async def _answer(self, event: InboundEvent) -> None:
+        """One turn, its session's lease held."""
         # Every turn gets a receipt, so a crash cannot hide it. An id minted
         # here was never accepted before: there is no receipt to look up.
         fresh = event.message_id is None and not event.recovery
         if event.message_id is None:
             event = dataclasses.replace(event, message_id=uuid.uuid4().hex)
-        turn = _Turn(turn_id=uuid.uuid4().hex, also=self._spans.observer if self._spans else None)
+        turn = TurnState(turn_id=uuid.uuid4().hex, also=self._spans.observer if self._spans else None)
         try:
-            async with self._leases.hold(event.session_key):
-                if not fresh and await self._already_handled(event, turn):
-                    return
-                turn.trace = TurnTrace(turn_id=turn.turn_id, session_key=event.session_key, started_at=time.time())
-                task = asyncio.current_task()
-                assert task is not None
-                self._running[event.session_key] = (turn, task)
-                try:
-                    with self._spans.turn(turn.turn_id, event.session_key) if self._spans else nullcontext():
-                        await self._run_turn(event, turn)
-                finally:
-                    del self._running[event.session_key]
+            if not fresh and await self._already_handled(event, turn):
+                return
+            turn.trace = TurnTrace(turn_id=turn.turn_id, session_key=event.session_key, started_at=time.time())
+            task = asyncio.current_task()
+            assert task is not None
+            self._running[event.session_key] = (turn, task)
+            try:
+                with self._spans.turn(turn.turn_id, event.session_key) if self._spans else nullcontext():
+                    await self._run_turn(event, turn)
+            finally:
+                del self._running[event.session_key]
             turn.trace.status = "ok"
         except asyncio.CancelledError:
             stopped = turn.stop_requested
@@ -304,7 +272,7 @@ class AgentLoop:
                 turn.trace.detail.update(turn.journal.as_dict())
                 await self._record(turn.trace)
 
-    async def _already_handled(self, event: InboundEvent, turn: _Turn) -> bool:
+    async def _already_handled(self, event: InboundEvent, turn: TurnState) -> bool:
         """A redelivery: re-send its answer, or pick up its cut-off turn. True when nothing is left to run."""
         assert event.message_id is not None
         seen = await self._deliveries.store.receipt(event.channel, event.chat_id, event.message_id)
@@ -319,10 +287,17 @@ class AgentLoop:
                 await self._deliveries.send(answer)
                 return True
             return False  # the turn ended in an error: a redelivery is a retry
-        if event.recovery and not self._recovery.resumes(seen):
+        if (event.recovery and not self._recovery.resumes(seen)) or not await self._is_last_asked(event, seen):
             await self._answer_with_notice(event, seen)
             return True
         return False
+
+    async def _is_last_asked(self, event: InboundEvent, seen: Receipt) -> bool:
+        """Whether the cut-off turn's message is still the session's last: resumed after a later
+        one, it would answer that one, as the model reads the history to its end."""
+        session = await self._sessions.load(event.session_key)
+        asked = [m.turn_id for m in session.messages if m.role is Role.USER]
+        return not asked or asked[-1] == seen.turn_id
 
     async def _answer_with_notice(self, event: InboundEvent, seen: Receipt) -> None:
         session = await self._sessions.load(event.session_key)
@@ -332,7 +307,7 @@ class AgentLoop:
         await self._sessions.append(session, [notice], delivery=delivery)
         await self._deliveries.send(delivery)
 
-    async def _record_failure(self, event: InboundEvent, turn: _Turn, text: str) -> str | None:
+    async def _record_failure(self, event: InboundEvent, turn: TurnState, text: str) -> str | None:
         """The accepted message was answered, with an error: start-up recovery leaves it alone.
         Returns the error's delivery id, when it was recorded."""
         if turn.ctx is None:
@@ -353,7 +328,7 @@ class AgentLoop:
         except StoreError:
             log.warning("could not record the trace of turn %s", trace.turn_id, exc_info=True)
 
-    async def _run_turn(self, event: InboundEvent, turn: _Turn) -> None:
+    async def _run_turn(self, event: InboundEvent, turn: TurnState) -> None:
         def open_stream(prefix: str) -> StreamPublisher:
             return StreamPublisher(self._bus, self._deliveries, event, turn.turn_id, prefix=prefix)
 
