@@ -11,18 +11,19 @@ import datetime as dt
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.app import skill_library
 from ember.cli_common import ProgressBar, err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.core.errors import SkillError
 from ember.core.memory import LOCAL_IDENTITY
 from ember.core.skills import Proposal, ProposalStatus
-from ember.skills.library import SkillLibrary
+
+if TYPE_CHECKING:
+    from ember.skills.library import SkillLibrary
 
 skills_app = typer.Typer(help="Skills: list, show, pending proposals, approve, reject, diff, rollback, import.",
                          no_args_is_help=True)
@@ -36,6 +37,8 @@ ProposalArgument = Annotated[str, typer.Argument(help="The proposal's id (ember 
 
 @asynccontextmanager
 async def _library() -> AsyncIterator[SkillLibrary]:
+    from ember.app import skill_library
+
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)
     async with open_store(settings) as db:

@@ -91,6 +91,7 @@ class GatewayOptions:
     timezone: str = "UTC"  # of tasks created without one
     agent_name: str = "Ember"
     model_label: str = ""  # the model that answers, as the page shows it
+    model_problem: str = ""  # why that model did not answer when the gateway started ("": it did)
 
 
 class IdentityGate:
@@ -180,7 +181,8 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         """Who the caller is and what answers them, for the page's header."""
         identity = request.state.identity
         return JSONResponse({"identity": identity, "person": services.identities.resolve("http", identity),
-                             "agent": options.agent_name, "model": options.model_label, "keys": not keys.open})
+                             "agent": options.agent_name, "model": options.model_label, "keys": not keys.open,
+                             "model_problem": options.model_problem or None})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
