@@ -15,7 +15,9 @@ restart keeps them; the turns, as every turn, are in the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sqlite3
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,12 +214,27 @@ class A2AServer:
             await self.engine.dispose()
 
 
+def _adopt_named_table(path: Path) -> None:
+    """The task records of a home whose file keeps them as `a2a_tasks`, renamed to the SDK's `tasks`.
+    Run once at start, before the gateway serves (a file of its own: nothing else waits on it)."""
+    if not path.exists():
+        return
+    with contextlib.closing(sqlite3.connect(path)) as raw, raw:
+        names = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "a2a_tasks" in names and "tasks" not in names:
+            raw.execute("ALTER TABLE a2a_tasks RENAME TO tasks")
+
+
 def a2a_server(router: TurnRouter, approvals: ApprovalBroker, card: AgentCard,
                tasks_path: Path | None = None) -> A2AServer:
     """`tasks_path`: the SQLite file the task records are kept in (a file of their own, so the SDK's
     writes never wait on Ember's); None keeps them in memory."""
+    if tasks_path is not None:
+        _adopt_named_table(tasks_path)
     engine = create_async_engine(f"sqlite+aiosqlite:///{tasks_path}") if tasks_path is not None else None
-    store = (DatabaseTaskStore(engine, table_name="a2a_tasks", owner_resolver=_owner) if engine is not None
+    # The SDK's own table name: any other makes it declare a second TaskModel class on its shared
+    # declarative base, which SQLAlchemy warns about at every start.
+    store = (DatabaseTaskStore(engine, owner_resolver=_owner) if engine is not None
              else InMemoryTaskStore(owner_resolver=_owner))
     handler = DefaultRequestHandler(agent_executor=EmberExecutor(router, approvals), task_store=store,
                                     agent_card=card)
