@@ -95,7 +95,7 @@ def _suggestion(root: type[BaseModel], loc: Loc) -> str:
     table = _table_at(root, loc[:-1])
     if table is None or not isinstance(loc[-1], str):
         return ""
-    close = difflib.get_close_matches(loc[-1], list(table.model_fields), n=3, cutoff=0.6)
+    close = difflib.get_close_matches(loc[-1], list(table.model_fields), n=2, cutoff=0.6)
     return f"; did you mean {' or '.join(f'`{name}`' for name in close)}?" if close else ""
 
 
