@@ -9,6 +9,7 @@ from ember.config import Settings
 from ember.configured_models import model_endpoints, model_specs
 from ember.core.errors import EmberError, ModelTimedOut, ModelUnavailable
 from ember.models.base import ModelEndpoint
+from ember.models.unreachable import LISTING
 
 MODEL_CHECK_TIMEOUT_S = 10.0
 # `ember serve` waits at most this long for its model before it serves anyway.
@@ -34,7 +35,7 @@ async def _unreachable(model: ModelEndpoint, timeout_s: float) -> str | None:
     try:
         await asyncio.wait_for(model.list_models(), timeout_s)
     except (ModelUnavailable, ModelTimedOut) as exc:
-        return str(exc)
+        return str(exc).removeprefix(f"{LISTING}: ")
     except TimeoutError:
         return f"no answer from {model.base_url} within {timeout_s:g} s"
     except EmberError:

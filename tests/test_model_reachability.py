@@ -11,12 +11,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from playwright.sync_api import Page, expect
 
+from tests.browser import needs_chromium, sign_in
 from tests.gatewayproc import LaunchGateway, free_port
 from tests.modelserver import ModelServer
 from tests.test_cli_e2e import chat, ember, ember_env, one_line
 
 UNREACHABLE = "The model cannot be reached"
+KEY = "alice-secret-0123456789"
 
 
 @pytest.fixture
@@ -83,3 +86,20 @@ def test_a_host_name_that_does_not_resolve_is_said_so(tmp_path: Path) -> None:
 
     assert "could not connect to http://no-such-host.invalid/v1: its host name does not resolve" in one_line(
         done.stderr)
+
+
+@needs_chromium
+def test_the_page_shows_a_banner_only_when_the_model_could_not_be_reached(
+        page: Page, launch_gateway: LaunchGateway, model_server: ModelServer, tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    down = launch_gateway(None, keys={"alice": KEY}, home=tmp_path / "down", EMBER_MODEL_BASE_URL=dead,
+                          EMBER_MODEL="m")
+    sign_in(page, down, KEY)
+    banner = page.locator("#model-banner")
+    expect(banner).to_be_visible()
+    expect(banner).to_contain_text(f"The model did not answer when Ember started: could not connect to {dead}")
+
+    up = launch_gateway(model_server, keys={"alice": KEY}, home=tmp_path / "up")
+    sign_in(page, up, KEY)
+    expect(page.locator("#whoami")).to_be_visible()
+    expect(page.locator("#model-banner")).to_be_hidden()

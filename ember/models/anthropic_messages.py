@@ -40,7 +40,7 @@ from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
 from ember.models.retry import open_with_retries, retry_after_seconds
 from ember.models.spec import ANTHROPIC_BASE_URL, ANTHROPIC_PREFIX, DEFAULT_MAX_TOKENS
-from ember.models.unreachable import unreachable_text
+from ember.models.unreachable import LISTING, unreachable_text
 
 # A paused turn is continued at most this many times before the answer so far is returned.
 MAX_CONTINUATIONS = 3
@@ -275,5 +275,5 @@ class AnthropicModel:
         try:
             page = await self._client.models.list()
         except anthropic.AnthropicError as exc:
-            raise typed(exc, "listing its models", self.base_url) from exc
+            raise typed(exc, LISTING, self.base_url) from exc
         return [item.id for item in page.data]

@@ -32,7 +32,7 @@ from ember.core.messages import Message, Role, ToolCall
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
 from ember.models.retry import open_with_retries, retry_after_seconds
-from ember.models.unreachable import connection_failure, unreachable_text
+from ember.models.unreachable import LISTING, connection_failure, unreachable_text
 
 _UNAVAILABLE_STATUS = {408, 409}
 # How providers say a request is over the window, or was refused, in a 400's code or message.
@@ -225,7 +225,7 @@ class OpenAICompatibleModel:
         try:
             page = await self._client.models.list()
         except openai.OpenAIError as exc:
-            raise typed(exc, "listing its models", self.base_url) from exc
+            raise typed(exc, LISTING, self.base_url) from exc
         return [item.id for item in page.data]
 
     async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> AsyncStream[Any]:  # chunks: dicts

@@ -6,6 +6,8 @@ import errno
 import socket
 import ssl
 
+# What a client's model listing (its reachability check) says it was doing when it failed.
+LISTING = "listing its models"
 _CHECK = "check that the model server is running there and that the base URL in the configuration is right"
 
 
