@@ -5,8 +5,10 @@ npm registry, driven by tests/a2a_js/client.mjs); another identity's task does n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
+import sqlite3
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -299,3 +301,21 @@ async def test_a_task_is_still_there_after_a_restart(launch_gateway: LaunchGatew
         listed = await client.list_tasks(ListTasksRequest(include_artifacts=True))
     assert kept.status.state == TaskState.TASK_STATE_COMPLETED and answer(kept) == "Kept across restarts."
     assert [t.id for t in listed.tasks] == [task.id]
+
+
+async def test_tasks_kept_under_the_old_table_name_are_found_and_no_warning_is_printed(
+        launch_gateway: LaunchGateway, model_server: ModelServer) -> None:
+    first = launch_gateway(model_server, keys={"alice": ALICE})
+    model_server.push(Reply(text="Kept under the old name."))
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=30) as transport:
+        client = await create_client(first.base_url, ClientConfig(streaming=False, httpx_client=transport))
+        task = final_task(await events(client, request("remember this task")))
+    assert first.stop() == 0
+    with contextlib.closing(sqlite3.connect(first.home / "a2a.db")) as raw, raw:  # a home of an earlier version
+        raw.execute("ALTER TABLE tasks RENAME TO a2a_tasks")
+    again = launch_gateway(model_server, keys={"alice": ALICE}, port=first.port)
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=30) as transport:
+        client = await create_client(again.base_url, ClientConfig(streaming=False, httpx_client=transport))
+        kept = await client.get_task(GetTaskRequest(id=task.id))
+    assert answer(kept) == "Kept under the old name."
+    assert "Warning" not in first.output() + again.output()
