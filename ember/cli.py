@@ -66,7 +66,7 @@ def chat(
         str | None, typer.Option("--message", "-m", help="Send one message, print the answer, exit.")
     ] = None,
     session: SessionOption = "default",
-    demo: Annotated[bool, typer.Option(help="Use the offline scripted demo model.")] = False,
+    demo: Annotated[bool, typer.Option("--demo", help="Use the offline scripted demo model.")] = False,
     verbose: VerboseOption = False,
 ) -> None:
     """Chat with the agent: interactive and streaming, or one shot with -m. With no model

@@ -62,14 +62,14 @@ def add(
     session: Annotated[str | None, typer.Option("--session", help="The chat answers go to: a session key "
                                                 "(http:alice:work) or a terminal session's name; "
                                                 "default: the task's own session.")] = None,
-    tz: Annotated[str | None, typer.Option("--tz", help="The IANA time zone [default: the timezone setting].")]
+    tz: Annotated[str | None, typer.Option("--tz", help="The IANA time zone (default: the timezone setting).")]
     = None,
     missed: Annotated[MissedPolicy, typer.Option("--missed", help="Runs missed while Ember was down: skip "
                                                  "them, or run once.")] = MissedPolicy.SKIP,
     grant_approvals: Annotated[bool, typer.Option("--grant-approvals", help="Let unattended runs do what would "
                                                   "ask for approval (otherwise denied).")] = False,
-    identity: Annotated[str | None, typer.Option("--identity", help="Whose task [default: the --session's "
-                                                 "person, else local].")] = None,
+    identity: Annotated[str | None, typer.Option("--identity", help="Whose task (default: the --session's "
+                                                 "person, else local).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Add a task; prints its id and its next runs."""

@@ -48,7 +48,7 @@ memory_app = typer.Typer(help="What the agent remembers: add, search, import, fo
 
 IMPORT_BATCH = 500
 
-IdentityOption = Annotated[str, typer.Option("--identity", help="Whose memory [default: local, the terminal's].")]
+IdentityOption = Annotated[str, typer.Option("--identity", help="Whose memory (local: the terminal's person).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 AllOption = Annotated[bool, typer.Option("--all", help="Include superseded and archived memories.")]
 
@@ -340,7 +340,7 @@ def parse_time(value: object) -> float | None:
 def export(
     identity: IdentityOption = LOCAL_IDENTITY,
     include_all: AllOption = False,
-    kind: Annotated[MemoryKind | None, typer.Option(help="Only this tier [default: facts and episodes].")] = None,
+    kind: Annotated[MemoryKind | None, typer.Option(help="Only this tier (default: facts and episodes).")] = None,
 ) -> None:
     """Write memories as JSON Lines (the import format) to standard output."""
     settings = _settings()

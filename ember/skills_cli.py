@@ -30,7 +30,7 @@ skills_app = typer.Typer(help="Skills: list, show, pending proposals, approve, r
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 IdentityOption = Annotated[str | None, typer.Option(
-    "--identity", help="Whose learned skills [default: the shared ones, and for lists everyone's].")]
+    "--identity", help="Whose learned skills (default: the shared ones, and for lists everyone's).")]
 NameArgument = Annotated[str, typer.Argument(help="The skill's name (ember skills list shows them).")]
 ProposalArgument = Annotated[str, typer.Argument(help="The proposal's id (ember skills pending shows them).")]
 
@@ -91,7 +91,7 @@ def list_skills(identity: IdentityOption = None, archived: Annotated[bool, typer
 
 @skills_app.command("show")
 def show(name: NameArgument, identity: IdentityOption = None,
-         version: Annotated[int | None, typer.Option("--version", help="Which version [default: current].")] = None,
+         version: Annotated[int | None, typer.Option("--version", help="Which version (default: current).")] = None,
          as_json: JsonOption = False) -> None:
     """A skill's SKILL.md and its history."""
     async def body() -> int:
@@ -116,7 +116,7 @@ def show(name: NameArgument, identity: IdentityOption = None,
 
 @skills_app.command("diff")
 def diff(name: NameArgument, identity: IdentityOption = None, version: Annotated[int | None, typer.Option(
-        "--version", help="The version whose change to show [default: current].")] = None,
+        "--version", help="The version whose change to show (default: the current one).")] = None,
          as_json: JsonOption = False) -> None:
     """What a version changed from the one before it."""
     async def body() -> int:
