@@ -56,12 +56,16 @@ AllOption = Annotated[bool, typer.Option("--all", help="Include superseded and a
 @asynccontextmanager
 async def _memory(settings: Settings, *, search: bool = True) -> AsyncIterator[MemoryService]:
     """The memory service; with `search`, its embedder too (commands that only list need none)."""
-    from ember.app import memory_service
     from ember.memory.service import MemoryService
     from ember.store.memories import SqlMemoryStore
 
     async with open_store(settings) as db:
-        service = memory_service(settings, db) if search else MemoryService(SqlMemoryStore(db), None)
+        if search:
+            from ember.app import memory_service  # the runtime's wiring: only where an embedder is needed
+
+            service = memory_service(settings, db)
+        else:
+            service = MemoryService(SqlMemoryStore(db), None)
         await service.open()
         yield service
 
