@@ -1,4 +1,5 @@
-# The two set-up commands: `make run` and `make test` (each builds .venv first).
+# The two set-up commands: `make run` and `make test` (each builds .venv first). `make run` installs
+# what running needs; `make test` (and lint, bench) adds the test tools of the `dev` extra.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,6 +9,10 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(BIN)/.installed-dev: $(BIN)/.installed
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
@@ -46,15 +51,15 @@ tests/a2a_js/node_modules: tests/a2a_js/package-lock.json | $(NODE)
 	cd tests/a2a_js && npm ci --no-audit --no-fund --silent
 	touch $@
 
-test: $(BIN)/.installed $(CHROMIUM) $(REDIS_SERVER) $(BWRAP) tests/a2a_js/node_modules
+test: $(BIN)/.installed-dev $(CHROMIUM) $(REDIS_SERVER) $(BWRAP) tests/a2a_js/node_modules
 	EMBER_TEST_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
-lint: $(BIN)/.installed
+lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check ember tests bench
 
 # About 13 minutes on 2 cores: commit cost, 1,000 sessions, the gateway under load, kill -9, memory at 10k, and
 # 1, 2, 4 workers on a throwaway PostgreSQL + Redis against SQLite (quick forms of the last four).
-bench: $(BIN)/.installed $(REDIS_SERVER)
+bench: $(BIN)/.installed-dev $(REDIS_SERVER)
 	$(BIN)/python bench/commit_cost.py
 	$(BIN)/python bench/sessions_load.py
 	$(BIN)/python bench/gateway_load.py --quick

@@ -23,6 +23,7 @@ from ember.core.errors import ConfigError
 from ember.core.jobs import JobKind
 from ember.core.leases import SessionLeases
 from ember.core.tasks import CHANNEL as TASK_CHANNEL
+from ember.database import store_database
 from ember.memory.consolidation import ConsolidationWorker
 from ember.memory.embeddings import Embedder, load_embedder
 from ember.memory.identity import Identities
@@ -51,11 +52,8 @@ from ember.store.engine import Database
 from ember.store.jobs import Job, SqlJobStore
 from ember.store.leases import LeaderLease, LeaseTable, SqlSessionLeases
 from ember.store.memories import SqlMemoryStore
-from ember.store.migrations import MigrationProgress
-from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
 from ember.store.skills import SqlSkillStore
-from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
@@ -221,19 +219,6 @@ def memory_service(settings: Settings, db: Database, embedder: Embedder | None =
                          identities=Identities(settings.identities))
 
 
-@asynccontextmanager
-async def open_database(settings: Settings, *,
-                        progress: MigrationProgress | None = None) -> AsyncIterator[Database]:
-    """The store alone, migrated, for commands that only read or check it;
-    `progress` follows the migrations, if any are pending (Database.open)."""
-    db = store_database(settings)
-    await db.open(progress)
-    try:
-        yield db
-    finally:
-        await db.close()
-
-
 async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
                         embedder: Embedder | None = None, background_model: ModelClient | None = None,
                         approval_model: ModelClient | None = None) -> Runtime:
@@ -322,13 +307,6 @@ async def configured_runtime(settings: Settings, model: ModelClient, *, own_role
     return await build_runtime(settings, model,
                                background_model=configured_background_model(settings) if roles else None,
                                approval_model=configured_approval_model(settings, model) if roles else None)
-
-
-def store_database(settings: Settings) -> Database:
-    """PostgreSQL when `database_url` is set, else the SQLite file in the home."""
-    if settings.database_url is not None:
-        return PostgresDatabase(settings.database_url.get_secret_value())
-    return SqliteDatabase(settings.database_path, synchronous=settings.sqlite_synchronous)
 
 
 def require_shared_bus(settings: Settings, command: str) -> None:

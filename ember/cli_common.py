@@ -9,18 +9,19 @@ import sys
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, TaskID
 
-from ember.app import open_database
-from ember.config import Settings, load_settings
 from ember.core.errors import EmberError
-from ember.core.redact import redact_handlers
-from ember.store.engine import Database
+
+if TYPE_CHECKING:  # the runtime's modules load when a command runs, not when `ember --help` does
+    from rich.progress import Progress, TaskID
+
+    from ember.config import Settings
+    from ember.store.engine import Database
 
 # soft_wrap: never break a line a user may copy (the configure hint) at the terminal width.
 out = Console(highlight=False, soft_wrap=True)
@@ -45,7 +46,7 @@ class ProgressBar:
     def __init__(self, description: str) -> None:
         self._description = description
         self._progress: Progress | None = None
-        self._task = TaskID(0)
+        self._task: TaskID | None = None
 
     @property
     def shown(self) -> bool:
@@ -55,10 +56,13 @@ class ProgressBar:
         if not self.shown:
             return
         if self._progress is None:
+            from rich.progress import Progress
+
             # No redirection: standard output written meanwhile stays on standard output.
             self._progress = Progress(console=err, transient=True, redirect_stdout=False, redirect_stderr=False)
             self._task = self._progress.add_task(self._description, total=total)
             self._progress.start()
+        assert self._task is not None
         self._progress.update(self._task, completed=done, total=total)
         if total is not None and done >= total:
             self.close()
@@ -80,6 +84,8 @@ class ProgressBar:
 async def open_store(settings: Settings) -> AsyncIterator[Database]:
     """The store, migrated, with a bar over the migrations when some are pending
     (a new home, an upgrade); gone before the command prints anything."""
+    from ember.database import open_database
+
     with ProgressBar("upgrading the store") as bar:
         async with open_database(settings, progress=bar) as db:
             bar.close()
@@ -87,6 +93,8 @@ async def open_store(settings: Settings) -> AsyncIterator[Database]:
 
 
 def settings_or_exit() -> Settings:
+    from ember.config import load_settings
+
     try:
         return load_settings()
     except EmberError as exc:
@@ -105,6 +113,8 @@ def run_command(work: Coroutine[Any, Any, int]) -> None:
 
 
 def setup_logging(settings: Settings, verbose: bool) -> None:
+    from ember.core.redact import redact_handlers
+
     settings.home_dir.mkdir(parents=True, exist_ok=True)
     handlers: list[logging.Handler] = [logging.FileHandler(settings.home_dir / "ember.log")]
     if verbose:

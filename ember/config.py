@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     # Anthropic only: extended thinking's token budget (off when unset).
     model_thinking_budget: int | None = Field(default=None, ge=1024)
     # Per model call, until its first token and between tokens.
-    model_timeout_s: float = 60.0
+    model_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     # Attempts per call of a model with no fallback after it (retried only before the first token).
     model_max_attempts: int = Field(default=4, ge=1)
     # Named models and the chain each role tries in order (models/router.py); the single-model
@@ -264,6 +264,13 @@ class Settings(BaseSettings):
     def _a_url(cls, value: str | None) -> str | None:
         return check_base_url(value) if value is not None else None
 
+    @field_validator("budget_usd_per_day")
+    @classmethod
+    def _budgets_not_negative(cls, budgets: dict[str, float]) -> dict[str, float]:
+        if any(usd < 0 for usd in budgets.values()):
+            raise ValueError("a day's budget is 0 USD or more")
+        return budgets
+
     @field_validator("timezone")
     @classmethod
     def _a_zone(cls, value: str) -> str:
@@ -392,7 +399,6 @@ def load_settings() -> Settings:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{config_file()}: {exc}") from exc
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
-        raise ConfigError(f"invalid configuration ({config_file()} or EMBER_* variables): {problems}") from exc
+        from ember.config_errors import explain
+
+        raise ConfigError(f"invalid configuration:\n{explain(exc, Settings, config_file())}") from exc

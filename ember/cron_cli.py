@@ -4,21 +4,21 @@ picks up what these commands change within a second or two."""
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
-from ember.config import Settings
 from ember.core.errors import EmberError
 from ember.core.events import ReplyRoute
 from ember.core.memory import LOCAL_IDENTITY, default_identity
 from ember.core.schedule import ScheduleError, local_time
 from ember.core.tasks import MissedPolicy, Task, TaskState
-from ember.store.tasks import SqlTaskStore, new_task_id
-from ember.tools.tasks import schedule_of
+
+if TYPE_CHECKING:
+    from ember.config import Settings
 
 cron_app = typer.Typer(help="Scheduled tasks: add, edit, list, pause, resume, remove, run.", no_args_is_help=True)
 
@@ -62,17 +62,20 @@ def add(
     session: Annotated[str | None, typer.Option("--session", help="The chat answers go to: a session key "
                                                 "(http:alice:work) or a terminal session's name; "
                                                 "default: the task's own session.")] = None,
-    tz: Annotated[str | None, typer.Option("--tz", help="The IANA time zone [default: the timezone setting].")]
+    tz: Annotated[str | None, typer.Option("--tz", help="The IANA time zone (default: the timezone setting).")]
     = None,
     missed: Annotated[MissedPolicy, typer.Option("--missed", help="Runs missed while Ember was down: skip "
                                                  "them, or run once.")] = MissedPolicy.SKIP,
     grant_approvals: Annotated[bool, typer.Option("--grant-approvals", help="Let unattended runs do what would "
                                                   "ask for approval (otherwise denied).")] = False,
-    identity: Annotated[str | None, typer.Option("--identity", help="Whose task [default: the --session's "
-                                                 "person, else local].")] = None,
+    identity: Annotated[str | None, typer.Option("--identity", help="Whose task (default: the --session's "
+                                                 "person, else local).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Add a task; prints its id and its next runs."""
+    from ember.store.tasks import SqlTaskStore, new_task_id
+    from ember.tools.tasks import schedule_of
+
     if sum(value is not None for value in (cron, every, at)) != 1:
         err.print("[red]error:[/red] give exactly one of --cron, --every, --at")
         raise typer.Exit(2)
@@ -111,6 +114,9 @@ def edit(
     as_json: JsonOption = False,
 ) -> None:
     """Change a task's prompt or schedule; this revokes an approval grant it had."""
+    from ember.store.tasks import SqlTaskStore
+    from ember.tools.tasks import schedule_of
+
     if sum(value is not None for value in (cron, every, at)) > 1 or not (prompt or cron or every or at):
         err.print("[red]error:[/red] give --prompt, and at most one of --cron, --every, --at")
         raise typer.Exit(2)
@@ -135,6 +141,8 @@ def edit(
 @cron_app.command("list")
 def list_tasks(as_json: JsonOption = False) -> None:
     """Every task: id, schedule, next run, state."""
+    from ember.store.tasks import SqlTaskStore
+
     settings = _settings()
 
     async def main() -> int:
@@ -160,6 +168,8 @@ def list_tasks(as_json: JsonOption = False) -> None:
 
 
 def _change(task_id: str, as_json: bool, change: str) -> None:
+    from ember.store.tasks import SqlTaskStore
+
     settings = _settings()
 
     async def main() -> int:

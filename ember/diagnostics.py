@@ -5,20 +5,26 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import tomllib
 from collections.abc import Coroutine
 from typing import Any
 
+from pydantic import ValidationError
+from pydantic_settings import EnvSettingsSource
 from redis.asyncio import Redis
 from rich.console import Console
+from rich.markup import escape
 from sqlalchemy import bindparam, distinct, func, select, text
 
-from ember.app import open_database, shell_sandbox
+from ember.app import shell_sandbox
 from ember.bus.redis import WORKERS
 from ember.bus.redis_support import redacted_url
-from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.config import CONFIGURE_MODEL_HINT, Settings, config_file, isolated_settings, load_settings
+from ember.config_sources import ProviderFallback
 from ember.configured_models import model_endpoints
 from ember.core.errors import ConfigError, EmberError
-from ember.models.base import ModelEndpoint
+from ember.database import open_database
+from ember.model_probe import MODEL_CHECK_TIMEOUT_S, probe_model
 from ember.store import schema
 from ember.store.jobs import SqlJobStore
 from ember.store.memories import SqlMemoryStore
@@ -27,7 +33,6 @@ from ember.store.sessions import SqlSessionStore
 from ember.tools.sandboxes import SandboxUnavailable
 from ember.tools.workspace import Workspaces
 
-MODEL_CHECK_TIMEOUT_S = 10.0
 _l = schema.leases
 _HELD_LEASES = select(func.count(), func.count(distinct(_l.c.holder))).where(_l.c.expires_at > bindparam("now"))
 
@@ -48,8 +53,46 @@ class Report:
         self._console.print(f"[red]FAIL[/red]  {what}", highlight=False)
 
 
-async def run_checks(settings: Settings, console: Console) -> int:
+async def run_doctor(console: Console) -> int:
+    """Every check, 1 when one fails. A configuration that does not load is a failure, and the
+    other checks run on what of it does (the failing keys left at their defaults)."""
     report = Report(console)
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        report.fail(escape(f"config: {exc}"))
+        settings, left_out = _salvaged_settings()
+        without = ", ".join(left_out) or "the configuration"
+        report.warn(escape(f"the checks below ran without {without}, left at the defaults"))
+    return await run_checks(settings, console, report)
+
+
+def _salvaged_settings() -> tuple[Settings, list[str]]:
+    """The settings the environment and ember.toml give, without the top-level keys that fail
+    to validate, and those keys (all of them, when the file does not parse or the rest fails as a whole)."""
+    try:
+        from_file = tomllib.loads(config_file().read_text(encoding="utf-8")) if config_file().is_file() else {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        from_file = {}
+    try:
+        from_env = EnvSettingsSource(Settings)()
+    except ValueError:  # a nested table's variable that is not JSON
+        from_env = {}
+    given = {**ProviderFallback(Settings)(), **from_file, **from_env}
+    left_out: set[str] = set()
+    while True:
+        try:
+            return isolated_settings(**{k: v for k, v in given.items() if k not in left_out}), sorted(left_out)
+        except ValidationError as exc:
+            failing = {str(error["loc"][0]) for error in exc.errors() if error["loc"]}
+            if not failing - left_out:  # an error of the whole (two settings that disagree): defaults
+                home = given.get("home")
+                return isolated_settings(**({"home": home} if home else {})), sorted(given)
+            left_out |= failing
+
+
+async def run_checks(settings: Settings, console: Console, report: Report | None = None) -> int:
+    report = report or Report(console)
     _check_config(settings, report)
     await asyncio.to_thread(_check_sandbox, settings, report)
     await _check_store(settings, report)
@@ -173,19 +216,6 @@ def _check_memory(counts: dict[str, int], report: Report) -> None:
     else:
         report.ok(f"memory: {counts['rows']} memories, text index complete, "
                   f"{counts['unembedded']} waiting for a vector")
-
-
-async def probe_model(model: ModelEndpoint) -> tuple[str, str]:
-    """("up" | "unlisted" | "down", what to say), the endpoint asked for its model list; closes the client."""
-    try:
-        names = await asyncio.wait_for(model.list_models(), MODEL_CHECK_TIMEOUT_S)
-    except (EmberError, TimeoutError) as exc:
-        return "down", str(exc) or "no answer within the timeout"
-    finally:
-        await model.aclose()
-    if names and model.name not in names:
-        return "unlisted", f"answers, but does not list {model.name!r}"
-    return "up", f"answers; model {model.name}"
 
 
 async def _check_model(settings: Settings, report: Report) -> None:

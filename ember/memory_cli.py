@@ -13,13 +13,12 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.app import memory_service
 from ember.cli_common import (
     ProgressBar,
     err,
@@ -30,7 +29,6 @@ from ember.cli_common import (
     settings_or_exit,
     setup_logging,
 )
-from ember.config import Settings
 from ember.core.errors import MemoryInputError
 from ember.core.memory import (
     LOCAL_IDENTITY,
@@ -41,14 +39,16 @@ from ember.core.memory import (
     SourceRank,
     check_content,
 )
-from ember.memory.service import MemoryService
-from ember.store.memories import SqlMemoryStore
+
+if TYPE_CHECKING:  # the runtime loads when a command runs
+    from ember.config import Settings
+    from ember.memory.service import MemoryService
 
 memory_app = typer.Typer(help="What the agent remembers: add, search, import, forget.", no_args_is_help=True)
 
 IMPORT_BATCH = 500
 
-IdentityOption = Annotated[str, typer.Option("--identity", help="Whose memory [default: local, the terminal's].")]
+IdentityOption = Annotated[str, typer.Option("--identity", help="Whose memory (local: the terminal's person).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 AllOption = Annotated[bool, typer.Option("--all", help="Include superseded and archived memories.")]
 
@@ -56,8 +56,16 @@ AllOption = Annotated[bool, typer.Option("--all", help="Include superseded and a
 @asynccontextmanager
 async def _memory(settings: Settings, *, search: bool = True) -> AsyncIterator[MemoryService]:
     """The memory service; with `search`, its embedder too (commands that only list need none)."""
+    from ember.memory.service import MemoryService
+    from ember.store.memories import SqlMemoryStore
+
     async with open_store(settings) as db:
-        service = memory_service(settings, db) if search else MemoryService(SqlMemoryStore(db), None)
+        if search:
+            from ember.app import memory_service  # the runtime's wiring: only where an embedder is needed
+
+            service = memory_service(settings, db)
+        else:
+            service = MemoryService(SqlMemoryStore(db), None)
         await service.open()
         yield service
 
@@ -336,7 +344,7 @@ def parse_time(value: object) -> float | None:
 def export(
     identity: IdentityOption = LOCAL_IDENTITY,
     include_all: AllOption = False,
-    kind: Annotated[MemoryKind | None, typer.Option(help="Only this tier [default: facts and episodes].")] = None,
+    kind: Annotated[MemoryKind | None, typer.Option(help="Only this tier (default: facts and episodes).")] = None,
 ) -> None:
     """Write memories as JSON Lines (the import format) to standard output."""
     settings = _settings()

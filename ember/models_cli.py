@@ -6,16 +6,15 @@ A key is never printed: only where it comes from and whether it is set.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
 from ember.cli_common import err, out, print_json, run_command, settings_or_exit, setup_logging
-from ember.config import CONFIGURE_MODEL_HINT, Settings
-from ember.configured_models import model_endpoints, model_specs
-from ember.diagnostics import probe_model
-from ember.models.spec import ANTHROPIC_BASE_URL, ROLES, role_chains
+
+if TYPE_CHECKING:
+    from ember.config import Settings
 
 
 @dataclass(slots=True)
@@ -33,6 +32,9 @@ class ModelRow:
 
 
 def model_rows(settings: Settings) -> list[ModelRow]:
+    from ember.configured_models import model_specs
+    from ember.models.spec import ANTHROPIC_BASE_URL, ROLES, role_chains
+
     if not settings.model_configured:
         return []
     specs = model_specs(settings)
@@ -54,23 +56,37 @@ def model_rows(settings: Settings) -> list[ModelRow]:
     return rows
 
 
+def _demo_row() -> ModelRow:
+    from ember.models.demo import DEMO_NAME
+    from ember.models.spec import ROLES
+
+    return ModelRow(DEMO_NAME, "scripted", DEMO_NAME, "offline, in this process", "none", None, None, None,
+                    dict.fromkeys(ROLES, 1), state="demo: canned answers, not AI")
+
+
 def models(
     check: Annotated[bool, typer.Option("--check", help="Ask each endpoint whether it answers.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List the configured models: provider, endpoint, window, prices, the roles that call them."""
+    """List the configured models: provider, endpoint, window, prices, the roles that call them
+    (with none configured, the scripted demo model that `ember chat` and `ember serve` then use)."""
+    from ember.config import CONFIGURE_MODEL_HINT
+    from ember.configured_models import model_endpoints
+    from ember.model_probe import probe_model
+
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)
     rows = model_rows(settings)
-    if not rows:
-        if as_json:
-            print_json([])
-        err.print(f"No model is configured; `ember run` uses the scripted demo model. Configure one with:\n"
-                  f"  {CONFIGURE_MODEL_HINT}", markup=False)
+    if not rows and (missing := settings.missing_model_setting()):
+        err.print(f"error: {missing}.", markup=False)
         raise typer.Exit(1)
+    if not rows:
+        rows = [_demo_row()]
+        err.print(f"No model is configured: the scripted demo model answers (canned text, not AI). "
+                  f"Configure one with:\n  {CONFIGURE_MODEL_HINT}", markup=False)
 
     async def main() -> int:
-        if check:
+        if check and settings.model_configured:
             for name, model in model_endpoints(settings).items():
                 state, said = await probe_model(model)
                 row = next(row for row in rows if row.name == name)

@@ -11,31 +11,34 @@ import datetime as dt
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.app import skill_library
 from ember.cli_common import ProgressBar, err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.core.errors import SkillError
 from ember.core.memory import LOCAL_IDENTITY
 from ember.core.skills import Proposal, ProposalStatus
-from ember.skills.library import SkillLibrary
+
+if TYPE_CHECKING:
+    from ember.skills.library import SkillLibrary
 
 skills_app = typer.Typer(help="Skills: list, show, pending proposals, approve, reject, diff, rollback, import.",
                          no_args_is_help=True)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 IdentityOption = Annotated[str | None, typer.Option(
-    "--identity", help="Whose learned skills [default: the shared ones, and for lists everyone's].")]
+    "--identity", help="Whose learned skills (default: the shared ones, and for lists everyone's).")]
 NameArgument = Annotated[str, typer.Argument(help="The skill's name (ember skills list shows them).")]
 ProposalArgument = Annotated[str, typer.Argument(help="The proposal's id (ember skills pending shows them).")]
 
 
 @asynccontextmanager
 async def _library() -> AsyncIterator[SkillLibrary]:
+    from ember.app import skill_library
+
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)
     async with open_store(settings) as db:
@@ -88,7 +91,7 @@ def list_skills(identity: IdentityOption = None, archived: Annotated[bool, typer
 
 @skills_app.command("show")
 def show(name: NameArgument, identity: IdentityOption = None,
-         version: Annotated[int | None, typer.Option("--version", help="Which version [default: current].")] = None,
+         version: Annotated[int | None, typer.Option("--version", help="Which version (default: current).")] = None,
          as_json: JsonOption = False) -> None:
     """A skill's SKILL.md and its history."""
     async def body() -> int:
@@ -113,7 +116,7 @@ def show(name: NameArgument, identity: IdentityOption = None,
 
 @skills_app.command("diff")
 def diff(name: NameArgument, identity: IdentityOption = None, version: Annotated[int | None, typer.Option(
-        "--version", help="The version whose change to show [default: current].")] = None,
+        "--version", help="The version whose change to show (default: the current one).")] = None,
          as_json: JsonOption = False) -> None:
     """What a version changed from the one before it."""
     async def body() -> int:

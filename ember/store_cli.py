@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
-from sqlalchemy import make_url
 
 from ember.cli_common import ProgressBar, err, out, print_json, settings_or_exit, setup_logging
 from ember.core.errors import EmberError
-from ember.store.copy import CopyError, CopyMismatch, CopyReport, TableCheck, copy_store, target_name
-from ember.store.postgres import PostgresDatabase
-from ember.store.sqlite.database import SqliteDatabase
+
+if TYPE_CHECKING:
+    from ember.store.copy import CopyReport, TableCheck
 
 store_app = typer.Typer(help="The store: copy this home's SQLite store into PostgreSQL.", no_args_is_help=True)
 
@@ -36,6 +35,9 @@ def copy(
     Each table's rows and checksum are compared on both sides before the copy is kept. Stop Ember
     first. Exit 1 when the target already holds Ember's rows or the copy differs (nothing is kept).
     """
+    from sqlalchemy import make_url
+
+    from ember.store.copy import CopyError, CopyMismatch, target_name
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)
     try:
@@ -67,6 +69,10 @@ def copy(
 
 async def _copy(path: Path, url: str, synchronous: str) -> CopyReport:
     """Both stores opened (each migrated to this Ember's schema), then the copy, with a bar for each."""
+    from ember.store.copy import copy_store
+    from ember.store.postgres import PostgresDatabase
+    from ember.store.sqlite.database import SqliteDatabase
+
     source = SqliteDatabase(path, synchronous=synchronous)
     with ProgressBar("upgrading the store") as bar:
         await source.open(bar)

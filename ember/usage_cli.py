@@ -13,7 +13,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
-from ember.store.usage import SqlUsageStore
 
 _SPAN = re.compile(r"(\d+)\s*([hdw])")
 _SPAN_S = {"h": 3600, "d": 86_400, "w": 7 * 86_400}
@@ -46,6 +45,8 @@ def usage(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Tokens and cost of the model calls: turns and background jobs, charged to their session and identity."""
+    from ember.store.usage import SqlUsageStore
+
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)
     try:

@@ -136,18 +136,29 @@ background = ["backup"]
         assert "secret" not in done.stdout + done.stderr
 
 
-def test_models_without_any_model_says_how_to_configure_one(tmp_path: Path) -> None:
+def test_models_in_demo_mode_lists_the_demo_model_and_how_to_configure_one(tmp_path: Path) -> None:
     done = ember(ember_env(tmp_path, None), "models")
 
-    assert done.returncode == 1
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("scripted-demo  scripted:scripted-demo") and "canned answers" in done.stdout
     assert CONFIGURE_MODEL_HINT in done.stderr and "demo" in done.stderr
 
 
-def test_models_json_without_any_model_is_an_empty_list(tmp_path: Path) -> None:
-    done = ember(ember_env(tmp_path, None), "models", "--json")
+def test_models_json_in_demo_mode_is_the_demo_model(tmp_path: Path) -> None:
+    done = ember(ember_env(tmp_path, None), "models", "--json", "--check")
 
-    assert done.returncode == 1 and json.loads(done.stdout) == []
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)
+    assert (row["name"], row["provider"], row["roles"]) == ("scripted-demo", "scripted",
+                                                            {"main": 1, "background": 1, "approval": 1})
     assert CONFIGURE_MODEL_HINT in done.stderr
+
+
+def test_models_with_a_half_made_configuration_says_what_it_lacks(tmp_path: Path) -> None:
+    done = ember(ember_env(tmp_path, None, EMBER_MODEL="gpt-4o-mini"), "models")
+
+    assert done.returncode == 1
+    assert "no base URL" in done.stderr and "EMBER_MODEL_BASE_URL" in done.stderr
 
 
 def test_mcp_list_json_names_each_server_its_state_and_error(tmp_path: Path) -> None:
@@ -203,9 +214,14 @@ def test_chat_names_what_a_half_made_model_configuration_lacks(tmp_path: Path) -
 
 
 def test_a_base_url_that_is_not_a_url_is_refused_when_read(tmp_path: Path) -> None:
-    done = ember(ember_env(tmp_path, None, EMBER_MODEL="m", EMBER_MODEL_BASE_URL="not-a-url"), "doctor")
+    env = ember_env(tmp_path, None, EMBER_MODEL="m", EMBER_MODEL_BASE_URL="not-a-url")
+    done = ember(env, "sessions", "list")
     assert done.returncode == 2
     assert "model_base_url" in done.stderr and "'not-a-url' is not a base URL" in done.stderr
+    assert "environment variable EMBER_MODEL_BASE_URL" in done.stderr
+    # doctor reports it as one failed check among the others
+    checked = ember(env, "doctor")
+    assert checked.returncode == 1 and "FAIL  config" in checked.stdout and "ok    store" in checked.stdout
 
 
 def test_an_empty_message_is_refused_like_the_api_refuses_it(tmp_path: Path, model_server: ModelServer) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ember.config import CONFIGURE_MODEL_HINT
+from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, tool_call
 
@@ -24,6 +25,8 @@ def ember_env(home: Path, server: ModelServer | None, **extra: str) -> dict[str,
     """The user's environment without any Ember or OpenAI configuration, plus ours."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EMBER_", "OPENAI_"))}
     env["EMBER_HOME"] = str(home)
+    # The child runs the same Ember as this process, whichever checkout the venv's install points to.
+    env["PYTHONPATH"] = os.pathsep.join([EMBER_SOURCE, *filter(None, [env.get("PYTHONPATH")])])
     if server is not None:
         env |= {"EMBER_MODEL_BASE_URL": server.base_url, "EMBER_MODEL": "test-model",
                 "EMBER_MODEL_API_KEY": "test-key"}

@@ -41,6 +41,7 @@ from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
 from ember.models.retry import open_with_retries, retry_after_seconds
 from ember.models.spec import ANTHROPIC_BASE_URL, ANTHROPIC_PREFIX, DEFAULT_MAX_TOKENS
+from ember.models.unreachable import LISTING, unreachable_text
 
 # A paused turn is continued at most this many times before the answer so far is returned.
 MAX_CONTINUATIONS = 3
@@ -48,9 +49,9 @@ _UNAVAILABLE_TYPES = {"overloaded_error", "api_error", "timeout_error"}
 _TRUNCATED = {"max_tokens", "model_context_window_exceeded"}
 
 
-def typed(exc: anthropic.AnthropicError, where: str) -> ModelError:
+def typed(exc: anthropic.AnthropicError, where: str, base_url: str | None = None) -> ModelError:
     """The kind of ModelError an SDK error is, with `where` and what the API said."""
-    message = f"{where}: {_describe(exc)}"
+    message = f"{where}: {_describe(exc, base_url)}"
     if isinstance(exc, anthropic.APITimeoutError):
         return ModelTimedOut(message)
     if isinstance(exc, anthropic.APIConnectionError):
@@ -73,7 +74,7 @@ def _error_type(exc: anthropic.APIStatusError) -> str:
     return str(error.get("type", "")) if isinstance(error, dict) else ""
 
 
-def _describe(exc: anthropic.AnthropicError) -> str:
+def _describe(exc: anthropic.AnthropicError, base_url: str | None = None) -> str:
     if isinstance(exc, anthropic.APIStatusError):
         body = exc.body if isinstance(exc.body, dict) else {}
         error = body.get("error") if isinstance(body.get("error"), dict) else {}
@@ -82,7 +83,7 @@ def _describe(exc: anthropic.AnthropicError) -> str:
     if isinstance(exc, anthropic.APITimeoutError):
         return "no answer within the timeout"
     if isinstance(exc, anthropic.APIConnectionError):
-        return f"could not connect ({exc.__cause__ or exc})"
+        return unreachable_text(base_url, exc)
     return str(exc)
 
 
@@ -225,7 +226,7 @@ class AnthropicModel:
             try:
                 return await self._client.messages.create(**request, stream=True)
             except anthropic.AnthropicError as exc:
-                raise typed(exc, f"model {self.name} at {self.base_url} failed") from exc
+                raise typed(exc, f"model {self.name} at {self.base_url} failed", self.base_url) from exc
 
         events = await open_with_retries(open_stream, self._max_attempts)
         try:
@@ -235,7 +236,7 @@ class AnthropicModel:
                         answer.said = True
                         yield delta
         except anthropic.AnthropicError as exc:
-            error = typed(exc, f"model {self.name} at {self.base_url}")
+            error = typed(exc, f"model {self.name} at {self.base_url}", self.base_url)
             if not answer.said and isinstance(error, ModelUnavailable):
                 raise error from exc  # nothing shown yet: another model may still answer
             raise StreamBroken(f"the model stream from {self.base_url} broke off: {_describe(exc)}") from exc
@@ -280,5 +281,5 @@ class AnthropicModel:
         try:
             page = await self._client.models.list()
         except anthropic.AnthropicError as exc:
-            raise typed(exc, "listing its models") from exc
+            raise typed(exc, LISTING, self.base_url) from exc
         return [item.id for item in page.data]

@@ -33,6 +33,7 @@ from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
 from ember.models.retry import open_with_retries, retry_after_seconds
+from ember.models.unreachable import LISTING, connection_failure, unreachable_text
 
 _UNAVAILABLE_STATUS = {408, 409}
 # How providers say a request is over the window, or was refused, in a 400's code or message.
@@ -45,11 +46,11 @@ _REFUSAL_CODES = {"content_filter", "content_policy_violation"}
 def typed(exc: openai.OpenAIError, where: str, base_url: str | None = None) -> ModelError:
     """The kind of ModelError an SDK error is, with `where` and what happened in its message
     (and, for a 404 from a `base_url` without /v1, the URL it probably meant)."""
-    message = f"{where}: {_describe(exc)}"
+    message = f"{where}: {_describe(exc, base_url)}"
     if (isinstance(exc, openai.NotFoundError) and base_url is not None
             and not base_url.rstrip("/").endswith("/v1")):
         message += f"; did you mean {base_url.rstrip('/')}/v1 ?"
-    if isinstance(exc, openai.APITimeoutError) and _connection_failure(exc) is None:
+    if isinstance(exc, openai.APITimeoutError) and connection_failure(exc) is None:
         return ModelTimedOut(message)
     if isinstance(exc, openai.APIConnectionError):
         return ModelUnavailable(message)
@@ -69,19 +70,16 @@ def typed(exc: openai.OpenAIError, where: str, base_url: str | None = None) -> M
     return ModelBadRequest(message)
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, base_url: str | None = None) -> str:
     if isinstance(exc, openai.APIStatusError):
         # The SDK's text is "Error code: N", then " - <the body's message>" when it has one.
         said = exc.message.removeprefix(f"Error code: {exc.status_code}").removeprefix(" - ").strip()
         return f"HTTP {exc.status_code}: {said}" if said else f"HTTP {exc.status_code} {_phrase(exc.status_code)}"
     if isinstance(exc, openai.APIConnectionError):
         # The aiohttp transport reports a refused connection as a connect timeout: the cause tells.
-        refused = _connection_failure(exc)
-        if refused is not None:
-            return f"could not connect ({refused})"
-        if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc, openai.APITimeoutError) and connection_failure(exc) is None:
             return "the request timed out"
-        return f"could not connect ({exc.__cause__ or exc})"
+        return unreachable_text(base_url, exc)
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -90,16 +88,6 @@ def _phrase(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "(no reason given)"
-
-
-def _connection_failure(exc: BaseException) -> OSError | None:
-    """The OS error (not a timeout) at the root of `exc`'s causes, if any."""
-    cause = exc.__cause__
-    while cause is not None:
-        if isinstance(cause, OSError) and not isinstance(cause, TimeoutError):
-            return cause
-        cause = cause.__cause__
-    return None
 
 
 def to_openai_message(message: Message) -> dict[str, Any]:
@@ -239,7 +227,7 @@ class OpenAICompatibleModel:
         try:
             page = await self._client.models.list()
         except openai.OpenAIError as exc:
-            raise typed(exc, "listing its models", self.base_url) from exc
+            raise typed(exc, LISTING, self.base_url) from exc
         return [item.id for item in page.data]
 
     async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec],

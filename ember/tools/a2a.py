@@ -9,12 +9,10 @@ import os
 import uuid
 from collections.abc import Mapping
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from ember.core.tools import Risk, ToolRun
 from ember.tools.base import Tool, ToolFailure, TurnTool
-from ember.tools.web import AddressRefused, checked_target
 
 MAX_ANSWER_CHARS = 20_000
 
@@ -54,8 +52,11 @@ def a2a_tools(agents: Mapping[str, A2AAgentSpec], *, allow_private: bool = False
               allowed_hosts: frozenset[str] = frozenset()) -> list[Tool]:
     if not agents:
         return []
-    from a2a.client import A2AClientError, ClientConfig, create_client  # the SDK: only when agents are configured
+    import httpx  # with the SDK: only when agents are configured, never for reading the settings
+    from a2a.client import A2AClientError, ClientConfig, create_client
     from a2a.types import Message, Part, Role, SendMessageRequest, TaskState
+
+    from ember.tools.web import AddressRefused, checked_target
 
     async def call(spec: A2AAgentSpec, name: str, text: str, run: ToolRun) -> str:
         headers = {"Authorization": f"Bearer {key}"} if (key := spec.key()) else {}

@@ -16,14 +16,16 @@ import fnmatch
 import time
 from collections import defaultdict
 from dataclasses import replace
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ember.core.messages import ToolCall
 from ember.core.tools import Decision, Risk, ToolAction, ToolRun, ToolSpec, Verdict
 from ember.tools.base import ToolFailure, Toolset
-from ember.tools.shell_parse import SimpleCommand, read_command
+
+if TYPE_CHECKING:
+    from ember.tools.shell_parse import SimpleCommand
 
 Choice = Literal["allow", "ask", "deny"]
 # The tool whose subject is a command line (tools/shell.py).
@@ -78,6 +80,8 @@ class ToolPolicy(BaseModel):
         whole = self._rule(action.tool, action.subject)
         if whole == "deny":
             return "deny"
+        from ember.tools.shell_parse import read_command  # bashlex: where a policy judges a command, not in config
+
         setting = self._setting(action)
         line = read_command(action.subject)
         if line is None:

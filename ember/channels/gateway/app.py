@@ -95,6 +95,7 @@ class GatewayOptions:
     agent_name: str = "Ember"
     model_label: str = ""  # the model that answers, as the page shows it
     sampling_limits: SamplingLimits = DEFAULT_LIMITS  # the most an OpenAI-route request may ask for
+    model_problem: str = ""  # why that model did not answer when the gateway started ("": it did)
 
 
 class IdentityGate:
@@ -185,7 +186,8 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         """Who the caller is and what answers them, for the page's header."""
         identity = request.state.identity
         return JSONResponse({"identity": identity, "person": services.identities.resolve("http", identity),
-                             "agent": options.agent_name, "model": options.model_label, "keys": not keys.open})
+                             "agent": options.agent_name, "model": options.model_label, "keys": not keys.open,
+                             "model_problem": options.model_problem or None})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

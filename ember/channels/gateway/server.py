@@ -43,6 +43,7 @@ class Listening:
     host: str
     port: int
     identities: int
+    model_problem: str = ""  # why a configured model could not be reached at start ("": it could)
 
 
 class _Server(uvicorn.Server):
@@ -184,14 +185,33 @@ async def a2a_channel(settings: Settings, runtime: Runtime, public_url: str) -> 
                       SqlA2ATaskEvents(runtime.db))
 
 
+def gateway_options(settings: Settings, model: ModelClient, model_problem: str) -> GatewayOptions:
+    """What the gateway's routes are told of the settings, and of the model as it stood at start."""
+    return GatewayOptions(
+        agent_id=settings.agent_name.lower().replace(" ", "-"),
+        max_body_bytes=settings.gateway_max_body_bytes,
+        rate_per_minute=settings.gateway_rate_per_minute,
+        rate_burst=settings.gateway_rate_burst,
+        approvers=frozenset(settings.gateway_approvers),
+        timezone=settings.timezone,
+        agent_name=settings.agent_name,
+        model_label=model_label(settings, model),
+        model_problem=model_problem,
+        sampling_limits=SamplingLimits(settings.gateway_max_tokens, settings.gateway_max_temperature),
+    )
+
+
 async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str, port: int,
                 on_ready: Callable[[Listening], None], *, turns: bool = True) -> int:
     """Serve until SIGINT or SIGTERM; 0 after a clean stop, 1 if the start failed. `turns`: run the
     turns and background jobs here too; False leaves them to `ember worker` processes."""
     if not turns:
         require_shared_bus(settings, "ember serve --workers 0")
+    from ember.model_probe import unreachable_models
+
     sock = bind(host, port)
-    listening = Listening(host, sock.getsockname()[1], keys.count)
+    # Asked once, bounded: a dead model is said at start, and the gateway serves anyway.
+    listening = Listening(host, sock.getsockname()[1], keys.count, await unreachable_models(settings))
     try:
         runtime = await configured_runtime(settings, model)
         # Gateways sharing a bus: a request whose answer went astray finds it in the store.
@@ -222,17 +242,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
                     if limiter is not None:
                         await limiter.aclose()
 
-        options = GatewayOptions(
-            agent_id=settings.agent_name.lower().replace(" ", "-"),
-            max_body_bytes=settings.gateway_max_body_bytes,
-            rate_per_minute=settings.gateway_rate_per_minute,
-            rate_burst=settings.gateway_rate_burst,
-            approvers=frozenset(settings.gateway_approvers),
-            timezone=settings.timezone,
-            agent_name=settings.agent_name,
-            model_label=model_label(settings, model),
-            sampling_limits=SamplingLimits(settings.gateway_max_tokens, settings.gateway_max_temperature),
-        )
+        options = gateway_options(settings, model, listening.model_problem)
         services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
                                    runtime.identities, SqlConversationIndex(runtime.db), runtime.usage,
                                    runtime.tasks, runtime.skills,

@@ -157,6 +157,9 @@ async function showWhoami() {
   const who = me.keys ? `Signed in as ${me.identity}` : "Open gateway (no keys)";
   $("whoami").textContent = `${who} · model: ${me.model}`;
   $("whoami").hidden = false;
+  // What `ember serve` found when it asked the model at start: turns fail until it answers.
+  $("model-banner").textContent = me.model_problem ? `The model did not answer when Ember started: ${me.model_problem}` : "";
+  $("model-banner").hidden = !me.model_problem;
 }
 
 // ---- sessions ----
