@@ -27,7 +27,6 @@ from ember.app import (
     _job_handlers,
     build_runtime,
     memory_service,
-    open_database,
     skill_library,
 )
 from ember.bus.memory import InProcessBus
@@ -38,6 +37,7 @@ from ember.core.errors import ModelError, StoreBusy, StoreUnavailable
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.messages import Message, Role
+from ember.database import open_database
 from ember.memory.consolidation import SUMMARY_INSTRUCTION, ConsolidationWorker
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.identity import Identities
