@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import typer
@@ -22,6 +23,10 @@ async def serve_gateway(settings: Settings, model: ModelClient, host: str, port:
         raise typer.Exit(2) from exc
 
     def ready(at: Listening) -> None:
+        # What start-up built lives as long as the process: out of the collector's way, each full
+        # collection no longer walks it (about 5 ms of CPU a turn with embedding_model = "none").
+        gc.collect()
+        gc.freeze()
         url = f"http://{at.host}:{at.port}"
         if at.model_problem:  # one line, before the rest: what will fail until it is fixed
             out.print(f"[yellow]The model cannot be reached: {escape(at.model_problem)} "
