@@ -13,7 +13,7 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ember.store.migration_a2a import A2A_TASKS
+from ember.store.migration_gateway import A2A_TASKS, CONVERSATION_DIGESTS
 from ember.store.migration_step import ByDialect, Step
 
 
@@ -493,15 +493,6 @@ MIGRATIONS: list[tuple[Step, ...]] = [
         # The whole request, for a process other than the one whose turn waits on it to list.
         "ALTER TABLE approvals ADD COLUMN request_json TEXT",
     ),
-    (
-        # The conversation each gateway session holds, as a client that names no session sends it
-        # back: a digest of its messages so far, by its owner (the caller's identity).
-        """CREATE TABLE conversation_digests (
-            session_key TEXT PRIMARY KEY,
-            owner TEXT NOT NULL,
-            digest TEXT NOT NULL,
-            updated_at DOUBLE PRECISION NOT NULL)""",
-        "CREATE INDEX conversation_digests_by_digest ON conversation_digests (owner, digest)",
-    ),
+    CONVERSATION_DIGESTS,
     A2A_TASKS,
 ]

@@ -1,4 +1,5 @@
-"""The migration step that keeps A2A tasks in the main store (they were in a file of each gateway's
+"""The gateway's migration steps: the conversations of clients that name no session, and A2A
+tasks kept in the main store (they were in a file of each gateway's
 own, so a task created through one gateway was unknown to the next).
 
 `a2a_tasks`: one row per task, the task itself as the protocol's JSON, its `version` counting the
@@ -34,4 +35,16 @@ A2A_TASKS: tuple[Step, ...] = (
     "CREATE INDEX a2a_task_events_by_task ON a2a_task_events (task_id, seq)",
     # Old events are pruned by age.
     "CREATE INDEX a2a_task_events_by_age ON a2a_task_events (created_at)",
+)
+
+
+# The conversation each gateway session holds, as a client that names no session sends it back:
+# a digest of its messages so far, by its owner (the caller's identity).
+CONVERSATION_DIGESTS: tuple[Step, ...] = (
+    """CREATE TABLE conversation_digests (
+            session_key TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX conversation_digests_by_digest ON conversation_digests (owner, digest)",
 )
