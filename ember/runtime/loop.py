@@ -254,9 +254,10 @@ class AgentLoop:
                 await self._publish(event, turn.turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
             if not stopped:
                 raise
-        except LeaseLost:
-            log.warning("turn %s of %s was taken over by another process; this one's work on it is dropped",
-                        turn.turn_id, event.session_key)
+        except LeaseLost as lost:
+            # Said here, not only by the renewal task: a write can find the lease gone before that task wakes.
+            log.warning("turn %s of %s was taken over by another process; this one's work on it is dropped: %s",
+                        turn.turn_id, event.session_key, lost)
             turn.trace = None  # the new holder records the turn, under the same id when it resumes it
             raise
         except Exception as exc:  # the loop's edge: one error response, logged once
