@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Boolean, Text, bindparam, case, func, insert, or_, select, update
 
@@ -31,7 +31,9 @@ from ember.core.skills import (
 )
 from ember.store import schema
 from ember.store.engine import Database
-from ember.store.tx import Statement, Tx, upsert
+from ember.store.tx import Statement, Tx, Work, upsert
+
+T = TypeVar("T")
 
 _s, _v, _p, _r = schema.skills, schema.skill_versions, schema.skill_proposals, schema.skill_reviews
 # The columns _skill, _version and _proposal read, in their order.
@@ -172,9 +174,16 @@ def _add_version(tx: Tx, change: NewVersion, now: float) -> SkillVersion:
                         files, change.turn_id, change.job_id)
 
 
+# How long a turn trusts the skills' freshness it read, unless this store changed them meanwhile: a
+# change made by another process (a worker, `ember skills approve`) reaches the index within this.
+FRESHNESS_RECHECK_S = 2.0
+
+
 class SqlSkillStore:
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._writes = 0  # this store's writes so far: any of them may change what freshness says
+        self._fresh: dict[str, tuple[float, int, tuple[Any, ...]]] = {}  # identity -> (read at, _writes, value)
 
     async def visible(self, identity: str | None, *, include_archived: bool = False) -> list[Skill]:
         """The shared skills and `identity`'s own, by name; a learned skill hides a shared one of its name.
@@ -188,8 +197,22 @@ class SqlSkillStore:
         return [skill for skill in skills if skill.identity != SHARED or skill.name not in own]
 
     async def freshness(self, identity: str) -> tuple[Any, ...]:
-        """Changes whenever the skills `identity` sees change (not when they are only used)."""
-        return await self._db.run_read(lambda tx: tuple(tx.execute(_FRESHNESS, {"identity": identity}).fetchone()))
+        """Changes whenever the skills `identity` sees change (not when they are only used): at once
+        for this store's own writes, within FRESHNESS_RECHECK_S for other processes'. A turn asks
+        every time, and the store is read at most that often."""
+        now, writes = time.monotonic(), self._writes
+        kept = self._fresh.get(identity)
+        if kept is not None and kept[1] == writes and now - kept[0] < FRESHNESS_RECHECK_S:
+            return kept[2]
+        value = await self._db.run_read(lambda tx: tuple(tx.execute(_FRESHNESS, {"identity": identity}).fetchone()))
+        self._fresh[identity] = (now, writes, value)
+        return value
+
+    async def _write(self, work: Work[T]) -> T:
+        try:
+            return await self._db.run_write(work)
+        finally:
+            self._writes += 1
 
     async def get(self, identity: str | None, name: str) -> Skill | None:
         """The skill `identity` sees under `name` (its own first); identity None: the shared one."""
@@ -214,15 +237,15 @@ class SqlSkillStore:
         return {name: (digest, origin) for name, digest, origin in rows}
 
     async def add_version(self, change: NewVersion) -> SkillVersion:
-        return await self._db.run_write(lambda tx: _add_version(tx, change, time.time()))
+        return await self._write(lambda tx: _add_version(tx, change, time.time()))
 
     async def set_status(self, identity: str, names: Sequence[str], status: SkillStatus) -> None:
         now = time.time()
-        await self._db.run_write(lambda tx: tx.executemany(_SET_STATUS, [
+        await self._write(lambda tx: tx.executemany(_SET_STATUS, [
             {"owner": identity, "skill": name, "new_status": status.value, "now": now} for name in names]))
 
     async def record_use(self, skill: Skill, at: float) -> None:
-        await self._db.run_write(lambda tx: tx.execute(
+        await self._write(lambda tx: tx.execute(
             _RECORD_USE, {"owner": skill.identity, "skill": skill.name, "at": at}))
 
     async def unused_since(self, before: float) -> list[Skill]:
@@ -256,7 +279,7 @@ class SqlSkillStore:
             _insert_proposal(tx, recorded)
             return recorded
 
-        return await self._db.run_write(write)
+        return await self._write(write)
 
     async def proposal(self, proposal_id: str, identity: str | None = None) -> Proposal | None:
         row = await self._db.run_read(lambda tx: tx.execute(
@@ -281,7 +304,7 @@ class SqlSkillStore:
             tx.execute(_SET_PROPOSAL_VERSION, {"proposal": proposal.id, "version": version})
             return _decided(proposal, status, by, now, version)
 
-        return await self._db.run_write(write)
+        return await self._write(write)
 
 
 def _decided(proposal: Proposal, status: ProposalStatus, by: str, at: float, version: int | None) -> Proposal:
