@@ -254,6 +254,23 @@ async def test_a_cut_off_turn_redelivered_after_a_later_message_gets_the_notice_
         (Role.ASSISTANT, NOT_RESUMED_TEXT)]
 
 
+async def test_a_cut_off_turn_gets_the_notice_also_when_consolidation_left_no_question_in_the_window(
+        settings: Settings) -> None:
+    """Whether a later question came is read from the whole history, not from the window since
+    the consolidation boundary, which may hold answers only."""
+    await cut_off_turn(settings, "first question", "m1")
+    model = ScriptedModel([ModelReply(text="answer to the second")])
+    async with serving_runtime(settings, model) as h:
+        await h.publish("second question", message_id="m2")
+        assert (await h.next_closing()).text == "answer to the second"
+        # Both questions behind the boundary: the window holds the answer alone.
+        assert await h.runtime.sessions.advance_boundary(session_key(), expected=0, new=2, summary="two questions")
+        await h.publish("first question", message_id="m1")
+        again = await h.next_closing()
+    assert (again.kind, again.text, again.reply_to) == (OutboundKind.FINAL, NOT_RESUMED_TEXT, "m1")
+    assert len(model.requests) == 1
+
+
 async def test_recovery_leaves_answered_messages_alone(settings: Settings) -> None:
     async with serving_runtime(settings, ScriptedModel([ModelReply(text="answered")])) as h:
         await h.publish("question", message_id="m1")

@@ -67,6 +67,9 @@ class RecordingStore:
     async def load(self, key: str) -> Session:
         return await self.inner.load(key)
 
+    async def last_question(self, key: str) -> str | None:
+        return await self.inner.last_question(key)
+
     async def append(self, session: Session, messages: Sequence[Message], **records: Any) -> None:
         is_final = messages[-1].role is Role.ASSISTANT and not messages[-1].tool_calls
         if is_final and self._fail_final:

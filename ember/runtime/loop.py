@@ -40,7 +40,7 @@ from ember.core.errors import LeaseLost, StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
 from ember.core.journal import Spans
 from ember.core.leases import SessionLeases
-from ember.core.messages import Message, Role
+from ember.core.messages import Message
 from ember.core.redact import redact_text
 from ember.core.tools import ToolRun
 from ember.pipeline.context import ContextStage
@@ -295,10 +295,10 @@ class AgentLoop:
 
     async def _is_last_asked(self, event: InboundEvent, seen: Receipt) -> bool:
         """Whether the cut-off turn's message is still the session's last: resumed after a later
-        one, it would answer that one, as the model reads the history to its end."""
-        session = await self._sessions.load(event.session_key)
-        asked = [m.turn_id for m in session.messages if m.role is Role.USER]
-        return not asked or asked[-1] == seen.turn_id
+        one, it would answer that one, as the model reads the history to its end. Looked up in
+        the whole history: a consolidation may have left no question in the window."""
+        last = await self._sessions.last_question(event.session_key)
+        return last is None or last == seen.turn_id
 
     async def _answer_with_notice(self, event: InboundEvent, seen: Receipt) -> None:
         session = await self._sessions.load(event.session_key)

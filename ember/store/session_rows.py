@@ -26,6 +26,8 @@ HEAD = Statement(select(_s.c.next_seq, _s.c.last_consolidated, _s.c.updated_at, 
 WINDOW = Statement(select(_m).where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("start"))
                    .order_by(_m.c.seq))
 HISTORY = Statement(select(_m).where(_m.c.session_key == bindparam("key")).order_by(_m.c.seq))
+LAST_QUESTION = Statement(select(_m.c.turn_id).where(_m.c.session_key == bindparam("key"), _m.c.role == Role.USER.value)
+                          .order_by(_m.c.seq.desc()).limit(1))
 CLAIM = Statement(update(_s).where(_s.c.key == bindparam("session"), _s.c.next_seq == bindparam("expected"))
                   .values(next_seq=bindparam("claimed"), updated_at=bindparam("now")))
 CREATE = upsert(lambda ins: ins(_s).on_conflict_do_nothing(index_elements=["key"]))

@@ -41,6 +41,7 @@ from ember.store.session_rows import (
     FIRST_ROLE_FROM,
     HISTORY,
     INSERT_MESSAGE,
+    LAST_QUESTION,
     SPAN,
     WINDOW,
     Head,
@@ -129,6 +130,11 @@ class SqlSessionStore:
             if cancelled:
                 raise asyncio.CancelledError
         raise StoreConflict(f"session {key!r} kept changing while it was being repaired")
+
+    async def last_question(self, key: str) -> str | None:
+        """The turn id of the session's newest user message, however far behind its boundary."""
+        row = await self._db.run_read(lambda tx: tx.execute(LAST_QUESTION, {"key": key}).fetchone())
+        return None if row is None else row[0]
 
     async def append(self, session: Session, messages: Sequence[Message], *, receipt: Receipt | None = None,
                      delivery: Delivery | None = None, jobs: Sequence[JobRequest] = ()) -> None:
