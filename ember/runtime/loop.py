@@ -3,7 +3,8 @@
     _on_inbound(event):
         hold the session lease (turns of one session run one at a time, in
         arrival order; different sessions run concurrently)
-            the message was accepted before (a redelivery)?
+            the message was accepted before (a redelivery: its question's
+            commit refuses it, or start-up recovery brings it)?
                 answered:   re-send the recorded answer, same delivery id
                 unanswered: its turn was cut off: resume it, or (after the
                             freshness window, or when a later message of
@@ -36,9 +37,9 @@ from dataclasses import dataclass
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
 from ember.core.delivery import Delivery, Receipt, delivery_id
-from ember.core.errors import LeaseLost, StoreError
+from ember.core.errors import DuplicateMessage, LeaseLost, StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
-from ember.core.journal import Spans
+from ember.core.journal import Spans, TurnJournal
 from ember.core.leases import SessionLeases
 from ember.core.messages import Message
 from ember.core.redact import redact_text
@@ -215,24 +216,24 @@ class AgentLoop:
 
     async def _answer(self, event: InboundEvent) -> None:
         """One turn, its session's lease held."""
-        # Every turn gets a receipt, so a crash cannot hide it. An id minted
-        # here was never accepted before: there is no receipt to look up.
-        fresh = event.message_id is None and not event.recovery
+        # Every turn gets a receipt, so a crash cannot hide it. A message accepted before is
+        # found when the commit of its question refuses it again (DuplicateMessage), before any
+        # model call: only then, and on start-up recovery, is its receipt looked up, so a new
+        # message costs no read for it.
         if event.message_id is None:
             event = dataclasses.replace(event, message_id=uuid.uuid4().hex)
         turn = TurnState(turn_id=uuid.uuid4().hex, also=self._spans.observer if self._spans else None)
         try:
-            if not fresh and await self._already_handled(event, turn):
+            if event.recovery and await self._already_handled(event, turn):
                 return
-            turn.trace = TurnTrace(turn_id=turn.turn_id, session_key=event.session_key, started_at=time.time())
-            task = asyncio.current_task()
-            assert task is not None
-            self._running[event.session_key] = (turn, task)
             try:
-                with self._spans.turn(turn.turn_id, event.session_key) if self._spans else nullcontext():
-                    await self._run_turn(event, turn)
-            finally:
-                del self._running[event.session_key]
+                await self._traced_turn(event, turn)
+            except DuplicateMessage:
+                turn.trace, turn.journal = None, TurnJournal()  # nothing of that attempt was kept
+                if await self._already_handled(event, turn):
+                    return
+                await self._traced_turn(event, turn)
+            assert turn.trace is not None
             turn.trace.status = "ok"
         except asyncio.CancelledError:
             stopped = turn.stop_requested
@@ -272,6 +273,18 @@ class AgentLoop:
             if turn.trace is not None:
                 turn.trace.detail.update(turn.journal.as_dict())
                 await self._record(turn.trace)
+
+    async def _traced_turn(self, event: InboundEvent, turn: TurnState) -> None:
+        """The turn's stages, traced, and stoppable by the person while they run."""
+        turn.trace = TurnTrace(turn_id=turn.turn_id, session_key=event.session_key, started_at=time.time())
+        task = asyncio.current_task()
+        assert task is not None
+        self._running[event.session_key] = (turn, task)
+        try:
+            with self._spans.turn(turn.turn_id, event.session_key) if self._spans else nullcontext():
+                await self._run_turn(event, turn)
+        finally:
+            del self._running[event.session_key]
 
     async def _already_handled(self, event: InboundEvent, turn: TurnState) -> bool:
         """A redelivery: re-send its answer, or pick up its cut-off turn. True when nothing is left to run."""
