@@ -709,7 +709,8 @@ async def profile_search(bench: MemoryBench, searchers: Searchers, queries: list
             # Every text column (the owner column holds only owner tokens), as store.lexical searches.
             matches.append(raw.execute("SELECT count(*) FROM memory_fts WHERE memory_fts MATCH ?",
                                        (f"owner:{owner_token(PERSON)} AND ({expression})",)).fetchone()[0])
-            lexical, seconds = await timed(store.lexical(PERSON, query_terms(query), LEXICAL_DEPTH))
+            hits, seconds = await timed(store.lexical(PERSON, query_terms(query), LEXICAL_DEPTH))
+            lexical = hits.scores
             parts[names[0]].append(seconds)
             _, seconds = await timed(store.vectors_since(PERSON, MODEL, latest))
             parts[names[1]].append(seconds)

@@ -10,7 +10,7 @@ import enum
 import hashlib
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ember.core.errors import MemoryInputError
 from ember.core.thinking import strip_thinking
@@ -111,6 +111,15 @@ class Recalled:
     def to_json_dict(self) -> dict[str, object]:
         """The record as search results show it (CLI and API alike): its fields and its score."""
         return {**self.record.to_json_dict(), "score": round(self.score, 6)}
+
+
+@dataclass(frozen=True, slots=True)
+class LexicalHits:
+    """What a full-text search found: (num, BM25 score; higher is better), best first, and the
+    records of the best of them where the search read those too, in the same transaction."""
+
+    scores: list[tuple[int, float]]
+    records: dict[int, MemoryRecord] = field(default_factory=dict)
 
 
 _SPACE = re.compile(r"\s+")

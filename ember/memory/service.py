@@ -21,6 +21,7 @@ import numpy as np
 
 from ember.core.errors import MemoryInputError, ModelError
 from ember.core.memory import (
+    LexicalHits,
     MemoryKind,
     MemoryRecord,
     MemoryStatus,
@@ -182,14 +183,19 @@ class MemoryService:
         terms = query_terms(query)
         if not terms:
             raise MemoryInputError("the query has no words to search for")
-        # The text index is read while the query is embedded; the vectors then add what is near it.
-        lexical, vector = await asyncio.gather(self._lexical(identity, terms), self._embed_query(query))
+        # Deeper than the page: some candidates may be of another kind or no longer active.
+        depth = 3 * limit + CANDIDATES
+        # The text index is read, with the records of its best hits, while the query is embedded;
+        # the vectors then add what is near it, whose records are read if the words missed them.
+        lexical, vector = await asyncio.gather(self._lexical(identity, terms, depth), self._embed_query(query))
         dense = None
         if vector is not None and self._vectors is not None:
-            dense = await self._vectors.scores(identity, vector, also=[num for num, _ in lexical])
-        # Deeper than the page: some candidates may be of another kind or no longer active.
-        candidates = fuse(lexical, dense, depth=3 * limit + CANDIDATES)
-        records = await self._store.by_nums(identity, [c.num for c in candidates])
+            dense = await self._vectors.scores(identity, vector, also=[num for num, _ in lexical.scores])
+        candidates = fuse(lexical.scores, dense, depth=depth)
+        records = dict(lexical.records)
+        missing = [c.num for c in candidates if c.num not in records]
+        if missing:
+            records.update(await self._store.by_nums(identity, missing))
         floor = self._embedder.relevance_floor if self._embedder is not None else 0.0
         now = self._clock()
         named = named_subject(query, {record.subject for record in records.values()})
@@ -210,9 +216,11 @@ class MemoryService:
             hits = self._reranker.rerank(query, hits)
         return hits[:limit]
 
-    async def _lexical(self, identity: str, terms: list[str]) -> list[tuple[int, float]]:
+    async def _lexical(self, identity: str, terms: list[str], records: int) -> LexicalHits:
         found = await self._text.lexical(identity, terms, LEXICAL_DEPTH)
-        return found if found is not None else await self._store.lexical(identity, terms, LEXICAL_DEPTH)
+        if found is not None:
+            return LexicalHits(found)
+        return await self._store.lexical(identity, terms, LEXICAL_DEPTH, records=records)
 
     async def _embed_query(self, query: str) -> np.ndarray | None:
         if self._encoder is None:
@@ -229,15 +237,18 @@ class MemoryService:
         """Profile facts (stable order, so the prompt prefix stays cacheable), the session's latest
         `episodes` summaries, then the memories the message recalls, within the budget. Each
         recall is counted."""
-        profile, summaries = await self._profile_and_episodes(identity, budget.profile_facts, session_key, episodes)
+        message = bounded_query(message)
+        # The profile is read while the message searches: neither waits for the other.
+        (profile, summaries), hits = await asyncio.gather(
+            self._profile_and_episodes(identity, budget.profile_facts, session_key, episodes),
+            self._recall(identity, message, budget))
         shown = {record.id for record in profile}
         recalled: list[MemoryRecord] = []
         used_ids: list[str] = []
-        message = bounded_query(message)
-        if match_expression(message) is not None:
+        if hits:
             floor = self._embedder.relevance_floor if self._embedder is not None else 0.0
             used = 0
-            for hit in await self.search(identity, message, limit=budget.recalled_max * 2, kinds=RECALLED_KINDS):
+            for hit in hits:
                 record = hit.record
                 if not hit.matched_words and hit.similarity < floor + PROMPT_SIMILARITY_MARGIN:
                     continue
@@ -254,6 +265,11 @@ class MemoryService:
                 used += cost
         self._note_recalled(identity, used_ids)
         return PromptMemory(tuple(profile), tuple(recalled), tuple(summaries))
+
+    async def _recall(self, identity: str, message: str, budget: RecallBudget) -> list[Recalled]:
+        if match_expression(message) is None:
+            return []
+        return await self.search(identity, message, limit=budget.recalled_max * 2, kinds=RECALLED_KINDS)
 
     async def episodes(self, identity: str, session_key: str, limit: int) -> list[MemoryRecord]:
         """The session's latest consolidation summaries, oldest first: the person's

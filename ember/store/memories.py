@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, bindparam, delete, func, literal_column, null, select, update
 
 from ember.core.errors import MemoryNotFound
-from ember.core.memory import MemoryKind, MemoryRecord, MemoryStatus, NewMemory
+from ember.core.memory import LexicalHits, MemoryKind, MemoryRecord, MemoryStatus, NewMemory
 from ember.store import memory_upkeep, schema
 from ember.store.engine import Database
 from ember.store.jobs import record_job
@@ -172,14 +172,22 @@ class SqlMemoryStore:
         rows = await self._db.run_read(lambda tx: tx.execute(listing, params).fetchall())
         return [record_of(row)[1] for row in rows]
 
-    async def lexical(self, identity: str, terms: Sequence[str], limit: int) -> list[tuple[int, float]]:
+    async def lexical(self, identity: str, terms: Sequence[str], limit: int, *, records: int = 0) -> LexicalHits:
         """(num, BM25 score; higher is better) of the identity's memories, in any state, matching
-        any of the query's distinctive terms (segment.distinctive).
+        any of the query's distinctive terms (segment.distinctive), and the records of the first
+        `records` of them, read in the same transaction.
 
         The owner token keeps the search within the identity's rows; their states are
         filtered with the records (a join here cost a third of the query).
         """
-        def read(tx: Tx) -> list[tuple[int, float]]:
+        def read(tx: Tx) -> LexicalHits:
+            scores = [(num, score) for num, score in matching(tx)]
+            if not records or not scores:
+                return LexicalHits(scores)
+            best = {"nums": json.dumps([num for num, _ in scores[:records]]), "identity": identity}
+            return LexicalHits(scores, dict(map(record_of, tx.execute(_BY_NUMS, best).fetchall())))
+
+        def matching(tx: Tx) -> Sequence[Sequence[Any]]:
             kept = list(terms)
             total = tx.execute(_HIGHEST_NUM).fetchone()[0]
             # PostgreSQL's index has no vocabulary table: its ts_rank weighs every term alike.

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ember.core.delivery import Delivery, Receipt
     from ember.core.events import InboundEvent
     from ember.core.jobs import JobRequest
-    from ember.core.memory import MemoryKind, MemoryRecord, MemoryStatus, NewMemory
+    from ember.core.memory import LexicalHits, MemoryKind, MemoryRecord, MemoryStatus, NewMemory
     from ember.core.messages import Message, Session
     from ember.core.skills import Proposal, Skill, SkillStatus, SkillVersion
     from ember.core.usage import UsageRow
@@ -169,7 +169,7 @@ class MemoryStore(Protocol):
 
     async def by_nums(self, identity: str, nums: Sequence[int]) -> dict[int, MemoryRecord]: ...
 
-    async def lexical(self, identity: str, terms: Sequence[str], limit: int) -> list[tuple[int, float]]: ...
+    async def lexical(self, identity: str, terms: Sequence[str], limit: int, *, records: int = 0) -> LexicalHits: ...
 
     async def prompt_records(self, identity: str, profile_limit: int, episode_owners: Sequence[str],
                              session_key: str, episode_limit: int) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
