@@ -259,13 +259,29 @@ async def test_the_prompt_gets_stable_profile_facts_then_what_the_message_recall
     await memory.remember("alice", "The user's name is Alice.", subject="user", key="name")
     await memory.remember("alice", "The user is vegetarian.", subject="user", key="diet")
     await memory.remember("alice", "Last spring the user hiked the Dolomites.")
-    first = await memory.for_prompt("alice", "plan a hiking trip", budget=RecallBudget())
-    again = await memory.for_prompt("alice", "something else about hiking", budget=RecallBudget())
+    # A profile of two: the facts that name an attribute come first; the third is left to recall.
+    budget = RecallBudget(profile_facts=2)
+    first = await memory.for_prompt("alice", "plan a hiking trip", budget=budget)
+    again = await memory.for_prompt("alice", "something else about hiking", budget=budget)
     assert [r.content for r in first.profile] == ["The user is vegetarian.", "The user's name is Alice."]
     assert first.profile == again.profile  # the cacheable prefix does not move
     assert [r.content for r in first.recalled] == ["Last spring the user hiked the Dolomites."]
-    tiny = await memory.for_prompt("alice", "hiking", budget=RecallBudget(recalled_tokens=2))
+    tiny = await memory.for_prompt("alice", "hiking", budget=RecallBudget(profile_facts=2, recalled_tokens=2))
     assert tiny.recalled == ()
+
+
+async def test_a_fact_the_person_stated_is_in_the_profile_without_a_subject_or_key(memory: MemoryService) -> None:
+    await memory.remember("alice", "The user likes jazz.", subject="user", key="music",
+                          source_rank=SourceRank.INFERRED)
+    await memory.remember("alice", "I am allergic to peanuts.")
+    await memory.remember("alice", "My sister lives in Lyon.")
+    prompt = await memory.for_prompt("alice", "what do you know about me?", budget=RecallBudget())
+    # Stated first, in the order they were said; then what was inferred. Each once: not recalled again.
+    assert [r.content for r in prompt.profile] == ["I am allergic to peanuts.", "My sister lives in Lyon.",
+                                                  "The user likes jazz."]
+    assert not {r.id for r in prompt.recalled} & {r.id for r in prompt.profile}
+    assert prompt.profile == (await memory.for_prompt("alice", "and now?", budget=RecallBudget())).profile
+    assert (await memory.for_prompt("bob", "what do you know about me?", budget=RecallBudget())).profile == ()
 
 
 async def test_an_unreadable_vector_is_set_aside_and_embedded_again(memory: MemoryService, db: Database) -> None:

@@ -450,18 +450,23 @@ class MemoryMachine(RuleBasedStateMachine):
                 f"{identity} was shown an inactive memory: {record}"
 
     def check_prompt(self, op: Recall, prompt: PromptMemory, *, alone: bool) -> None:
-        """A prompt holds the person's active memories only: profile facts (they name an attribute),
-        then recalled ones not among them. Run alone, the profile is every active fact with a key."""
+        """A prompt holds the person's active memories only: profile facts, then recalled ones not
+        among them. Run alone, the profile is every active fact, keyed or not (within its budget)."""
         shown = [*prompt.profile, *prompt.recalled]
         assert all(r.identity == op.identity and r.status is ACTIVE for r in shown), f"{op} was given {shown}"
-        assert all(r.kind is MemoryKind.FACT and r.key is not None for r in prompt.profile)
+        assert all(r.kind is MemoryKind.FACT for r in prompt.profile)
         assert all(r.kind in RECALLED_KINDS for r in prompt.recalled)
         assert not {r.id for r in prompt.profile} & {r.id for r in prompt.recalled}
         if alone:
             self.check_owned(op.identity, shown, include_inactive=False)
             facts = {id_ for id_, r in self.model.rows.items() if r.identity == op.identity and r.status is ACTIVE
-                     and r.kind is MemoryKind.FACT and r.key is not None}
-            assert {r.id for r in prompt.profile} == (facts if op.profile else set())
+                     and r.kind is MemoryKind.FACT}
+            if not op.profile:
+                assert prompt.profile == ()
+            elif len(facts) <= WITH_PROFILE.profile_facts:
+                assert {r.id for r in prompt.profile} == facts
+            else:
+                assert len(prompt.profile) == WITH_PROFILE.profile_facts and {r.id for r in prompt.profile} <= facts
         for record in prompt.recalled:
             if (row := self.model.rows.get(record.id)) is not None:
                 row.recalls_low += 1

@@ -75,9 +75,12 @@ _of = (_mi.c.identity == bindparam("owner"), _mi.c.id == bindparam("memory_id"))
 _GET = Statement(MEMORY.where(*_of))
 _NUM_OF = Statement(select(_mi.c.num).where(*_of))
 _BY_NUMS = per_dialect(_by_nums)
+# Every active fact, with or without an attribute: what the person stated first, then those that
+# name an attribute; within each, an order that a new fact extends rather than reshuffles.
 _PROFILE = Statement(MEMORY.where(_mi.c.identity == bindparam("identity"), _mi.c.kind == "fact",
-                                  _mi.c.status == "active", _mi.c.fact_key.is_not(None))
-                     .order_by(_mi.c.source_rank.desc(), _mi.c.subject, _mi.c.fact_key, _mi.c.num)
+                                  _mi.c.status == "active")
+                     .order_by(_mi.c.source_rank.desc(), _mi.c.fact_key.is_(None), func.coalesce(_mi.c.subject, ""),
+                               func.coalesce(_mi.c.fact_key, ""), _mi.c.num)
                      .limit(bindparam("limit")))
 # By (include_inactive, session_key given, kinds given).
 _LISTINGS = {flags: per_dialect(lambda dialect, flags=flags: _listing(dialect, *flags))
@@ -149,8 +152,8 @@ class SqlMemoryStore:
 
     async def prompt_records(self, identity: str, profile_limit: int, episode_owners: Sequence[str],
                              session_key: str, episode_limit: int) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
-        """In one read: the identity's active facts that name an attribute (subject and key), in a
-        stable order, and the session's latest episodes of each of `episode_owners`, newest first."""
+        """In one read: the identity's active facts (the profile), stated ones first, in a stable
+        order, and the session's latest episodes of each of `episode_owners`, newest first."""
         listing = _LISTINGS[False, True, True]
         kinds = json.dumps([MemoryKind.EPISODIC.value])
 
