@@ -270,6 +270,20 @@ async def test_the_prompt_gets_stable_profile_facts_then_what_the_message_recall
     assert tiny.recalled == ()
 
 
+async def test_a_fact_outranks_a_chat_line_that_says_the_same(memory: MemoryService, clock: Clock) -> None:
+    line = await memory.remember("alice", "I am allergic to peanuts.", kind=MemoryKind.ARCHIVAL,
+                                 session_key="cli:lunch", created_at=clock.now)
+    clock.now += DAY_S
+    kept = await memory.remember("alice", "I am allergic to peanuts.", created_at=clock.now)
+    other = await memory.remember("alice", "Peanuts are legumes, not nuts.", kind=MemoryKind.ARCHIVAL,
+                                  session_key="cli:lunch", created_at=clock.now)
+    await memory.flush_embeddings()
+    clock.now += 30 * DAY_S  # the fact has faded a little; the line never does
+    hits = await memory.search("alice", "am I allergic to peanuts?")
+    assert [hit.record.id for hit in hits][:2] == [kept.record.id, line.record.id]
+    assert other.record.id in [hit.record.id for hit in hits]
+
+
 async def test_a_fact_the_person_stated_is_in_the_profile_without_a_subject_or_key(memory: MemoryService) -> None:
     await memory.remember("alice", "The user likes jazz.", subject="user", key="music",
                           source_rank=SourceRank.INFERRED)

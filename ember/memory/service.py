@@ -36,7 +36,14 @@ from ember.memory.embeddings import Embedder
 from ember.memory.encoder import Encoder, bounded_query
 from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
 from ember.memory.identity import Identities
-from ember.memory.retrieval import NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
+from ember.memory.retrieval import (
+    FACT_BONUS,
+    NAMED_SUBJECT_BONUS,
+    STRENGTH_WEIGHT,
+    Reranker,
+    fuse,
+    named_subject,
+)
 from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
 from ember.memory.vectors import VectorIndex
 from ember.store.memory_rows import WriteOutcome
@@ -208,7 +215,8 @@ class MemoryService:
                 continue
             if relevant_only and not candidate.matched_words and candidate.similarity < floor:
                 continue
-            score = candidate.score + (NAMED_SUBJECT_BONUS if named and record.subject == named else 0.0)
+            score = (candidate.score + (NAMED_SUBJECT_BONUS if named and record.subject == named else 0.0)
+                     + (FACT_BONUS if record.kind is MemoryKind.FACT else 0.0))
             weight = 1.0 - STRENGTH_WEIGHT + STRENGTH_WEIGHT * self._forgetting.strength(record, now)
             hits.append(Recalled(record, score * weight, candidate.matched_words, candidate.similarity))
         hits.sort(key=lambda hit: (-hit.score, -hit.record.created_at))
