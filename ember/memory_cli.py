@@ -81,14 +81,24 @@ def _when(timestamp: float) -> str:
 
 
 def _table(records: list[MemoryRecord], scores: list[float] | None = None) -> Table:
-    table = Table()
+    """The content gets the width; a column that would say the same on every row is left out."""
+    statuses = any(r.status is not MemoryStatus.ACTIVE for r in records)
+    abouts = [f"{r.subject or ''}.{r.key}" if r.key else (r.subject or "") for r in records]
+    table = Table(expand=True)
     table.add_column("id", no_wrap=True)  # an id is copied whole into the next command
-    for name in ("kind", "status", "subject.key", "content", "created", *(["score"] if scores else [])):
-        table.add_column(name)
-    for index, r in enumerate(records):
-        about = f"{r.subject or ''}.{r.key}" if r.key else (r.subject or "")
-        row = [r.id, r.kind.value, r.status.value, escape(about), escape(r.content), _when(r.created_at)]
-        table.add_row(*row, *([f"{scores[index]:.4f}"] if scores else []))
+    table.add_column("kind", no_wrap=True)
+    if statuses:
+        table.add_column("status", no_wrap=True)
+    if any(abouts):
+        table.add_column("about", max_width=24)
+    table.add_column("content", ratio=1, overflow="fold")
+    table.add_column("created", no_wrap=True)
+    if scores:
+        table.add_column("score", no_wrap=True)
+    for index, (r, about) in enumerate(zip(records, abouts)):
+        row = [r.id, r.kind.value, *([r.status.value] if statuses else []), *([escape(about)] if any(abouts) else []),
+               escape(r.content), _when(r.created_at), *([f"{scores[index]:.4f}"] if scores else [])]
+        table.add_row(*row)
     return table
 
 
@@ -154,25 +164,34 @@ def search(
     run_command(main())
 
 
+# What a person reads as their memory: the facts and the conversations' summaries, not every chat line.
+LISTED_KINDS = (MemoryKind.FACT, MemoryKind.EPISODIC)
+
+
 @memory_app.command("list")
 def list_memories(
-    kind: Annotated[MemoryKind | None, typer.Option(help="Only this tier.")] = None,
-    include_all: AllOption = False,
+    kind: Annotated[list[MemoryKind] | None, typer.Option(
+        "--kind", help="Only this tier; repeat it for several (default: fact and episodic).")] = None,
+    include_all: Annotated[bool, typer.Option(
+        "--all", help="Every tier, and superseded and archived memories too.")] = False,
     identity: IdentityOption = LOCAL_IDENTITY,
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 100,
     as_json: JsonOption = False,
 ) -> None:
-    """Memories, newest first (active ones unless --all)."""
+    """Memories, newest first: active facts and episodes unless --kind or --all say otherwise."""
     settings = _settings()
+    kinds = tuple(kind) if kind else () if include_all else LISTED_KINDS
 
     async def main() -> int:
         async with _memory(settings, search=False) as memory:
-            records = await memory.store.list(
-                identity, kinds=(kind,) if kind else (), include_inactive=include_all, limit=limit)
+            records = await memory.store.list(identity, kinds=kinds, include_inactive=include_all, limit=limit)
         if as_json:
             print_json([r.to_json_dict() for r in records])
+        elif records:
+            out.print(_table(records))
         else:
-            out.print(_table(records) if records else "No memories yet.")
+            out.print("No memories yet." if include_all or kind else
+                      "No facts or episodes yet (--kind archival lists the archived chat, --all everything).")
         return 0
 
     run_command(main())

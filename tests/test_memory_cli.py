@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ember.core.memory import NewMemory
+from ember.core.memory import MemoryKind, NewMemory
 from ember.store.engine import Database
 from ember.store.memories import REINDEX_BATCH, SqlMemoryStore
 
@@ -106,3 +106,34 @@ def test_json_stays_one_document_when_a_bar_is_drawn(tmp_path: Path) -> None:
     assert json.loads(second.stdout) == [] and second.stderr == ""  # nothing pending: no bar
     piped = listed(tmp_path / "b")
     assert json.loads(piped.stdout) == [] and piped.stderr == ""
+
+
+async def test_list_shows_facts_and_episodes_unless_asked_for_the_chat(db: Database, tmp_path: Path) -> None:
+    store = SqlMemoryStore(db)
+    fact = "I am allergic to peanuts and carry an epinephrine pen whenever we go out to eat anywhere new."
+    await store.write_many([
+        NewMemory(identity="local", content=fact),
+        NewMemory(identity="local", content="We planned a trip to Lyon.", kind=MemoryKind.EPISODIC,
+                  session_key="cli:trip"),
+        *(NewMemory(identity="local", content=f"chat line {n}", kind=MemoryKind.ARCHIVAL, session_key="cli:trip",
+                    seq_start=n, seq_end=n + 1) for n in range(3)),
+    ])
+
+    def kinds(*args: str) -> list[str]:
+        listed = ember(tmp_path, "list", *args, "--json")
+        assert listed.returncode == 0, listed.stderr
+        return sorted(record["kind"] for record in json.loads(listed.stdout))
+
+    assert kinds() == ["episodic", "fact"]
+    assert kinds("--kind", "archival") == ["archival"] * 3
+    assert kinds("--kind", "archival", "--kind", "fact") == ["archival"] * 3 + ["fact"]
+    assert kinds("--all") == ["archival"] * 3 + ["episodic", "fact"]
+    # On an 80-column terminal the content is whole (wrapped, not cut), and no column says "active" on every row.
+    table = subprocess.run([EMBER, "memory", "list"], env={**os.environ, "EMBER_HOME": str(tmp_path),
+                                                            "COLUMNS": "80"}, capture_output=True, text=True,
+                           timeout=120).stdout
+    content = " ".join(line.split("│")[3].strip() for line in table.splitlines() if line.startswith("│"))
+    assert fact in content
+    assert "…" not in table and "active" not in table and "chat line" not in table
+    empty = ember(tmp_path, "list", "--identity", "bob")
+    assert "--kind archival" in empty.stdout
