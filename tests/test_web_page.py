@@ -240,6 +240,19 @@ def test_the_memory_panel_lists_searches_forgets_and_escapes(
         expect(contents).to_have_text([attack, cello])
         page.reload()
         expect(contents).to_have_text([attack, cello])
+
+        # Stated in the panel: a fact of the person's, listed at once, newest first.
+        stated = "Alice is allergic to peanuts"
+        page.locator("#memory-new").fill(stated)
+        page.locator("#memory-new").press("Enter")
+        expect(contents).to_have_text([stated, attack, cello])
+        expect(page.locator("#memory-new")).to_have_value("")
+        [record] = [r for r in api.get("/api/memory").json() if r["content"] == stated]
+        assert (record["kind"], record["source_rank"]) == ("fact", "user_stated")
+        page.locator("#memory-new").fill(stated)
+        page.locator("#memory-add-button").click()
+        expect(page.locator("#memory-status")).to_have_text("Already remembered.")
+        expect(contents).to_have_text([stated, attack, cello])
     page.wait_for_timeout(200)
     assert dialogs == []
 

@@ -1,5 +1,6 @@
 // The "What Ember remembers about you" panel: the caller's facts and conversation
-// summaries, newest first, a search over them, and a Forget button on each.
+// summaries, newest first, a search over them, a Forget button on each, and a box to
+// state a fact (it joins what every prompt carries about the person).
 // Memory text is the person's own words or the model's: it reaches the DOM through textContent only.
 
 import { $, el } from "./dom.js";
@@ -22,6 +23,31 @@ export class MemoryPanel {
     $("memory-query").addEventListener("input", () => {
       if (!$("memory-query").value.trim()) this.refresh(); // an emptied search box lists everything again
     });
+    $("memory-add").addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.add();
+    });
+  }
+
+  /** Remembers what the box says as a fact the person stated, then lists it with the rest. */
+  async add() {
+    const box = $("memory-new");
+    const content = box.value.trim();
+    if (!content) return;
+    $("memory-add-button").disabled = true;
+    try {
+      const response = await this.api("/api/memory", {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ content }),
+      });
+      box.value = "";
+      $("memory-query").value = "";
+      await this.refresh();
+      if (response.status === 200) setStatus("Already remembered.");
+    } catch (err) {
+      this.fail(err); // the text stays in the box, to try again
+    } finally {
+      $("memory-add-button").disabled = false;
+    }
   }
 
   /** Shows the memories, or the hits of the query in the search box. */
