@@ -174,6 +174,29 @@ def test_a_fact_with_the_same_subject_and_key_replaces_the_old_one(clients: Clie
     assert (replaced["status"], replaced["superseded_by"]) == ("superseded", new["id"])
 
 
+def test_a_fact_corrected_over_http_supersedes_the_old_text(clients: Clients) -> None:
+    alice, bob = clients["alice"], clients["bob"]
+    tag = word()
+    keyed = add(alice, f"{tag} lives in Porto", subject=tag, key="city")
+    plain = add(alice, f"{tag} is allergic to peanuts")
+    for old, text in ((keyed, f"{tag} lives in Lisbon"), (plain, f"{tag} is allergic to peanuts and cashews")):
+        corrected = alice.patch(f"/api/memory/{old['id']}", json={"content": text})
+        assert corrected.status_code == 200, corrected.text
+        new = corrected.json()
+        assert (new["content"], new["kind"], new["status"], new["source_rank"]) == (text, "fact", "active",
+                                                                                   "user_stated")
+        assert (new["subject"], new["key"]) == (old["subject"], old["key"])
+        assert old["id"] not in ids(listed(alice)) and new["id"] in ids(listed(alice))
+        was = by_id(listed(alice, all="true"), old["id"])
+        assert (was["status"], was["superseded_by"]) == ("superseded", new["id"])
+    # Another person's id does not exist for bob; a superseded fact is not corrected again; blank is refused.
+    assert_error(bob.patch(f"/api/memory/{plain['id']}", json={"content": "mine now"}), 404, "memory_not_found")
+    assert "only an active fact" in assert_error(
+        alice.patch(f"/api/memory/{plain['id']}", json={"content": "again"}), 422, "invalid_memory")["message"]
+    assert_error(alice.patch(f"/api/memory/{keyed['id']}", json={"content": "  "}), 422, "invalid_memory")
+    assert_error(alice.patch(f"/api/memory/{keyed['id']}", json={"text": "x"}), 422, "invalid_request")
+
+
 def test_list_takes_a_limit_and_kinds(clients: Clients) -> None:
     bob = clients["bob"]
     tag = word()

@@ -253,6 +253,21 @@ def test_the_memory_panel_lists_searches_forgets_and_escapes(
         page.locator("#memory-add-button").click()
         expect(page.locator("#memory-status")).to_have_text("Already remembered.")
         expect(contents).to_have_text([stated, attack, cello])
+
+        # Corrected in place: the new text replaces the fact, whose history keeps the old one.
+        fact = panel.locator(".memory").first  # newest first; while edited, its text is in a box, not the item
+        fact.locator(".memory-edit").click()
+        box = fact.locator(".memory-edit-box")
+        expect(box).to_be_focused()
+        box.press("Escape")  # left as it was
+        expect(contents).to_have_text([stated, attack, cello])
+        fact.locator(".memory-edit").click()
+        corrected = "Alice is allergic to peanuts and cashews"
+        fact.locator(".memory-edit-box").fill(corrected)
+        fact.locator(".memory-edit-box").press("Enter")
+        expect(contents).to_have_text([corrected, attack, cello])
+        old = [r for r in api.get("/api/memory", params={"all": "true"}).json() if r["id"] == record["id"]]
+        assert [r["status"] for r in old] == ["superseded"]
     page.wait_for_timeout(200)
     assert dialogs == []
 

@@ -36,14 +36,7 @@ from ember.memory.embeddings import Embedder
 from ember.memory.encoder import Encoder, bounded_query
 from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
 from ember.memory.identity import Identities
-from ember.memory.retrieval import (
-    FACT_BONUS,
-    NAMED_SUBJECT_BONUS,
-    STRENGTH_WEIGHT,
-    Reranker,
-    fuse,
-    named_subject,
-)
+from ember.memory.retrieval import FACT_BONUS, NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
 from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
 from ember.memory.vectors import VectorIndex
 from ember.store.memory_rows import WriteOutcome

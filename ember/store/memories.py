@@ -32,6 +32,7 @@ from ember.store.memory_rows import (
     archive_messages,
     hold_memory_writes,
     record_of,
+    revise_memory,
     write_memory,
 )
 from ember.store.segment import COMMON_ROWS, distinctive, expression, indexed_form, owner_token, ts_lexeme
@@ -135,6 +136,17 @@ class SqlMemoryStore:
         """One transaction for the batch (imports)."""
         now = time.time()
         return await self._write(lambda tx: [write_memory(tx, m, now, embed=self._embeds) for m in memories])
+
+    async def revise(self, identity: str, memory_id: str, content: str) -> WriteOutcome:
+        """Replace the identity's active fact `memory_id` by `content`, stated by the person, in one
+        transaction (store/memory_rows.revise_memory); MemoryNotFound for another's or no memory."""
+        def unit(tx: Tx) -> WriteOutcome:
+            row = tx.execute(_GET, {"owner": identity, "memory_id": memory_id}).fetchone()
+            if row is None:
+                raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
+            return revise_memory(tx, *record_of(row), content, time.time(), embed=self._embeds)
+
+        return await self._write(unit)
 
     async def get(self, identity: str, memory_id: str) -> MemoryRecord:
         row = await self._db.run_read(lambda tx: tx.execute(

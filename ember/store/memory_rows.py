@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, func, null, select, update
 
+from ember.core.errors import MemoryInputError
 from ember.core.jobs import JobKind, JobRequest
 from ember.core.memory import (
     MAX_CONTENT_CHARS,
@@ -287,6 +288,20 @@ def write_memory(tx: Tx, memory: NewMemory, now: float, *, embed: bool = True) -
         tx.execute(_UNCHECKED, {"memory_num": num})
         record_job(tx, RECONCILE_JOB, now)
     return WriteOutcome(_get_num(tx, num), created=True, superseded=tuple(r.id for _, r in current))
+
+
+def revise_memory(tx: Tx, num: int, old: MemoryRecord, content: str, now: float, *, embed: bool) -> WriteOutcome:
+    """The person's correction of fact `old` (row `num`): a fact they state, of the same subject and
+    key, that supersedes `old`; both stay in its history. The caller's unit holds the memory's writes."""
+    if old.kind is not MemoryKind.FACT or old.status is not MemoryStatus.ACTIVE:
+        raise MemoryInputError(f"only an active fact can be changed; {old.id} is {old.status.value} "
+                               f"({old.kind.value}): forget it instead")
+    outcome = write_memory(tx, NewMemory(identity=old.identity, content=content, subject=old.subject, key=old.key,
+                                         source="corrected by the person"), now, embed=embed)
+    if outcome.record.id == old.id or old.id in outcome.superseded:
+        return outcome
+    supersede(tx, num, outcome.record.id, now)
+    return WriteOutcome(outcome.record, outcome.created, (*outcome.superseded, old.id))
 
 
 def supersede(tx: Tx, num: int, by_id: str, now: float) -> None:

@@ -1,5 +1,5 @@
-"""Long-term memory over HTTP: the caller's memories listed, searched, added and
-forgotten, in the records `ember memory ... --json` prints.
+"""Long-term memory over HTTP: the caller's memories listed, searched, added, corrected
+and forgotten, in the records `ember memory ... --json` prints.
 
 Memory belongs to a person, not to a key: the caller's key name is resolved
 through `[identities]`, so two keys bound to one person share one memory.
@@ -21,6 +21,7 @@ from ember.channels.gateway.schemas import (
     MAX_LIST_LIMIT,
     MAX_QUERY_CHARS,
     MAX_SEARCH_LIMIT,
+    MemoryCorrection,
     MemoryWrite,
 )
 from ember.channels.gateway.turns import CHANNEL
@@ -73,7 +74,7 @@ class MemoryApi:
         return [
             Route("/api/memory", self.memories, methods=["GET", "POST"]),
             Route("/api/memory/search", self.search, methods=["GET"]),
-            Route("/api/memory/{id}", self.forget, methods=["DELETE"]),
+            Route("/api/memory/{id}", self.one, methods=["PATCH", "DELETE"]),
         ]
 
     def _person(self, request: Request) -> str:
@@ -112,13 +113,26 @@ class MemoryApi:
             raise ApiError(422, str(exc), code="invalid_memory", param="content") from exc
         return JSONResponse(outcome.record.to_json_dict(), status_code=201 if outcome.created else 200)
 
-    async def forget(self, request: Request) -> Response:
+    async def one(self, request: Request) -> Response:
         memory_id = request.path_params["id"]
         if memory_id == "search":
             # The search route's own path, which only GET serves: a wrong method, not an unknown memory.
             raise HTTPException(405, headers={"Allow": "GET, HEAD"})
         try:
+            if request.method == "PATCH":
+                return await self.correct(request, memory_id)
             record = await self._memory.forget(self._person(request), memory_id)
         except MemoryNotFound:
             raise ApiError(404, f"no memory {memory_id[:64]!r}", code="memory_not_found") from None
         return JSONResponse(record.to_json_dict())
+
+    async def correct(self, request: Request, memory_id: str) -> Response:
+        """A fact the person corrects: the new text supersedes it (its history keeps both)."""
+        body = await read_json(request, MemoryCorrection, self._max_body_bytes)
+        try:
+            outcome = await self._memory.store.revise(self._person(request), memory_id, body.content)
+        except MemoryNotFound:
+            raise  # a 404, as for DELETE
+        except MemoryInputError as exc:  # blank content, or not an active fact
+            raise ApiError(422, str(exc), code="invalid_memory", param="content") from exc
+        return JSONResponse(outcome.record.to_json_dict())

@@ -241,6 +241,12 @@ class MemoryWrite(BaseModel):
                             description="The attribute: a new fact with the same subject and key replaces the old one")
 
 
+class MemoryCorrection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    content: str = Field(max_length=MAX_CONTENT_CHARS, json_schema_extra={"pattern": NOT_BLANK_PATTERN},
+                         description="The fact as it should read now")
+
+
 class MemoryItem(BaseModel):
     """A memory as `ember memory list --json` prints it."""
 
@@ -278,7 +284,8 @@ class MemoryHits(RootModel[list[MemoryHit]]):
 
 _SCHEMAS: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest, MessageRequest, ApprovalAnswer, ErrorBody, ChatCompletion, ModelList, SessionList,
-    History, TurnStopping, Health, PendingApprovals, ApprovalAnswered, MemoryWrite, MemoryItem, MemoryList, MemoryHits,
+    History, TurnStopping, Health, PendingApprovals, ApprovalAnswered, MemoryWrite, MemoryCorrection, MemoryItem,
+    MemoryList, MemoryHits,
 )
 
 
@@ -401,11 +408,16 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
             "The caller's memories best matching q, by words and by meaning",
             {"200": _json(MemoryHits, "Hits, best first"), **_errors(400)},
             params=[_QUERY_PARAM, *_MEMORY_FILTERS, _limit_param(10, MAX_SEARCH_LIMIT)])},
-        "/api/memory/{id}": {"delete": _operation(
-            "Forget a memory: archived, never recalled again, still listed with all=true",
-            {"200": _json(MemoryItem, "The archived memory"), **_errors(404),
-             "405": _json(ErrorBody, "The id 'search': that path is the search route's")},
-            params=[_MEMORY_PARAM])},
+        "/api/memory/{id}": {
+            "patch": _operation(
+                "Correct an active fact: a fact the caller states, of the same subject and key, supersedes it",
+                {"200": _json(MemoryItem, "The fact as it reads now"), **body_errors, **_errors(404)},
+                body=MemoryCorrection, params=[_MEMORY_PARAM]),
+            "delete": _operation(
+                "Forget a memory: archived, never recalled again, still listed with all=true",
+                {"200": _json(MemoryItem, "The archived memory"), **_errors(404),
+                 "405": _json(ErrorBody, "The id 'search': that path is the search route's")},
+                params=[_MEMORY_PARAM])},
         "/healthz": {"get": _operation("Liveness", {"200": _json(Health, "Alive")}, public=True)},
         "/metrics": {"get": _operation("Prometheus metrics", {"200": {
             "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})},

@@ -1,6 +1,6 @@
 // The "What Ember remembers about you" panel: the caller's facts and conversation
-// summaries, newest first, a search over them, a Forget button on each, and a box to
-// state a fact (it joins what every prompt carries about the person).
+// summaries, newest first, a search over them, Forget on each and Edit on a fact, and a
+// box to state a fact (it joins what every prompt carries about the person).
 // Memory text is the person's own words or the model's: it reaches the DOM through textContent only.
 
 import { $, el } from "./dom.js";
@@ -88,9 +88,47 @@ export class MemoryPanel {
     const forget = el("button", "memory-forget", "Forget");
     forget.type = "button";
     forget.addEventListener("click", () => this.forget(record.id, item, forget));
-    item.append(el("div", "memory-content", record.content),
-      el("div", "memory-meta", [record.kind, about, when].filter(Boolean).join(" · ")), forget);
+    const content = el("div", "memory-content", record.content);
+    item.append(content, el("div", "memory-meta", [record.kind, about, when].filter(Boolean).join(" · ")));
+    if (record.kind === "fact") { // an episode is a summary of what was said: it is forgotten, not rewritten
+      const edit = el("button", "memory-edit", "Edit");
+      edit.type = "button";
+      edit.addEventListener("click", () => this.edit(record, item, content));
+      item.append(edit);
+    }
+    item.append(forget);
     return item;
+  }
+
+  /** The fact's text in a box in its place: Enter saves the correction, Escape leaves it as it was. */
+  edit(record, item, content) {
+    const form = el("form", "memory-edit-form");
+    const box = el("input", "memory-edit-box");
+    box.value = record.content;
+    box.setAttribute("aria-label", "The fact as it should read");
+    const save = el("button", "memory-save", "Save");
+    save.type = "submit";
+    form.append(box, save);
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const text = box.value.trim();
+      if (!text || text === record.content) return form.replaceWith(content);
+      save.disabled = true;
+      try {
+        await this.api(`/api/memory/${encodeURIComponent(record.id)}`, {
+          method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ content: text }),
+        });
+        await this.refresh();
+      } catch (err) {
+        save.disabled = false;
+        this.fail(err);
+      }
+    });
+    box.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") form.replaceWith(content);
+    });
+    content.replaceWith(form);
+    box.focus();
   }
 
   async forget(id, item, button) {
