@@ -189,6 +189,13 @@ def test_a_fact_corrected_over_http_supersedes_the_old_text(clients: Clients) ->
         assert old["id"] not in ids(listed(alice)) and new["id"] in ids(listed(alice))
         was = by_id(listed(alice, all="true"), old["id"])
         assert (was["status"], was["superseded_by"]) == ("superseded", new["id"])
+    # Changed back: a new version again, the one before it superseded.
+    lisbon = by_id(listed(alice), by_id(listed(alice, all="true"), keyed["id"])["superseded_by"])
+    back = alice.patch(f"/api/memory/{lisbon['id']}", json={"content": f"{tag} lives in Porto"}).json()
+    assert (back["content"], back["status"]) == (f"{tag} lives in Porto", "active") and back["id"] != keyed["id"]
+    assert by_id(listed(alice, all="true"), lisbon["id"])["status"] == "superseded"
+    unchanged = alice.patch(f"/api/memory/{back['id']}", json={"content": f" {tag} lives in Porto "})
+    assert unchanged.status_code == 200 and unchanged.json() == back
     # Another person's id does not exist for bob; a superseded fact is not corrected again; blank is refused.
     assert_error(bob.patch(f"/api/memory/{plain['id']}", json={"content": "mine now"}), 404, "memory_not_found")
     assert "only an active fact" in assert_error(

@@ -296,12 +296,13 @@ def revise_memory(tx: Tx, num: int, old: MemoryRecord, content: str, now: float,
     if old.kind is not MemoryKind.FACT or old.status is not MemoryStatus.ACTIVE:
         raise MemoryInputError(f"only an active fact can be changed; {old.id} is {old.status.value} "
                                f"({old.kind.value}): forget it instead")
-    outcome = write_memory(tx, NewMemory(identity=old.identity, content=content, subject=old.subject, key=old.key,
-                                         source="corrected by the person"), now, embed=embed)
-    if outcome.record.id == old.id or old.id in outcome.superseded:
-        return outcome
-    supersede(tx, num, outcome.record.id, now)
-    return WriteOutcome(outcome.record, outcome.created, (*outcome.superseded, old.id))
+    if stored_content(content) == old.content:
+        return WriteOutcome(old, created=False)
+    # A row of its own even where an earlier version said the same: the person may change it back.
+    new_num, new_id = insert_memory(tx, NewMemory(identity=old.identity, content=content, subject=old.subject,
+                                                  key=old.key, source="corrected by the person"), now, embed=embed)
+    supersede(tx, num, new_id, now)
+    return WriteOutcome(_get_num(tx, new_num), created=True, superseded=(old.id,))
 
 
 def supersede(tx: Tx, num: int, by_id: str, now: float) -> None:
