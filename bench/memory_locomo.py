@@ -187,7 +187,7 @@ async def ingest(conversation: Conversation, db: SqliteDatabase, memory: MemoryS
         await db.run_write(lambda tx, key=key, turns=turns: tx.executemany(
             Statement("UPDATE messages SET created_at = :at WHERE session_key = :key AND seq = :seq"),
             [{"at": t.when, "key": key, "seq": seq} for seq, t in enumerate(turns)]))
-        await memory.archive_session(await sessions.load(key))
+        await memory.archive_session(key)
         where.update({(key, seq): t.dia_id for seq, t in enumerate(turns)})
     await memory.flush_embeddings()
     return where

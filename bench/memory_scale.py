@@ -460,6 +460,7 @@ class MemoryBench:
 
         async def append(key: str, texts: list[str]) -> None:
             session = await sessions.load(key)
+            session.metadata = {"identity": identity}  # whose memory its messages become
             turn = f"{key}-t"
             await sessions.append(session, [
                 Message.user(text, turn_id=f"{turn}{i // 2}") if i % 2 == 0
@@ -469,9 +470,9 @@ class MemoryBench:
         level.append_s += seconds
         level.appended += sum(map(len, chats))
         archived, seconds = await timed(asyncio.gather(*(
-            self.store.archive_session(key, lambda _channel, _sender: identity, identity) for key in keys)))
+            self.store.archive_session(key, lambda _channel, _sender: identity) for key in keys)))
         level.archive_s += seconds
-        level.archived += sum(archived)
+        level.archived += sum(done.count for done in archived)
         if identity == PERSON:
             self.count += sum(archived)
             level.added += sum(archived)

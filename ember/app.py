@@ -173,7 +173,7 @@ def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidatio
         await skills.curate()
 
     async def archive(job: Job) -> None:
-        await memory.archive_session(await sessions.load(for_session(job)))
+        await memory.archive_session(for_session(job))
 
     async def upkeep(job: Job) -> None:
         await memory.upkeep()

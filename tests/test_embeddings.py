@@ -109,7 +109,7 @@ async def test_each_message_is_embedded_once_and_the_one_recalled_for_not_again(
         await memory.for_prompt("local", question, budget=WITHOUT_PROFILE)
         session = await sessions.load("cli:work")
         await sessions.append(session, [Message.user(question), Message.assistant(answer)])
-        await memory.archive_session(await sessions.load("cli:work"))
+        await memory.archive_session("cli:work")
         await memory.flush_embeddings()
     assert sorted(embedder.queries) == sorted(question for question, _ in said)
     assert sorted(embedder.passages) == sorted(answer for _, answer in said)
@@ -194,7 +194,7 @@ async def test_archiving_embeds_what_it_archived_and_queues_the_job_only_when_th
 
     async def said(question: str, answer: str) -> int:
         await sessions.append(await sessions.load("cli:work"), [Message.user(question), Message.assistant(answer)])
-        return await memory.archive_session(await sessions.load("cli:work"))
+        return await memory.archive_session("cli:work")
 
     assert await said("Where did I park?", "On level 3, row F.") == 2
     assert await db.run_read(lambda tx: tx.execute(vectors).fetchone()[0]) == 2  # embedded by the archive itself

@@ -386,7 +386,7 @@ async def test_a_question_naming_someone_finds_what_they_said_first(db: Database
         Message.user("Tomatoes and a few roses by the fence.", name="Melanie"),
         Message.user("I grow herbs in my garden: basil, mint and thyme.", name="Caroline"),
     ])
-    await memory.archive_session(await sessions.load("group:garden"))
+    await memory.archive_session("group:garden")
     hits = await memory.search("alice", "What does Melanie grow in her garden?", limit=3)
     # Caroline's question shares every word with this one; Melanie's answer is what it asks for.
     assert hits[0].record.content == "Melanie: Tomatoes and a few roses by the fence."
@@ -395,7 +395,7 @@ async def test_a_question_naming_someone_finds_what_they_said_first(db: Database
     assert both[0].record.subject == "caroline"  # naming both favours neither
 
 
-@pytest.mark.parametrize("after", range(1, 6))
+@pytest.mark.parametrize("after", range(1, 7))  # the archive unit reads 6 statements before it writes
 async def test_a_message_committed_while_its_session_is_archived_is_archived_by_the_next_run(
         pg_server: PgServer, pg_store_database: str, monkeypatch: pytest.MonkeyPatch, after: int) -> None:
     """On PostgreSQL (READ COMMITTED), the next turn's message commits from another connection
@@ -424,12 +424,12 @@ async def test_a_message_committed_while_its_session_is_archived_is_archived_by_
 
     try:
         sessions, store = SqlSessionStore(db), SqlMemoryStore(db)
-        await sessions.append(Session(key="test:g"), [Message.user("first", turn_id="t1"),
-                                                      Message.assistant("ok", turn_id="t1")])
+        await sessions.append(Session(key="test:g", metadata={"identity": "someone"}), [
+            Message.user("first", turn_id="t1"), Message.assistant("ok", turn_id="t1")])
         monkeypatch.setattr(memories, "archive_messages", with_a_commit_meanwhile)
-        await store.archive_session("test:g", lambda channel, sender: "someone", "someone")
+        await store.archive_session("test:g", lambda channel, sender: "someone")
         monkeypatch.setattr(memories, "archive_messages", archive)
-        await store.archive_session("test:g", lambda channel, sender: "someone", "someone")  # the next turn's
+        await store.archive_session("test:g", lambda channel, sender: "someone")  # the next turn's
         archived = sorted(r.content for r in await store.list("someone", kinds=(MemoryKind.ARCHIVAL,)))
     finally:
         await db.close()

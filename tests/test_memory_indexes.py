@@ -134,10 +134,10 @@ async def test_an_archived_message_is_found_by_the_neighbour_that_came_later(db:
     sessions = SqlSessionStore(db)
     session = Session(key="cli:trip", metadata={"identity": "alice"})
     await sessions.append(session, [Message.user("Guess where I am going next month?")])
-    await memory.archive_session(await sessions.load(session.key))
+    await memory.archive_session(session.key)
     await sessions.append(await sessions.load(session.key), [Message.assistant("Tell me!"),
                                                              Message.user("Patagonia, to walk the glaciers.")])
-    await memory.archive_session(await sessions.load(session.key))
+    await memory.archive_session(session.key)
     # The question's own words say nothing of Patagonia; its text row was written again with its neighbours.
     hits = await memory.search("alice", "Patagonia", limit=5, kinds=(MemoryKind.ARCHIVAL,))
     assert "Guess where I am going next month?" in [hit.record.content for hit in hits]

@@ -760,12 +760,12 @@ async def test_a_message_whose_neighbour_arrives_while_it_is_embedded_gets_its_n
     sessions = SqlSessionStore(db)
     session = await sessions.load("test:c1")
     await sessions.append(session, [Message.user("I am planning a trip."), Message.assistant("Where to?")])
-    archiving = asyncio.create_task(memory.archive_session(await sessions.load("test:c1")))
+    archiving = asyncio.create_task(memory.archive_session("test:c1"))
     await embedder.hold()  # the archive wrote both messages, and embedding them has read them
     session = await sessions.load("test:c1")
     await sessions.append(session, [Message.user("To Lisbon, in May.")])
     # "Where to?" learns its next neighbour; this archive's own embedding waits for the first.
-    next_archive = asyncio.create_task(memory.archive_session(await sessions.load("test:c1")))
+    next_archive = asyncio.create_task(memory.archive_session("test:c1"))
     lisbon = Statement("SELECT COUNT(*) FROM memory_items WHERE content = 'To Lisbon, in May.'")
     async with asyncio.timeout(10):
         while not await db.run_read(lambda tx: tx.execute(lisbon).fetchone()[0]):

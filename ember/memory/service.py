@@ -39,7 +39,7 @@ from ember.memory.identity import Identities
 from ember.memory.retrieval import FACT_BONUS, NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
 from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
 from ember.memory.vectors import VectorIndex
-from ember.store.memory_rows import WriteOutcome
+from ember.store.memory_rows import Unembedded, WriteOutcome
 from ember.store.protocols import MemoryStore
 from ember.store.segment import match_expression, query_terms
 
@@ -297,24 +297,22 @@ class MemoryService:
 
     # -- background jobs -------------------------------------------------------------
 
-    async def archive_session(self, session: Session) -> int:
+    async def archive_session(self, session_key: str) -> int:
         """Copy the session's new messages into the archival tier (the searchable
         history), each into the memory of the person whose turn it was."""
-        if session.metadata.get("evaluation"):
-            return 0
         # Embedded here, before the archive's job completes (a crash re-runs it, and this finds
         # them still waiting): a job of their own would cost a claim, reads and a completion a turn.
+        # The first batch to embed is read in the archive's own transaction.
         inline = self._encoder is not None
-        archived = await self._store.archive_session(session.key, self._identities.resolve,
-                                                     session_identity(session.key, session.metadata),
-                                                     queue_embedding=not inline)
-        if inline:
+        archived = await self._store.archive_session(session_key, self._identities.resolve, queue_embedding=not inline,
+                                                     pending=EMBED_BATCH if inline else 0)
+        if archived.pending:
             try:
-                await self.flush_embeddings()
+                await self.flush_embeddings(first=archived.pending)
             except ModelError as exc:  # the archive holds; the embedding job retries with its backoff
-                log.warning("archived %d messages; embedding them later: %s", archived, exc)
+                log.warning("archived %d messages; embedding them later: %s", archived.count, exc)
                 await self._store.queue_embedding()
-        return archived
+        return archived.count
 
     async def turn_owners(self, session: Session) -> dict[str, str]:
         """turn id -> the identity of the person who sent that turn's message."""
@@ -344,18 +342,22 @@ class MemoryService:
             return shared_identity(session_key)
         return identity
 
-    async def flush_embeddings(self, progress: Callable[[int], None] | None = None) -> int:
-        """Embed every memory still without a vector, in batches; returns how many."""
+    async def flush_embeddings(self, progress: Callable[[int], None] | None = None, *,
+                               first: Sequence[Unembedded] = ()) -> int:
+        """Embed every memory still without a vector, in batches, beginning with `first` (read by
+        the caller); returns how many."""
         if self._encoder is None:
             return 0
         async with self._embedding:
-            return await self._embed_pending(self._encoder, progress)
+            return await self._embed_pending(self._encoder, progress, list(first))
 
-    async def _embed_pending(self, encoder: Encoder, progress: Callable[[int], None] | None) -> int:
+    async def _embed_pending(self, encoder: Encoder, progress: Callable[[int], None] | None,
+                             first: list[Unembedded]) -> int:
         """Each memory's own text is embedded once; its window vector is made of its own and its
         neighbours' vectors (which are memories of their own, embedded once too)."""
         done, more = 0, True
-        while more and (batch := await self._store.unembedded(EMBED_BATCH)):
+        while more and (batch := first or await self._store.unembedded(EMBED_BATCH)):
+            first = []
             contexts = [item.context for item in batch]
             vectors = await encoder.passages([text for item, context in zip(batch, contexts) for text in (
                 item.content, *(context.adjacent + context.far if context is not None else ()))])

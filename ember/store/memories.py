@@ -27,6 +27,7 @@ from ember.store.memory_rows import (
     MEMORY,
     TERM_ROWS,
     TEXTS_AFTER,
+    Archived,
     Unembedded,
     WriteOutcome,
     archive_messages,
@@ -281,7 +282,7 @@ class SqlMemoryStore:
     async def unembedded(self, limit: int) -> list[Unembedded]:
         """Memories with no vector yet, of any identity (the embedding job's)."""
         rows = await self._db.run_read(lambda tx: tx.execute(UNEMBEDDED, {"limit": limit}).fetchall())
-        return [Unembedded(num, identity, content, context) for num, identity, content, context in rows]
+        return [Unembedded(*row) for row in rows]
 
     async def count_unembedded(self) -> int:
         return await self._db.run_read(lambda tx: tx.execute(memory_upkeep.COUNT_UNEMBEDDED).fetchone()[0])
@@ -387,21 +388,28 @@ class SqlMemoryStore:
         rows = await self._db.run_read(lambda tx: tx.execute(_SENDERS, {"session_key": session_key}).fetchall())
         return {turn_id: (channel, sender) for turn_id, channel, sender in rows}
 
-    async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], fallback: str, *,
-                              queue_embedding: bool = True) -> int:
+    async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], *,
+                              queue_embedding: bool = True, pending: int = 0) -> Archived:
         """Copy the session's committed user and assistant messages not yet archived
-        into the archival tier, in one transaction; returns how many.
+        into the archival tier, in one transaction; how many, and up to `pending` of the
+        memories then waiting for their vectors (read in it, for the caller to embed).
 
         Each goes to the identity `resolve(channel, sender)` of its turn's
-        message, read in the same transaction (`fallback` takes a message
-        without a receipt). Each is indexed with its neighbours; the two
-        archived before these learn their new neighbours too, and their window
-        vectors are made again (they now reach the first new ones). Without
-        `queue_embedding` no embedding job is queued: the caller embeds them
-        before its own job completes.
+        message, read in the same transaction (a message without a receipt, to the
+        session's). Nothing of an evaluation session is archived. Each is indexed
+        with its neighbours; the two archived before these learn their new
+        neighbours too, and their window vectors are made again (they now reach
+        the first new ones). Without `queue_embedding` no embedding job is
+        queued: the caller embeds them before its own job completes.
         """
         now, embed = time.time(), self._embeds and queue_embedding
-        return await self._write(lambda tx: archive_messages(tx, session_key, resolve, fallback, now, embed=embed))
+
+        def unit(tx: Tx) -> Archived:
+            count = archive_messages(tx, session_key, resolve, now, embed=embed)
+            waiting = tx.execute(UNEMBEDDED, {"limit": pending}).fetchall() if pending else []
+            return Archived(count, [Unembedded(*row) for row in waiting])
+
+        return await self._write(unit)
 
     # -- upkeep --------------------------------------------------------------------
 

@@ -33,11 +33,13 @@ from ember.core.memory import (
     check_content,
     content_hash,
     normalized_key,
+    session_identity,
 )
 from ember.core.redact import derived_text, redact_text
 from ember.store import schema
 from ember.store.jobs import record_job
 from ember.store.segment import index_text, owner_token
+from ember.store.session_rows import read_head
 from ember.store.tx import Statement, Tx
 
 _mi, _m, _marks = schema.memory_items, schema.messages, schema.memory_archive_marks
@@ -221,6 +223,14 @@ def insert_memory(tx: Tx, memory: NewMemory, now: float, *, status: MemoryStatus
 
 
 @dataclass(frozen=True, slots=True)
+class Archived:
+    """What an archive wrote: how many messages, and memories waiting for their vectors then."""
+
+    count: int
+    pending: list[Unembedded]
+
+
+@dataclass(frozen=True, slots=True)
 class Unembedded:
     """A memory waiting for its vectors, as it was when read."""
 
@@ -332,9 +342,14 @@ def _refresh_context(tx: Tx, session_key: str, seq: int, created_at: float, cont
     tx.execute(_SET_CONTEXT_UNEMBEDDED, {"memory_num": num, "context": context.to_json()})
 
 
-def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str], fallback: str,
-                     now: float, *, embed: bool = True) -> int:
+def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str], now: float, *,
+                     embed: bool = True) -> int:
     """Copy the session's messages not yet archived into the archival tier (SqlMemoryStore.archive_session)."""
+    head = read_head(tx, session_key)
+    metadata = json.loads(head.metadata_json) if head is not None else {}
+    if head is None or metadata.get("evaluation"):  # nothing said, or nothing of it may become a memory
+        return 0
+    fallback = session_identity(session_key, metadata)  # for a message without a receipt
     mark = tx.execute(_ARCHIVE_MARK, {"key": session_key}).fetchone()
     start = mark[0] if mark else 0
     high = tx.execute(_LAST_SEQ, {"key": session_key}).fetchone()[0]

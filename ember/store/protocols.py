@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ember.core.usage import UsageRow
     from ember.store.approvals import ApprovalRow
     from ember.store.jobs import Claimed, Job
-    from ember.store.memory_rows import Unembedded, WriteOutcome
+    from ember.store.memory_rows import Archived, Unembedded, WriteOutcome
     from ember.store.skills import NewVersion
     from ember.store.traces import TurnTrace
 
@@ -181,8 +181,8 @@ class MemoryStore(Protocol):
     async def list(self, identity: str, *, kinds: Sequence[MemoryKind] = (), include_inactive: bool = False,
                    limit: int = 100, session_key: str | None = None) -> list[MemoryRecord]: ...
 
-    async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], fallback: str, *,
-                              queue_embedding: bool = True) -> int: ...
+    async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], *,
+                              queue_embedding: bool = True, pending: int = 0) -> Archived: ...
 
     async def queue_embedding(self) -> None: ...
 
