@@ -49,6 +49,23 @@ def test_run_without_a_model_uses_the_labelled_demo_model(tmp_path: Path) -> Non
     assert "[scripted demo model] You said: 'hello'" in done.stdout
 
 
+def test_the_demo_model_remembers_across_sessions(tmp_path: Path) -> None:
+    """The page's first prompt does what it says on the scripted model: kept with the remember
+    tool, then in the profile of another session's prompt, which the demo's answers quote."""
+    env = ember_env(tmp_path, None)
+    first = subprocess.run([EMBER, "chat", "--demo", "--session", "one", "-m", "Remember that I prefer short answers."],
+                           env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert first.returncode == 0, first.stderr
+    assert "[scripted demo model] Remembered as" in first.stdout
+    second = subprocess.run([EMBER, "chat", "--demo", "--session", "two", "-m", "hello"], env=env,
+                            capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert second.returncode == 0, second.stderr
+    assert "What I remember about you: I prefer short answers." in second.stdout
+    facts = json.loads(subprocess.run([EMBER, "memory", "list", "--json"], env=env, capture_output=True, text=True,
+                                      timeout=TIMEOUT_S).stdout)
+    assert [(f["kind"], f["content"]) for f in facts] == [("fact", "I prefer short answers.")]
+
+
 def test_doctor_reports_unreadable_rows_without_touching_the_store(tmp_path: Path, model_server: ModelServer) -> None:
     env = ember_env(tmp_path, model_server)
     model_server.push(Reply(text="first answer"))

@@ -122,6 +122,9 @@ class LexicalHits:
     records: dict[int, MemoryRecord] = field(default_factory=dict)
 
 
+# The system prompt's section of the person's profile facts, one "- fact" a line after it.
+PROFILE_HEADING = "What you know about the person you are talking with:"
+
 _SPACE = re.compile(r"\s+")
 _EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
 

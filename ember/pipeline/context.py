@@ -11,7 +11,7 @@ from typing import Any
 from ember.core.delivery import Receipt
 from ember.core.events import InboundEvent
 from ember.core.language import language_of
-from ember.core.memory import ROLE_SUBJECTS, MemoryKind, MemoryRecord
+from ember.core.memory import PROFILE_HEADING, ROLE_SUBJECTS, MemoryKind, MemoryRecord
 from ember.core.messages import Message, Role, Session
 from ember.core.turn import PipelineContext, StreamSink
 from ember.memory.identity import Identities
@@ -75,7 +75,6 @@ def history_for_model(messages: Sequence[Message]) -> list[Message]:
 
 
 EPISODES_IN_PROMPT = 5
-PROFILE_HEADING = "What you know about the person you are talking with:"
 RECALLED_HEADING = ("Memories from earlier conversations that may bear on the latest message (they may be outdated; "
                     "use them only where they help):")
 
