@@ -33,6 +33,23 @@ QUERY_TAIL_CHARS = 300
 PASSAGE_CHARS = NEIGHBOUR_CHARS
 CACHED_PASSAGES = 4_096
 CACHED_QUERIES = 256
+# How much the two messages around an archived one weigh in its window vector, beside its own.
+NEIGHBOUR_WEIGHT = 1.0
+FAR_WEIGHT = 0.5
+
+
+def window_vector(own: np.ndarray, adjacent: Sequence[np.ndarray], far: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """A message read between its neighbours, made of their vectors: no text is embedded twice."""
+    window = own.astype(np.float32)
+    for vectors, weight in ((adjacent, NEIGHBOUR_WEIGHT), (far, FAR_WEIGHT)):
+        if len(vectors) and weight:
+            window = window + weight * np.sum(vectors, axis=0)
+    return (window / (np.linalg.norm(window) or 1.0)).astype(np.float32)
+
+
+def vector_blob(vector: np.ndarray) -> bytes:
+    """A vector as the store keeps it: float32 bytes."""
+    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
 
 
 def bounded_query(text: str) -> str:

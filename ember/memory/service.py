@@ -33,7 +33,7 @@ from ember.core.memory import (
 )
 from ember.core.messages import Session
 from ember.memory.embeddings import Embedder
-from ember.memory.encoder import Encoder, bounded_query
+from ember.memory.encoder import Encoder, bounded_query, vector_blob, window_vector
 from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
 from ember.memory.identity import Identities
 from ember.memory.retrieval import FACT_BONUS, NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
@@ -47,9 +47,6 @@ log = logging.getLogger(__name__)
 
 # Memories embedded per step: the background yields to the store and the loop between steps.
 EMBED_BATCH = 8
-# How much the two messages around an archived one weigh in its window vector, beside its own.
-NEIGHBOUR_WEIGHT = 1.0
-FAR_WEIGHT = 0.5
 # The longest a turn waits for its query's vector before recalling by words alone.
 QUERY_WAIT_S = 3.0
 # The recall counts are written every turn; the sweep for what faded, once in this many seconds.
@@ -83,21 +80,8 @@ class RecallBudget:
     recalled_max: int = 8
 
 
-def _blob(vector: np.ndarray) -> bytes:
-    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
-
-
 def approx_tokens(text: str) -> int:
     return max(1, len(text) // 4)
-
-
-def window_vector(own: np.ndarray, adjacent: Sequence[np.ndarray], far: Sequence[np.ndarray] = ()) -> np.ndarray:
-    """A message read between its neighbours, made of their vectors: no text is embedded twice."""
-    window = own.astype(np.float32)
-    for vectors, weight in ((adjacent, NEIGHBOUR_WEIGHT), (far, FAR_WEIGHT)):
-        if len(vectors) and weight:
-            window = window + weight * np.sum(vectors, axis=0)
-    return (window / (np.linalg.norm(window) or 1.0)).astype(np.float32)
 
 
 class MemoryService:
@@ -366,7 +350,7 @@ class MemoryService:
                 own = vectors[item.content]
                 window = None if context is None else window_vector(
                     own, [vectors[t] for t in context.adjacent], [vectors[t] for t in context.far])
-                rows.append((item, _blob(own), _blob(window) if window is not None else None))
+                rows.append((item, vector_blob(own), vector_blob(window) if window is not None else None))
             stored = await self._store.set_vectors(encoder.embedder.name, rows)
             done += stored
             # A short batch was the last, unless a row's neighbours changed meanwhile and it waits again.

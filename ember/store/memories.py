@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, bindparam, delete, func, literal_column, null, select, update
+from sqlalchemy import Select, bindparam, delete, func, null, select, update
 
 from ember.core.errors import MemoryNotFound
 from ember.core.memory import LexicalHits, MemoryKind, MemoryRecord, MemoryStatus, NewMemory
@@ -23,9 +23,7 @@ from ember.store.jobs import record_job
 from ember.store.memory_rows import (
     DELETE_TEXT,
     EMBED_JOB,
-    LEXICAL,
     MEMORY,
-    TERM_ROWS,
     TEXTS_AFTER,
     Archived,
     Unembedded,
@@ -36,7 +34,7 @@ from ember.store.memory_rows import (
     revise_memory,
     write_memory,
 )
-from ember.store.segment import COMMON_ROWS, distinctive, expression, indexed_form, owner_token, ts_lexeme
+from ember.store.memory_search import BY_NUMS, lexical_hits
 from ember.store.tx import Statement, Tx, in_json_array, per_dialect
 from ember.store.vector_rows import (
     DELETE_OTHER_MODELS,
@@ -56,12 +54,6 @@ REINDEX_BATCH = 500  # rows between two reports of reindex_text's progress
 _mi, _v, _i = schema.memory_items, schema.memory_vectors, schema.inbox
 
 
-def _by_nums(dialect: str) -> Select[Any]:
-    # `+identity`: look the rows up by number; SQLite would otherwise walk the identity's index.
-    owner = literal_column("+memory_items.identity") if dialect == "sqlite" else _mi.c.identity
-    return MEMORY.where(in_json_array(_mi.c.num, "nums", dialect), owner == bindparam("identity"))
-
-
 def _listing(dialect: str, inactive: bool, in_session: bool, of_kinds: bool) -> Select[Any]:
     query = MEMORY.where(_mi.c.identity == bindparam("identity"))
     if not inactive:
@@ -76,7 +68,6 @@ def _listing(dialect: str, inactive: bool, in_session: bool, of_kinds: bool) -> 
 _of = (_mi.c.identity == bindparam("owner"), _mi.c.id == bindparam("memory_id"))
 _GET = Statement(MEMORY.where(*_of))
 _NUM_OF = Statement(select(_mi.c.num).where(*_of))
-_BY_NUMS = per_dialect(_by_nums)
 # Every active fact, with or without an attribute: what the person stated first, then those that
 # name an attribute; within each, an order that a new fact extends rather than reshuffles.
 _PROFILE = Statement(MEMORY.where(_mi.c.identity == bindparam("identity"), _mi.c.kind == "fact",
@@ -87,7 +78,6 @@ _PROFILE = Statement(MEMORY.where(_mi.c.identity == bindparam("identity"), _mi.c
 # By (include_inactive, session_key given, kinds given).
 _LISTINGS = {flags: per_dialect(lambda dialect, flags=flags: _listing(dialect, *flags))
              for flags in itertools.product((False, True), repeat=3)}
-_HIGHEST_NUM = Statement(select(func.coalesce(func.max(_mi.c.num), 0)))
 _TEXT_REV = Statement(select(func.coalesce(func.max(_mi.c.text_rev), 0))
                       .where(_mi.c.identity == bindparam("identity")))
 _COUNT = Statement(select(func.count()).select_from(_mi).where(_mi.c.identity == bindparam("identity")))
@@ -160,7 +150,7 @@ class SqlMemoryStore:
         if not nums:
             return {}
         found = {"nums": json.dumps(list(nums)), "identity": identity}
-        rows = await self._db.run_read(lambda tx: tx.execute(_BY_NUMS, found).fetchall())
+        rows = await self._db.run_read(lambda tx: tx.execute(BY_NUMS, found).fetchall())
         return dict(map(record_of, rows))
 
     async def prompt_records(self, identity: str, profile_limit: int, episode_owners: Sequence[str],
@@ -189,35 +179,8 @@ class SqlMemoryStore:
         return [record_of(row)[1] for row in rows]
 
     async def lexical(self, identity: str, terms: Sequence[str], limit: int, *, records: int = 0) -> LexicalHits:
-        """(num, BM25 score; higher is better) of the identity's memories, in any state, matching
-        any of the query's distinctive terms (segment.distinctive), and the records of the first
-        `records` of them, read in the same transaction.
-
-        The owner token keeps the search within the identity's rows; their states are
-        filtered with the records (a join here cost a third of the query).
-        """
-        def read(tx: Tx) -> LexicalHits:
-            scores = [(num, score) for num, score in matching(tx)]
-            if not records or not scores:
-                return LexicalHits(scores)
-            best = {"nums": json.dumps([num for num, _ in scores[:records]]), "identity": identity}
-            return LexicalHits(scores, dict(map(record_of, tx.execute(_BY_NUMS, best).fetchall())))
-
-        def matching(tx: Tx) -> Sequence[Sequence[Any]]:
-            kept = list(terms)
-            total = tx.execute(_HIGHEST_NUM).fetchone()[0]
-            # PostgreSQL's index has no vocabulary table: its ts_rank weighs every term alike.
-            if total > COMMON_ROWS and tx.dialect == "sqlite":
-                forms = {term: indexed_form(term) for term in terms}
-                rows = dict(tx.execute(TERM_ROWS, {"terms": json.dumps(list(forms.values()))}).fetchall())
-                kept = distinctive(terms, {term: rows.get(form, 0) for term, form in forms.items()}, total)
-            owner = owner_token(identity)
-            return tx.execute(LEXICAL, {
-                "match": f"owner:{owner} AND {{body before after far day}}:({expression(kept)})",  # SQLite's
-                "owner": owner, "any_of": " | ".join(ts_lexeme(term) for term in kept), "limit": limit,
-            }).fetchall()
-
-        return await self._db.run_read(read)
+        """The full-text search's hits and the records of the first `records`, in one read (memory_search.py)."""
+        return await self._db.run_read(lambda tx: lexical_hits(tx, identity, terms, limit, records))
 
     async def text_rev(self, identity: str) -> int:
         """The highest text revision of the identity's memories (0 when it has none)."""

@@ -46,7 +46,7 @@ import pytest
 
 from ember.core.memory import NewMemory
 from ember.memory.embeddings import HashingEmbedder
-from ember.memory.service import window_vector
+from ember.memory.encoder import window_vector
 from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import Context
 from ember.store.sqlite.database import SqliteDatabase
