@@ -50,12 +50,14 @@ MEMORY_LIST = ("GET", "/api/memory")
 MEMORY_ADD = ("POST", "/api/memory")
 MEMORY_SEARCH = ("GET", "/api/memory/search")
 MEMORY_FORGET = ("DELETE", "/api/memory/{id}")
+MEMORY_CORRECT = ("PATCH", "/api/memory/{id}")
 STOP = ("POST", "/api/sessions/{key}/stop")
 OPERATIONS = [CHAT, ("GET", "/v1/models"), ("GET", "/api/sessions"), HISTORY_GET, HISTORY_POST, STOP,
               ("GET", "/api/approvals"), APPROVE, MEMORY_LIST, MEMORY_ADD, MEMORY_SEARCH, MEMORY_FORGET,
-              ("GET", "/healthz"), ("GET", "/metrics")]
+              MEMORY_CORRECT, ("GET", "/healthz"), ("GET", "/metrics")]
 # Operations with inputs: only they have invalid requests to generate.
-WITH_INPUTS = [CHAT, HISTORY_GET, HISTORY_POST, STOP, APPROVE, MEMORY_LIST, MEMORY_ADD, MEMORY_SEARCH, MEMORY_FORGET]
+WITH_INPUTS = [CHAT, HISTORY_GET, HISTORY_POST, STOP, APPROVE, MEMORY_LIST, MEMORY_ADD, MEMORY_SEARCH, MEMORY_FORGET,
+               MEMORY_CORRECT]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance, negative_data_rejection, positive_data_acceptance, ignored_auth]
 

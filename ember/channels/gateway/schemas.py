@@ -411,7 +411,8 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
         "/api/memory/{id}": {
             "patch": _operation(
                 "Correct an active fact: a fact the caller states, of the same subject and key, supersedes it",
-                {"200": _json(MemoryItem, "The fact as it reads now"), **body_errors, **_errors(404)},
+                {"200": _json(MemoryItem, "The fact as it reads now"), **body_errors, **_errors(404),
+                 "405": _json(ErrorBody, "The id 'search': that path is the search route's")},
                 body=MemoryCorrection, params=[_MEMORY_PARAM]),
             "delete": _operation(
                 "Forget a memory: archived, never recalled again, still listed with all=true",
