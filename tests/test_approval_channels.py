@@ -3,8 +3,10 @@ command driven through its stdin) and through the gateway's native API."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from ember.runtime.turn_state import NOT_RESUMED_TEXT
 from tests.gatewayproc import GatewayProcess, LaunchGateway
+from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, tool_call
 from tests.test_cli_e2e import EMBER, TIMEOUT_S, ember_env
 
@@ -211,10 +215,69 @@ def test_a_request_left_by_a_killed_gateway_is_expired_not_unknown(launch_gatewa
                 asked = data
                 first.kill()  # kill -9 while the turn waits for the answer
                 break
-    again = launch_gateway(model_server, keys={"alice": ALICE, "bob": BOB}, port=first.port)
+    again = launch_gateway(model_server, keys={"alice": ALICE, "bob": BOB}, port=first.port,
+                           EMBER_INTERRUPTED_TURNS="notice")
+    # Its turn is not resumed (the notice setting): once the notice answers it, the request has expired.
+    wait_until(lambda: NOT_RESUMED_TEXT in [m["content"] for m in messages(again, ALICE, "k")],
+               what="the notice for the cut-off turn")
     answered = httpx.post(again.url(f"/api/approvals/{asked['id']}"), json={"decision": "approve_once"},
                           headers=auth(ALICE))
     assert answered.status_code == 410 and "restarted" in answered.json()["error"]["message"]
     assert httpx.post(again.url(f"/api/approvals/{asked['id']}"), json={"decision": "deny"},
                       headers=auth(BOB)).status_code == 404  # still not Bob's to see
     assert not (again.home / "workspaces" / "alice" / "k.txt").exists()
+
+
+def messages(gateway: GatewayProcess, key: str, session: str) -> list[dict[str, Any]]:
+    response = httpx.get(gateway.url(f"/api/sessions/{session}/messages"), headers=auth(key), timeout=TIMEOUT_S)
+    return list(response.json()["messages"]) if response.status_code == 200 else []
+
+
+def listed(gateway: GatewayProcess, key: str) -> list[str]:
+    response = httpx.get(gateway.url("/api/approvals"), headers=auth(key), timeout=TIMEOUT_S)
+    assert response.status_code == 200, response.text
+    return [p["id"] for p in response.json()["approvals"]]
+
+
+@pytest.mark.parametrize("answer_first", [True, False], ids=["answered-before-the-turn-resumes", "resumed-first"])
+def test_a_request_outlives_a_kill_9_and_its_answer_resumes_the_turn_once(
+        launch_gateway: LaunchGateway, model_server: ModelServer, answer_first: bool) -> None:
+    """kill -9 while a turn waits for an approval; at the restart the request is still listed, same
+    id, and answering it (before or after the resumed turn makes the same call again) runs the tool
+    once and completes the turn once."""
+    keys = {"alice": ALICE, "bob": BOB}
+    first = launch_gateway(model_server, keys=keys, EMBER_TOOL_POLICY__TIMEOUT_S="60")
+    model_server.push(Reply(tool_calls=(tool_call("write_file", path="r.txt", content="x"),)))
+    asked: dict[str, Any] = {}
+    with httpx.stream("POST", first.url("/api/sessions/r/messages"), json={"text": "write r"},
+                      headers=auth(ALICE), timeout=TIMEOUT_S) as response:
+        for kind, data in sse(response):
+            if kind == "approval_request":
+                asked = data
+                first.kill()
+                break
+    calls_before = len(model_server.requests)
+    # The resumed turn asks the model again, which makes the same call (held back until the answer
+    # is given, when that is to come first), then answers.
+    gate = threading.Event()
+    call, answer = write_then_answer("r.txt", "x", "Written.")
+    model_server.push(dataclasses.replace(call, hold=gate if answer_first else None), answer)
+    try:
+        again = launch_gateway(model_server, keys=keys, port=first.port, EMBER_TOOL_POLICY__TIMEOUT_S="60")
+        assert asked
+        wait_until(lambda: listed(again, ALICE) == [asked["id"]], what="the request listed after the restart")
+        assert listed(again, BOB) == []
+        if not answer_first:  # the resumed turn has made the call again: it takes the request up
+            wait_until(lambda: len(model_server.requests) > calls_before, what="the resumed turn's model call")
+            assert listed(again, ALICE) == [asked["id"]]
+        answered = httpx.post(again.url(f"/api/approvals/{asked['id']}"), json={"decision": "approve_once"},
+                              headers=auth(ALICE), timeout=TIMEOUT_S)
+        assert answered.status_code == 200, answered.text
+    finally:
+        gate.set()
+    wait_until(lambda: "Written." in [m["content"] for m in messages(again, ALICE, "r")], what="the resumed answer")
+    history = messages(again, ALICE, "r")
+    assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"], history
+    assert "denied" not in history[2]["content"].lower(), history
+    assert (gateway_workspace(again) / "r.txt").read_text() == "x"
+    assert listed(again, ALICE) == []

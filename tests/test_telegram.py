@@ -334,8 +334,10 @@ def test_channels_lists_the_bot_and_doctor_checks_its_token_without_sending(
     assert fake.shown == {} and fake.actions == []  # nothing was sent
 
 
-async def test_a_card_from_before_a_restart_says_it_expired_and_the_resumed_turn_asks_again(
+async def test_a_card_from_before_a_restart_answers_the_resumed_turn(
         settings: Settings, telegram: tuple[FakeTelegram, str]) -> None:
+    """The request outlives the restart: the resumed turn takes it up again, so the card shown
+    before it still answers, and the tool runs once."""
     fake, base_url = telegram
     ran: list[str] = []
     tools = ToolRegistry([writing_tool(ran)])
@@ -344,14 +346,6 @@ async def test_a_card_from_before_a_restart_says_it_expired_and_the_resumed_turn
         old = await approval_card(fake, ANA)
     async with agent(settings, asking_model(), base_url, tools=tools) as (runtime, _):
         fake.tap(ANA, old, button(old, "Allow once"))
-        async with asyncio.timeout(20):
-            while "expired" not in fake.shown[old.message_id].text:
-                await asyncio.sleep(0.05)
-        assert ran == []  # the old card ran nothing
-        async with asyncio.timeout(20):
-            while (new := await approval_card(fake, ANA)).message_id == old.message_id:
-                await asyncio.sleep(0.05)
-        fake.tap(ANA, new, button(new, "Allow once"))
         texts = await settled(fake, runtime, ANA)
     assert ran == ["notes.txt"]
     assert texts[-1] == "Result: wrote notes.txt"

@@ -255,6 +255,7 @@ class AgentLoop:
                     event, delivery_id=delivery_id(turn.turn_id, answer.seq or 0), turn_id=turn.turn_id,
                     text=answer.content))
             elif stopped and not turn.delivered:
+                await self._approvals.turn_ended(turn.turn_id, "stopped")
                 recorded = await self._record_failure(event, turn, STOPPED_TEXT)
                 await self._publish(event, turn.turn_id, OutboundKind.ERROR, STOPPED_TEXT, delivery=recorded)
             elif not turn.delivered and not event.recovery:
@@ -320,6 +321,7 @@ class AgentLoop:
         return last is None or last == seen.turn_id
 
     async def _answer_with_notice(self, event: InboundEvent, seen: Receipt) -> None:
+        await self._approvals.turn_ended(seen.turn_id, "restart")
         session = await self._sessions.load(event.session_key)
         notice = Message.assistant(NOT_RESUMED_TEXT, turn_id=seen.turn_id)
         delivery = Delivery.replying(event, delivery_id=delivery_id(seen.turn_id, session.next_seq),
@@ -356,10 +358,12 @@ class AgentLoop:
         stream = open_stream if event.stream else None
         with observer.stage("context"):
             ctx = turn.ctx = await self._pipeline.context.prepare(event, turn.turn_id, stream, resume=turn.resume)
-        tools = ToolRun(event.session_key, turn.turn_id, self._approvals.for_turn(event, turn.turn_id, ctx.identity),
-                        observer, ctx.identity)
+        approver = self._approvals.for_turn(event, turn.turn_id, ctx.identity, resumed=turn.resume)
+        tools = ToolRun(event.session_key, turn.turn_id, approver, observer, ctx.identity)
         with observer.stage("inference"):
             result = await self._pipeline.inference.run(ctx, tools)
+        if turn.resume:  # what it asked before it was cut off and did not ask again is moot now
+            await self._approvals.turn_ended(turn.turn_id, "restart")
         with observer.stage("response"):
             done = await self._pipeline.response.finalize(ctx, result)
         if not done.outbound_sent:

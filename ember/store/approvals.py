@@ -1,9 +1,10 @@
 """Approval requests as rows: pending while a turn waits, then how each ended.
 
 The waiting itself is in memory (runtime/approvals.py); the row is what lets
-an answer that comes too late, or after a restart, be told "expired" rather
-than "unknown", and what carries an answer given to one process (a gateway)
-to the turn waiting in another (a worker): the first to close a row decides.
+an answer that comes too late be told "expired" rather than "unknown", what
+carries an answer given to one process (a gateway) to the turn waiting in
+another (a worker), and what a turn resumed after a restart finds again, asked
+or already answered: the first to close a row decides.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ _GRANT = upsert(lambda ins: ins(_g).values(session_key=bindparam("key"), tool=bi
                                           granted_at=bindparam("now"))
                 .on_conflict_do_nothing(index_elements=["session_key", "tool"]))
 _GRANTED = Statement(select(_g.c.tool).where(_g.c.session_key == bindparam("key"), _g.c.tool == bindparam("tool")))
+_ASKED = Statement(select(_a.c.id, _a.c.status, _a.c.decided_by, _a.c.created_at)
+                   .where(_a.c.turn_id == bindparam("turn_id"), _a.c.tool == bindparam("tool"),
+                          _a.c.summary == bindparam("summary"), _a.c.created_at >= bindparam("since"))
+                   .order_by(_a.c.created_at))
+_EXPIRE_TURN = Statement(update(_a).where(_a.c.turn_id == bindparam("turn_id"), _a.c.status == PENDING)
+                         .values(status=EXPIRED, decided_by=bindparam("decided_by"), decided_at=bindparam("now")))
 _EXPIRE = Statement(update(_a).where(_a.c.status == PENDING, _a.c.created_at < bindparam("before"))
                     .values(status=EXPIRED, decided_by="restart", decided_at=bindparam("now")))
 
@@ -47,6 +54,16 @@ class ApprovalRow:
     identity: str
     status: str  # pending | approve_once | approve_session | deny | expired
     decided_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AskedBefore:
+    """A request a turn made before it was cut off, found again when the turn is resumed."""
+
+    id: str
+    status: str
+    decided_by: str | None
+    created_at: float
 
 
 class SqlApprovalStore:
@@ -72,6 +89,17 @@ class SqlApprovalStore:
     async def get(self, approval_id: str) -> ApprovalRow | None:
         row = await self._db.run_read(lambda tx: tx.execute(_GET, {"id": approval_id}).fetchone())
         return ApprovalRow(*row) if row else None
+
+    async def asked_before(self, turn_id: str, tool: str, summary: str, *, since: float) -> list[AskedBefore]:
+        """The requests `turn_id` made for this call (its tool and summary) from `since` on, oldest first."""
+        params = {"turn_id": turn_id, "tool": tool, "summary": summary[:500], "since": since}
+        return [AskedBefore(*row) for row in await self._db.run_read(
+            lambda tx: tx.execute(_ASKED, params).fetchall())]
+
+    async def expire_turn(self, turn_id: str, decided_by: str) -> int:
+        """The turn ended without its pending requests answered: they can no longer be."""
+        params = {"turn_id": turn_id, "decided_by": decided_by, "now": time.time()}
+        return await self._db.run_write(lambda tx: tx.execute(_EXPIRE_TURN, params).rowcount)
 
     async def expire_pending(self, *, older_than_s: float = 0.0) -> int:
         """At start: the requests a stopped process was waiting on can no longer be answered. On a

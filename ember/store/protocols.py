@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ember.core.messages import Message, Session
     from ember.core.skills import Proposal, Skill, SkillStatus, SkillVersion
     from ember.core.usage import UsageRow
-    from ember.store.approvals import ApprovalRow
+    from ember.store.approvals import ApprovalRow, AskedBefore
     from ember.store.jobs import Claimed, Job
     from ember.store.memory_rows import Archived, Unembedded, WriteOutcome
     from ember.store.skills import NewVersion
@@ -129,6 +129,10 @@ class ApprovalLog(Protocol):
     async def pending_requests(self, since: float) -> list[str]: ...
 
     async def get(self, approval_id: str) -> ApprovalRow | None: ...
+
+    async def asked_before(self, turn_id: str, tool: str, summary: str, *, since: float) -> list[AskedBefore]: ...
+
+    async def expire_turn(self, turn_id: str, decided_by: str) -> int: ...
 
     async def expire_pending(self, *, older_than_s: float = 0.0) -> int: ...
 

@@ -119,8 +119,9 @@ class NativeApi:
             raise ApiError(404, f"no approval request {approval_id[:64]!r}; `GET /api/approvals` lists yours",
                            code="approval_not_found")
         if outcome is Resolution.EXPIRED:
-            raise ApiError(410, "this approval request expired: nobody answered in time, or Ember restarted "
-                                "while it waited; the call was not made", code="approval_expired")
+            raise ApiError(410, "this approval request expired: nobody answered in time, or its turn ended "
+                                "without it (stopped, or not resumed after Ember restarted); the call was not made",
+                           code="approval_expired")
         if outcome is Resolution.ALREADY_DECIDED:
             raise ApiError(409, "this approval request was already answered", code="approval_decided")
         return JSONResponse({"id": approval_id, "decision": body.decision})

@@ -334,7 +334,7 @@ def _limit_param(default: int, most: int) -> dict[str, Any]:
 def _errors(*codes: int) -> dict[str, Any]:
     meaning = {400: "Bad request", 401: "Missing or wrong API key", 404: "Not found", 405: "Wrong method",
                409: "Already answered, or being answered",
-               410: "Expired: nobody answered in time, or Ember restarted while it waited",
+               410: "Expired: nobody answered in time, or its turn ended without it",
                413: "Body too large", 415: "Body is not JSON", 422: "Invalid body", 429: "Too many requests",
                502: "The turn failed"}
     return {str(code): _json(ErrorBody, meaning[code]) for code in codes}
