@@ -71,7 +71,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from redis.asyncio import Redis
@@ -79,17 +79,20 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from ember.bus.codec import decode_inbound, decode_outbound, encode_inbound, encode_outbound
+from ember.bus.codec import decode_inbound, encode_inbound
 from ember.bus.redis_order import SessionOrder
+from ember.bus.redis_outbound import OutboundStreams
 from ember.bus.redis_support import (
     REDIS_DOWN,
     Backoff,
     RedisBusConfig,
+    create_group,
     end_if_cancelled,
     lost_group,
     redacted_url,
+    retrying,
+    route_key,
     shard_of,
 )
 from ember.core.errors import BusUnavailable, ConfigError
@@ -98,39 +101,13 @@ from ember.core.events import InboundEvent, OutboundEvent
 log = logging.getLogger(__name__)
 
 WORKERS = "workers"  # the consumer group of the inbound shards
-READERS = "gateways"  # the consumer group of the outbound streams
 T = TypeVar("T")
-
-# KEYS: the route, the shared stream. ARGV: the prefix of process streams, the channel, maxlen, payload,
-# and "1" when the event has a route to look up.
-_PUBLISH_OUTBOUND = """
-local process = ARGV[5] == '1' and redis.call('GET', KEYS[1])
-if process then
-  local id = redis.call('XADD', ARGV[1] .. process .. ':' .. ARGV[2], 'NOMKSTREAM',
-                        'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[4])
-  if id then return id end
-end
-return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[4])
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
     stream: str
     entry_id: str
     session: str  # its session's key, "" if written by a process that did not say it
-
-
-@dataclass(slots=True)
-class _Outbox:
-    """One channel's reading state in this process."""
-
-    own: str  # the stream addressed to this process
-    shared: str
-    ready: deque[OutboundEvent] = field(default_factory=deque)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    next_beat: float = 0.0
-    groups_made: bool = False
 
 
 class RedisBus:
@@ -151,7 +128,7 @@ class RedisBus:
                                          socket_timeout=self._config.block_ms / 1000 + 5.0)
         except ValueError as exc:
             raise ConfigError(f"the Redis URL {self._where} is not valid: {exc}") from None
-        self._publish_script = self._client.register_script(_PUBLISH_OUTBOUND)
+        self._outbound = OutboundStreams(self._client, process=process, config=self._config, where=self._where)
         self._order = SessionOrder(self._client, ns)
         self._ready: deque[tuple[_Entry, InboundEvent]] = deque()
         # id(event) -> (the event, kept so the id is not reused, and the entry it came from)
@@ -160,7 +137,6 @@ class RedisBus:
         self._next_upkeep = 0.0
         self._next_shard = 0  # the inbound shard read first next time, so that every shard is served
         self._groups_made = False
-        self._outboxes: dict[str, _Outbox] = {}
         self._stops = f"{ns}:stops"
         self._stop_listener: PubSub | None = None
         self._freshening: asyncio.Task[None] | None = None
@@ -186,7 +162,7 @@ class RedisBus:
             await asyncio.gather(self._freshening, return_exceptions=True)
         self._ready.clear()
         self._delivered.clear()
-        self._outboxes.clear()
+        self._outbound.clear()
         await self._drop_stop_listener()
         await self._client.aclose()
 
@@ -198,7 +174,7 @@ class RedisBus:
 
         routed = event.message_id is not None and event.reply is None
         await self._retrying(f"publish a message of {event.session_key}", lambda: self._order.publish(
-            stream, payload, event.session_key, route=self._route(event.channel, event.message_id or ""),
+            stream, payload, event.session_key, route=route_key(self._ns, event.channel, event.message_id or ""),
             process=self._process if routed else None, route_ttl_s=self._config.route_ttl_s))
 
     async def next_inbound(self) -> InboundEvent:
@@ -351,78 +327,16 @@ class RedisBus:
 
     async def _create_inbound_groups(self) -> None:
         for stream in self._shards:
-            await self._create_group(stream, WORKERS)
+            await create_group(self._client, stream, WORKERS)
         self._groups_made = True
 
     # -- outbound
 
     async def publish_outbound(self, event: OutboundEvent) -> None:
-        payload = encode_outbound(event)
-        routed = event.reply_to is not None
-        keys = [self._route(event.channel, event.reply_to or ""), f"{self._ns}:outbound:any:{event.channel}"]
-        args = [f"{self._ns}:outbound:to:", event.channel, self._config.outbound_maxlen, payload, int(routed)]
-        await self._retrying(f"publish an event to {event.channel}",
-                             lambda: self._publish_script(keys=keys, args=args))
+        await self._outbound.publish(event)
 
     async def next_outbound(self, channel: str) -> OutboundEvent:
-        """The next event for `channel` in this process: addressed to it, or for any reader of the channel."""
-        box = self._outboxes.get(channel)
-        if box is None:
-            box = self._outboxes[channel] = _Outbox(own=f"{self._ns}:outbound:to:{self._process}:{channel}",
-                                                   shared=f"{self._ns}:outbound:any:{channel}")
-        async with box.lock:
-            backoff = Backoff(self._where, f"channel {channel}")
-            while not box.ready:
-                end_if_cancelled()
-                try:
-                    await self._beat(box)
-                    reply = await self._client.xreadgroup(
-                        READERS, self._process, {box.own: ">", box.shared: ">"}, count=100, noack=True,
-                        block=min(self._config.block_ms, self._beat_every_ms))
-                except REDIS_DOWN as exc:
-                    await backoff.wait(exc)
-                    continue
-                except ResponseError as exc:
-                    if not lost_group(exc):
-                        raise
-                    box.groups_made, box.next_beat = False, 0.0
-                    continue
-                backoff.recovered()
-                for stream, entries in reply or []:
-                    for entry_id, fields in entries:
-                        try:
-                            box.ready.append(decode_outbound((fields or {}).get("event", "")))
-                        except ValueError as exc:
-                            log.warning("skipped the malformed outbound entry %s of %s: %s", entry_id, stream, exc)
-            return box.ready.popleft()
-
-    @property
-    def _beat_every_ms(self) -> int:
-        return max(1, self._config.reader_ttl_ms // 3)
-
-    async def _beat(self, box: _Outbox) -> None:
-        """This process reads the channel: keep its stream (the address events are sent to) alive."""
-        now = time.monotonic()
-        if now < box.next_beat:
-            return
-        if not box.groups_made or not await self._client.pexpire(box.own, self._config.reader_ttl_ms):
-            await self._create_group(box.own, READERS)  # MKSTREAM: the stream is there from now on
-            await self._create_group(box.shared, READERS)
-            await self._client.pexpire(box.own, self._config.reader_ttl_ms)
-            box.groups_made = True
-        box.next_beat = now + self._beat_every_ms / 1000
-
-    # -- shared
-
-    def _route(self, channel: str, message_id: str) -> str:
-        return f"{self._ns}:route:{channel}:{message_id}"
-
-    async def _create_group(self, stream: str, group: str) -> None:
-        try:
-            await self._client.xgroup_create(stream, group, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        return await self._outbound.next(channel)
 
     # -- stop requests
 
@@ -454,15 +368,4 @@ class RedisBus:
                 await listener.aclose()
 
     async def _retrying(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        """`op`, tried again while Redis is unreachable, for up to publish_timeout_s; then BusUnavailable."""
-        timeout = self._config.publish_timeout_s
-        try:
-            async for attempt in AsyncRetrying(stop=stop_after_delay(timeout), reraise=True,
-                                               wait=wait_exponential(multiplier=0.05, max=1.0),
-                                               retry=retry_if_exception_type(REDIS_DOWN)):
-                with attempt:
-                    return await op()
-        except REDIS_DOWN as exc:
-            raise BusUnavailable(f"The message bus (Redis at {self._where}) is unreachable: could not {what} "
-                                 f"within {timeout:g} s ({type(exc).__name__}).") from exc
-        raise AssertionError("tenacity ended without a result")
+        return await retrying(self._where, self._config.publish_timeout_s, what, op)

@@ -1,22 +1,27 @@
 """What the Redis bus (ember/bus/redis.py) and the gateways' shared rate limits stand on: the
-bus's settings, the shard of a session, a URL fit for a log, and how a consumer waits out and
-reports an outage."""
+bus's settings, the shard of a session, a URL fit for a log, how a consumer waits out and
+reports an outage, and how a publisher retries through one."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit
 
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from ember.core.errors import ConfigError
+from ember.core.errors import BusUnavailable, ConfigError
 
 log = logging.getLogger("ember.bus.redis")
+T = TypeVar("T")
 
 # What "Redis is not there" looks like (a restarting Redis's LOADING is a ConnectionError too).
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -92,3 +97,31 @@ def end_if_cancelled() -> None:
 
 def lost_group(exc: ResponseError) -> bool:
     return str(exc).startswith("NOGROUP")
+
+
+def route_key(namespace: str, channel: str, message_id: str) -> str:
+    """Where a message's answers go: the process that published it (and holds its client)."""
+    return f"{namespace}:route:{channel}:{message_id}"
+
+
+async def create_group(client: Redis, stream: str, group: str) -> None:
+    """`group` on `stream` (made if missing), reading it from its start; there already is fine."""
+    try:
+        await client.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+async def retrying(where: str, timeout_s: float, what: str, op: Callable[[], Awaitable[T]]) -> T:
+    """`op`, tried again while Redis is unreachable, for up to `timeout_s`; then BusUnavailable."""
+    try:
+        async for attempt in AsyncRetrying(stop=stop_after_delay(timeout_s), reraise=True,
+                                           wait=wait_exponential(multiplier=0.05, max=1.0),
+                                           retry=retry_if_exception_type(REDIS_DOWN)):
+            with attempt:
+                return await op()
+    except REDIS_DOWN as exc:
+        raise BusUnavailable(f"The message bus (Redis at {where}) is unreachable: could not {what} "
+                             f"within {timeout_s:g} s ({type(exc).__name__}).") from exc
+    raise AssertionError("tenacity ended without a result")
