@@ -232,6 +232,38 @@ async def test_an_approval_answered_in_another_process_reaches_the_waiting_turn(
                                  scope="http:alice:") is Resolution.ALREADY_DECIDED
 
 
+async def test_a_request_outlives_its_process_and_the_resumed_turn_takes_it_up(
+        processes: Callable[[], PostgresDatabase]) -> None:
+    first_bus, second_bus = InProcessBus(), InProcessBus()
+    first = ApprovalBroker(first_bus, 30, store=SqlApprovalStore(processes()), shared=True)
+    action = ToolAction("write_file", Risk.WRITE, "notes.txt", "write notes.txt")
+    asking = asyncio.create_task(first.ask(_event(), "turn-1", "alice", action))
+    asked = (await asyncio.wait_for(first_bus.next_outbound("http"), 5)).approval
+    assert asked is not None
+    asking.cancel()  # its process stopped while the turn waited
+    await asyncio.gather(asking, return_exceptions=True)
+
+    second = ApprovalBroker(second_bus, 30, store=SqlApprovalStore(processes()), shared=True)
+    await second.recover()
+    assert [r.id for r in await second.pending("http:alice:")] == [asked.id], "still listed"
+    taken: set[str] = set()
+    resumed = asyncio.create_task(second.ask(_event(), "turn-1", "alice", action, taken))
+    again = (await asyncio.wait_for(second_bus.next_outbound("http"), 5)).approval
+    assert again is not None and again.id == asked.id, "the resumed turn asks under the same id"
+    assert await second.resolve(asked.id, Decision.APPROVE_ONCE, by="alice",
+                                scope="http:alice:") is Resolution.RESOLVED
+    assert (await asyncio.wait_for(resumed, 10)).decision is Decision.APPROVE_ONCE
+
+    # The same call made again in that turn is a new question, which ends with the turn.
+    another = asyncio.create_task(second.ask(_event(), "turn-1", "alice", action, taken))
+    fresh = (await asyncio.wait_for(second_bus.next_outbound("http"), 5)).approval
+    assert fresh is not None and fresh.id != asked.id
+    await second.turn_ended("turn-1", "stopped")
+    assert (await asyncio.wait_for(another, 10)).decision is Decision.DENY
+    assert await second.resolve(fresh.id, Decision.APPROVE_ONCE, by="alice",
+                                scope="http:alice:") is Resolution.EXPIRED
+
+
 async def test_an_approval_the_waiting_process_gave_up_on_is_expired_for_the_other(
         processes: Callable[[], PostgresDatabase]) -> None:
     worker_bus = InProcessBus()

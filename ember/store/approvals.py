@@ -41,7 +41,7 @@ _ASKED = Statement(select(_a.c.id, _a.c.status, _a.c.decided_by, _a.c.created_at
                    .where(_a.c.turn_id == bindparam("turn_id"), _a.c.tool == bindparam("tool"),
                           _a.c.summary == bindparam("summary"), _a.c.created_at >= bindparam("since"))
                    .order_by(_a.c.created_at))
-_EXPIRE_TURN = Statement(update(_a).where(_a.c.turn_id == bindparam("turn_id"), _a.c.status == PENDING)
+_EXPIRE_TURN = Statement(update(_a).where(_a.c.turn_id == bindparam("turn"), _a.c.status == PENDING)
                          .values(status=EXPIRED, decided_by=bindparam("decided_by"), decided_at=bindparam("now")))
 _EXPIRE = Statement(update(_a).where(_a.c.status == PENDING, _a.c.created_at < bindparam("before"))
                     .values(status=EXPIRED, decided_by="restart", decided_at=bindparam("now")))
@@ -98,7 +98,7 @@ class SqlApprovalStore:
 
     async def expire_turn(self, turn_id: str, decided_by: str) -> int:
         """The turn ended without its pending requests answered: they can no longer be."""
-        params = {"turn_id": turn_id, "decided_by": decided_by, "now": time.time()}
+        params = {"turn": turn_id, "decided_by": decided_by, "now": time.time()}
         return await self._db.run_write(lambda tx: tx.execute(_EXPIRE_TURN, params).rowcount)
 
     async def expire_pending(self, *, older_than_s: float = 0.0) -> int:
