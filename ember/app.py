@@ -74,7 +74,6 @@ from ember.tools.workspace import SessionOwners, Workspaces
 if TYPE_CHECKING:
     from ember.runtime.telemetry import Telemetry
 
-READER_TTL_MS = 10_000  # the longest a process's outbound stream outlives its reads
 SCHEDULER_LEASE = "scheduler"  # the lease of the process that fires scheduled tasks
 
 
@@ -323,12 +322,9 @@ def message_bus(settings: Settings, process: str | None = None) -> Bus:
     """Redis Streams when `redis_url` is set, else the in-process queues."""
     if settings.redis_url is None:
         return InProcessBus()
-    claim_idle_ms = int(settings.worker_timeout_s * 1000)
-    # A dead process's outbound stream ends before its messages are taken over: the answers of those
-    # then go to the channel's live readers, not into the stream of a process that is gone.
     return RedisBus(settings.redis_url.get_secret_value(), process=process or process_name(),
-                    config=RedisBusConfig(namespace=settings.redis_namespace, claim_idle_ms=claim_idle_ms,
-                                          reader_ttl_ms=min(READER_TTL_MS, claim_idle_ms // 2)))
+                    config=RedisBusConfig(namespace=settings.redis_namespace,
+                                          claim_idle_ms=int(settings.worker_timeout_s * 1000)))
 
 
 @asynccontextmanager

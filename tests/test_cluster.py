@@ -427,44 +427,6 @@ def test_a_worker_killed_mid_turn_has_its_turn_resumed_by_another(cluster: Clust
     assert_whole(cluster, session, [(text, final["text"])])
 
 
-@pytest.mark.parametrize("sessions, per_session", [(4, 2), (2, 5)], ids=["two-in-flight", "bursts-of-five"])
-def test_a_sessions_messages_are_answered_in_order_and_once_though_a_worker_dies(
-        cluster: Cluster, script: Script, sessions: int, per_session: int) -> None:
-    """Each session's messages sent one after another through either gateway while the first is
-    still being answered; a worker holding some of them killed. Each message gets its own answer,
-    once, on its own stream, and the history has them in the order sent: a message the survivor
-    took before the dead worker's earlier one waits for that one to be taken over and answered."""
-    held = threading.Event()
-    names = [fresh(f"order{per_session}") for _ in range(sessions)]
-    texts = {name: [f"{name} message {i}" for i in range(per_session)] for name in names}
-    for name in names:
-        first = texts[name][0]
-        script.plans[first] = lambda n, first=first: Reply(text=f"echo: {first}", hold=held if n == 1 else None)
-    gateways = itertools.cycle(cluster.gateways)
-    try:
-        with concurrent.futures.ThreadPoolExecutor(sessions * per_session) as pool:
-            sent: dict[str, concurrent.futures.Future[list[Event]]] = {}
-            for number in range(per_session):  # a burst: every session's next message, 0.15 s apart
-                for name in names:
-                    text = texts[name][number]
-                    sent[text] = pool.submit(native, next(gateways), name, text, f"{name}.{number}")
-                time.sleep(0.15)
-            for name in names:
-                script.wait_calls(texts[name][0], 1)
-            killed, _ = lease_holder(cluster, f"session:{full_key(names[0])}")
-            assert killed in cluster.workers, killed
-            killed.kill()
-            held.set()
-            results = {text: outcome(future) for text, future in sent.items()}
-    finally:
-        held.set()
-    wrong = {text: result for text, result in results.items()
-             if isinstance(result, BaseException) or the_final(result)["text"] != f"echo: {text}"}
-    assert not wrong, wrong
-    for name in names:
-        assert_whole(cluster, name, [(text, f"echo: {text}") for text in texts[name]])
-
-
 # --------------------------------------------------------------------------- c. fencing
 
 
