@@ -202,19 +202,23 @@ def test_pending_requests_are_listed_and_answered_once(gateway: GatewayProcess, 
     assert (gateway_workspace(gateway) / "p.txt").exists()
 
 
+def killed_while_asking(gateway: GatewayProcess, session: str, text: str) -> dict[str, Any]:
+    """Alice's turn in `session` up to its approval request, and the gateway killed (-9) as it waits."""
+    with httpx.stream("POST", gateway.url(f"/api/sessions/{session}/messages"), json={"text": text},
+                      headers=auth(ALICE), timeout=TIMEOUT_S) as response:
+        for kind, data in sse(response):
+            if kind == "approval_request":
+                gateway.kill()
+                return dict(data)
+    raise AssertionError(f"the turn in {session} asked for no approval")
+
+
 def test_a_request_left_by_a_killed_gateway_is_expired_not_unknown(launch_gateway: LaunchGateway,
                                                                     model_server: ModelServer) -> None:
     first = launch_gateway(model_server, keys={"alice": ALICE, "bob": BOB}, EMBER_TOOL_POLICY__TIMEOUT_S="60",
                            EMBER_INTERRUPTED_TURNS="notice")
     model_server.push(*write_then_answer("k.txt", "x", "never"))
-    asked: dict[str, Any] = {}
-    with httpx.stream("POST", first.url("/api/sessions/k/messages"), json={"text": "write k"},
-                      headers=auth(ALICE), timeout=TIMEOUT_S) as response:
-        for kind, data in sse(response):
-            if kind == "approval_request":
-                asked = data
-                first.kill()  # kill -9 while the turn waits for the answer
-                break
+    asked = killed_while_asking(first, "k", "write k")
     again = launch_gateway(model_server, keys={"alice": ALICE, "bob": BOB}, port=first.port,
                            EMBER_INTERRUPTED_TURNS="notice")
     # Its turn is not resumed (the notice setting): once the notice answers it, the request has expired.
@@ -248,14 +252,7 @@ def test_a_request_outlives_a_kill_9_and_its_answer_resumes_the_turn_once(
     keys = {"alice": ALICE, "bob": BOB}
     first = launch_gateway(model_server, keys=keys, EMBER_TOOL_POLICY__TIMEOUT_S="60")
     model_server.push(Reply(tool_calls=(tool_call("write_file", path="r.txt", content="x"),)))
-    asked: dict[str, Any] = {}
-    with httpx.stream("POST", first.url("/api/sessions/r/messages"), json={"text": "write r"},
-                      headers=auth(ALICE), timeout=TIMEOUT_S) as response:
-        for kind, data in sse(response):
-            if kind == "approval_request":
-                asked = data
-                first.kill()
-                break
+    asked = killed_while_asking(first, "r", "write r")
     calls_before = len(model_server.requests)
     # The resumed turn asks the model again, which makes the same call (held back until the answer
     # is given, when that is to come first), then answers.
@@ -264,7 +261,6 @@ def test_a_request_outlives_a_kill_9_and_its_answer_resumes_the_turn_once(
     model_server.push(dataclasses.replace(call, hold=gate if answer_first else None), answer)
     try:
         again = launch_gateway(model_server, keys=keys, port=first.port, EMBER_TOOL_POLICY__TIMEOUT_S="60")
-        assert asked
         wait_until(lambda: listed(again, ALICE) == [asked["id"]], what="the request listed after the restart")
         assert listed(again, BOB) == []
         if not answer_first:  # the resumed turn has made the call again: it takes the request up
