@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ember.tools.sandbox import Command, Launch, descendants, kill_pid, probe, signal_exit, signal_group
+from ember.tools.sandbox import Command, Launch, descendants, kill_marked, kill_pid, probe, signal_exit, signal_group
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
 RESOLV_CONF = Path("/etc/resolv.conf")
@@ -93,6 +93,8 @@ class Bubblewrap:
             for init in inside[:1]:
                 kill_pid(init, sig)
             signal_group(pid, sig)
+            # Killed while bwrap forks, its init may not yet be bound to die with it: found by the run's mark.
+            kill_marked(launch.run_id)
             return
         for process in inside[1:]:
             kill_pid(process, sig)
