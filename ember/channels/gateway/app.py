@@ -29,8 +29,8 @@ from ember.channels.gateway.memory_api import MemoryApi
 from ember.channels.gateway.metrics import GatewayMetrics
 from ember.channels.gateway.native_api import NativeApi
 from ember.channels.gateway.openai_api import OpenAIApi
+from ember.channels.gateway.openapi import openapi_document
 from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits
-from ember.channels.gateway.schemas import openapi_document
 from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
 from ember.channels.gateway.turns import TurnRouter

@@ -20,7 +20,6 @@ from ember.channels.gateway.http import ApiError, known_params, query_limit, rea
 from ember.channels.gateway.schemas import (
     MAX_LIST_LIMIT,
     MAX_QUERY_CHARS,
-    MAX_SEARCH_LIMIT,
     MemoryCorrection,
     MemoryWrite,
 )
@@ -28,6 +27,7 @@ from ember.channels.gateway.turns import CHANNEL
 from ember.core.errors import MemoryInputError, MemoryNotFound
 from ember.core.memory import MemoryKind
 from ember.memory.identity import Identities
+from ember.memory.service import MAX_LIMIT as MAX_SEARCH_LIMIT
 from ember.memory.service import MemoryService
 
 _FLAGS = {"true": True, "false": False}
