@@ -10,7 +10,7 @@ COMMITs keeps the counts independent of timing: SQLite's group commit may carry 
 under one COMMIT, and how many it gathers depends on who was queued at that instant. A
 statement is one `execute` or `executemany` a unit sends (BEGIN, COMMIT and ROLLBACK are the
 transaction itself): on SQLite's one-hop threads counted by the `Tx` the unit is handed, and
-wherever SQLAlchemy runs it (SQLite's `write()` / `read()`, everything on PostgreSQL) by its
+wherever SQLAlchemy runs it (SQLite's `write()` / `read()`, PostgreSQL's writes) by its
 engine events, charged through a context variable to the unit that is open.
 """
 
@@ -189,8 +189,9 @@ class StoreCounter:
 
         async def run(work: Work[T], who: str) -> T:
             with self._opened(who, side, whole=True) as unit:
-                # On SQLite the unit runs on a thread of its own, out of SQLAlchemy's sight.
-                return await original(self._counted(work, unit) if self._sqlite else work)
+                # Counted by its `Tx`: on SQLite the unit runs on a thread of its own, out of
+                # SQLAlchemy's sight, and a read may run in a batch another unit started.
+                return await original(self._counted(work, unit) if self._sqlite or side == READ else work)
         return call
 
     def _block(self, original: Callable[[], AbstractAsyncContextManager[Any]],
@@ -207,7 +208,7 @@ class StoreCounter:
 
     def _executed(self, _conn: object, _cursor: object, statement: str, *_args: object) -> None:
         unit = _OPEN.get()
-        if unit is not None and not _FRAMING.match(statement):
+        if unit is not None and not (unit.whole and unit.side == READ) and not _FRAMING.match(statement):
             self._add(self._statements, unit)
 
 

@@ -15,7 +15,9 @@ writer never did. A lock waited for longer than `lock_timeout_ms`, a deadlock
 or a serialization failure is `StoreBusy`: nothing of that write was kept.
 
 Reads run at REPEATABLE READ, read-only: one snapshot for the whole unit, as
-SQLite's read transaction is.
+SQLite's read transaction is. Units read together share one transaction
+(store/batches.py): a turn's reads, and under load many turns', cost one
+connection and one BEGIN ... COMMIT.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
 from ember.core.leases import current_fence
+from ember.store.batches import Outcome, ReadBatches, run_each
 from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel, migrate_or_close
 from ember.store.leases import check_fence, fenced
 from ember.store.migrations import MigrationProgress
@@ -42,12 +45,21 @@ from ember.store.tx import Params, Statement, Work
 T = TypeVar("T")
 
 CONNECT_TIMEOUT_S = 10.0
+# Read batches at once: the pool's other connections are left to the writes.
+READ_BATCHES_IN_FLIGHT = 2
 IDLE_PING_S = 5.0
 # serialization_failure, deadlock_detected, lock_not_available (lock_timeout)
 BUSY_STATES = frozenset({"40001", "40P01", "55P03"})
 # Classes of SQLSTATE that say the server, not the statement, failed: connection exception,
 # insufficient resources, operator intervention (a shutdown), system error, internal error.
 UNAVAILABLE_CLASSES = ("08", "53", "57", "58", "XX")
+
+
+class _Aborted(Exception):
+    """A read batch's transaction, aborted by a unit's failed statement: rolled back, with what it read."""
+
+    def __init__(self, outcomes: list[Outcome[Any]]) -> None:
+        self.outcomes = outcomes
 
 
 def pg_store_error(exc: SQLAlchemyError) -> StoreError | None:
@@ -153,6 +165,7 @@ class PostgresDatabase:
         )
         _ping_when_idle(self._engine, idle_ping_s)
         self._reader = self._engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+        self._reads = ReadBatches(self._read_batch, in_flight=READ_BATCHES_IN_FLIGHT)
         self._write_epoch = 0
         self._writing: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -211,9 +224,22 @@ class PostgresDatabase:
         return result
 
     async def run_read(self, work: Work[T]) -> T:
-        """`work(tx)` in one read-only transaction (one snapshot)."""
-        async with self.read() as conn:
-            return await conn.run_sync(lambda connection: work(PgTx(connection)))
+        """`work(tx)` in one read-only transaction (one snapshot), with the reads asked together with it."""
+        async with as_store_errors(pg_store_error):
+            return await self._reads.run(work)
+
+    async def _read_batch(self, works: Sequence[Work[Any]]) -> list[Outcome[Any]]:
+        # A failed statement aborts the transaction, which is then rolled back, not committed;
+        # the units after it are read in the next.
+        try:
+            async with self.read() as conn:
+                outcomes = await conn.run_sync(lambda connection: run_each(
+                    works, PgTx(connection), aborted=lambda exc: isinstance(exc, DBAPIError)))
+                if isinstance(outcomes[-1].error, DBAPIError):
+                    raise _Aborted(outcomes)
+        except _Aborted as aborted:
+            return aborted.outcomes
+        return outcomes
 
     async def _write_unit(self, work: Work[T]) -> T:
         unit = fenced(work, current_fence.get())

@@ -28,7 +28,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
 from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel, migrate_or_close
 from ember.store.migrations import MigrationProgress
-from ember.store.sqlite.direct import Outcome, ThreadConnection
+from ember.store.batches import Outcome, ReadBatches
+from ember.store.sqlite.direct import ThreadConnection
 from ember.store.tx import Work
 
 T = TypeVar("T")
@@ -78,6 +79,8 @@ class SqliteDatabase:
                                                name="ember-db-writer")
         self._direct_reader = ThreadConnection(path, synchronous=synchronous, busy_timeout_ms=BUSY_TIMEOUT_MS,
                                                name="ember-db-reader")
+        # One reader thread: the reads asked while it reads go together in its next transaction.
+        self._reads = ReadBatches(self._direct_reader.read, in_flight=1)
         self._write_epoch = 0
         self._queued: list[_Queued] = []
         self._committer: asyncio.Task[None] | None = None
@@ -140,9 +143,10 @@ class SqliteDatabase:
         return result
 
     async def run_read(self, work: Work[T]) -> T:
-        """`work(conn)` in one read transaction (one snapshot) on the reader thread."""
+        """`work(conn)` in one read transaction (one snapshot) on the reader thread, with the
+        reads asked together with it (store/batches.py)."""
         async with as_store_errors(store_error):
-            return await self._direct_reader.read(work)
+            return await self._reads.run(work)
 
     async def _commit_queued(self) -> None:
         """Commit the queue in batches, until it is empty. Each batch takes the

@@ -22,12 +22,13 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
+from ember.store.batches import Outcome, run_each
 from ember.store.tx import Params, Statement, Work
 
 T = TypeVar("T")
@@ -82,18 +83,10 @@ class SqliteTx:
         self.connection.executemany(statement.sqlite_sql, rows)
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome(Generic[T]):
-    """How one unit of a batch ended: its value, or the error that undid it."""
-
-    value: T | None = None
-    error: BaseException | None = None
-
-
 class ThreadConnection:
     """One sqlite3 connection, opened, used and closed on one dedicated thread.
 
-    `read(work)` runs `work(tx)` in one read transaction. `write(works)`
+    `read(works)` runs a batch of units in one read transaction. `write(works)`
     runs a batch of units in one write transaction, each unit in its own
     savepoint, so a unit that raises is undone alone and the others still
     commit, together, under one COMMIT (one fsync). sqlite3's own errors are
@@ -118,8 +111,9 @@ class ThreadConnection:
         self._tx: SqliteTx | None = None  # its connection is touched only on the thread
         self._closed = False
 
-    def read(self, work: Work[T]) -> asyncio.Future[T]:
-        return self._submit(self._read, work)
+    def read(self, works: Sequence[Work[Any]]) -> asyncio.Future[list[Outcome[Any]]]:
+        """The outcomes of the batch's units that ran (store/batches.py's `run_each`)."""
+        return self._submit(self._read, works)
 
     def write(self, works: Sequence[Work[Any]]) -> asyncio.Future[list[Outcome[Any]]]:
         """The batch's outcomes, in order, once committed; raises when nothing of it could be."""
@@ -165,17 +159,19 @@ class ThreadConnection:
                                         busy_timeout_ms=self._busy_timeout_ms))
         return self._tx
 
-    def _read(self, work: Work[T]) -> T:
+    def _read(self, works: Sequence[Work[Any]]) -> list[Outcome[Any]]:
         tx = self._opened()
         conn = tx.connection
         try:
             conn.execute("BEGIN")
             try:
-                return work(tx)
+                outcomes = run_each(works, tx, aborted=lambda _: not conn.in_transaction)
             finally:
-                conn.execute("COMMIT")
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise translated(exc) from exc
+        return [Outcome(error=translated(o.error)) if isinstance(o.error, sqlite3.Error) else o for o in outcomes]
 
     def _write(self, works: Sequence[Work[Any]]) -> list[Outcome[Any]]:
         tx = self._opened()
