@@ -84,7 +84,8 @@ def test_non_streaming_turn_answers_and_commits(client: openai.OpenAI, model: Mo
 def test_streamed_deltas_add_up_to_the_committed_answer(client: openai.OpenAI, model: ModelServer,
                                                         gateway: GatewayProcess) -> None:
     answer = "Streaming works: each delta is a piece, and together they are the answer."
-    model.push(Reply(text=answer))
+    # A model paced like a real one: chunks read faster than they are sent would go out together.
+    model.push(Reply(text=answer, chunk_delay_s=0.02))
     deltas, finish = streamed(client, "stream please", session="s-stream")
     assert len(deltas) > 3  # really streamed, not one block
     assert "".join(deltas) == answer

@@ -15,6 +15,7 @@ import pytest
 
 from ember.bus.memory import InProcessBus
 from ember.config import Settings
+from ember.core.errors import ModelError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.messages import Message, Role, Session, ToolCall
@@ -22,7 +23,7 @@ from ember.memory.embeddings import HashingEmbedder
 from ember.memory.identity import Identities
 from ember.memory.review import REVIEW_INSTRUCTION
 from ember.memory.service import MemoryService, RecallBudget
-from ember.models.base import ModelReply
+from ember.models.base import ModelReply, TextDelta
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
@@ -264,3 +265,56 @@ async def test_the_introduction_is_chosen_by_channel_and_by_the_first_messages_l
     assert japanese.text == "Ember です。\n\nOK"
     assert english.text == "I am Ember.\n\nOK"
     assert again.text == "OK"
+
+
+ANSWER = "A fast model streams this answer in many small chunks, one after another."
+
+
+def deltas(sent: list[OutboundEvent]) -> list[OutboundEvent]:
+    return [e for e in sent if e.kind is OutboundKind.DELTA]
+
+
+async def test_chunks_read_while_a_delta_is_on_its_way_go_out_together(db: Database) -> None:
+    """A model whose chunks are all there at once: the channel gets fewer, numbered deltas that
+    still add up to the answer, every one before the final."""
+    rig = Rig(db, FunctionModel(lambda messages, tools: ModelReply(text=ANSWER), chunk_size=2))
+    sent = await rig.run_turn("q", stream=True)
+    chunks = (len(ANSWER) + 1) // 2
+    assert 1 <= len(deltas(sent)) < chunks
+    assert "".join(e.text for e in deltas(sent)) == ANSWER
+    assert [e.stream_index for e in deltas(sent)] == list(range(len(deltas(sent))))
+    assert sent[-1].kind is OutboundKind.FINAL and sent[-1].text == ANSWER
+
+
+async def test_a_model_slower_than_the_bus_has_each_chunk_sent_as_it_comes(db: Database) -> None:
+    rig = Rig(db, FunctionModel(lambda messages, tools: ModelReply(text=ANSWER[:24]), chunk_size=4,
+                                delta_delay_s=0.02))
+    sent = await rig.run_turn("q", stream=True)
+    assert [e.text for e in deltas(sent)] == [ANSWER[i:i + 4] for i in range(0, 24, 4)]
+
+
+async def test_no_delta_follows_the_error_of_a_turn_that_failed_mid_stream(db: Database) -> None:
+    class SlowBus(RecordingBus):
+        """Deltas take a while to reach the channel, so some are on their way when the model fails."""
+
+        async def publish_outbound(self, event: OutboundEvent) -> None:
+            if event.kind is OutboundKind.DELTA:
+                await asyncio.sleep(0.01)
+            await super().publish_outbound(event)
+
+    class FailingMidStream(FunctionModel):
+        async def stream(self, messages, tools=(), *, sampling=None):  # type: ignore[no-untyped-def]
+            for piece in ("one ", "two ", "three "):
+                yield TextDelta(piece)
+                await asyncio.sleep(0)
+            raise ModelError("the model's connection dropped")
+
+    rig = Rig(db, FailingMidStream(lambda messages, tools: ModelReply(text="")))
+    rig.bus = SlowBus(rig.log)
+    rig.loop = loop_of(db, rig.bus, rig.store, Pipeline(rig.context, rig.inference, rig.response), rig.traces)
+    sent = await rig.run_turn("q", stream=True)
+    await asyncio.sleep(0.05)  # a delta cancelled on its way would have arrived by now
+    sent += rig.bus.drain()
+    kinds = [e.kind for e in sent]
+    assert kinds[-1] is OutboundKind.ERROR and kinds.count(OutboundKind.ERROR) == 1, kinds
+    assert OutboundKind.FINAL not in kinds

@@ -22,6 +22,10 @@ class StreamSink(Protocol):
         """Send the committed answer (with what the turn's model calls used); True when it reached the channel."""
         ...
 
+    def close(self) -> None:
+        """The turn ends without a final (stopped, failed): live output not yet sent is dropped."""
+        ...
+
 
 class TurnControl(Protocol):
     """Stops the turn running in a session: where the agent loop runs it (in this process, or,
