@@ -26,9 +26,9 @@ from sqlalchemy.exc import DatabaseError, InterfaceError, InternalError, Operati
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
+from ember.store.batches import Outcome, ReadBatches
 from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel, migrate_or_close
 from ember.store.migrations import MigrationProgress
-from ember.store.batches import Outcome, ReadBatches
 from ember.store.sqlite.direct import ThreadConnection
 from ember.store.tx import Work
 
