@@ -20,12 +20,16 @@ _PG_MIGRATION_LOCK = int.from_bytes(b"ember-mg")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-async def migrate(conn: AsyncConnection, progress: MigrationProgress | None = None) -> int:
-    """Bring the schema up to SCHEMA_VERSION, in the caller's transaction; returns the version found before.
+async def migrate(conn: AsyncConnection, progress: MigrationProgress | None = None, *,
+                  to: int = SCHEMA_VERSION) -> int:
+    """Bring the schema up to version `to` (SCHEMA_VERSION: the newest), in the caller's
+    transaction; returns the version found before.
 
     `progress(done, pending)` is called only when some migrations are pending:
     once before the first (done 0), then after each one.
     """
+    if not 0 <= to <= SCHEMA_VERSION:
+        raise ValueError(f"schema versions run from 0 to {SCHEMA_VERSION}, not {to}")
     dialect = conn.dialect.name
     if dialect not in DIALECTS:
         raise StoreError(f"Ember's store runs on SQLite or PostgreSQL, not {dialect}")
@@ -40,10 +44,10 @@ async def migrate(conn: AsyncConnection, progress: MigrationProgress | None = No
         raise StoreError(
             f"the database has schema version {found}, newer than this Ember ({SCHEMA_VERSION}); upgrade Ember"
         )
-    pending = SCHEMA_VERSION - found
+    pending = max(to - found, 0)
     if progress is not None and pending:
         progress(0, pending)
-    for version in range(found + 1, SCHEMA_VERSION + 1):
+    for version in range(found + 1, to + 1):
         for step in MIGRATIONS[version - 1]:
             if isinstance(step, str):
                 await conn.execute(text(step))
