@@ -98,6 +98,20 @@ from ember.core.events import InboundEvent, OutboundEvent
 log = logging.getLogger(__name__)
 
 WORKERS = "workers"  # the consumer group of the inbound shards
+
+# KEYS: the inbound shards, in the order to try them. ARGV: the group, the consumer. The first new
+# entry of the first shard that has one, as {the shard's place in KEYS, the shard, the id, its
+# fields as a flat list}; false when all are empty.
+_FIRST_NEW = """
+for i, key in ipairs(KEYS) do
+  local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', key, '>')
+  if reply then
+    local entry = reply[1][2][1]
+    return {i - 1, key, entry[1], entry[2]}
+  end
+end
+return false
+"""
 T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +138,7 @@ class RedisBus:
                                          socket_timeout=self._config.block_ms / 1000 + 5.0)
         except ValueError as exc:
             raise ConfigError(f"the Redis URL {self._where} is not valid: {exc}") from None
+        self._first_new = self._client.register_script(_FIRST_NEW)
         self._outbound = OutboundStreams(self._client, process=process, config=self._config, where=self._where)
         self._ready: deque[tuple[_Entry, InboundEvent]] = deque()
         # id(event) -> (the event, kept so the id is not reused, and the entry it came from)
@@ -226,16 +241,17 @@ class RedisBus:
         message when it can run one, and an entry it holds is one no other worker may take (a
         read of several streams with COUNT 1 returns one entry of each). So the shards are tried
         one at a time, from the one after the last served, and only when all are empty does a
-        read block on all of them (which returns more than one only if several arrive at once)."""
+        read block on all of them (which returns more than one only if several arrive at once).
+        The tries are one script, one round trip (_FIRST_NEW)."""
         count = len(self._shards)
-        for step in range(count):
-            shard = (self._next_shard + step) % count
-            reply = await self._client.xreadgroup(WORKERS, self._process, {self._shards[shard]: ">"}, count=1)
-            if reply:
-                self._next_shard = (shard + 1) % count
-                for stream, entries in reply:
-                    await self._take(stream, entries)
-                return
+        first = self._next_shard
+        found = await self._first_new(keys=[self._shards[(first + step) % count] for step in range(count)],
+                                      args=[WORKERS, self._process])
+        if found:
+            step, stream, entry_id, fields = found
+            self._next_shard = (first + int(step) + 1) % count
+            await self._take(stream, [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True)))])
+            return
         reply = await self._client.xreadgroup(WORKERS, self._process, dict.fromkeys(self._shards, ">"), count=1,
                                               block=min(self._config.block_ms, self._upkeep_every_ms))
         for stream, entries in reply or []:
