@@ -96,6 +96,7 @@ async def serving_metrics(runtime: Runtime, sock: socket.socket | None) -> Async
     app = Starlette(routes=[Route("/metrics", metrics_text, methods=["GET"])])
     server = _MetricsServer(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off"))
     serving = asyncio.create_task(server.serve(sockets=[sock]), name="ember-worker-metrics")
+    watcher = asyncio.create_task(metrics.watch_event_loop(), name="ember-loop-lag")
     host, port = sock.getsockname()[:2]
     try:
         while not server.started and not serving.done():
@@ -105,5 +106,6 @@ async def serving_metrics(runtime: Runtime, sock: socket.socket | None) -> Async
             raise RuntimeError("the worker's /metrics server stopped as it started")
         yield f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
     finally:
+        watcher.cancel()
         server.should_exit = True
         await serving

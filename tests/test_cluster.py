@@ -391,6 +391,8 @@ def test_the_workers_metrics_count_the_model_calls_that_the_gateways_do_not_see(
     gateway = g1.url("/metrics")
     assert samples(gateway, "ember_turns_total")[(("api", "native"), ("outcome", "final"))] >= 4
     assert total("ember_model_calls_total", [gateway]) == 0
+    # Every process samples its event loop's lag (bench/soak.py reads its p99).
+    assert all(total("ember_event_loop_lag_seconds_count", [url]) > 0 for url in [*workers, gateway])
 
 
 # --------------------------------------------------------------------------- b. a worker killed mid-turn

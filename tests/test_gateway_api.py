@@ -9,7 +9,10 @@ session name one with `fresh()`, so they do not depend on each other's order.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ember.channels.gateway.metrics import ProcessMetrics
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, serving
@@ -258,6 +262,19 @@ def test_a_valid_key_opens_metrics_the_document_and_the_models(clients: Clients)
     assert models.status_code == 200
     assert models.json()["object"] == "list"
     assert [card["id"] for card in models.json()["data"]] == ["ember"]
+
+
+def test_metrics_tell_the_event_loops_lag(clients: Clients) -> None:
+    """Sampled every tenth of a second from the start: a gateway up for a moment has samples."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = clients["alice"].get("/metrics").text
+        found = re.search(r"^ember_event_loop_lag_seconds_count (\S+)$", text, re.MULTILINE)
+        if found and float(found.group(1)) >= 3:
+            break
+        time.sleep(0.1)
+    assert found and float(found.group(1)) >= 3, text
+    assert "ember_event_loop_lag_seconds_bucket{le=\"0.05\"}" in text
 
 
 # --- isolation between identities (I8) -----------------------------------------------------------
@@ -851,3 +868,18 @@ def test_the_background_model_titles_a_session_after_its_first_exchange(clients:
         assert not any("and in April?" in r["messages"][-1]["content"] for r in model.titled[before:])
     finally:
         model.titler = lambda body: Reply(text="")
+
+
+async def test_a_blocked_event_loop_shows_as_lag() -> None:
+    metrics = ProcessMetrics()
+    watching = asyncio.create_task(metrics.watch_event_loop(every_s=0.01))
+    await asyncio.sleep(0.05)
+    time.sleep(0.3)  # a handler that blocks the loop: every request of the process waits this long
+    await asyncio.sleep(0.05)
+    watching.cancel()
+    text = metrics.response({}).body.decode()
+    assert re.search(r'^ember_event_loop_lag_seconds_bucket\{le="0.1"\} (\S+)$', text, re.MULTILINE)
+    below = float(re.search(r'^ember_event_loop_lag_seconds_bucket\{le="0.1"\} (\S+)$', text, re.MULTILINE)[1])
+    count = float(re.search(r"^ember_event_loop_lag_seconds_count (\S+)$", text, re.MULTILINE)[1])
+    assert count - below == 1  # the one sample the block delayed by about 0.3 s
+    assert float(re.search(r"^ember_event_loop_lag_seconds_sum (\S+)$", text, re.MULTILINE)[1]) >= 0.25

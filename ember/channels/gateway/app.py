@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,12 +217,24 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         *channel_routes,
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
+    @asynccontextmanager
+    async def watched(app: Starlette) -> AsyncIterator[None]:
+        watcher = asyncio.create_task(metrics.watch_event_loop(), name="ember-loop-lag")
+        try:
+            if lifespan is None:
+                yield
+            else:
+                async with lifespan(app):
+                    yield
+        finally:
+            watcher.cancel()
+
     return Starlette(
         routes=routes,
         middleware=[Middleware(IdentityGate, keys=keys,
                                limiter=limiter or RateLimiter(options.rate_per_minute, options.rate_burst))],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, StoreBusy: _store_down,
                             StoreUnavailable: _store_down, BusUnavailable: _bus_down, Exception: _unexpected},
-        lifespan=lifespan,
+        lifespan=watched,
     )
 

@@ -3,6 +3,7 @@ them, and every process that runs turns its model calls and background jobs."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -11,6 +12,8 @@ from starlette.responses import Response
 from ember.core.usage import UsageRow
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+LOOP_TICK_S = 0.1  # how often the event loop's lag is sampled
 
 
 class ProcessMetrics:
@@ -26,6 +29,17 @@ class ProcessMetrics:
                                   registry=self.registry)
         self.model_calls = Counter("ember_model_calls", "Model calls, by model and whether they were priced",
                                    ["model", "priced"], registry=self.registry)
+        self.loop_lag = Histogram("ember_event_loop_lag_seconds", "How late the event loop ran a timer due every "
+                                  f"{LOOP_TICK_S:g} s: what every request and turn of this process waits on top of "
+                                  "its own work", buckets=_LAG_BUCKETS, registry=self.registry)
+
+    async def watch_event_loop(self, every_s: float = LOOP_TICK_S) -> None:
+        """Sample the event loop's lag until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + every_s
+            await asyncio.sleep(every_s)
+            self.loop_lag.observe(max(0.0, loop.time() - due))
 
     def count_usage(self, row: UsageRow) -> None:
         for kind in ("input", "output", "cache_read", "cache_write"):
