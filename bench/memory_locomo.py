@@ -9,6 +9,10 @@ evidence) and turn-level R@1/5/10 (categories 1–4), per category, query
 median/p95 and ingest time per conversation.
 
     .venv/bin/python bench/memory_locomo.py [--data PATH] [--conversations N] [--index-min-rows N]
+        [--engines sqlite postgresql] [--embedding e5-small|hashing|none]
+
+`--engines postgresql` runs Ember's side on a throwaway PostgreSQL (tests/pgserver.py) as
+well, reported beside SQLite's; `--embedding none` measures the words alone.
 
 The data is LoCoMo (CC BY-NC 4.0, evaluation only): it is read from outside
 the repository and never shipped with Ember.
@@ -27,7 +31,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +41,9 @@ from ember.core.messages import Message, Session
 from ember.memory.embeddings import load_embedder
 from ember.memory.service import MemoryService
 from ember.memory.text_index import INDEX_MIN_ROWS
+from ember.store.engine import Database
 from ember.store.memories import SqlMemoryStore
+from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
 from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tx import Statement
@@ -167,7 +174,7 @@ def bm25_ranker(conversation: Conversation) -> Ranker:
 
 # -- Ember ------------------------------------------------------------------------
 
-async def ingest(conversation: Conversation, db: SqliteDatabase, memory: MemoryService) -> dict[tuple[str, int], str]:
+async def ingest(conversation: Conversation, db: Database, memory: MemoryService) -> dict[tuple[str, int], str]:
     """The conversation as sessions of one person; returns (session key, seq) -> dia_id."""
     sessions = SqlSessionStore(db)
     identity = f"locomo-{conversation.name}"
@@ -193,11 +200,9 @@ async def ingest(conversation: Conversation, db: SqliteDatabase, memory: MemoryS
     return where
 
 
-async def ember_rankers(conversations: list[Conversation], home: Path,
-                        index_min_rows: int) -> tuple[list[Ranker], list[float], SqliteDatabase]:
-    db = SqliteDatabase(home / "ember.db", synchronous="NORMAL")
-    await db.open()
-    memory = MemoryService(SqlMemoryStore(db), load_embedder("e5-small"), index_min_rows=index_min_rows)
+async def ember_rankers(conversations: list[Conversation], db: Database, index_min_rows: int,
+                        embedding: str) -> tuple[list[Ranker], list[float]]:
+    memory = MemoryService(SqlMemoryStore(db), load_embedder(embedding), index_min_rows=index_min_rows)
     await memory.open()
     loop = asyncio.get_running_loop()
     rankers, ingest_s = [], []
@@ -219,7 +224,7 @@ async def ember_rankers(conversations: list[Conversation], home: Path,
                     if (h.record.session_key, h.record.seq_start) in where]
 
         rankers.append(rank)
-    return rankers, ingest_s, db
+    return rankers, ingest_s
 
 
 def report(label: str, scores: Scores) -> None:
@@ -245,6 +250,8 @@ async def main() -> None:
     parser.add_argument("--index-min-rows", type=int, default=INDEX_MIN_ROWS,
                         help="from how many memories search goes through the derived indexes (tantivy, faiss);"
                              " each conversation has a few hundred, so 1 measures them here")
+    parser.add_argument("--engines", nargs="+", choices=("sqlite", "postgresql"), default=["sqlite"])
+    parser.add_argument("--embedding", default="e5-small", help="e5-small (default), hashing or none")
     args = parser.parse_args()
     if not args.data.exists():
         sys.exit(f"no LoCoMo data at {args.data}; pass --data PATH to locomo10.json")
@@ -253,21 +260,42 @@ async def main() -> None:
 
     baseline = Scores()
     measure(conversations, [bm25_ranker(c) for c in conversations], baseline)
-
-    with tempfile.TemporaryDirectory(prefix="ember-locomo-") as home:
-        rankers, ingest_s, db = await ember_rankers(conversations, Path(home), args.index_min_rows)
-        ember = Scores()
-        await asyncio.to_thread(measure, conversations, rankers, ember)
-        await db.close()
-
     report("plain FTS5 BM25 (porter unicode61, question words OR-ed)", baseline)
-    through = ("the derived indexes" if args.index_min_rows <= min(len(c.turns) for c in conversations)
-               else "FTS5 and every vector")
-    report(f"Ember memory (MemoryService.search: CJK-aware BM25 + e5-small vectors, fused; through {through})",
-           ember)
-    print(f"\ningest per conversation: median {statistics.median(ingest_s):.1f} s, "
-          f"max {max(ingest_s):.1f} s (append, archive, embed)")
-    print("targets: session R@5 >= 0.96, turn R@10 >= 0.85")
+
+    for engine in args.engines:
+        with tempfile.TemporaryDirectory(prefix="ember-locomo-") as home, opened(engine, Path(home)) as open_db:
+            db = await open_db
+            try:
+                rankers, ingest_s = await ember_rankers(conversations, db, args.index_min_rows, args.embedding)
+                ember = Scores()
+                await asyncio.to_thread(measure, conversations, rankers, ember)
+            finally:
+                await db.close()
+        through = ("the derived indexes" if args.index_min_rows <= min(len(c.turns) for c in conversations)
+                   else "the store's full-text search and every vector")
+        report(f"Ember memory on {engine} (MemoryService.search: CJK-aware BM25 + {args.embedding} vectors, "
+               f"fused; through {through})", ember)
+        print(f"  ingest per conversation: median {statistics.median(ingest_s):.1f} s, "
+              f"max {max(ingest_s):.1f} s (append, archive, embed)")
+    print("\ntargets: session R@5 >= 0.96, turn R@10 >= 0.85 (with e5-small)")
+
+
+@contextmanager
+def opened(engine: str, home: Path) -> Iterator[Awaitable[Database]]:
+    """A store on `engine`, to be awaited open: the SQLite file in `home`, or a database on a
+    throwaway PostgreSQL server, stopped when the block ends."""
+    async def open_(db: Database) -> Database:
+        await db.open()
+        return db
+
+    if engine == "sqlite":
+        yield open_(SqliteDatabase(home / "ember.db", synchronous="NORMAL"))
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ is not installed
+    from tests.pgserver import throwaway_postgres
+
+    with throwaway_postgres() as server:
+        yield open_(PostgresDatabase(server.fresh_database()))
 
 
 if __name__ == "__main__":

@@ -434,3 +434,15 @@ async def test_a_message_committed_while_its_session_is_archived_is_archived_by_
     finally:
         await db.close()
     assert archived == ["committed meanwhile", "first", "ok"]
+
+
+async def test_a_rare_word_weighs_more_than_a_common_one_on_either_engine(db: Database, clock: Clock) -> None:
+    """Without vectors, by words alone: "budget" is in twenty of the person's memories, "quokka" in
+    one. A search for both finds the quokka first, as BM25's inverse document frequency would have it."""
+    memory = MemoryService(SqlMemoryStore(db), None, clock=clock)
+    await memory.open()
+    await memory.remember("alice", "A quokka was seen near the harbour today.")  # the oldest: ties go to newer
+    for n in range(20):
+        await memory.remember("alice", f"The budget for week {n} was approved by finance.")
+    top = await memory.search("alice", "budget quokka", limit=3)
+    assert top[0].record.content == "A quokka was seen near the harbour today.", [h.record.content for h in top]

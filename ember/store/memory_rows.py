@@ -100,11 +100,26 @@ _BM25 = f"bm25(memory_fts, {', '.join(map(str, TEXT_WEIGHTS))})"
 INSERT_TEXT = Statement("INSERT INTO memory_fts (rowid, owner, body, before, after, far, day) "
                         "VALUES (:num, :owner, :body, :before, :after, :far, :day)")
 DELETE_TEXT = Statement("DELETE FROM memory_fts WHERE rowid = :num")
+# On PostgreSQL a row's ts_rank is weighed by the BM25 idf of the query's terms it has, each
+# from the number of the person's matching rows it is in against :total: a rare word outweighs a
+# common one. A row's tsvector is read whole once (`document || ''`), not again for every term.
 LEXICAL = Statement(f"SELECT rowid, -{_BM25} FROM memory_fts WHERE memory_fts MATCH :match ORDER BY {_BM25} "
                     "LIMIT :limit",
-                    "SELECT rowid, ts_rank('{0.35, 0.5, 0.6, 1.0}', document, to_tsquery('ember_text', :any_of)) AS s "
-                    "FROM memory_fts WHERE owner = :owner AND document @@ to_tsquery('ember_text', :any_of) "
-                    "ORDER BY s DESC LIMIT :limit")
+                    "WITH q AS MATERIALIZED (SELECT to_tsquery('ember_text', t) AS query "
+                    "                        FROM json_array_elements_text(CAST(:terms AS json)) AS t), "
+                    "m AS MATERIALIZED (SELECT rowid, document || ''::tsvector AS document, "
+                    "                          ts_rank('{0.35, 0.5, 0.6, 1.0}', document, "
+                    "                                  to_tsquery('ember_text', :any_of)) AS r FROM memory_fts "
+                    "      WHERE owner = :owner AND document @@ to_tsquery('ember_text', :any_of)), "
+                    "idf AS MATERIALIZED (SELECT q.query, "
+                    "                            ln(1 + (CAST(:total AS DOUBLE PRECISION) - n + 0.5) / (n + 0.5)) AS w "
+                    "        FROM q, LATERAL (SELECT count(*) AS n FROM m WHERE m.document @@ q.query) AS df) "
+                    "SELECT rowid, r * (SELECT SUM(w) FROM idf WHERE m.document @@ idf.query) AS s "
+                    "FROM m ORDER BY s DESC LIMIT :limit")
+TERM_ROWS = Statement(None, postgresql=
+    "SELECT t, (SELECT count(*) FROM memory_fts WHERE owner = :owner AND document @@ to_tsquery('ember_text', t)) "
+    "FROM json_array_elements_text(CAST(:terms AS json)) AS t "
+    "UNION ALL SELECT NULL, count(*) FROM memory_fts WHERE owner = :owner")
 TERM_ROWS = Statement("SELECT term, doc FROM memory_fts_terms WHERE term IN (SELECT value FROM json_each(:terms))",
                       portable=False)
 TEXTS_AFTER = Statement(

@@ -43,15 +43,16 @@ def lexical_hits(tx: Tx, identity: str, terms: Sequence[str], limit: int, record
 
 
 def _matching(tx: Tx, identity: str, terms: Sequence[str], limit: int) -> Sequence[Sequence[Any]]:
-    kept = list(terms)
+    owner = owner_token(identity)
     total = tx.execute(_HIGHEST_NUM).fetchone()[0]
-    # PostgreSQL's index has no vocabulary table: its ts_rank weighs every term alike.
-    if total > COMMON_ROWS and tx.dialect == "sqlite":
+    if tx.dialect == "postgresql":  # every term, each weighed by its idf (memory_rows.LEXICAL)
+        lexemes = [ts_lexeme(term) for term in terms]
+        return tx.execute(LEXICAL, {"owner": owner, "terms": json.dumps(lexemes), "any_of": " | ".join(lexemes),
+                                    "total": total, "limit": limit}).fetchall()
+    kept = list(terms)
+    if total > COMMON_ROWS:
         forms = {term: indexed_form(term) for term in terms}
         rows = dict(tx.execute(TERM_ROWS, {"terms": json.dumps(list(forms.values()))}).fetchall())
         kept = distinctive(terms, {term: rows.get(form, 0) for term, form in forms.items()}, total)
-    owner = owner_token(identity)
-    return tx.execute(LEXICAL, {
-        "match": f"owner:{owner} AND {{body before after far day}}:({expression(kept)})",  # SQLite's
-        "owner": owner, "any_of": " | ".join(ts_lexeme(term) for term in kept), "limit": limit,
-    }).fetchall()
+    return tx.execute(LEXICAL, {"match": f"owner:{owner} AND {{body before after far day}}:({expression(kept)})",
+                                "limit": limit}).fetchall()
