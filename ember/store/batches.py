@@ -87,11 +87,13 @@ class ReadBatches:
                 for asked, outcome in zip(batch, outcomes):
                     _settle(asked.done, outcome)
                 batch = batch[len(outcomes):]
-        finally:
-            for asked in batch:  # stopped (the loop is closing) before they ran
+        except asyncio.CancelledError:  # the loop is closing: nothing more is read
+            for asked in batch:
                 asked.done.cancel()
+            raise
+        finally:
             self._running -= 1
-            self._start()
+        self._start()
 
 
 def run_each(works: Sequence[Work[Any]], tx: Any, *, aborted: Callable[[BaseException], bool]) -> list[Outcome[Any]]:
