@@ -112,6 +112,7 @@ for i, key in ipairs(KEYS) do
 end
 return false
 """
+
 T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)

@@ -217,6 +217,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         *channel_routes,
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
+
     @asynccontextmanager
     async def watched(app: Starlette) -> AsyncIterator[None]:
         watcher = asyncio.create_task(metrics.watch_event_loop(), name="ember-loop-lag")
