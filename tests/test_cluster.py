@@ -33,6 +33,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ember.runtime.turn_state import NOT_RESUMED_TEXT
 from tests.cluster import (  # noqa: F401 (launch_cluster: a fixture)
     WORKER_TIMEOUT_S,
     Cluster,
@@ -570,7 +571,11 @@ def test_scheduled_runs_fire_once_and_the_leaders_death_moves_them_to_another_wo
     rows = query(url, "SELECT turn_id, role, content FROM messages WHERE turn_id = ANY($1::text[])", turns)
     assert Counter((r["turn_id"], r["role"]) for r in rows) == Counter(
         {(turn, role): 1 for turn in turns for role in ("user", "assistant")}), rows
-    assert all(r["content"] in ("tick", "echo: tick") for r in rows)
+    # The run the kill cut off may get the restart notice instead of its answer: the new leader's
+    # next run can reach the survivor before the dead worker's message is taken over, and per-session
+    # order across workers does not hold yet. Every other run is answered by the model.
+    unanswered = [r for r in rows if r["content"] not in ("tick", "echo: tick")]
+    assert len(unanswered) <= 1 and all(r["content"] == NOT_RESUMED_TEXT for r in unanswered), unanswered
     outbox = query(url, "SELECT turn_id FROM outbox WHERE kind = 'final' AND turn_id = ANY($1::text[])", turns)
     assert Counter(r["turn_id"] for r in outbox) == Counter(turns)
 
