@@ -143,7 +143,8 @@ async def test_a_second_message_in_the_context_continues_the_same_session(
 async def test_a_streamed_answer_arrives_in_chunks_then_once_whole(clients: dict[str, Client],
                                                                   model: ModelServer) -> None:
     text = "A streamed answer in several small chunks."
-    model.push(Reply(text=text))
+    # A model paced like a real one: chunks read faster than they are sent would go out together.
+    model.push(Reply(text=text, chunk_delay_s=0.02))
     responses = await events(clients["alice_stream"], request("stream it"))
     kinds = [r.WhichOneof("payload") for r in responses]
     assert kinds[0] == "task" and kinds.count("artifact_update") >= 3
