@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ember.bus.base import Bus
 from ember.bus.memory import InProcessBus
 from ember.bus.redis import RedisBus
-from ember.bus.redis_support import RedisBusConfig
+from ember.bus.redis_support import READER_TTL_MS, RedisBusConfig
 from ember.channels.cron import Scheduler
 from ember.channels.gateway.turns import CHANNEL as GATEWAY_CHANNEL
 from ember.config import Settings
@@ -322,9 +322,12 @@ def message_bus(settings: Settings, process: str | None = None) -> Bus:
     """Redis Streams when `redis_url` is set, else the in-process queues."""
     if settings.redis_url is None:
         return InProcessBus()
+    claim_idle_ms = int(settings.worker_timeout_s * 1000)
+    # A dead process's outbound stream ends before its messages are taken over: the answers of those
+    # then go to the channel's live readers, not into the stream of a process that is gone.
     return RedisBus(settings.redis_url.get_secret_value(), process=process or process_name(),
-                    config=RedisBusConfig(namespace=settings.redis_namespace,
-                                          claim_idle_ms=int(settings.worker_timeout_s * 1000)))
+                    config=RedisBusConfig(namespace=settings.redis_namespace, claim_idle_ms=claim_idle_ms,
+                                          reader_ttl_ms=min(READER_TTL_MS, claim_idle_ms // 2)))
 
 
 @asynccontextmanager

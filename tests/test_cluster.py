@@ -33,7 +33,6 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ember.runtime.turn_state import NOT_RESUMED_TEXT
 from tests.cluster import (  # noqa: F401 (launch_cluster: a fixture)
     WORKER_TIMEOUT_S,
     Cluster,
@@ -430,6 +429,44 @@ def test_a_worker_killed_mid_turn_has_its_turn_resumed_by_another(cluster: Clust
     assert_whole(cluster, session, [(text, final["text"])])
 
 
+@pytest.mark.parametrize("sessions, per_session", [(4, 2), (2, 5)], ids=["two-in-flight", "bursts-of-five"])
+def test_a_sessions_messages_are_answered_in_order_and_once_though_a_worker_dies(
+        cluster: Cluster, script: Script, sessions: int, per_session: int) -> None:
+    """Each session's messages sent one after another through either gateway while the first is
+    still being answered; a worker holding some of them killed. Each message gets its own answer,
+    once, on its own stream, and the history has them in the order sent: a message the survivor
+    took before the dead worker's earlier one waits for that one to be taken over and answered."""
+    held = threading.Event()
+    names = [fresh(f"order{per_session}") for _ in range(sessions)]
+    texts = {name: [f"{name} message {i}" for i in range(per_session)] for name in names}
+    for name in names:
+        first = texts[name][0]
+        script.plans[first] = lambda n, first=first: Reply(text=f"echo: {first}", hold=held if n == 1 else None)
+    gateways = itertools.cycle(cluster.gateways)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(sessions * per_session) as pool:
+            sent: dict[str, concurrent.futures.Future[list[Event]]] = {}
+            for number in range(per_session):  # a burst: every session's next message, 0.15 s apart
+                for name in names:
+                    text = texts[name][number]
+                    sent[text] = pool.submit(native, next(gateways), name, text, f"{name}.{number}")
+                time.sleep(0.15)
+            for name in names:
+                script.wait_calls(texts[name][0], 1)
+            killed, _ = lease_holder(cluster, f"session:{full_key(names[0])}")
+            assert killed in cluster.workers, killed
+            killed.kill()
+            held.set()
+            results = {text: outcome(future) for text, future in sent.items()}
+    finally:
+        held.set()
+    wrong = {text: result for text, result in results.items()
+             if isinstance(result, BaseException) or the_final(result)["text"] != f"echo: {text}"}
+    assert not wrong, wrong
+    for name in names:
+        assert_whole(cluster, name, [(text, f"echo: {text}") for text in texts[name]])
+
+
 # --------------------------------------------------------------------------- c. fencing
 
 
@@ -571,11 +608,8 @@ def test_scheduled_runs_fire_once_and_the_leaders_death_moves_them_to_another_wo
     rows = query(url, "SELECT turn_id, role, content FROM messages WHERE turn_id = ANY($1::text[])", turns)
     assert Counter((r["turn_id"], r["role"]) for r in rows) == Counter(
         {(turn, role): 1 for turn in turns for role in ("user", "assistant")}), rows
-    # The run the kill cut off may get the restart notice instead of its answer: the new leader's
-    # next run can reach the survivor before the dead worker's message is taken over, and per-session
-    # order across workers does not hold yet. Every other run is answered by the model.
-    unanswered = [r for r in rows if r["content"] not in ("tick", "echo: tick")]
-    assert len(unanswered) <= 1 and all(r["content"] == NOT_RESUMED_TEXT for r in unanswered), unanswered
+    # The run the kill cut off too: the new leader's next run waits for it to be taken over.
+    assert [r for r in rows if r["content"] not in ("tick", "echo: tick")] == [], rows
     outbox = query(url, "SELECT turn_id FROM outbox WHERE kind = 'final' AND turn_id = ANY($1::text[])", turns)
     assert Counter(r["turn_id"] for r in outbox) == Counter(turns)
 

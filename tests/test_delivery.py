@@ -33,7 +33,7 @@ from ember.tools.base import ToolRegistry
 from tests.conftest import CHANNEL, Harness, note_tool, serving_runtime, session_key
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
-from tests.pgserver import RUNTIMES, engine_settings
+from tests.pgserver import ENGINES, RUNTIMES, engine_settings
 
 # --- the runtime, started and stopped as a process would -----------------------------------------
 
@@ -236,6 +236,31 @@ async def test_recovery_outside_the_window_answers_with_a_notice(settings: Setti
     assert_delivery_id_names_the_answer(final, stored)
 
 
+@pytest.mark.parametrize("settings", ["postgresql+redis"], indirect=True)
+async def test_a_later_message_waits_for_the_cut_off_one_on_a_shared_bus(settings: Settings) -> None:
+    """The cut-off message's entry is still pending on Redis, under the process that stopped: a
+    later message of its session waits until that entry is taken over, the cut-off turn is resumed
+    and answers its own question, and only then is the later one answered (issue: per-session
+    order across workers and deaths)."""
+    settings = settings.model_copy(update={"worker_timeout_s": 1.0})
+    await cut_off_turn(settings, "first question", "m1")
+    model = ScriptedModel([ModelReply(text="answer to the first"), ModelReply(text="answer to the second")])
+    async with serving_runtime(settings, model) as h:
+        await h.publish("second question", message_id="m2")
+        first, second = await h.next_closing(), await h.next_closing()
+        await h.publish("first question", message_id="m1")  # the channel delivers the cut-off one again
+        again = await h.next_closing()
+    assert [(e.text, e.reply_to) for e in (first, second)] == [("answer to the first", "m1"),
+                                                               ("answer to the second", "m2")]
+    assert (again.text, again.reply_to, again.delivery_id) == (first.text, "m1", first.delivery_id)
+    assert len(model.requests) == 2
+    assert shapes(await history(settings)) == [
+        (Role.USER, "first question"), (Role.ASSISTANT, "answer to the first"),
+        (Role.USER, "second question"), (Role.ASSISTANT, "answer to the second")]
+
+
+# On Redis the later message waits for the cut-off one instead (the test above).
+@pytest.mark.parametrize("settings", ENGINES, indirect=True)
 async def test_a_cut_off_turn_redelivered_after_a_later_message_gets_the_notice_not_the_later_answer(
         settings: Settings) -> None:
     """Resumed then, the turn would answer the later question (the model reads the history to
@@ -254,6 +279,8 @@ async def test_a_cut_off_turn_redelivered_after_a_later_message_gets_the_notice_
         (Role.ASSISTANT, NOT_RESUMED_TEXT)]
 
 
+# On Redis the later message waits for the cut-off one instead (the test above).
+@pytest.mark.parametrize("settings", ENGINES, indirect=True)
 async def test_a_cut_off_turn_gets_the_notice_also_when_consolidation_left_no_question_in_the_window(
         settings: Settings) -> None:
     """Whether a later question came is read from the whole history, not from the window since

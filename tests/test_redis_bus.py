@@ -309,6 +309,95 @@ async def test_a_released_message_is_taken_over_again_even_by_the_process_that_l
     await fenced.ack_inbound(again)
 
 
+async def test_a_message_waits_while_an_earlier_one_of_its_session_is_held_by_another_worker(
+        buses: Buses) -> None:
+    first, second = await buses.open("w1"), await buses.open("w2")
+    await first.publish_inbound(inbound("one", message_id="m1"))
+    await first.publish_inbound(inbound("other session", chat="c2", message_id="o1"))
+    await first.publish_inbound(inbound("two", message_id="m2"))
+    one = await take(first)
+    others = [await take(second), await take(second)]
+    two = next(e for e in others if e.message_id == "m2")
+    other = next(e for e in others if e.message_id == "o1")
+    assert one.message_id == "m1"
+    assert not await first.earlier_in_session(one)
+    assert not await second.earlier_in_session(other)  # another session's message is no earlier one
+    assert await second.earlier_in_session(two)
+    await first.ack_inbound(one)
+    assert not await second.earlier_in_session(two)
+    await second.ack_inbound(two)
+    await second.ack_inbound(other)
+    assert not await buses.raw.keys(f"{buses.namespace}:order:*")  # acknowledged: nothing left to order
+
+
+async def test_a_dead_workers_earlier_message_is_taken_over_and_answered_first(buses: Buses) -> None:
+    dead = RedisBus(buses.url, process="w-dead", config=buses.config(claim_idle_ms=200))
+    await dead.start()
+    heir = await buses.open("w-heir", claim_idle_ms=200)
+    await dead.publish_inbound(inbound("one", message_id="m1"))
+    await dead.publish_inbound(inbound("two", message_id="m2"))
+    assert (await take(dead)).message_id == "m1"
+    await dead.close()  # dies holding m1
+    two = await take(heir)
+    assert two.message_id == "m2" and await heir.earlier_in_session(two)
+    one = await take(heir)  # taken over once idle
+    assert one.message_id == "m1" and not await heir.earlier_in_session(one)
+    assert await heir.earlier_in_session(two)
+    await heir.ack_inbound(one)
+    assert not await heir.earlier_in_session(two)
+
+
+async def test_a_copy_of_a_message_waits_for_no_earlier_copy_and_handled_releases_every_copy(
+        buses: Buses) -> None:
+    """A message published again (a client's retry, recovery after a crash) while its first entry is
+    still held by a dead worker takes that entry's place: it waits for nothing, and the message
+    after it waits for it alone, not for the first copy's takeover."""
+    dead = await buses.open("w-dead")
+    live = await buses.open("w-live")
+    await dead.publish_inbound(inbound("one", message_id="m1"))
+    assert (await take(dead)).message_id == "m1"  # held by a worker that will never finish it
+    await live.publish_inbound(inbound("two", message_id="m2"))
+    await live.publish_inbound(inbound("one", message_id="m1"))  # the copy, after m2 in the stream
+    two, again = await take(live), await take(live)
+    assert (two.message_id, again.message_id) == ("m2", "m1")
+    assert await live.earlier_in_session(two)  # m1 came first
+    assert not await live.earlier_in_session(again)  # its first copy is itself: no wait
+    await live.ack_inbound(again)
+    assert not await live.earlier_in_session(two)  # m1 handled: its dead copy holds nothing up
+    order = f"{buses.namespace}:order:{two.session_key}"
+    stream = f"{buses.namespace}:inbound:{shard_of(two.session_key, 2)}"
+    assert [item.split(" ")[0] for item in await buses.raw.lrange(order, 0, -1)] == [
+        entry_id for entry_id, fields in await buses.raw.xrange(stream)
+        if decode_inbound(fields["event"]).message_id == "m2"]
+
+
+async def test_an_earlier_entry_that_is_gone_holds_nothing_up(buses: Buses) -> None:
+    """Deleted by a process that did not keep the order (or by hand): dropped from it when found."""
+    worker = await buses.open("w1")
+    await worker.publish_inbound(inbound("one", message_id="m1"))
+    await worker.publish_inbound(inbound("two", message_id="m2"))
+    one, two = await take(worker), await take(worker)
+    stream = f"{buses.namespace}:inbound:{shard_of(one.session_key, 2)}"
+    [(first_id, _)] = await buses.raw.xrange(stream, count=1)
+    await buses.raw.xdel(stream, first_id)
+    assert not await worker.earlier_in_session(two)
+    order = await buses.raw.lrange(f"{buses.namespace}:order:{two.session_key}", 0, -1)
+    assert [item.split(" ")[0] for item in order] != [first_id]
+
+
+async def test_a_message_written_without_its_place_in_the_order_waits_for_nothing(buses: Buses) -> None:
+    worker = await buses.open("w1")
+    await worker.publish_inbound(inbound("one", message_id="m1"))
+    event = inbound("from an older version", message_id="m0")
+    stream = f"{buses.namespace}:inbound:{shard_of(event.session_key, 2)}"
+    await buses.raw.xadd(stream, {"event": encode_inbound(event)})
+    one, old = await take(worker), await take(worker)
+    assert old.message_id == "m0" and not await worker.earlier_in_session(old)
+    assert not await worker.earlier_in_session(one)
+    await worker.ack_inbound(old)  # no session named: acknowledged all the same
+    assert (await buses.raw.xpending(stream, "workers"))["pending"] == 1
+
+
 async def test_acked_messages_are_not_delivered_again(buses: Buses) -> None:
     first = await buses.open("w1", claim_idle_ms=200)
     await first.publish_inbound(inbound("done once", message_id="m1"))

@@ -21,8 +21,11 @@ process opens the same store.
 The machine runs on each runtime of RUNTIMES: the SQLite file, a PostgreSQL
 database of each example's own, and that with the Redis bus in a namespace of
 each example's own. On Redis a crashed process's message stays pending under
-its name: the worker timeout is set past the test's length, so that it is
-not also taken over (tests/test_cluster.py covers takeovers).
+its name until the next process takes it over, after a short worker timeout:
+as a later message of the session waits for it, the next process handles it
+first, resumed if it is still the session's last question, else with the
+notice, whether or not it recovers (tests/test_cluster.py covers takeovers
+between live processes).
 """
 
 from __future__ import annotations
@@ -133,6 +136,9 @@ def tool_shapes(label: str) -> list[Shape]:
 
 
 class SessionMachine(RuleBasedStateMachine):
+    # Whether the bus hands a crashed process's unfinished message to the next process (Redis).
+    takes_over = False
+
     # Each example's store and bus: where the settings of a fresh home point (the SQLite file there
     # unless a subclass says otherwise), and what to drop once the example is done.
     def runtime_of(self, settings: Settings) -> Settings:
@@ -175,9 +181,12 @@ class SessionMachine(RuleBasedStateMachine):
         config = self.settings.model_copy(update={"interrupted_turns": "notice"}) if notice else self.settings
         self.script.hanging = asyncio.Event()
         cut = [mid for mid, sent in self.sent.items() if sent.status == "cut"]
+        # Without recovery, a message taken over is redelivered, not recovered: the notice setting
+        # (asked for with recovery only) leaves it alone.
+        handled = recover or (self.takes_over and bool(cut))
         # Each resumed if its question is still the session's last, else answered with the notice.
         resumed = [mid for mid in cut if not notice and self.last_asked(mid)]
-        if recover:
+        if handled:
             self.script.plan.extend(Step("final", self.label("r")) for _ in resumed)
         self.stack = AsyncExitStack()
         self.runtime: Runtime = await build_runtime(config, FunctionModel(self.script.reply),
@@ -185,8 +194,8 @@ class SessionMachine(RuleBasedStateMachine):
         await self.stack.enter_async_context(running(self.runtime, channels=[CHANNEL], recover=recover))
         self.harness = Harness(self.runtime)
         self.stack.push_async_callback(self.harness.close)
-        if recover:
-            # Recovered in the order they were accepted: one session, one turn at a time.
+        if handled:
+            # Recovered (or taken over) in the order they were accepted: one session, one turn at a time.
             for mid in cut:
                 final = await self.closing(mid)
                 assert final.kind is OutboundKind.FINAL, final
@@ -386,11 +395,14 @@ def on_shared_runtime(server: PgServer, schema: str, redis_url: str | None) -> t
     examples = itertools.count()
 
     class SharedSessionMachine(SessionMachine):
+        takes_over = redis_url is not None
+
         def runtime_of(self, settings: Settings) -> Settings:
             self.url = server.fresh_database(template=schema)
             update: dict[str, object] = {"database_url": SecretStr(self.url), "worker_timeout_s": 3600.0}
             if redis_url is not None:
-                update |= {"redis_url": SecretStr(redis_url), "redis_namespace": f"model{next(examples)}"}
+                update |= {"redis_url": SecretStr(redis_url), "redis_namespace": f"model{next(examples)}",
+                           "worker_timeout_s": 2.0}
             return settings.model_copy(update=update)
 
         def drop_runtime(self) -> None:

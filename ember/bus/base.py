@@ -23,6 +23,12 @@ class Bus(Protocol):
         never acknowledged is delivered again, to this process or another."""
         ...
 
+    async def earlier_in_session(self, event: InboundEvent) -> bool:
+        """Whether another message of `event`'s session sent before it (as next_inbound gave it) is
+        not handled yet, maybe by another process: `event` waits for it, so that a session's
+        messages are answered in the order they were sent."""
+        ...
+
     async def release_inbound(self, event: InboundEvent) -> None:
         """This process gives `event` up unfinished, unacknowledged: another process took its
         session over and acknowledges it, or, should that one die too, it is delivered again."""

@@ -29,6 +29,10 @@ class InProcessBus:
         """Nothing to do: a process that dies loses its queue, and start-up recovery
         republishes what the inbox holds unanswered."""
 
+    async def earlier_in_session(self, event: InboundEvent) -> bool:
+        """Never: this process takes each session's messages in order, and its session lease runs them so."""
+        return False
+
     async def release_inbound(self, event: InboundEvent) -> None:
         """Nothing to do: the event was handed out once and is not kept."""
 

@@ -16,7 +16,9 @@ died or hung. The bus is therefore at-least-once; the store's inbox turns
 that into one turn per message (a redelivered message is recognized by its
 receipt), and the outbox into one delivery per answer (`delivery_id`). Within one worker a shard's
 entries arrive in order; two workers may each take one of two messages of a
-session sent back to back, and the session lease then runs them one at a time.
+session sent back to back, and a message waits while an earlier one of its
+session is not acknowledged (`earlier_in_session`, bus/redis_order.py): even
+when the first one's worker died, the second is answered after it.
 A worker takes one entry at a time, when it has room for a turn: the others
 stay in Redis for whichever worker is free.
 All processes must agree on the number of shards: it is recorded in Redis, and
@@ -79,6 +81,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
 from ember.bus.codec import decode_inbound, encode_inbound
+from ember.bus.redis_order import SessionOrder, message_of
 from ember.bus.redis_outbound import OutboundStreams
 from ember.bus.redis_support import (
     REDIS_DOWN,
@@ -119,6 +122,8 @@ T = TypeVar("T")
 class _Entry:
     stream: str
     entry_id: str
+    session: str = ""  # its session's key, "" if written by a process that did not say it
+    message: str = ""  # its message (redis_order.message_of)
 
 
 class RedisBus:
@@ -140,6 +145,7 @@ class RedisBus:
         except ValueError as exc:
             raise ConfigError(f"the Redis URL {self._where} is not valid: {exc}") from None
         self._first_new = self._client.register_script(_FIRST_NEW)
+        self._order = SessionOrder(self._client, ns)
         self._outbound = OutboundStreams(self._client, process=process, config=self._config, where=self._where)
         self._ready: deque[tuple[_Entry, InboundEvent]] = deque()
         # id(event) -> (the event, kept so the id is not reused, and the entry it came from)
@@ -182,16 +188,11 @@ class RedisBus:
     async def publish_inbound(self, event: InboundEvent) -> None:
         payload = encode_inbound(event)
         stream = self._shards[shard_of(event.session_key, self._config.shards)]
-
-        async def send() -> None:
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.xadd(stream, {"event": payload})
-                if event.message_id is not None and event.reply is None:
-                    pipe.set(route_key(self._ns, event.channel, event.message_id), self._process,
-                             ex=self._config.route_ttl_s)
-                await pipe.execute()
-
-        await self._retrying(f"publish a message of {event.session_key}", send)
+        routed = event.message_id is not None and event.reply is None
+        await self._retrying(f"publish a message of {event.session_key}", lambda: self._order.publish(
+            stream, payload, event.session_key, message_of(event.channel, event.chat_id, event.message_id),
+            route=route_key(self._ns, event.channel, event.message_id or ""),
+            process=self._process if routed else None, route_ttl_s=self._config.route_ttl_s))
 
     async def next_inbound(self) -> InboundEvent:
         """The next message for this worker: new, or taken over from a dead consumer."""
@@ -228,6 +229,20 @@ class RedisBus:
             await self._retrying("acknowledge a message", lambda: self._ack(held[1]))
         except BusUnavailable as exc:
             log.warning("%s It will be delivered again, and recognized as handled.", exc)
+
+    async def earlier_in_session(self, event: InboundEvent) -> bool:
+        """Whether another message of `event`'s session, sent before it, is not acknowledged yet.
+        Redis out of reach counts as no: order gives way to answering at all."""
+        held = self._delivered.get(id(event))
+        if held is None or held[0] is not event or not held[1].session:
+            return False
+        entry = held[1]
+        try:
+            return await self._order.earlier(entry.stream, entry.session, entry.entry_id, entry.message)
+        except REDIS_DOWN:
+            log.warning("Redis bus at %s unreachable: a message of %s runs without looking for earlier ones",
+                        self._where, event.session_key)
+            return False
 
     async def release_inbound(self, event: InboundEvent) -> None:
         """Stop holding `event`'s entry (no more keeping it fresh), unacknowledged: if the process
@@ -304,11 +319,12 @@ class RedisBus:
     async def _take(self, stream: str, entries: list[tuple[str, dict[str, str] | None]]) -> None:
         held = self._held()
         for entry_id, fields in entries:
-            entry = _Entry(stream, entry_id)
+            known = fields or {}
+            entry = _Entry(stream, entry_id, known.get("session", ""), known.get("message", ""))
             if entry in held:
                 continue
             try:
-                event = decode_inbound((fields or {}).get("event", ""))
+                event = decode_inbound(known.get("event", ""))
             except ValueError as exc:
                 log.warning("skipped the malformed inbound entry %s of %s: %s", entry_id, stream, exc)
                 await self._ack(entry)
@@ -316,6 +332,9 @@ class RedisBus:
             self._ready.append((entry, event))
 
     async def _ack(self, entry: _Entry) -> None:
+        if entry.session:
+            await self._order.done(entry.stream, WORKERS, entry.session, entry.entry_id, entry.message)
+            return
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.xack(entry.stream, WORKERS, entry.entry_id)
             pipe.xdel(entry.stream, entry.entry_id)

@@ -26,6 +26,8 @@ T = TypeVar("T")
 # What "Redis is not there" looks like (a restarting Redis's LOADING is a ConnectionError too).
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 
+READER_TTL_MS = 10_000  # the longest a process's outbound stream outlives its reads
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RedisBusConfig:
@@ -35,7 +37,7 @@ class RedisBusConfig:
     block_ms: int = 1_000  # the longest a read blocks between upkeeps
     publish_timeout_s: float = 5.0  # how long publishing retries before BusUnavailable
     outbound_maxlen: int = 10_000
-    reader_ttl_ms: int = 10_000  # a process's outbound stream lives this long after it stops reading
+    reader_ttl_ms: int = READER_TTL_MS  # a process's outbound stream lives this long after it stops reading
     route_ttl_s: int = 86_400
 
     def __post_init__(self) -> None:

@@ -1,5 +1,9 @@
 """AgentLoop: takes inbound events off the bus and runs each as one turn.
 
+    _handle(event):
+        wait, without a turn slot, while an earlier message of the session is
+        not handled (another worker holds it, or a dead one did until it is
+        taken over): a session's messages are answered in the order sent
     _on_inbound(event):
         hold the session lease (turns of one session run one at a time, in
         arrival order; different sessions run concurrently)
@@ -51,6 +55,7 @@ from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.streaming import StreamPublisher
 from ember.runtime.tasks import cancel_task, stop_tasks
+from ember.runtime.turn_slots import TurnSlots
 from ember.runtime.turn_state import (
     INTERRUPTED_TEXT,
     NOT_RESUMED_TEXT,
@@ -79,7 +84,7 @@ class AgentLoop:
                  recovery: RecoveryPolicy, spans: Spans | None = None, *, max_turns: int = 64) -> None:
         self._bus = bus
         # Turns at once; beyond them, messages wait on the bus, where another worker may take them.
-        self._slots = asyncio.Semaphore(max_turns)
+        self._slots = TurnSlots(bus, max_turns)
         self._spans = spans
         self._leases = leases
         self._sessions = sessions
@@ -176,11 +181,11 @@ class AgentLoop:
 
     async def _consume(self) -> None:
         while True:
-            await self._slots.acquire()
+            await self._slots.take()
             try:
                 event = await self._bus.next_inbound()
             except BaseException:
-                self._slots.release()
+                self._slots.give_back()
                 raise
             task = asyncio.create_task(self._handle(event), name=f"ember-turn-{event.session_key}")
             self._turns.add(task)
@@ -188,19 +193,20 @@ class AgentLoop:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._turns.discard(task)
-        self._slots.release()
+        self._slots.finished(task)
 
     async def _handle(self, event: InboundEvent) -> None:
         """The event's turn, then its acknowledgement: a turn cut off (a shutdown, a crash) is
         never acknowledged, so the bus delivers it again and its receipt resumes it. Nor is one
         whose session another process took over: that process acknowledges it, and this one lets
         it go, so that it is taken over again if that process dies too."""
+        await self._slots.in_order(event)
         try:
             await self._on_inbound(event)
         except LeaseLost:
             await self._bus.release_inbound(event)
             return
-        await self._bus.ack_inbound(event)
+        await self._slots.ack(event)
 
     async def _on_inbound(self, event: InboundEvent) -> None:
         """The event's turn under its session's lease."""
