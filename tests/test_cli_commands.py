@@ -66,6 +66,23 @@ def test_the_demo_model_remembers_across_sessions(tmp_path: Path) -> None:
     assert [(f["kind"], f["content"]) for f in facts] == [("fact", "I prefer short answers.")]
 
 
+def test_the_demo_model_shows_an_approval_and_a_skill(tmp_path: Path) -> None:
+    """On the scripted model a newcomer sees a tool that waits for their approval (denied, then
+    approved), and a skill read from the prompt's index before it is followed."""
+    env = ember_env(tmp_path, None)
+    done = interactive(env, "Write a note that says buy oat milk", "n", "Save a note: call the plumber", "y",
+                       "Which skills do you have?", "Use the write-a-skill skill", "/quit")
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())  # the answers wrap at the terminal's width
+    assert out.count("writing a file asks for your approval first") == 2
+    assert "You said no, so nothing was written." in out
+    assert "You approved it, and the note is in notes/demo-note.md: created" in out
+    [note] = list(tmp_path.rglob("demo-note.md"))
+    assert note.read_text() == "call the plumber\n"  # the denied note was never written
+    assert "I have 3 skills: reminders, web-research, write-a-skill" in out
+    assert "# Skill reminders (version 1)" in out and "# Skill write-a-skill (version 1)" in out
+
+
 def test_doctor_reports_unreadable_rows_without_touching_the_store(tmp_path: Path, model_server: ModelServer) -> None:
     env = ember_env(tmp_path, model_server)
     model_server.push(Reply(text="first answer"))
