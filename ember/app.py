@@ -6,6 +6,7 @@ this is the one place that knows them all.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -74,6 +75,11 @@ from ember.tools.workspace import SessionOwners, Workspaces
 if TYPE_CHECKING:
     from ember.runtime.telemetry import Telemetry
 
+log = logging.getLogger(__name__)
+
+# A session on the scripted demo model is an evaluation session (nothing of it is archived, summarised
+# or reviewed into memory); what it kept with the remember tool leaves at the first start on a real model.
+DEMO_MARKS = {"evaluation": True, "demo": True}
 SCHEDULER_LEASE = "scheduler"  # the lease of the process that fires scheduled tasks
 
 
@@ -281,7 +287,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
         context=ContextStage(sessions, memory, persona, identities,
                              RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens),
                              # The index tells the model to call skill_view: only where it can.
-                             skills if any(spec.name == "skill_view" for spec in gated.specs()) else None),
+                             skills if any(spec.name == "skill_view" for spec in gated.specs()) else None,
+                             DEMO_MARKS if model.name == DEMO_NAME else None),
         inference=InferenceStage(model, gated, sessions, limits, usage),
         response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(
             settings.consolidation_threshold,
@@ -357,6 +364,8 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
         await runtime.bus.start()
         stack.push_async_callback(runtime.bus.close)  # after the loop and the channels
         await runtime.approvals.recover()
+        if runtime.model.name != DEMO_NAME:
+            await forget_demo_memories(runtime)
         await runtime.usage.start()
         stack.push_async_callback(runtime.usage.stop)  # after the turns and jobs: their last counts
         if turns:
@@ -373,3 +382,13 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
         if recover:
             await runtime.loop.recover(channels, runtime.channels.capabilities)
         yield runtime
+
+
+async def forget_demo_memories(runtime: Runtime) -> int:
+    """The memories of the demo's sessions, deleted once a real model answers: canned chat must not
+    come back as recalled noise. The sessions stay, for their history."""
+    demo = await runtime.sessions.marked("demo")
+    forgotten = await runtime.memory.store.purge_sessions(demo)
+    if forgotten:
+        log.info("a real model is configured: forgot %d memories of %d demo sessions", forgotten, len(demo))
+    return forgotten

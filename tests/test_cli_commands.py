@@ -49,9 +49,12 @@ def test_run_without_a_model_uses_the_labelled_demo_model(tmp_path: Path) -> Non
     assert "[scripted demo model] You said: 'hello'" in done.stdout
 
 
-def test_the_demo_model_remembers_across_sessions(tmp_path: Path) -> None:
+def test_the_demo_model_remembers_across_sessions_until_a_real_model_answers(
+        tmp_path: Path, model_server: ModelServer) -> None:
     """The page's first prompt does what it says on the scripted model: kept with the remember
-    tool, then in the profile of another session's prompt, which the demo's answers quote."""
+    tool, then in the profile of another session's prompt, which the demo's answers quote. Demo
+    sessions are evaluation sessions, and what they kept leaves once a real model is configured:
+    canned chat never comes back as recalled noise."""
     env = ember_env(tmp_path, None)
     first = subprocess.run([EMBER, "chat", "--demo", "--session", "one", "-m", "Remember that I prefer short answers."],
                            env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -64,6 +67,15 @@ def test_the_demo_model_remembers_across_sessions(tmp_path: Path) -> None:
     facts = json.loads(subprocess.run([EMBER, "memory", "list", "--json"], env=env, capture_output=True, text=True,
                                       timeout=TIMEOUT_S).stdout)
     assert [(f["kind"], f["content"]) for f in facts] == [("fact", "I prefer short answers.")]
+    model_server.push(Reply(text="a real answer"))
+    real = chat(ember_env(tmp_path, model_server), "hello", "three")
+    assert real.returncode == 0 and "a real answer" in real.stdout, real.stderr
+    assert "I prefer short answers" not in json.dumps(model_server.requests[-1])  # not in the real prompt
+    left = subprocess.run([EMBER, "memory", "list", "--all", "--json"], env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert [m["session_key"] for m in json.loads(left.stdout)] == ["cli:three"] * len(json.loads(left.stdout))
+    sessions = subprocess.run([EMBER, "sessions", "list"], env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert "cli:one" in sessions.stdout and "cli:two" in sessions.stdout  # their history stays
 
 
 def test_the_demo_model_shows_an_approval_and_a_skill(tmp_path: Path) -> None:

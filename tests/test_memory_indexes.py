@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember.core.memory import MemoryKind, MemoryStatus, NewMemory
+from ember.core.memory import MemoryKind, MemoryStatus, NewMemory, remembered_in
 from ember.core.messages import Message, Session
 from ember.memory.embeddings import E5Embedder, Embedder, HashingEmbedder
 from ember.memory.service import MemoryService
@@ -93,6 +93,28 @@ async def test_a_memory_written_after_the_build_is_found_at_once_and_a_purge_is_
     await memory.store.purge("alice", written.record.id)
     assert not [h for h in await memory.search("alice", "spare key flowerpot", include_inactive=True)
                 if h.record.id == written.record.id]
+    await memory.close()
+
+
+async def test_a_sessions_memories_are_purged_with_it_and_no_other(db: Database) -> None:
+    """What the demo's sessions left (a fact kept there with the remember tool, a summary made of
+    one) is deleted for real, for every identity; a fact kept in another session stays."""
+    await person(db, HashingEmbedder())
+    memory = MemoryService(SqlMemoryStore(db), HashingEmbedder(), index_min_rows=MIN_ROWS)
+    await memory.prepare("alice")
+    kept = await memory.remember("alice", "The spare key is under the blue flowerpot.",
+                                 source=remembered_in("cli:demo"))
+    summary = await memory.remember("bob", "We talked about the spare key and the flowerpot.",
+                                    kind=MemoryKind.EPISODIC, session_key="http:bob:demo")
+    other = await memory.remember("alice", "The spare key of the shed is in the drawer.",
+                                  source=remembered_in("cli:work"))
+    assert await memory.store.purge_sessions(["cli:demo", "http:bob:demo"]) == 2
+    assert await memory.store.purge_sessions(["cli:demo", "http:bob:demo"]) == 0
+    await memory.flush_embeddings()
+    found = [h.record.id for h in await memory.search("alice", "spare key flowerpot", include_inactive=True)]
+    assert kept.record.id not in found and other.record.id in found
+    assert not await memory.search("bob", "spare key flowerpot", include_inactive=True)
+    assert summary.record.id not in [r.id for r in await memory.store.list("bob", include_inactive=True)]
     await memory.close()
 
 

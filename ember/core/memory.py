@@ -129,6 +129,11 @@ _SPACE = re.compile(r"\s+")
 _EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
 
 
+def remembered_in(session_key: str) -> str:
+    """The source of a fact the model kept with the remember tool in a session."""
+    return f"remember tool, session {session_key}"
+
+
 def normalized(content: str) -> str:
     """The form duplicates are recognised by: NFKC, case-folded, spaces collapsed, edge punctuation off."""
     text = _SPACE.sub(" ", unicodedata.normalize("NFKC", content).casefold()).strip()

@@ -103,8 +103,10 @@ class ContextStage:
     the memories it recalls (they change every turn)."""
 
     def __init__(self, sessions: SessionStore, memory: MemoryService, persona: Persona, identities: Identities,
-                 budget: RecallBudget, skills: SkillLibrary | None = None) -> None:
+                 budget: RecallBudget, skills: SkillLibrary | None = None,
+                 marks: Mapping[str, object] | None = None) -> None:
         self._sessions = sessions
+        self._marks = dict(marks or {})  # set in every new session's metadata
         self._skills = skills
         self._memory = memory
         self._persona = persona
@@ -128,7 +130,7 @@ class ContextStage:
         identity = self._identities.resolve(event.channel, event.sender_id)
         if session.next_seq == 0:
             session.metadata = {"channel": event.channel, "chat_id": event.chat_id, "sender_id": event.sender_id,
-                                "identity": identity}
+                                "identity": identity, **self._marks}
             if event.metadata.get("evaluation") == "true":
                 # An evaluation run: nothing of it may become anyone's memory.
                 session.metadata["evaluation"] = True

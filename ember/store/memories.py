@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, bindparam, delete, func, null, select, update
+from sqlalchemy import Select, bindparam, func, select, update
 
 from ember.core.errors import MemoryNotFound
 from ember.core.memory import LexicalHits, MemoryKind, MemoryRecord, MemoryStatus, NewMemory
@@ -21,7 +21,6 @@ from ember.store import memory_upkeep, schema
 from ember.store.engine import Database
 from ember.store.jobs import record_job
 from ember.store.memory_rows import (
-    DELETE_TEXT,
     EMBED_JOB,
     MEMORY,
     TEXTS_AFTER,
@@ -85,10 +84,6 @@ _OLDER = Statement(MEMORY.where(_mi.c.identity == bindparam("owner"), _mi.c.supe
 _SET_STATUS = Statement(update(_mi).where(*_of).values(status=bindparam("status"), updated_at=bindparam("now"),
                                                        invalid_at=func.coalesce(_mi.c.invalid_at,
                                                                                 bindparam("invalid_at"))))
-_DELETE_VECTOR = Statement(delete(_v).where(_v.c.num == bindparam("num")))
-_UNLINK = Statement(update(_mi).where(_mi.c.identity == bindparam("owner"),
-                                      _mi.c.superseded_by == bindparam("memory_id")).values(superseded_by=null()))
-_DELETE = Statement(delete(_mi).where(_mi.c.num == bindparam("num")))
 
 # Contradictions, recall and forgetting.
 _UNCHECKED_FACTS = Statement(MEMORY.where(_mi.c.checked_at.is_(None), _mi.c.kind == "fact", _mi.c.fact_key.is_(None))
@@ -232,13 +227,13 @@ class SqlMemoryStore:
             row = tx.execute(_NUM_OF, {"owner": identity, "memory_id": memory_id}).fetchone()
             if row is None:
                 raise MemoryNotFound(f"no memory {memory_id!r}; `ember memory list` shows them")
-            num = {"num": row[0]}
-            tx.execute(DELETE_TEXT, num)
-            tx.execute(_DELETE_VECTOR, num)
-            tx.execute(_UNLINK, {"owner": identity, "memory_id": memory_id})
-            tx.execute(_DELETE, num)
+            memory_upkeep.delete_memory(tx, row[0], identity, memory_id)
 
         await self._write(delete)
+
+    async def purge_sessions(self, keys: Sequence[str]) -> int:
+        """Delete for real every memory made of the sessions `keys`, or kept in them; how many."""
+        return await self._write(lambda tx: memory_upkeep.delete_of_sessions(tx, keys)) if keys else 0
 
     # -- vectors ---------------------------------------------------------------
 
@@ -275,7 +270,7 @@ class SqlMemoryStore:
         now = time.time()
 
         def drop(tx: Tx) -> None:
-            tx.execute(_DELETE_VECTOR, {"num": num})
+            tx.execute(memory_upkeep.DELETE_VECTOR, {"num": num})
             tx.execute(UNEMBED, {"memory_num": num})
             record_job(tx, EMBED_JOB, now)
 
@@ -390,3 +385,4 @@ class SqlMemoryStore:
         """Counts that must agree: rows against text index rows, vectors without a row,
         each identity's vectors against the count its searches check."""
         return await self._db.run_read(memory_upkeep.counts)
+

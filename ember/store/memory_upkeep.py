@@ -1,16 +1,18 @@
 """Upkeep of what the memory store derives from its rows: the text index rebuilt, the vectors
 without a row dropped and each identity's recounted (`ember memory reindex`), and the counts that
-must agree (`ember doctor`), each a unit of work of one `Tx`; and the statements of recall and
-forgetting."""
+must agree (`ember doctor`), each a unit of work of one `Tx`; memories deleted for real; and the
+statements of recall and forgetting."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
 
-from sqlalchemy import Float, bindparam, case, delete, func, literal_column, select, update
+from sqlalchemy import Float, bindparam, case, delete, func, literal_column, null, select, update
 
+from ember.core.memory import remembered_in
 from ember.store import schema
-from ember.store.memory_rows import MEMORY, Context, write_text_row
+from ember.store.memory_rows import DELETE_TEXT, MEMORY, Context, write_text_row
 from ember.store.tx import Statement, Tx, in_json_array, per_dialect
 
 _mi, _v = schema.memory_items, schema.memory_vectors
@@ -27,6 +29,12 @@ _ORPHAN_VECTORS = Statement("SELECT COUNT(*) FROM memory_vectors v WHERE NOT EXI
                             "(SELECT 1 FROM memory_items m WHERE m.num = v.num)")
 _MISCOUNTED_VECTORS = Statement(f"SELECT COUNT(*) FROM ({_VECTOR_COUNTS}) AS c FULL JOIN memory_vector_heads h "
                                 "USING (identity, model) WHERE COALESCE(c.n, 0) != COALESCE(h.rows, 0)")
+DELETE_VECTOR = Statement(delete(_v).where(_v.c.num == bindparam("num")))
+_UNLINK = Statement(update(_mi).where(_mi.c.identity == bindparam("owner"),
+                                      _mi.c.superseded_by == bindparam("memory_id")).values(superseded_by=null()))
+_DELETE = Statement(delete(_mi).where(_mi.c.num == bindparam("num")))
+_OF_SESSIONS = per_dialect(lambda dialect: select(_mi.c.num, _mi.c.identity, _mi.c.id).where(
+    in_json_array(_mi.c.session_key, "keys", dialect) | in_json_array(_mi.c.source, "sources", dialect)))
 
 # Recall strengthens a memory; what fades is archived (MemoryService.upkeep).
 _last = bindparam("last", type_=Float)
@@ -71,3 +79,21 @@ def counts(tx: Tx) -> dict[str, int]:
     """Rows against text index rows, vectors without a row, memories waiting for a vector, and
     the identities whose vectors are miscounted."""
     return {name: tx.execute(statement).fetchone()[0] for name, statement in _COUNTS.items()}
+
+
+def delete_memory(tx: Tx, num: int, identity: str, memory_id: str) -> None:
+    """The memory's row, its text index row and its vector; what it superseded no longer points at it."""
+    tx.execute(DELETE_TEXT, {"num": num})
+    tx.execute(DELETE_VECTOR, {"num": num})
+    tx.execute(_UNLINK, {"owner": identity, "memory_id": memory_id})
+    tx.execute(_DELETE, {"num": num})
+
+
+def delete_of_sessions(tx: Tx, keys: Sequence[str]) -> int:
+    """Every memory, of any identity, made of the sessions `keys` or kept in them with the remember
+    tool, deleted; how many."""
+    rows = tx.execute(_OF_SESSIONS, {"keys": json.dumps(list(keys)),
+                                     "sources": json.dumps([remembered_in(key) for key in keys])}).fetchall()
+    for num, identity, memory_id in rows:
+        delete_memory(tx, num, identity, memory_id)
+    return len(rows)

@@ -197,6 +197,14 @@ class SqlSessionStore:
         return [SessionSummary(r.key, r.next_seq, r.last_consolidated, r.updated_at, r.title, r.archived_at is not None)
                 for r in rows]
 
+    async def marked(self, flag: str) -> list[str]:
+        """The keys of the sessions whose metadata sets `flag` (ContextStage's marks on a new session)."""
+        s = schema.sessions
+        async with self._db.read() as conn:
+            rows = (await conn.execute(select(s.c.key, s.c.metadata_json)
+                                       .where(s.c.metadata_json.contains(json.dumps(flag))))).all()
+        return [row.key for row in rows if json.loads(row.metadata_json).get(flag) is True]
+
     async def label(self, key: str, *, title: str | None = None, archived: bool | None = None) -> bool:
         """Rename a session (`title`; "" clears it) or put it away / back (`archived`); False if there is
         no such session. Its messages are untouched either way."""

@@ -8,7 +8,7 @@ import datetime as dt
 from pydantic import BaseModel, Field
 
 from ember.core.errors import MemoryInputError
-from ember.core.memory import MAX_CONTENT_CHARS, MemoryRecord, SourceRank
+from ember.core.memory import MAX_CONTENT_CHARS, MemoryRecord, SourceRank, remembered_in
 from ember.core.redact import redact_text
 from ember.core.tools import Risk, ToolRun
 from ember.memory.service import MAX_LIMIT, MemoryService
@@ -42,7 +42,7 @@ def memory_tools(memory: MemoryService) -> list[Tool]:
     async def remember(args: RememberArgs, run: ToolRun) -> str:
         try:
             outcome = await memory.remember(run.identity, args.content, subject=args.subject, key=args.key,
-                                            source=f"remember tool, session {run.session_key}",
+                                            source=remembered_in(run.session_key),
                                             source_rank=SourceRank.INFERRED)
         except MemoryInputError as exc:
             raise ToolFailure(str(exc)) from exc
