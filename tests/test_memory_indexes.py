@@ -18,7 +18,7 @@ from ember.core.messages import Message, Session
 from ember.memory.embeddings import E5Embedder, Embedder, HashingEmbedder
 from ember.memory.service import MemoryService
 from ember.memory.text_index import TextIndex
-from ember.memory.vectors import VectorIndex
+from ember.memory.vectors import DenseScores, VectorIndex
 from ember.store.engine import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.segment import query_terms
@@ -198,6 +198,38 @@ async def test_the_nearest_vectors_are_proposed_and_scored_exactly(db: Database)
     after = await index.scores("alice", moved)
     assert after is not None and np.isclose(after.own[after.rows[nums[123]]], 1.0, atol=1e-5)
     await index.close()
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+async def test_a_matrix_grown_search_by_search_scores_as_one_loaded_at_once(db: Database) -> None:
+    """Each search adds the rows written since to the matrices in room kept for them (past
+    vectors.MIN_ROOM, and past each doubling): every memory's scores are those of a matrix read
+    whole, also after a vector is written again."""
+    store = SqlMemoryStore(db)
+    rng = np.random.default_rng(11)
+    grown = VectorIndex(store, "test-16", 16, ann_min_rows=EXACT)
+    query = rng.standard_normal(16).astype(np.float32)
+    written = 0
+    for batch in (1, 2, 3, 250, 7, 300, 1, 500):
+        await store.write_many([NewMemory(identity="alice", content=f"memory {written + i}") for i in range(batch)])
+        pending = await store.unembedded(batch)
+        vectors = rng.standard_normal((batch, 16)).astype(np.float32)
+        await store.set_vectors("test-16", [(item, vector.tobytes(), None) for item, vector in zip(pending, vectors)])
+        written += batch
+        assert (found := await grown.scores("alice", query)) is not None and len(found.nums) == written
+    again = pending[0]
+    await db.run_write(lambda tx: tx.execute(
+        Statement("UPDATE memory_items SET embedding_model = NULL WHERE num = :num"), {"num": again.num}))
+    await store.set_vectors("test-16", [(again, np.ones(16, dtype=np.float32).tobytes(), None)])
+    mine, whole = await grown.scores("alice", query), await VectorIndex(
+        store, "test-16", 16, ann_min_rows=EXACT).scores("alice", query)
+    assert mine is not None and whole is not None
+    def by_num(dense: DenseScores) -> dict[int, tuple[float, float]]:
+        return {int(num): (float(dense.own[row]), float(dense.window[row])) for num, row in dense.rows.items()}
+
+    assert by_num(mine) == by_num(whole) and len(by_num(mine)) == written  # a fresh load orders by revision
+    assert np.isclose(mine.own[mine.rows[again.num]], query.sum())
+    await grown.close()
 
 
 async def test_searches_during_a_build_lose_nothing(db: Database) -> None:

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 ANN_CANDIDATES = 100  # rows proposed per matrix
 SAMPLE_ROWS = 1_024
+MIN_ROOM = 256  # rows a matrix first has room for
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +51,23 @@ class _Matrix:
     rows: dict[int, int] = field(default_factory=dict)  # num -> row
     nums: list[int] = field(default_factory=list)
     num_array: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # nums, made once per top-up
-    own: np.ndarray | None = None
-    window: np.ndarray | None = None
+    # Room for more rows than `nums` has: rows past them are spare (_appended).
+    own_rows: np.ndarray | None = None
+    window_rows: np.ndarray | None = None
     count: int = 0
     rev: int = 0
     near_own: NearestRows | None = None
     near_window: NearestRows | None = None
     building: asyncio.Task[None] | None = None
     rewritten: set[int] = field(default_factory=set)  # rows written again while an index was built
+
+    @property
+    def own(self) -> np.ndarray | None:
+        return None if self.own_rows is None else self.own_rows[:len(self.nums)]
+
+    @property
+    def window(self) -> np.ndarray | None:
+        return None if self.window_rows is None else self.window_rows[:len(self.nums)]
 
 
 class VectorIndex:
@@ -174,9 +184,10 @@ class VectorIndex:
             own_rows.append(own)
             window_rows.append(window)
         if nums:
-            matrix.own = _stacked(matrix.own, own_rows)
-            matrix.window = _stacked(matrix.window, window_rows)
-            added = np.arange(len(matrix.nums), len(matrix.nums) + len(nums))
+            used = len(matrix.nums)
+            matrix.own_rows = _appended(matrix.own_rows, used, own_rows)
+            matrix.window_rows = _appended(matrix.window_rows, used, window_rows)
+            added = np.arange(used, used + len(nums))
             for near, rows in ((matrix.near_own, own_rows), (matrix.near_window, window_rows)):
                 if near is not None:
                     near.add(added, np.vstack(rows))
@@ -193,6 +204,16 @@ class VectorIndex:
         return vector if np.isfinite(vector).all() else None
 
 
-def _stacked(existing: np.ndarray | None, rows: list[np.ndarray]) -> np.ndarray:
+def _appended(buffer: np.ndarray | None, used: int, rows: list[np.ndarray]) -> np.ndarray:
+    """`rows` written after the first `used` rows of `buffer`, which grows by doubling: a top-up (a
+    search after a turn added its messages) copies what it adds, not every row before it. Spare rows
+    cost no memory until written (the allocator leaves their pages untouched)."""
     added = np.vstack(rows)
-    return added if existing is None else np.vstack([existing, added])
+    end = used + len(added)
+    if buffer is None or end > buffer.shape[0]:
+        grown = np.empty((max(2 * end, MIN_ROOM), added.shape[1]), dtype=np.float32)
+        if buffer is not None:
+            grown[:used] = buffer[:used]
+        buffer = grown
+    buffer[used:end] = added
+    return buffer
