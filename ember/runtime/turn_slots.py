@@ -39,6 +39,7 @@ class TurnSlots:
 
     async def in_order(self, event: InboundEvent) -> None:
         """Once every message of `event`'s session sent before it is handled."""
+        acked = self._acked  # taken before each look, so that no acknowledgement after it is missed
         if not await self._bus.earlier_in_session(event):
             return
         task = asyncio.current_task()
@@ -47,13 +48,13 @@ class TurnSlots:
         self._free.release()
         delay, longest = ORDER_POLL_S
         while True:
-            acked = self._acked
-            if not await self._bus.earlier_in_session(event):
-                break
             try:
                 await asyncio.wait_for(acked.wait(), delay)
             except TimeoutError:
                 delay = min(delay * 2, longest)
+            acked = self._acked
+            if not await self._bus.earlier_in_session(event):
+                break
         await self._free.acquire()
         self._given_back.discard(task)
 
