@@ -39,7 +39,7 @@ At each size it prints:
    embedder: FTS5 BM25 + fusion + records), `vector` (the query's embedding on
    a thread, as the service does, then `VectorIndex.scores` + `fuse` with no
    lexical matches + the records), `fused` (MemoryService.search with both,
-   built by `ember.app.memory_service`), and `other` (the fused search of the
+   built by `ember.app.runtime.memory_service`), and `other` (the fused search of the
    second identity, in the same file). Queries are user-message-like sentences
    drawn from the same distribution (one in five Chinese); each run asks every
    query of its share in each mode in turn, so drift hits all modes alike.
@@ -101,8 +101,8 @@ from common import (
     without_user_config,
 )
 
-from ember.app import memory_service
-from ember.config import Settings
+from ember.app.runtime import memory_service
+from ember.config.settings import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.events import InboundEvent
 from ember.core.jobs import JobKind, JobRequest

@@ -84,7 +84,7 @@ PREFILL_BATCH = 10_000
 COMMIT_BLOCK = 10  # appends per session before the round-robin moves on
 COMMIT_WARMUP = 5
 TARGET_COMMIT_RATIO = 1.2  # as commit_cost.py: median(100,000) / median(10)
-DEFAULT_WORKER_TIMEOUT_S = 30  # ember/config.py's worker_timeout_s
+DEFAULT_WORKER_TIMEOUT_S = 30  # ember/config/settings.py's worker_timeout_s
 FROM_STORE = "came from the store"  # a gateway's log line when it found an answer there (gateway/turns.py)
 
 

@@ -61,8 +61,8 @@ from common import (
 )
 from roundtrips import RoundTrips, per_turn
 
-from ember.app import Runtime, build_runtime, running
-from ember.config import Settings
+from ember.app.runtime import Runtime, build_runtime, running
+from ember.config.settings import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.messages import Message, Role
 from ember.memory.consolidation import SUMMARY_INSTRUCTION

@@ -35,11 +35,11 @@ from common import busy_warning, ms, print_header, quantile, rerun_command, stor
 # (tests/ is not installed) once `common` is imported.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from ember.app import build_runtime, running  # noqa: E402
+from ember.app.runtime import build_runtime, running  # noqa: E402
 from ember.channels.telegram.channel import TelegramChannel  # noqa: E402
 from ember.channels.telegram.config import TelegramSpec  # noqa: E402
 from ember.channels.telegram.markup import telegram_html  # noqa: E402
-from ember.config import Settings  # noqa: E402
+from ember.config.settings import Settings  # noqa: E402
 from ember.core.messages import Role  # noqa: E402
 from ember.models.base import ModelReply  # noqa: E402
 from ember.models.scripted import FunctionModel  # noqa: E402

@@ -1,3 +1,3 @@
-from ember.cli import main
+from ember.cli.main import main
 
 main()

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ember.app import Runtime
+from ember.app.runtime import Runtime
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.tools import Risk
 from ember.models.base import ModelReply

@@ -16,8 +16,8 @@ import pytest
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from ember.app import Runtime, build_runtime, running
-from ember.config import Settings
+from ember.app.runtime import Runtime, build_runtime, running
+from ember.config.settings import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.journal import TurnJournal
 from ember.core.memory import default_identity

@@ -46,7 +46,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.store.postgres import PostgresDatabase
 from ember.store.sqlite.database import SqliteDatabase
 from tests.reaper import Reaper, watch

@@ -8,8 +8,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from ember.app import build_runtime, running
-from ember.config import Settings
+from ember.app.runtime import build_runtime, running
+from ember.config.settings import Settings
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from tests.test_telegram import telegram_channel

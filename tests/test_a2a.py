@@ -30,7 +30,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import TaskNotFoundError
 
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.messages import Message as EmberMessage
 from ember.core.messages import Role as EmberRole
 from ember.core.messages import ToolCall

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from ember.app import build_runtime
+from ember.app.runtime import build_runtime
 from ember.bus.memory import InProcessBus
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.events import InboundEvent, OutboundKind
 from ember.core.messages import Message, ToolCall
 from ember.core.tools import Decision, Risk, ToolAction

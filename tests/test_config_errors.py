@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ember.config import Settings, load_settings
-from ember.config_errors import toml_lines
+from ember.config.errors import toml_lines
+from ember.config.settings import Settings, load_settings
 from ember.core.errors import ConfigError
 from tests.test_cli_e2e import ember, ember_env, one_line
 

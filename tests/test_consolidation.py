@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from ember.app import build_runtime
-from ember.config import Settings
+from ember.app.runtime import build_runtime
+from ember.config.settings import Settings
 from ember.core.events import OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.memory import MemoryKind

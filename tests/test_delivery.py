@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from ember.config import Settings
+from ember.app.database import open_database
+from ember.config.settings import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import ModelError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, ReplyRoute
 from ember.core.messages import Message, Role, ToolCall
-from ember.database import open_database
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.runtime.loop import NOT_RESUMED_TEXT

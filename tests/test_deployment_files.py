@@ -19,8 +19,8 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from typer.testing import CliRunner
 
-from ember.cli import app
-from ember.config import Settings
+from ember.cli.main import app
+from ember.config.settings import Settings
 
 ROOT = Path(__file__).parent.parent
 COMPOSE_FILE = ROOT / "compose.yaml"
@@ -61,7 +61,7 @@ def setting(env_name: str) -> str:
     `__` into nested tables)."""
     assert env_name.upper().startswith(PREFIX), env_name
     field = env_name[len(PREFIX):].lower().split(NESTED)[0]
-    assert field in Settings.model_fields, f"{env_name} is no setting of ember/config.py's Settings"
+    assert field in Settings.model_fields, f"{env_name} is no setting of ember/config/settings.py's Settings"
     return field
 
 

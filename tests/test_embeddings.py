@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember.config import isolated_settings
+from ember.config.settings import isolated_settings
 from ember.core.errors import ConfigError, ModelBadRequest, ModelUnavailable
 from ember.core.language import language_of
 from ember.core.messages import Message

@@ -22,7 +22,9 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 
-from ember.app import (
+from ember.app.database import open_database
+from ember.app.models import configured_model
+from ember.app.runtime import (
     Runtime,
     _job_handlers,
     build_runtime,
@@ -30,14 +32,12 @@ from ember.app import (
     skill_library,
 )
 from ember.bus.memory import InProcessBus
-from ember.config import Settings
-from ember.configured_models import configured_model
+from ember.config.settings import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import ModelError, StoreBusy, StoreUnavailable
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.messages import Message, Role
-from ember.database import open_database
 from ember.memory.consolidation import SUMMARY_INSTRUCTION, ConsolidationWorker
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.identity import Identities

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.events import OutboundKind
 from ember.core.jobs import JobKind
 from ember.core.memory import MemoryKind

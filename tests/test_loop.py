@@ -9,7 +9,7 @@ import pytest
 from ember.bus.base import Bus
 from ember.bus.memory import InProcessBus
 from ember.bus.redis import WORKERS, RedisBus
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.errors import ModelError
 from ember.core.events import InboundEvent, OutboundKind
 from ember.core.messages import Message, Role

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 from pydantic import ValidationError
 
-from ember.config import Settings, load_settings
+from ember.config.settings import Settings, load_settings
 from ember.core.errors import ConfigError
 from ember.core.messages import Role, ToolCall
 from ember.core.tools import Risk

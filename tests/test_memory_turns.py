@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ember.app import Runtime, build_runtime, running
-from ember.config import Settings
-from ember.configured_models import configured_model
+from ember.app.models import configured_model
+from ember.app.runtime import Runtime, build_runtime, running
+from ember.config.settings import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.memory import MemoryKind, MemoryStatus, shared_identity
 from ember.memory.embeddings import HashingEmbedder

@@ -20,12 +20,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ember.app import Runtime, build_runtime, running
+from ember.app.runtime import Runtime, build_runtime, running
 from ember.channels.gateway.http import ApiError
 from ember.channels.qq.channel import ACK, CUT, MAX_MESSAGE_CHARS, QQChannel
 from ember.channels.qq.config import QQSpec
 from ember.channels.qq.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP, QQSigner
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.errors import ConfigError
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message, Role

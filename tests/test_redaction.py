@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, text
 
-from ember.cli_common import setup_logging
-from ember.config import Settings
+from ember.cli.common import setup_logging
+from ember.config.settings import Settings
 from ember.core.errors import ModelError
 from ember.core.events import OutboundKind
 from ember.core.memory import MemoryKind

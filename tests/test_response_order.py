@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ember.bus.memory import InProcessBus
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.errors import ModelError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.jobs import JobKind

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ember.config import load_settings
-from ember.configured_models import configured_model
+from ember.app.models import configured_model
+from ember.config.settings import load_settings
 from ember.core.errors import ConfigError, ContextTooLong, ModelBadRequest, ModelUnavailable, StreamBroken
 from ember.core.messages import Message
 from ember.models.base import TextDelta, complete

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ember.app import shell_sandbox
-from ember.config import Settings
-from ember.diagnostics import run_checks
+from ember.app.runtime import shell_sandbox
+from ember.cli.doctor import run_checks
+from ember.config.settings import Settings
 from ember.runtime.hardening import dumpable
 from ember.tools.base import ToolRegistry
 from ember.tools.docker import Docker
@@ -237,7 +237,7 @@ async def test_doctor_says_why_no_sandbox_can_start(tmp_path: Path, monkeypatch:
 
 def test_the_ember_command_makes_its_process_non_dumpable() -> None:
     source = str(Path(__file__).parents[1])
-    check = ("import sys; from ember.cli import main; from ember.runtime.hardening import dumpable\n"
+    check = ("import sys; from ember.cli.main import main; from ember.runtime.hardening import dumpable\n"
              "sys.argv = ['ember', '--help']\ntry:\n    main()\nexcept SystemExit:\n    pass\nprint(dumpable())")
     env = {**os.environ, "PYTHONPATH": source}
     shown = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)

@@ -50,8 +50,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from pydantic import BaseModel, SecretStr
 from sqlalchemy import func, select
 
-from ember.app import Runtime, build_runtime, running
-from ember.config import Settings
+from ember.app.runtime import Runtime, build_runtime, running
+from ember.config.settings import Settings
 from ember.core.errors import ModelError
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message, Role, ToolCall

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from ember.app import build_runtime, skill_library
-from ember.config import Settings
+from ember.app.database import open_database
+from ember.app.runtime import build_runtime, skill_library
+from ember.config.settings import Settings
 from ember.core.errors import SkillError, SkillNotFound
 from ember.core.events import InboundEvent, OutboundKind
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.skills import SHARED, ProposalStatus, SkillOrigin, SkillRisk, SkillStatus
-from ember.database import open_database
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.skills.format import SkillFormatError, parse_skill_md, read_folder, render_skill_md

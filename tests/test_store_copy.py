@@ -21,10 +21,10 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner, Result
 
-from ember import store_cli
-from ember.app import build_runtime
-from ember.cli import app
-from ember.config import Settings
+from ember.app.runtime import build_runtime
+from ember.cli import store as store_cli
+from ember.cli.main import app
+from ember.config.settings import Settings
 from ember.core.events import ReplyRoute
 from ember.core.memory import NewMemory
 from ember.core.messages import Role

@@ -16,8 +16,7 @@ from ember.core.messages import Message
 from ember.store import schema
 from ember.store.sessions import SqlSessionStore
 from ember.store.sqlite.database import SqliteDatabase
-from ember.store.sqlite.direct import compiled
-from ember.store.tx import Statement, Tx
+from ember.store.tx import Statement, Tx, compiled
 
 _TRACE = Statement("INSERT INTO traces VALUES (:turn_id, 's', 'ok', NULL, '{}', 0, 0)")
 _TURN_IDS = Statement("SELECT turn_id FROM traces")

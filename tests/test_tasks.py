@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.channels.cron import Scheduler
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.events import ReplyRoute
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.schedule import Schedule, ScheduleError, parse_duration

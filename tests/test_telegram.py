@@ -21,12 +21,12 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from ember.app import Runtime, build_runtime, running
+from ember.app.runtime import Runtime, build_runtime, running
 from ember.channels.gateway.http import ApiError
 from ember.channels.telegram.channel import TelegramChannel
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.telegram.markup import telegram_html
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.messages import Message, Role
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.events import OutboundKind
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.skills import Proposal, ProposalStatus, SkillOrigin, SkillRisk

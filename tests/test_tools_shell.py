@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.config import load_settings
+from ember.config.settings import load_settings
 from ember.core.errors import ConfigError
 from ember.core.messages import ToolCall
 from ember.core.tools import Risk

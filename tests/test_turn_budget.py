@@ -30,9 +30,9 @@ from unittest import mock
 import pytest
 from sqlalchemy import func, select
 
-from ember.app import Runtime, build_runtime, running
+from ember.app.runtime import Runtime, build_runtime, running
 from ember.channels.gateway.turns import CHANNEL
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.events import InboundEvent, OutboundKind
 from ember.core.jobs import JobKind
 from ember.store import schema

@@ -8,14 +8,14 @@ import subprocess
 
 import pytest
 
-from ember.config import Settings
+from ember.cli.usage import since_timestamp
+from ember.config.settings import Settings
 from ember.core.messages import Message, ToolCall
 from ember.core.usage import Price, cost_usd
 from ember.memory.consolidation import SUMMARY_INSTRUCTION
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.models.spec import ModelSpec
-from ember.usage_cli import since_timestamp
 from tests.conftest import IDENTITY, session_key
 from tests.pgserver import RUNTIMES, engine_settings
 from tests.test_cli_e2e import EMBER, TIMEOUT_S

@@ -19,11 +19,11 @@ import pytest
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ember.app import Runtime, build_runtime, running
+from ember.app.runtime import Runtime, build_runtime, running
 from ember.channels.gateway.http import ApiError
 from ember.channels.wecom.channel import MAX_MESSAGE_BYTES, WeChatOfficialChannel, WeComChannel, byte_pieces
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message as ChatMessage
 from ember.core.messages import Role

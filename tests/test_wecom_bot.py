@@ -17,11 +17,11 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from ember.app import Runtime, build_runtime, running
+from ember.app.runtime import Runtime, build_runtime, running
 from ember.channels.gateway.http import ApiError
 from ember.channels.wecom.bot import LATER, WeComBotChannel, stream_id_of
 from ember.channels.wecom.config import WeComBotSpec
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.models.scripted import FunctionModel
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages

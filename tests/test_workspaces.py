@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.app import build_runtime, running, skill_library, workspaces
-from ember.config import Settings
+from ember.app.runtime import build_runtime, running, skill_library, workspaces
+from ember.config.settings import Settings
 from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundKind
 from ember.core.journal import TurnJournal

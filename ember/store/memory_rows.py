@@ -94,7 +94,7 @@ _MOVE_ARCHIVE_MARK = Statement(
 # The full-text index memory_fts, its rows keyed by their memory's num as `rowid`: FTS5's virtual
 # table on SQLite, searched with MATCH and bm25 and counted by its vocabulary table memory_fts_terms;
 # on PostgreSQL a table with a weighted tsvector, searched with @@ and ranked by ts_rank
-# (migration_steps.py). BM25 weights of its columns: owner, body, before, after, far, day.
+# (migration_memory.py). BM25 weights of its columns: owner, body, before, after, far, day.
 TEXT_WEIGHTS = (0.0, 1.0, 0.5, 0.5, 0.35, 0.6)
 _BM25 = f"bm25(memory_fts, {', '.join(map(str, TEXT_WEIGHTS))})"
 INSERT_TEXT = Statement("INSERT INTO memory_fts (rowid, owner, body, before, after, far, day) "

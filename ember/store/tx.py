@@ -7,8 +7,8 @@ both engines read alike (named `:parameters`, `ON CONFLICT DO NOTHING`, no
 `INSERT OR IGNORE`). Where the engines need different SQL (an upsert, full-text
 search), a statement names both.
 
-SQLite runs each unit on its connection's thread with the statement compiled
-once to its text (store/sqlite/direct.py); PostgreSQL hands the construct to
+SQLite runs each unit on its connection's thread (store/sqlite/direct.py) with
+the statement compiled once to its text (`compiled`); PostgreSQL hands the construct to
 SQLAlchemy, which compiles and caches it for asyncpg. Executed with parameters,
 an INSERT or UPDATE construct takes one named after a column of its table for a
 value to set: so the parameters of an UPDATE's WHERE are named otherwise
@@ -17,6 +17,7 @@ value to set: so the parameters of an UPDATE's WHERE are named otherwise
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any, Protocol, TypeVar
@@ -53,6 +54,31 @@ class Tx(Protocol):
 Work = Callable[[Tx], T]  # a store's unit of work: one whole transaction
 
 
+_SQLITE = sqlite.dialect(paramstyle="named")
+
+
+def compiled(statement: ClauseElement) -> str:
+    """The SQL of a Core statement, for `sqlite3` with named parameters (`:name`).
+
+    Values given at execution are named `bindparam`s. Constants of the
+    statement itself (a status name, `limit(1)`, `attempts + 1`) are written
+    into the text as SQL literals, so no execution has to supply them.
+    """
+    done = statement.compile(dialect=_SQLITE)
+    sql = str(done)
+    for bind, name in done.bind_names.items():
+        if bind.required:
+            continue
+        value = bind.effective_value
+        if type(value) not in (int, str):
+            raise ValueError(f"constant {value!r} in a statement: only integers and strings are inlined")
+        literal = bind.type.literal_processor(_SQLITE)(value)
+        # A plain parameter, or one SQLAlchemy renders only at execution (literal_execute).
+        pattern = rf":{re.escape(name)}\b|__\[POSTCOMPILE_{re.escape(name)}\]"
+        sql = re.sub(pattern, lambda _match, text=literal: text, sql)
+    return sql
+
+
 class Statement:
     """A statement for every engine. `sqlite` serves both unless `postgresql` is given; a
     statement only one engine has (`postgresql=None, portable=False`) raises on the other."""
@@ -64,8 +90,6 @@ class Statement:
 
     @cached_property
     def sqlite_sql(self) -> str:
-        from ember.store.sqlite.direct import compiled  # the SQLite text, compiled once
-
         return self._sqlite if isinstance(self._sqlite, str) else compiled(self._sqlite)
 
     @cached_property

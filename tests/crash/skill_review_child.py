@@ -16,8 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
-from ember.app import build_runtime, running
-from ember.config import Settings
+from ember.app.runtime import build_runtime, running
+from ember.config.settings import Settings
 from ember.core.events import InboundEvent
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel

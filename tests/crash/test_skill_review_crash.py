@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ember.app import build_runtime
-from ember.config import Settings
+from ember.app.runtime import build_runtime
+from ember.config.settings import Settings
 from ember.models.scripted import FunctionModel
 from tests.conftest import running_harness
 from tests.gatewayproc import EMBER_SOURCE

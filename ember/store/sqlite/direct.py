@@ -7,7 +7,7 @@ transaction as one synchronous function, which runs start to finish on the
 connection's own thread: one switch there, one back.
 
 The function gets a `SqliteTx` (the store's `Tx`, store/tx.py): each
-`Statement` runs as its SQLite text, compiled once (`compiled`); rows come back
+`Statement` runs as its SQLite text, compiled once (`tx.compiled`); rows come back
 as plain tuples in the order of the selected columns.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-import re
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -24,39 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.sql import ClauseElement
 
 from ember.store.batches import Outcome, run_each
 from ember.store.tx import Params, Statement, Work
 
 T = TypeVar("T")
-
-_DIALECT = sqlite.dialect(paramstyle="named")
-
-
-def compiled(statement: ClauseElement) -> str:
-    """The SQL of a Core statement, for `sqlite3` with named parameters (`:name`).
-
-    Values given at execution are named `bindparam`s. Constants of the
-    statement itself (a status name, `limit(1)`, `attempts + 1`) are written
-    into the text as SQL literals, so no execution has to supply them.
-    """
-    done = statement.compile(dialect=_DIALECT)
-    sql = str(done)
-    for bind, name in done.bind_names.items():
-        if bind.required:
-            continue
-        value = bind.effective_value
-        if type(value) not in (int, str):
-            raise ValueError(f"constant {value!r} in a statement: only integers and strings are inlined")
-        literal = bind.type.literal_processor(_DIALECT)(value)
-        # A plain parameter, or one SQLAlchemy renders only at execution (literal_execute).
-        pattern = rf":{re.escape(name)}\b|__\[POSTCOMPILE_{re.escape(name)}\]"
-        sql = re.sub(pattern, lambda _match, text=literal: text, sql)
-    return sql
-
 
 def connect(path: Path, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
     """A connection set up like the engines' (WAL, `synchronous`, busy timeout); no implicit transactions."""

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli_common import ProgressBar, err, out, print_json, settings_or_exit, setup_logging
+from ember.cli.common import ProgressBar, err, out, print_json, settings_or_exit, setup_logging
 from ember.core.errors import EmberError
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli_common import (
+from ember.cli.common import (
     ProgressBar,
     err,
     open_store,
@@ -41,7 +41,7 @@ from ember.core.memory import (
 )
 
 if TYPE_CHECKING:  # the runtime loads when a command runs
-    from ember.config import Settings
+    from ember.config.settings import Settings
     from ember.memory.service import MemoryService
 
 memory_app = typer.Typer(help="What the agent remembers: add, search, import, forget.", no_args_is_help=True)
@@ -61,7 +61,7 @@ async def _memory(settings: Settings, *, search: bool = True) -> AsyncIterator[M
 
     async with open_store(settings) as db:
         if search:
-            from ember.app import memory_service  # the runtime's wiring: only where an embedder is needed
+            from ember.app.runtime import memory_service  # the runtime's wiring: only where an embedder is needed
 
             service = memory_service(settings, db)
         else:

@@ -12,19 +12,19 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ember.channels_cli import channels
-from ember.cli_common import err, out, run_command, settings_or_exit, setup_logging
-from ember.cron_cli import cron_app
-from ember.mcp_cli import mcp_app
-from ember.memory_cli import memory_app
-from ember.models_cli import models
-from ember.sessions_cli import sessions_app, trace_app
-from ember.skills_cli import skills_app
-from ember.store_cli import store_app
-from ember.usage_cli import usage
+from ember.cli.channels import channels
+from ember.cli.common import err, out, run_command, settings_or_exit, setup_logging
+from ember.cli.cron import cron_app
+from ember.cli.mcp import mcp_app
+from ember.cli.memory import memory_app
+from ember.cli.models import models
+from ember.cli.sessions import sessions_app, trace_app
+from ember.cli.skills import skills_app
+from ember.cli.store import store_app
+from ember.cli.usage import usage
 
 if TYPE_CHECKING:
-    from ember.config import Settings
+    from ember.config.settings import Settings
     from ember.models.base import ModelClient
 
 # Plain help (no rich markup): a "[default: …]" in a help text is shown, not eaten as a style
@@ -71,7 +71,7 @@ def chat(
 ) -> None:
     """Chat with the agent: interactive and streaming, or one shot with -m. With no model
     configured, the interactive chat runs on the scripted demo model (said on its first line)."""
-    from ember.chat_session import chat_on, chosen_model
+    from ember.cli.chat import chat_on, chosen_model
 
     settings = settings_or_exit()
     setup_logging(settings, verbose)
@@ -98,7 +98,7 @@ def serve(
     verbose: VerboseOption = False,
 ) -> None:
     """Run the HTTP gateway (OpenAI-compatible API, native API, web chat) with the agent."""
-    from ember.serve_command import serve_gateway
+    from ember.cli.serve import serve_gateway
 
     settings = settings_or_exit()
     setup_logging(settings, verbose)
@@ -118,7 +118,7 @@ def worker(
     """Run turns, background jobs and scheduled tasks for the gateways on the same store and Redis bus."""
     from rich.markup import escape
 
-    from ember.worker import work
+    from ember.app.worker import work
 
     settings = settings_or_exit()
     if metrics_port is not None:
@@ -136,7 +136,7 @@ def worker(
 
 
 def _model_or_demo(settings: Settings) -> ModelClient:
-    from ember.chat_session import chosen_model
+    from ember.cli.chat import chosen_model
 
     return chosen_model(settings, demo=False, fallback=True)[0]
 
@@ -144,7 +144,7 @@ def _model_or_demo(settings: Settings) -> ModelClient:
 def _shared_bus_or_exit(settings: Settings, command: str) -> None:
     from rich.markup import escape
 
-    from ember.app import require_shared_bus
+    from ember.app.runtime import require_shared_bus
     from ember.core.errors import EmberError
 
     try:
@@ -158,7 +158,7 @@ def _shared_bus_or_exit(settings: Settings, command: str) -> None:
 def doctor() -> None:
     """Check the configuration, the store and the model endpoint; every check that can run does,
     also when the configuration does not load."""
-    from ember.diagnostics import run_doctor
+    from ember.cli.doctor import run_doctor
 
     run_command(run_doctor(out))
 
@@ -166,7 +166,7 @@ def doctor() -> None:
 @app.command()
 def demo() -> None:
     """An offline walkthrough on the scripted demo model (no AI involved)."""
-    from ember.demo import run_demo
+    from ember.cli.demo import run_demo
 
     run_command(run_demo(out))
 

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
+from ember.cli.common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.core.errors import EmberError
 from ember.core.events import ReplyRoute
 from ember.core.memory import LOCAL_IDENTITY, default_identity
@@ -18,7 +18,7 @@ from ember.core.schedule import ScheduleError, local_time
 from ember.core.tasks import MissedPolicy, Task, TaskState
 
 if TYPE_CHECKING:
-    from ember.config import Settings
+    from ember.config.settings import Settings
 
 cron_app = typer.Typer(help="Scheduled tasks: add, edit, list, pause, resume, remove, run.", no_args_is_help=True)
 

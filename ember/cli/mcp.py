@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli_common import out, print_json, run_command, settings_or_exit, setup_logging
+from ember.cli.common import out, print_json, run_command, settings_or_exit, setup_logging
 
 mcp_app = typer.Typer(help="Inspect MCP servers.", no_args_is_help=True)
 

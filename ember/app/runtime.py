@@ -12,19 +12,19 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ember.app.database import store_database
+from ember.app.models import configured_approval_model, configured_background_model
 from ember.bus.base import Bus
 from ember.bus.memory import InProcessBus
 from ember.bus.redis import RedisBus
 from ember.bus.redis_support import READER_TTL_MS, RedisBusConfig
 from ember.channels.cron import Scheduler
 from ember.channels.gateway.turns import CHANNEL as GATEWAY_CHANNEL
-from ember.config import Settings
-from ember.configured_models import configured_approval_model, configured_background_model
+from ember.config.settings import Settings
 from ember.core.errors import ConfigError
 from ember.core.jobs import JobKind
 from ember.core.leases import SessionLeases
 from ember.core.tasks import CHANNEL as TASK_CHANNEL
-from ember.database import store_database
 from ember.memory.consolidation import ConsolidationWorker
 from ember.memory.embeddings import Embedder, load_embedder
 from ember.memory.identity import Identities

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from ember.cli_common import err, out, print_json, run_command, settings_or_exit, setup_logging
+from ember.cli.common import err, out, print_json, run_command, settings_or_exit, setup_logging
 
 if TYPE_CHECKING:
-    from ember.config import Settings
+    from ember.config.settings import Settings
 
 
 @dataclass(slots=True)
@@ -32,7 +32,7 @@ class ModelRow:
 
 
 def model_rows(settings: Settings) -> list[ModelRow]:
-    from ember.configured_models import model_specs
+    from ember.app.models import model_specs
     from ember.models.spec import ANTHROPIC_BASE_URL, ROLES, role_chains
 
     if not settings.model_configured:
@@ -70,9 +70,9 @@ def models(
 ) -> None:
     """List the configured models: provider, endpoint, window, prices, the roles that call them
     (with none configured, the scripted demo model that `ember chat` and `ember serve` then use)."""
-    from ember.config import CONFIGURE_MODEL_HINT
-    from ember.configured_models import model_endpoints
-    from ember.model_probe import probe_model
+    from ember.app.model_probe import probe_model
+    from ember.app.models import model_endpoints
+    from ember.config.settings import CONFIGURE_MODEL_HINT
 
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from pydantic.fields import FieldInfo
@@ -22,3 +23,7 @@ class ProviderFallback(PydanticBaseSettingsSource):
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False
+
+
+def config_file() -> Path:
+    return Path(os.environ.get("EMBER_HOME", "~/.ember")).expanduser() / "ember.toml"

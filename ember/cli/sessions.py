@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit
+from ember.cli.common import err, open_store, out, print_json, run_command, settings_or_exit
 
 if TYPE_CHECKING:
     from ember.store.sessions import SqlSessionStore
@@ -147,8 +147,8 @@ def trace_show(turn_id: Annotated[str, typer.Argument(
         help="A turn id, or its start as `ember trace list` shows it.")],
         as_json: Annotated[bool, typer.Option("--json", help="Print the trace as JSON.")] = False) -> None:
     """A turn's stages, model calls, tool calls and approval decisions."""
+    from ember.cli.trace_view import show_trace
     from ember.store.traces import SqlTraceStore
-    from ember.trace_view import show_trace
 
     settings = settings_or_exit()
 

@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli_common import ProgressBar, err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
+from ember.cli.common import ProgressBar, err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
 from ember.core.errors import SkillError
 from ember.core.memory import LOCAL_IDENTITY
 from ember.core.skills import Proposal, ProposalStatus
@@ -37,7 +37,7 @@ ProposalArgument = Annotated[str, typer.Argument(help="The proposal's id (ember 
 
 @asynccontextmanager
 async def _library() -> AsyncIterator[SkillLibrary]:
-    from ember.app import skill_library
+    from ember.app.runtime import skill_library
 
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)

@@ -1,5 +1,5 @@
 """The store the settings name, opened alone: for commands that only read or check it (the runtime
-opens its own in ember/app.py). Kept apart from the runtime's wiring so these commands load the
+opens its own in ember/app/runtime.py). Kept apart from the runtime's wiring so these commands load the
 store and nothing else."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.store.engine import Database
 from ember.store.migrations import MigrationProgress
 

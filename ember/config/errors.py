@@ -14,7 +14,7 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from ember.config_sources import PROVIDER_VARIABLES
+from ember.config.sources import PROVIDER_VARIABLES
 
 Loc = tuple[str | int, ...]
 

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli_common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
+from ember.cli.common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
 
 _SPAN = re.compile(r"(\d+)\s*([hdw])")
 _SPAN_S = {"h": 3600, "d": 86_400, "w": 7 * 86_400}

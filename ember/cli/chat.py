@@ -7,11 +7,11 @@ import asyncio
 import typer
 from rich.markup import escape
 
-from ember.app import configured_runtime, running
+from ember.app.models import configured_model
+from ember.app.runtime import configured_runtime, running
 from ember.channels.cli import CHANNEL, CliChannel
-from ember.cli_common import err, out
-from ember.config import CONFIGURE_MODEL_HINT, Settings
-from ember.configured_models import configured_model
+from ember.cli.common import err, out
+from ember.config.settings import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import EmberError
 from ember.models.base import ModelClient
 from ember.models.demo import LABEL, demo_model

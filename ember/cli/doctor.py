@@ -16,15 +16,15 @@ from rich.console import Console
 from rich.markup import escape
 from sqlalchemy import bindparam, distinct, func, select, text
 
-from ember.app import shell_sandbox
+from ember.app.database import open_database
+from ember.app.model_probe import MODEL_CHECK_TIMEOUT_S, probe_model
+from ember.app.models import model_endpoints
+from ember.app.runtime import shell_sandbox
 from ember.bus.redis import WORKERS
 from ember.bus.redis_support import redacted_url
-from ember.config import CONFIGURE_MODEL_HINT, Settings, config_file, isolated_settings, load_settings
-from ember.config_sources import ProviderFallback
-from ember.configured_models import model_endpoints
+from ember.config.settings import CONFIGURE_MODEL_HINT, Settings, isolated_settings, load_settings
+from ember.config.sources import ProviderFallback, config_file
 from ember.core.errors import ConfigError, EmberError
-from ember.database import open_database
-from ember.model_probe import MODEL_CHECK_TIMEOUT_S, probe_model
 from ember.store import schema
 from ember.store.jobs import SqlJobStore
 from ember.store.memories import SqlMemoryStore

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli_common import out, print_json, settings_or_exit
+from ember.cli.common import out, print_json, settings_or_exit
 
 
 def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:

@@ -8,9 +8,9 @@ import sys
 import typer
 from rich.markup import escape
 
-from ember.channels.gateway.server import Listening, api_keys, serve
-from ember.cli_common import err, out
-from ember.config import Settings
+from ember.app.serve import Listening, api_keys, serve
+from ember.cli.common import err, out
+from ember.config.settings import Settings
 from ember.core.errors import EmberError
 from ember.models.base import ModelClient
 

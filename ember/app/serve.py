@@ -17,7 +17,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from ember.app import Runtime, configured_runtime, require_shared_bus, running
+from ember.app.runtime import Runtime, configured_runtime, require_shared_bus, running
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.limits import RedisRateLimiter
@@ -25,7 +25,7 @@ from ember.channels.gateway.sampling import SamplingLimits
 from ember.channels.gateway.turns import TurnRouter
 from ember.channels.webhooks.inbound import WebhookChannel
 from ember.channels.webhooks.outbound import OutboundWebhooks
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.core.errors import ConfigError, EmberError
 from ember.models.base import ModelClient
 from ember.store.conversations import SqlConversationIndex
@@ -207,7 +207,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
     turns and background jobs here too; False leaves them to `ember worker` processes."""
     if not turns:
         require_shared_bus(settings, "ember serve --workers 0")
-    from ember.model_probe import unreachable_models
+    from ember.app.model_probe import unreachable_models
 
     sock = bind(host, port)
     # Asked once, bounded: a dead model is said at start, and the gateway serves anyway.

@@ -27,10 +27,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ember.app import Runtime, configured_runtime, require_shared_bus, running
+from ember.app.runtime import Runtime, configured_runtime, require_shared_bus, running
+from ember.app.serve import bind
 from ember.channels.gateway.metrics import ProcessMetrics
-from ember.channels.gateway.server import bind
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.models.base import ModelClient
 
 

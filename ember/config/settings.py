@@ -26,7 +26,7 @@ from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComSpec
-from ember.config_sources import ProviderFallback
+from ember.config.sources import ProviderFallback, config_file
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
 from ember.core.schedule import zone
@@ -388,10 +388,6 @@ def isolated_settings(**values: Any) -> Settings:
     return _Isolated(**values)
 
 
-def config_file() -> Path:
-    return Path(os.environ.get("EMBER_HOME", "~/.ember")).expanduser() / "ember.toml"
-
-
 def load_settings() -> Settings:
     """Settings from the environment and EMBER_HOME/ember.toml, with errors a user can act on."""
     try:
@@ -399,6 +395,6 @@ def load_settings() -> Settings:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{config_file()}: {exc}") from exc
     except ValidationError as exc:
-        from ember.config_errors import explain
+        from ember.config.errors import explain
 
         raise ConfigError(f"invalid configuration:\n{explain(exc, Settings, config_file())}") from exc

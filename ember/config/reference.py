@@ -1,7 +1,7 @@
 """docs/configuration.md, written from the settings themselves: every key, its environment
 variable, type, default, and the comment above it in the code.
 
-    .venv/bin/python -m ember.config_reference > docs/configuration.md
+    .venv/bin/python -m ember.config.reference > docs/configuration.md
 
 A test checks that the file in the repository is what this prints, so the
 reference cannot drift from the code.
@@ -22,7 +22,7 @@ from ember.channels.qq.config import QQSpec
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComSpec
-from ember.config import Settings
+from ember.config.settings import Settings
 from ember.models.spec import ModelSpec
 from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import Rule, ToolPolicy
@@ -112,7 +112,7 @@ def render() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Written by `python -m ember.config_reference` from the settings' own code; a test keeps it",
+        "Written by `python -m ember.config.reference` from the settings' own code; a test keeps it",
         "current. Ember reads `EMBER_HOME/ember.toml` (default `~/.ember/ember.toml`) and `EMBER_*`",
         "environment variables, which win over the file; values given in code win over both. Nested",
         "tables take `EMBER_TABLE__KEY` (`EMBER_TOOL_POLICY__EXECUTE=allow`). The model endpoint also",

@@ -8,9 +8,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from ember.app import build_runtime, running
+from ember.app.runtime import build_runtime, running
 from ember.channels.cli import CliChannel
-from ember.config import CONFIGURE_MODEL_HINT, isolated_settings
+from ember.config.settings import CONFIGURE_MODEL_HINT, isolated_settings
 from ember.core.memory import LOCAL_IDENTITY
 from ember.models.demo import LABEL, demo_model
 

@@ -20,7 +20,7 @@ from ember.core.errors import EmberError
 if TYPE_CHECKING:  # the runtime's modules load when a command runs, not when `ember --help` does
     from rich.progress import Progress, TaskID
 
-    from ember.config import Settings
+    from ember.config.settings import Settings
     from ember.store.engine import Database
 
 # soft_wrap: never break a line a user may copy (the configure hint) at the terminal width.
@@ -84,7 +84,7 @@ class ProgressBar:
 async def open_store(settings: Settings) -> AsyncIterator[Database]:
     """The store, migrated, with a bar over the migrations when some are pending
     (a new home, an upgrade); gone before the command prints anything."""
-    from ember.database import open_database
+    from ember.app.database import open_database
 
     with ProgressBar("upgrading the store") as bar:
         async with open_database(settings, progress=bar) as db:
@@ -93,7 +93,7 @@ async def open_store(settings: Settings) -> AsyncIterator[Database]:
 
 
 def settings_or_exit() -> Settings:
-    from ember.config import load_settings
+    from ember.config.settings import load_settings
 
     try:
         return load_settings()

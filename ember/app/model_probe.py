@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ember.config import Settings
-from ember.configured_models import model_endpoints, model_specs
+from ember.app.models import model_endpoints, model_specs
+from ember.config.settings import Settings
 from ember.core.errors import EmberError, ModelTimedOut, ModelUnavailable
 from ember.models.base import ModelEndpoint
 from ember.models.unreachable import LISTING

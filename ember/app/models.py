@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from ember.config import CONFIGURE_MODEL_HINT, Settings
+from ember.config.settings import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import ModelNotConfigured
 from ember.models.base import ModelClient, ModelEndpoint
 from ember.models.router import ModelRouter, Route

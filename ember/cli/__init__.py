@@ -1,0 +1,1 @@
+"""The `ember` command: one module per command group; main.py assembles them."""
