@@ -43,27 +43,6 @@ WIDE_SIGNATURES = {
     ("runtime/loop.py", "__init__"): 10,
     ("runtime/telemetry.py", "approval"): 8,
 }
-# Modules outside store/ and app/ that name Sql* classes -> the names today.
-SQL_NAMES_OUTSIDE_THE_STORE = {
-    "channels/chat/editing.py": {"SqlChannelMessages"},
-    "channels/gateway/activity_api.py": {"SqlTraceStore"},
-    "channels/gateway/app.py": {"SqlJobStore", "SqlSessionStore", "SqlTaskStore", "SqlTraceStore"},
-    "channels/gateway/native_api.py": {"SqlSessionStore"},
-    "channels/gateway/tasks_api.py": {"SqlTaskStore"},
-    "channels/qq/channel.py": {"SqlChannelMessages"},
-    "channels/telegram/channel.py": {"SqlChannelMessages"},
-    "channels/wecom/bot.py": {"SqlChannelMessages"},
-    "channels/wecom/channel.py": {"SqlChannelMessages"},
-    "channels/wecom/commands.py": {"SqlChannelMessages"},
-    "cli/cron.py": {"SqlTaskStore"},
-    "cli/doctor.py": {"SqlJobStore", "SqlMemoryStore", "SqlSessionStore"},
-    "cli/memory.py": {"SqlMemoryStore"},
-    "cli/sessions.py": {"SqlDeliveryStore", "SqlSessionStore", "SqlTraceStore"},
-    "cli/store.py": {"SqliteDatabase"},
-    "cli/usage.py": {"SqlUsageStore"},
-    "runtime/titles.py": {"SqlSessionStore"},
-    "tools/tasks.py": {"SqlTaskStore"},
-}
 # Packages each layer may not import: the arrows of DESIGN.md §4 point down only.
 ABOVE = {
     "channels": ("ember.app", "ember.cli", "ember.config"),
@@ -156,7 +135,7 @@ def test_only_the_store_and_the_composition_root_name_sql_classes() -> None:
                  if isinstance(node, ast.Name | ast.alias)}
         if sql := {each for each in named if each.startswith("Sql")}:
             found[name] = sql
-    assert found == SQL_NAMES_OUTSIDE_THE_STORE
+    assert found == {}
 
 
 def test_the_top_of_the_package_keeps_a_handful_of_modules() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from ember.store import protocols
 from ember.store.approvals import SqlApprovalStore
+from ember.store.channel_messages import SqlChannelMessages
 from ember.store.conversations import SqlConversationIndex
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import SqlJobStore
@@ -22,11 +23,19 @@ from ember.store.usage import SqlUsageStore
 
 IMPLEMENTATIONS = {
     protocols.SessionStore: SqlSessionStore,
+    protocols.SessionBrowser: SqlSessionStore,
+    protocols.SessionTitles: SqlSessionStore,
     protocols.Inbox: SqlDeliveryStore,
     protocols.Outbox: SqlDeliveryStore,
     protocols.DeliveryStore: SqlDeliveryStore,
     protocols.JobQueue: SqlJobStore,
     protocols.TraceLog: SqlTraceStore,
+    protocols.TraceReader: SqlTraceStore,
+    protocols.JobCounts: SqlJobStore,
+    protocols.TaskBook: SqlTaskStore,
+    protocols.ChannelMessages: SqlChannelMessages,
+    protocols.ChatCounters: SqlChannelMessages,
+    protocols.PlatformMessages: SqlChannelMessages,
     protocols.ApprovalLog: SqlApprovalStore,
     protocols.ConversationIndex: SqlConversationIndex,
     protocols.DueTasks: SqlTaskStore,

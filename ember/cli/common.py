@@ -20,8 +20,8 @@ from ember.core.errors import EmberError
 if TYPE_CHECKING:  # the runtime's modules load when a command runs, not when `ember --help` does
     from rich.progress import Progress, TaskID
 
+    from ember.app.database import Stores
     from ember.config.settings import Settings
-    from ember.store.engine import Database
 
 # soft_wrap: never break a line a user may copy (the configure hint) at the terminal width.
 out = Console(highlight=False, soft_wrap=True)
@@ -81,15 +81,15 @@ class ProgressBar:
 
 
 @asynccontextmanager
-async def open_store(settings: Settings) -> AsyncIterator[Database]:
+async def open_store(settings: Settings) -> AsyncIterator[Stores]:
     """The store, migrated, with a bar over the migrations when some are pending
     (a new home, an upgrade); gone before the command prints anything."""
-    from ember.app.database import open_database
+    from ember.app.database import Stores, open_database
 
     with ProgressBar("upgrading the store") as bar:
         async with open_database(settings, progress=bar) as db:
             bar.close()
-            yield db
+            yield Stores(db)
 
 
 def settings_or_exit() -> Settings:

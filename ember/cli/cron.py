@@ -73,7 +73,7 @@ def add(
     as_json: JsonOption = False,
 ) -> None:
     """Add a task; prints its id and its next runs."""
-    from ember.store.tasks import SqlTaskStore, new_task_id
+    from ember.store.tasks import new_task_id
     from ember.tools.tasks import schedule_of
 
     if sum(value is not None for value in (cron, every, at)) != 1:
@@ -84,12 +84,12 @@ def add(
     async def main() -> int:
         route = _route(session) if session else None
         owner = identity or (default_identity(f"{route.channel}:{route.chat_id}") if route else LOCAL_IDENTITY)
-        async with open_store(settings) as db:
+        async with open_store(settings) as stores:
             try:
                 schedule = schedule_of(cron=cron, every=every, at=at, tz=tz or settings.timezone, now=time.time())
-                task = await SqlTaskStore(db).add(Task(id=new_task_id(), identity=owner, prompt=prompt,
-                                                       schedule=schedule, reply=route, missed=missed,
-                                                       grant_approvals=grant_approvals))
+                task = await stores.tasks.add(Task(id=new_task_id(), identity=owner, prompt=prompt,
+                                                     schedule=schedule, reply=route, missed=missed,
+                                                     grant_approvals=grant_approvals))
             except ScheduleError as exc:
                 raise EmberError(str(exc)) from None
         if as_json:
@@ -114,7 +114,6 @@ def edit(
     as_json: JsonOption = False,
 ) -> None:
     """Change a task's prompt or schedule; this revokes an approval grant it had."""
-    from ember.store.tasks import SqlTaskStore
     from ember.tools.tasks import schedule_of
 
     if sum(value is not None for value in (cron, every, at)) > 1 or not (prompt or cron or every or at):
@@ -123,11 +122,11 @@ def edit(
     settings = _settings()
 
     async def main() -> int:
-        async with open_store(settings) as db:
+        async with open_store(settings) as stores:
             try:
                 schedule = (schedule_of(cron=cron, every=every, at=at, tz=tz or settings.timezone, now=time.time())
                             if cron or every or at else None)
-                task = await SqlTaskStore(db).edit(task_id, prompt=prompt, schedule=schedule)
+                task = await stores.tasks.edit(task_id, prompt=prompt, schedule=schedule)
             except ScheduleError as exc:
                 raise EmberError(str(exc)) from None
         if task is None:
@@ -141,13 +140,12 @@ def edit(
 @cron_app.command("list")
 def list_tasks(as_json: JsonOption = False) -> None:
     """Every task: id, schedule, next run, state."""
-    from ember.store.tasks import SqlTaskStore
 
     settings = _settings()
 
     async def main() -> int:
-        async with open_store(settings) as db:
-            tasks = await SqlTaskStore(db).list()
+        async with open_store(settings) as stores:
+            tasks = await stores.tasks.list()
         if as_json:
             print_json([task.to_json_dict() for task in tasks])
             return 0
@@ -168,13 +166,12 @@ def list_tasks(as_json: JsonOption = False) -> None:
 
 
 def _change(task_id: str, as_json: bool, change: str) -> None:
-    from ember.store.tasks import SqlTaskStore
 
     settings = _settings()
 
     async def main() -> int:
-        async with open_store(settings) as db:
-            store = SqlTaskStore(db)
+        async with open_store(settings) as stores:
+            store = stores.tasks
             if change == "run":
                 task = await store.make_due(task_id)
             else:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from sqlalchemy import bindparam, distinct, func, select, text
 
-from ember.app.database import open_database
+from ember.app.database import Stores, open_database
 from ember.app.model_probe import MODEL_CHECK_TIMEOUT_S, probe_model
 from ember.app.models import model_endpoints
 from ember.app.runtime import shell_sandbox
@@ -26,10 +26,7 @@ from ember.config.settings import CONFIGURE_MODEL_HINT, Settings, isolated_setti
 from ember.config.sources import ProviderFallback, config_file
 from ember.core.errors import ConfigError, EmberError
 from ember.store import schema
-from ember.store.jobs import SqlJobStore
-from ember.store.memories import SqlMemoryStore
 from ember.store.migrations import SCHEMA_VERSION
-from ember.store.sessions import SqlSessionStore
 from ember.tools.sandboxes import SandboxUnavailable
 from ember.tools.workspace import Workspaces
 
@@ -141,12 +138,13 @@ async def _check_store(settings: Settings, report: Report) -> None:
                 # PostgreSQL checks its own pages (checksums, WAL); SQLite's file is checked here.
                 integrity = ((await conn.execute(text("PRAGMA integrity_check"))).scalar_one()
                              if conn.dialect.name == "sqlite" else "ok")
-            store = SqlSessionStore(db)
+            stores = Stores(db)
+            store = stores.sessions
             sessions = await store.list_sessions()
             quarantined = await store.quarantined()
             unreadable = await store.unreadable()  # read-only: a running Ember may be using the store
-            jobs = await SqlJobStore(db).counts()
-            memory = await SqlMemoryStore(db).consistency()
+            jobs = await stores.jobs.counts()
+            memory = await stores.memory.consistency()
             async with db.read() as conn:
                 leases, holders = (await conn.execute(_HELD_LEASES, {"now": time.time()})).one()
     except Exception as exc:  # doctor reports every failure instead of crashing

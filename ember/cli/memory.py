@@ -57,15 +57,14 @@ AllOption = Annotated[bool, typer.Option("--all", help="Include superseded and a
 async def _memory(settings: Settings, *, search: bool = True) -> AsyncIterator[MemoryService]:
     """The memory service; with `search`, its embedder too (commands that only list need none)."""
     from ember.memory.service import MemoryService
-    from ember.store.memories import SqlMemoryStore
 
-    async with open_store(settings) as db:
+    async with open_store(settings) as stores:
         if search:
             from ember.app.runtime import memory_service  # the runtime's wiring: only where an embedder is needed
 
-            service = memory_service(settings, db)
+            service = memory_service(settings, stores.db)
         else:
-            service = MemoryService(SqlMemoryStore(db), None)
+            service = MemoryService(stores.memory, None)
         await service.open()
         yield service
 

@@ -9,7 +9,7 @@ import typer
 from ember.cli.common import err, open_store, out, print_json, run_command, settings_or_exit
 
 if TYPE_CHECKING:
-    from ember.store.sessions import SqlSessionStore
+    from ember.store.protocols import SessionBrowser
 
 sessions_app = typer.Typer(help="Inspect stored sessions.", no_args_is_help=True)
 trace_app = typer.Typer(help="What a turn did: stages, model calls, tool calls, approvals.", no_args_is_help=True)
@@ -31,7 +31,7 @@ def _resolve_session_key(known: set[str], name: str) -> str:
     raise ValueError(f"no session named {name!r}; `ember sessions list` shows them")
 
 
-async def _session_key_or_exit(store: SqlSessionStore, name: str) -> str | None:
+async def _session_key_or_exit(store: SessionBrowser, name: str) -> str | None:
     try:
         return _resolve_session_key({row.key for row in await store.list_sessions()}, name)
     except ValueError as exc:
@@ -47,13 +47,12 @@ def sessions_list(as_json: Annotated[bool, typer.Option("--json", help="Print JS
     """List sessions, most recently active first."""
     from rich.table import Table
 
-    from ember.store.sessions import SqlSessionStore
 
     settings = settings_or_exit()
 
     async def main() -> int:
-        async with open_store(settings) as db:
-            rows = await SqlSessionStore(db).list_sessions()
+        async with open_store(settings) as stores:
+            rows = await stores.sessions.list_sessions()
         if as_json:
             print_json([{"key": row.key, "messages": row.message_count,
                          "last_consolidated": row.last_consolidated, "updated_at": row.updated_at} for row in rows])
@@ -75,18 +74,16 @@ def sessions_show(
     """Show a session's whole stored history."""
     from ember.core.delivery import interleaved
     from ember.core.messages import Message
-    from ember.store.deliveries import SqlDeliveryStore
-    from ember.store.sessions import SqlSessionStore
 
     settings = settings_or_exit()
 
     async def main() -> int:
-        async with open_store(settings) as db:
-            store = SqlSessionStore(db)
+        async with open_store(settings) as stores:
+            store = stores.sessions
             resolved = await _session_key_or_exit(store, key)
             if resolved is None:
                 return 1
-            entries = interleaved(await store.history(resolved), await SqlDeliveryStore(db).failures(resolved))
+            entries = interleaved(await store.history(resolved), await stores.deliveries.failures(resolved))
         if as_json:
             print_json([{**m.to_json_dict(), "kind": "message"} if isinstance(m, Message) else
                         {"seq": None, "role": "assistant", "content": m.text, "kind": "error", "turn_id": m.turn_id}
@@ -115,17 +112,15 @@ def trace_list(
     """The latest turns, newest first."""
     from rich.table import Table
 
-    from ember.store.sessions import SqlSessionStore
-    from ember.store.traces import SqlTraceStore
 
     settings = settings_or_exit()
 
     async def main() -> int:
-        async with open_store(settings) as db:
+        async with open_store(settings) as stores:
             key = None
-            if session is not None and (key := await _session_key_or_exit(SqlSessionStore(db), session)) is None:
+            if session is not None and (key := await _session_key_or_exit(stores.sessions, session)) is None:
                 return 1
-            traces = await SqlTraceStore(db).recent(limit, key)
+            traces = await stores.traces.recent(limit, key)
         if as_json:
             print_json([{"turn_id": t.turn_id, "session": t.session_key, "status": t.status,
                          "started_at": t.started_at, "tool_calls": len(t.detail.get("tool_calls", []))}
@@ -148,13 +143,12 @@ def trace_show(turn_id: Annotated[str, typer.Argument(
         as_json: Annotated[bool, typer.Option("--json", help="Print the trace as JSON.")] = False) -> None:
     """A turn's stages, model calls, tool calls and approval decisions."""
     from ember.cli.trace_view import show_trace
-    from ember.store.traces import SqlTraceStore
 
     settings = settings_or_exit()
 
     async def main() -> int:
-        async with open_store(settings) as db:
-            traces = SqlTraceStore(db)
+        async with open_store(settings) as stores:
+            traces = stores.traces
             matches = await traces.turn_ids(turn_id) if turn_id else []
             if len(matches) > 1 and turn_id not in matches:
                 err.print(f"{turn_id!r} starts several turn ids ({', '.join(matches)}); give more of it",

@@ -41,8 +41,8 @@ async def _library() -> AsyncIterator[SkillLibrary]:
 
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)
-    async with open_store(settings) as db:
-        library = skill_library(settings, db)
+    async with open_store(settings) as stores:
+        library = skill_library(settings, stores.db)
         await library.sync()
         yield library
 

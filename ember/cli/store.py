@@ -69,11 +69,11 @@ def copy(
 
 async def _copy(path: Path, url: str, synchronous: str) -> CopyReport:
     """Both stores opened (each migrated to this Ember's schema), then the copy, with a bar for each."""
+    from ember.app.database import sqlite_database
     from ember.store.copy import copy_store
     from ember.store.postgres import PostgresDatabase
-    from ember.store.sqlite.database import SqliteDatabase
 
-    source = SqliteDatabase(path, synchronous=synchronous)
+    source = sqlite_database(path, synchronous=synchronous)
     with ProgressBar("upgrading the store") as bar:
         await source.open(bar)
     try:

@@ -45,7 +45,6 @@ def usage(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Tokens and cost of the model calls: turns and background jobs, charged to their session and identity."""
-    from ember.store.usage import SqlUsageStore
 
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)
@@ -56,8 +55,8 @@ def usage(
         raise typer.Exit(2) from None
 
     async def main() -> int:
-        async with open_store(settings) as db:
-            groups = await SqlUsageStore(db).totals(by.value, start)
+        async with open_store(settings) as stores:
+            groups = await stores.usage.totals(by.value, start)
         if as_json:
             print_json(groups)
             return 0

@@ -12,7 +12,7 @@ from ember.core.redact import redact_text
 from ember.core.thinking import strip_thinking
 from ember.memory.transcript import render_transcript
 from ember.models.base import ModelClient, complete
-from ember.store.sessions import SqlSessionStore
+from ember.store.protocols import SessionTitles
 
 TITLE_INSTRUCTION = (
     "Below is the start of a conversation between a user and an assistant. Write a title for it: "
@@ -40,7 +40,7 @@ def clean_title(answer: str) -> str | None:
 
 
 class SessionTitler:
-    def __init__(self, sessions: SqlSessionStore, model: ModelClient) -> None:
+    def __init__(self, sessions: SessionTitles, model: ModelClient) -> None:
         self._sessions = sessions
         self._model = model
 

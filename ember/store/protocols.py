@@ -3,8 +3,7 @@
 The pipeline, the agent loop, the delivery worker, the background runner, the
 scheduler, approvals, usage, memory, skills and the channels are written against
 these, never against an engine: nothing here names SQLite or PostgreSQL. (The
-admin commands and the HTTP API's listing routes read through the `Sql…`
-classes' wider surface directly.) Each has one
+admin commands read through the `Sql…` classes' wider surface directly.) Each has one
 implementation, the `Sql…` class beside its tables (`ember/store/<store>.py`),
 written once over the `Tx` unit of work of either engine (`engine.Database`).
 The errors the runtime acts on are Ember's own (`ember.core.errors`:
@@ -27,10 +26,12 @@ if TYPE_CHECKING:
     from ember.core.memory import LexicalHits, MemoryKind, MemoryRecord, MemoryStatus, NewMemory
     from ember.core.messages import Message, Session
     from ember.core.skills import Proposal, Skill, SkillStatus, SkillVersion
+    from ember.core.tasks import Task, TaskRun, TaskState
     from ember.core.usage import UsageRow
     from ember.store.approvals import ApprovalRow, AskedBefore
     from ember.store.jobs import Claimed, Job
     from ember.store.memory_rows import Archived, Unembedded, WriteOutcome
+    from ember.store.sessions import SessionSummary
     from ember.store.skills import NewVersion
     from ember.store.traces import TurnTrace
 
@@ -49,6 +50,24 @@ class SessionStore(Protocol):
 
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str,
                                facts: Sequence[NewMemory] = (), identity: str | None = None) -> bool: ...
+
+
+class SessionBrowser(Protocol):
+    """What the HTTP API shows of a person's sessions, and the names and archiving it sets."""
+
+    async def list_sessions(self, prefix: str = "", *, archived: bool = True) -> list[SessionSummary]: ...
+
+    async def history(self, key: str) -> list[Message]: ...
+
+    async def label(self, key: str, *, title: str | None = None, archived: bool | None = None) -> bool: ...
+
+
+class SessionTitles(Protocol):
+    """The title job: a session's history, and its title set only if nobody named it first."""
+
+    async def history(self, key: str) -> list[Message]: ...
+
+    async def name_if_untitled(self, key: str, title: str) -> bool: ...
 
 
 class Inbox(Protocol):
@@ -117,6 +136,20 @@ class TraceLog(Protocol):
     async def flush(self) -> None: ...
 
 
+class TraceReader(Protocol):
+    """The activity page: the latest turns' traces, and one turn's."""
+
+    async def recent(self, limit: int, session_key: str | None = None, *, prefix: str = "") -> list[TurnTrace]: ...
+
+    async def get(self, turn_id: str) -> TurnTrace | None: ...
+
+
+class JobCounts(Protocol):
+    """The background jobs by status, for the gateway's metrics."""
+
+    async def counts(self) -> dict[str, int]: ...
+
+
 class ApprovalLog(Protocol):
     """Approval requests as rows, for the approval broker: answered, listed and expired in
     whichever process the person reaches."""
@@ -151,6 +184,51 @@ class DueTasks(Protocol):
     async def claim_due(self, now: float, *, missed_after_s: float, limit: int = 500) -> list[InboundEvent]: ...
 
     async def next_due_at(self) -> float | None: ...
+
+
+class TaskBook(Protocol):
+    """A person's scheduled tasks as the task tools and the HTTP API keep them; `clock` is what
+    "now" is when a task is added or changed."""
+
+    clock: Callable[[], float]
+
+    async def add(self, task: Task) -> Task: ...
+
+    async def get(self, task_id: str, identity: str | None = None) -> Task | None: ...
+
+    async def list(self, identity: str | None = None) -> list[Task]: ...
+
+    async def set_state(self, task_id: str, state: TaskState, identity: str | None = None,
+                        now: float | None = None) -> Task | None: ...
+
+    async def runs(self, task_id: str, limit: int = 20) -> list[TaskRun]: ...
+
+
+class ChannelMessages(Protocol):
+    """The messages a chat platform shows of each answer (a draft, then its parts) and which
+    delivery they show in full: what lets a re-sent final edit them instead of sending twice."""
+
+    async def parts(self, channel: str, turn_id: str) -> dict[int, str]: ...
+
+    async def digests(self, channel: str, turn_id: str) -> dict[int, str]: ...
+
+    async def record(self, channel: str, chat_id: str, turn_id: str, part: int, message_id: str) -> None: ...
+
+    async def drop(self, channel: str, turn_id: str, parts: list[int]) -> None: ...
+
+    async def finished(self, channel: str, turn_id: str) -> str | None: ...
+
+    async def finish(self, channel: str, turn_id: str, delivery_id: str | None, digests: dict[int, str]) -> None: ...
+
+
+class ChatCounters(Protocol):
+    """Per-chat counters a platform needs across restarts (QQ's msg_seq)."""
+
+    async def next_counter(self, channel: str, name: str) -> int: ...
+
+
+class PlatformMessages(ChannelMessages, ChatCounters, Protocol):
+    """Both, as one store keeps them."""
 
 
 class UsageLedger(Protocol):

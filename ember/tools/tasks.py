@@ -9,7 +9,8 @@ from ember.core.events import ReplyRoute
 from ember.core.schedule import Schedule, ScheduleError, local_time
 from ember.core.tasks import CHANNEL, Task, TaskState
 from ember.core.tools import Risk, ToolRun
-from ember.store.tasks import SqlTaskStore, new_task_id
+from ember.store.protocols import TaskBook
+from ember.store.tasks import new_task_id
 from ember.tools.base import Tool, ToolFailure, TurnTool
 
 MAX_PROMPT_CHARS = 4_000
@@ -60,7 +61,7 @@ def task_line(task: Task) -> str:
             + (f"; next runs: {upcoming}" if upcoming else ""))
 
 
-def task_tools(tasks: SqlTaskStore, *, default_tz: str = "UTC") -> list[Tool]:
+def task_tools(tasks: TaskBook, *, default_tz: str = "UTC") -> list[Tool]:
     async def schedule_task(args: ScheduleArgs, run: ToolRun) -> str:
         try:
             schedule = schedule_of(cron=args.cron, every=args.every, at=args.at, tz=args.tz or default_tz,

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from ember.channels.chat.split import split_message
 from ember.core.events import OutboundEvent
-from ember.store.channel_messages import SqlChannelMessages
+from ember.store.protocols import ChannelMessages
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class _Answer:
 
 
 class EditStream:
-    def __init__(self, platform: EditablePlatform, messages: SqlChannelMessages, channel: str, *,
+    def __init__(self, platform: EditablePlatform, messages: ChannelMessages, channel: str, *,
                  interval_s: float, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._platform = platform
         self._messages = messages

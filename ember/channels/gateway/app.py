@@ -42,11 +42,7 @@ from ember.memory.service import MemoryService
 from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.usage import UsageRecorder
 from ember.skills.library import SkillLibrary
-from ember.store.jobs import SqlJobStore
-from ember.store.protocols import ConversationIndex, Inbox
-from ember.store.sessions import SqlSessionStore
-from ember.store.tasks import SqlTaskStore
-from ember.store.traces import SqlTraceStore
+from ember.store.protocols import ConversationIndex, Inbox, JobCounts, SessionBrowser, TaskBook, TraceReader
 
 STATIC_DIR = Path(__file__).parent / "static"
 # Open to all: liveness for supervisors, and the page that asks for a key.
@@ -71,18 +67,18 @@ log = logging.getLogger(__name__)
 class GatewayServices:
     """The runtime's parts the routes read and write, besides the turns."""
 
-    sessions: SqlSessionStore
-    jobs: SqlJobStore
+    sessions: SessionBrowser
+    jobs: JobCounts
     approvals: ApprovalBroker
     memory: MemoryService
     identities: Identities
     conversations: ConversationIndex  # which session holds the conversation of a request naming none
     usage: UsageRecorder | None = None  # its counts reach /metrics
-    tasks: SqlTaskStore | None = None
+    tasks: TaskBook | None = None
     skills: SkillLibrary | None = None
     deliveries: Inbox | None = None  # the errors turns ended with, shown in the history
     turns: TurnControl | None = None  # stops a running turn
-    traces: SqlTraceStore | None = None  # what each turn did: /api/activity
+    traces: TraceReader | None = None  # what each turn did: /api/activity
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,8 +38,7 @@ from ember.core.messages import Message
 from ember.core.tools import ApprovalRequest, Decision
 from ember.core.turn import TurnControl
 from ember.runtime.approvals import ApprovalBroker, Resolution
-from ember.store.protocols import Inbox
-from ember.store.sessions import SqlSessionStore
+from ember.store.protocols import Inbox, SessionBrowser
 
 
 def approval_payload(request: ApprovalRequest, identity: str) -> dict[str, Any]:
@@ -77,7 +76,7 @@ def failure_payload(failure: Delivery, identity: str) -> dict[str, Any]:
 
 
 class NativeApi:
-    def __init__(self, router: TurnRouter, sessions: SqlSessionStore, approvals: ApprovalBroker,
+    def __init__(self, router: TurnRouter, sessions: SessionBrowser, approvals: ApprovalBroker,
                  metrics: GatewayMetrics, *, max_body_bytes: int, approvers: frozenset[str] = frozenset(),
                  deliveries: Inbox | None = None, turns: TurnControl | None = None) -> None:
         self._router = router

@@ -16,7 +16,8 @@ from ember.core.events import ReplyRoute
 from ember.core.schedule import ScheduleError
 from ember.core.tasks import MissedPolicy, Task, TaskState
 from ember.memory.identity import Identities
-from ember.store.tasks import SqlTaskStore, new_task_id
+from ember.store.protocols import TaskBook
+from ember.store.tasks import new_task_id
 from ember.tools.tasks import ScheduleArgs, schedule_of
 
 
@@ -32,7 +33,7 @@ class TaskWrite(ScheduleArgs):
 
 
 class TasksApi:
-    def __init__(self, tasks: SqlTaskStore, identities: Identities, *, max_body_bytes: int,
+    def __init__(self, tasks: TaskBook, identities: Identities, *, max_body_bytes: int,
                  default_tz: str = "UTC") -> None:
         self._tasks = tasks
         self._identities = identities

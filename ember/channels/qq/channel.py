@@ -53,8 +53,7 @@ from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tools import Decision
 from ember.memory.identity import Identities
 from ember.runtime.approvals import ApprovalBroker, Resolution
-from ember.store.channel_messages import SqlChannelMessages
-from ember.store.protocols import ApprovalLog, Inbox
+from ember.store.protocols import ApprovalLog, Inbox, PlatformMessages
 
 CHANNEL = "qq"
 CALLBACK_PATH = "/channels/qq"
@@ -123,7 +122,7 @@ class QQChannel:
                                        max_message_chars=MAX_MESSAGE_CHARS,
                                        confirms_delivery=True)
 
-    def __init__(self, spec: QQSpec, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+    def __init__(self, spec: QQSpec, bus: Bus, inbox: Inbox, messages: PlatformMessages,
                  approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
                  clock: Callable[[], float] = time.monotonic, http: httpx.AsyncClient | None = None) -> None:
         secret = spec.key()

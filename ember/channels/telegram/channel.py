@@ -39,8 +39,7 @@ from ember.core.redact import REDACTED
 from ember.core.tools import Decision
 from ember.memory.identity import Identities
 from ember.runtime.approvals import ApprovalBroker, Resolution
-from ember.store.channel_messages import SqlChannelMessages
-from ember.store.protocols import ApprovalLog, Inbox
+from ember.store.protocols import ApprovalLog, Inbox, PlatformMessages
 
 CHANNEL = "telegram"
 TOKEN_REFUSED = "Telegram refused the bot token (401 Unauthorized): check [telegram] token or EMBER_TELEGRAM_TOKEN"
@@ -128,7 +127,7 @@ class TelegramChannel:
                                        max_message_chars=MAX_MESSAGE_CHARS,
                                        confirms_delivery=True)
 
-    def __init__(self, spec: TelegramSpec, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+    def __init__(self, spec: TelegramSpec, bus: Bus, inbox: Inbox, messages: PlatformMessages,
                  approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
                  public_url: str | None = None, bot: Bot | None = None) -> None:
         token = spec.key()

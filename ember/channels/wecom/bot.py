@@ -49,8 +49,7 @@ from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.memory.identity import Identities
 from ember.runtime.approvals import ApprovalBroker
-from ember.store.channel_messages import SqlChannelMessages
-from ember.store.protocols import ApprovalLog, Inbox
+from ember.store.protocols import ApprovalLog, Inbox, PlatformMessages
 
 MAX_STREAM_BYTES = 20_480  # a stream's content, in UTF-8 (document 101031)
 REFRESH_GRACE_S = 5.0  # after the window, how long an answer waits for a refresh already on its way
@@ -151,7 +150,7 @@ class WeComBotChannel:
     capabilities = ChannelCapabilities(streams=True, approvals=True, max_message_chars=MAX_STREAM_BYTES // 4,
                                        confirms_delivery=True)
 
-    def __init__(self, spec: WeComBotSpec, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+    def __init__(self, spec: WeComBotSpec, bus: Bus, inbox: Inbox, messages: PlatformMessages,
                  approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.time) -> None:
         self._callbacks = BotCallbacks(spec.token.get_secret_value(), spec.encoding_aes_key.get_secret_value())

@@ -54,8 +54,7 @@ from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.memory.identity import Identities
 from ember.runtime.approvals import ApprovalBroker
-from ember.store.channel_messages import SqlChannelMessages
-from ember.store.protocols import ApprovalLog, Inbox
+from ember.store.protocols import ApprovalLog, Inbox, PlatformMessages
 
 MAX_MESSAGE_BYTES = 2048
 REFUSAL = ("Sorry, I only talk with the people my owner allowed. If that should include you, "
@@ -102,7 +101,7 @@ class _WeixinChannel:
     # answers are cut by their bytes, so most messages carry more.
     capabilities = ChannelCapabilities(max_message_chars=MAX_MESSAGE_BYTES // 4, approvals=True, confirms_delivery=True)
 
-    def __init__(self, platform: Platform, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+    def __init__(self, platform: Platform, bus: Bus, inbox: Inbox, messages: PlatformMessages,
                  approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities) -> None:
         self._callbacks = platform.callbacks
         self._api = platform.api
@@ -270,7 +269,7 @@ class WeComChannel(_WeixinChannel):
     everyone = "every member of the corp who can see the app"
     empty_answer = ""  # an empty 200: answered, nothing to show
 
-    def __init__(self, spec: WeComSpec, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+    def __init__(self, spec: WeComSpec, bus: Bus, inbox: Inbox, messages: PlatformMessages,
                  approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         secret = spec.key()
@@ -300,7 +299,7 @@ class WeChatOfficialChannel(_WeixinChannel):
     everyone = "everyone who follows the account"
     empty_answer = "success"  # what the platform asks for when there is no passive reply
 
-    def __init__(self, spec: WeChatOfficialSpec, bus: Bus, inbox: Inbox, messages: SqlChannelMessages,
+    def __init__(self, spec: WeChatOfficialSpec, bus: Bus, inbox: Inbox, messages: PlatformMessages,
                  approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         secret = spec.key()

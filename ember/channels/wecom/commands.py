@@ -14,8 +14,7 @@ from ember.core.events import OutboundEvent
 from ember.core.tools import Decision
 from ember.memory.identity import Identities
 from ember.runtime.approvals import ApprovalBroker, Resolution
-from ember.store.channel_messages import SqlChannelMessages
-from ember.store.protocols import ApprovalLog
+from ember.store.protocols import ApprovalLog, PlatformMessages
 
 _COMMAND = re.compile(r"[/／](approve|always|deny)\s+(\S+)", re.IGNORECASE)
 DECISIONS = {"approve": Decision.APPROVE_ONCE, "always": Decision.APPROVE_SESSION, "deny": Decision.DENY}
@@ -37,7 +36,7 @@ def hint(short: str) -> str:
 
 class ApprovalCommands:
     def __init__(self, channel: str, approvals: ApprovalBroker, rows: ApprovalLog, identities: Identities,
-                 messages: SqlChannelMessages, approvers: frozenset[str]) -> None:
+                 messages: PlatformMessages, approvers: frozenset[str]) -> None:
         self._channel = channel
         self._approvals = approvals
         self._rows = rows
