@@ -21,7 +21,6 @@ MAX_LOOSE_MODULES = 6
 
 # Functions over 50 lines: (module, function) -> lines today.
 LONG_FUNCTIONS = {
-    ("app/runtime.py", "build_runtime"): 79,
     ("channels/gateway/app.py", "create_app"): 78,
     ("channels/gateway/openapi.py", "openapi_document"): 79,
     ("app/serve.py", "serve"): 56,
@@ -30,7 +29,6 @@ LONG_FUNCTIONS = {
 }
 # Signatures over 7 parameters (self aside; CLI commands are exempt): (module, function) -> parameters today.
 WIDE_SIGNATURES = {
-    ("app/runtime.py", "_job_handlers"): 8,
     ("channels/cron.py", "__init__"): 8,
     ("channels/gateway/native_api.py", "__init__"): 8,
     ("channels/gateway/turns.py", "turn"): 10,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ember.app.runtime import shell_sandbox
+from ember.app.tools import shell_sandbox
 from ember.cli.doctor import run_checks
 from ember.config.settings import Settings
 from ember.runtime.hardening import dumpable

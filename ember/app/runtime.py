@@ -7,13 +7,14 @@ this is the one place that knows them all.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ember.app.database import store_database
 from ember.app.models import configured_approval_model, configured_background_model
+from ember.app.tools import default_tools
 from ember.bus.base import Bus
 from ember.bus.memory import InProcessBus
 from ember.bus.redis import RedisBus
@@ -58,19 +59,10 @@ from ember.store.skills import SqlSkillStore
 from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
-from ember.tools.a2a import a2a_tools
 from ember.tools.approval import ApprovalGate
-from ember.tools.base import ToolRegistry, Toolset
+from ember.tools.base import Toolset
 from ember.tools.explain import ApprovalExplainer
-from ember.tools.files import file_tools
 from ember.tools.mcp import McpHub, start_mcp
-from ember.tools.memory import memory_tools
-from ember.tools.sandboxes import SandboxChoice, sandbox_choice
-from ember.tools.shell import shell_tool
-from ember.tools.skills import skill_tools
-from ember.tools.tasks import task_tools
-from ember.tools.web import web_fetch_tool
-from ember.tools.workspace import SessionOwners, Workspaces
 
 if TYPE_CHECKING:
     from ember.runtime.telemetry import Telemetry
@@ -91,31 +83,6 @@ def telemetry(settings: Settings) -> Telemetry | None:
     return Telemetry(settings.otel_endpoint, service_name=settings.otel_service_name)
 
 
-def shell_sandbox(settings: Settings) -> SandboxChoice:
-    """Where shell commands run; Ember's home and the workspaces do not exist inside."""
-    read_only = [path.expanduser() for path in settings.shell_read_only_paths]
-    return sandbox_choice(settings.shell_sandbox, hidden=(settings.home_dir, settings.workspace_dir),
-                          read_only=read_only, docker_image=settings.shell_docker_image)
-
-
-def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: SqlTaskStore,
-                  skills: SkillLibrary) -> ToolRegistry:
-    """The built-in tools, and the tools of the MCP servers that started."""
-    folders = workspaces(settings, memory)
-    return ToolRegistry([
-        *file_tools(folders),
-        shell_tool(folders, sandbox=shell_sandbox(settings), network=settings.shell_network,
-                   timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars,
-                   env_names=settings.shell_env),
-        web_fetch_tool(allow_private=settings.web_fetch_allow_private,
-                       allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
-        *memory_tools(memory),
-        *skill_tools(skills, folders),
-        *task_tools(tasks, default_tz=settings.timezone),
-        *a2a_tools(settings.a2a_agents, allow_private=settings.web_fetch_allow_private,
-                   allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
-        *mcp.tools(),
-    ])
 
 
 @dataclass(slots=True)
@@ -154,52 +121,39 @@ class Runtime:
                          unstarted=lambda: self.deliveries.store.unstarted([TASK_CHANNEL]))
 
 
-def _job_handlers(memory: MemoryService, sessions: SqlSessionStore, consolidation: ConsolidationWorker,
-                  memory_reviewer: MemoryReviewer, skill_reviewer: SkillReviewer, skills: SkillLibrary,
-                  reconciler: FactReconciler, titler: SessionTitler) -> dict[str, JobHandler]:
-    def for_session(job: Job) -> str:
-        if job.session_key is None:
-            raise ValueError(f"{job.kind} job {job.id} has no session key")
-        return job.session_key
+def _job_handlers(sessions: SqlSessionStore, leases: SessionLeases, background: ModelClient,
+                  memory: MemoryService, skills: SkillLibrary, consolidation: ConsolidationWorker,
+                  ) -> dict[str, JobHandler]:
+    memory_reviewer = MemoryReviewer(sessions, leases, background, memory)
+    skill_reviewer = SkillReviewer(sessions, leases, background, memory, skills, cost=background.cost_of)
+    reconciler, titler = FactReconciler(memory, background), SessionTitler(sessions, background)
 
-    async def consolidate(job: Job) -> None:
-        await consolidation.consolidate(for_session(job))
+    def whole(work: Callable[[], Awaitable[object]]) -> JobHandler:
+        async def handle(job: Job) -> None:
+            await work()
+        return handle
 
-    async def embed(job: Job) -> None:
-        await memory.flush_embeddings()
-
-    async def review_memory(job: Job) -> None:
-        await memory_reviewer.review(for_session(job))
+    def of_session(work: Callable[[str], Awaitable[object]]) -> JobHandler:
+        async def handle(job: Job) -> None:
+            if job.session_key is None:
+                raise ValueError(f"{job.kind} job {job.id} has no session key")
+            await work(job.session_key)
+        return handle
 
     async def review_skills(job: Job) -> None:
-        await skill_reviewer.review(for_session(job), job.id)
+        await of_session(lambda key: skill_reviewer.review(key, job.id))(job)
         await skills.curate()
-
-    async def curate_skills(job: Job) -> None:
-        await skills.curate()
-
-    async def archive(job: Job) -> None:
-        await memory.archive_session(for_session(job))
-
-    async def upkeep(job: Job) -> None:
-        await memory.upkeep()
-
-    async def reconcile(job: Job) -> None:
-        await reconciler.reconcile()
-
-    async def title(job: Job) -> None:
-        await titler.title(for_session(job))
 
     return {
-        JobKind.ARCHIVE: archive,
-        JobKind.MEMORY_UPKEEP: upkeep,
-        JobKind.RECONCILE_FACTS: reconcile,
-        JobKind.CONSOLIDATE: consolidate,
-        JobKind.EMBED: embed,
-        JobKind.REVIEW_MEMORY: review_memory,
+        JobKind.ARCHIVE: of_session(memory.archive_session),
+        JobKind.MEMORY_UPKEEP: whole(memory.upkeep),
+        JobKind.RECONCILE_FACTS: whole(reconciler.reconcile),
+        JobKind.CONSOLIDATE: of_session(consolidation.consolidate),
+        JobKind.EMBED: whole(memory.flush_embeddings),
+        JobKind.REVIEW_MEMORY: of_session(memory_reviewer.review),
         JobKind.REVIEW_SKILLS: review_skills,
-        JobKind.CURATE_SKILLS: curate_skills,
-        JobKind.TITLE_SESSION: title,
+        JobKind.CURATE_SKILLS: whole(skills.curate),
+        JobKind.TITLE_SESSION: of_session(titler.title),
     }
 
 
@@ -208,11 +162,6 @@ def skill_library(settings: Settings, db: Database) -> SkillLibrary:
     policy = SkillPolicy(settings.skills_auto_admit, settings.skills_index_chars, settings.skills_archive_after_days)
     return SkillLibrary(SqlSkillStore(db), default_folders(settings.skills_path), policy)
 
-
-def workspaces(settings: Settings, owners: SessionOwners | None) -> Workspaces:
-    """Each identity's own folder (`workspace` for `local`), or one for all (workspace_scope = "shared")."""
-    per_identity = settings.workspaces_dir if settings.workspace_scope == "identity" else None
-    return Workspaces(settings.workspace_dir, per_identity, owners=owners)
 
 
 def memory_service(settings: Settings, db: Database, embedder: Embedder | None = None) -> MemoryService:
@@ -223,6 +172,72 @@ def memory_service(settings: Settings, db: Database, embedder: Embedder | None =
                                  relevance_floor=settings.embedding_relevance_floor)
     return MemoryService(SqlMemoryStore(db, embeds=embedder is not None), embedder,
                          identities=Identities(settings.identities))
+
+
+@dataclass(frozen=True, slots=True)
+class _Models:
+    """The models a runtime calls, each metered into `usage`: the turns', the background work's, and
+    the one that explains approval requests (None: they go out unexplained)."""
+
+    turns: MeteredModel
+    background: MeteredModel
+    explainer: ApprovalExplainer | None
+    usage: UsageRecorder
+
+
+def _metered(settings: Settings, usage: UsageRecorder, spans: Telemetry | None, model: ModelClient,
+             background_model: ModelClient | None, approval_model: ModelClient | None) -> _Models:
+    prices = {name: spec.price() for name, spec in settings.models.items()}
+    tracer = spans.tracer if spans is not None else None
+
+    def meter(inner: ModelClient) -> MeteredModel:
+        return MeteredModel(inner, prices, usage.record, tracer)
+
+    turns = meter(model)
+    background = meter(background_model) if background_model else turns
+    explainer = None
+    if approval_model is not None:
+        explainer = ApprovalExplainer(turns if approval_model is model else meter(approval_model),
+                                      settings.approval_explain_timeout_s)
+    return _Models(turns, background, explainer, usage)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sharing:
+    """How this process shares sessions and jobs: with processes on other machines through a shared
+    store (fencing lease rows, claimed jobs), or with those of its own home through file locks."""
+
+    leases: SessionLeases
+    jobs: SqlJobStore
+    runner_lock: HostLock | None
+    lease_table: LeaseTable | None
+
+
+def _sharing(settings: Settings, db: Database, process: str) -> _Sharing:
+    if settings.database_url is None:
+        return _Sharing(LocalLeases(settings.home_dir / "locks" / "sessions"), SqlJobStore(db),
+                        HostLock(settings.home_dir / "locks" / "background-runner"), None)
+    table = LeaseTable(db, process, settings.worker_timeout_s)
+    jobs = SqlJobStore(db, claimer=process, claim_ttl_s=settings.worker_timeout_s)
+    return _Sharing(SqlSessionLeases(table), jobs, None, table)
+
+
+def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryService, skills: SkillLibrary,
+              tools: Toolset, models: _Models, runner: BackgroundRunner) -> Pipeline:
+    persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template, settings.intro_templates)
+    recall = RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens)
+    # The index tells the model to call skill_view: only where it can.
+    index = skills if any(spec.name == "skill_view" for spec in tools.specs()) else None
+    marks = DEMO_MARKS if models.turns.name == DEMO_NAME else None
+    # The scripted demo model has no titles to give.
+    titled = settings.session_titles and models.background.name != DEMO_NAME
+    derived = DerivedWorkPolicy(settings.consolidation_threshold,
+                                frozenset({GATEWAY_CHANNEL}) if titled else frozenset())
+    limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
+    return Pipeline(context=ContextStage(sessions, memory, persona, Identities(settings.identities), recall,
+                                         index, marks),
+                    inference=InferenceStage(models.turns, tools, sessions, limits, models.usage),
+                    response=ResponseStage(sessions, runner, memory, derived))
 
 
 async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
@@ -237,32 +252,17 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     db = store_database(settings)
     await db.open()
     spans = telemetry(settings)
-    tracer = spans.tracer if spans is not None else None
     usage = UsageRecorder(SqlUsageStore(db), budgets_usd_per_day=settings.budget_usd_per_day)
-    prices = {name: spec.price() for name, spec in settings.models.items()}
-    model = MeteredModel(model, prices, usage.record, tracer)
-    background = MeteredModel(background_model, prices, usage.record, tracer) if background_model else model
-    explainer = None
-    if approval_model is not None:
-        metered = model if approval_model is model.inner else MeteredModel(approval_model, prices, usage.record,
-                                                                           tracer)
-        explainer = ApprovalExplainer(metered, settings.approval_explain_timeout_s)
-    sessions, jobs, traces = SqlSessionStore(db), SqlJobStore(db), SqlTraceStore(db)
+    models = _metered(settings, usage, spans, model, background_model, approval_model)
+    sessions = SqlSessionStore(db)
     memory = memory_service(settings, db, embedder)
     await memory.open()
     process = process_name()
-    lease_table = LeaseTable(db, process, settings.worker_timeout_s) if settings.database_url else None
-    leases: SessionLeases
-    if lease_table is not None:  # processes on several machines: fencing lease rows, shared job claims
-        leases, runner_lock = SqlSessionLeases(lease_table), None
-        jobs = SqlJobStore(db, claimer=process, claim_ttl_s=settings.worker_timeout_s)
-    else:
-        leases = LocalLeases(settings.home_dir / "locks" / "sessions")
-        runner_lock = HostLock(settings.home_dir / "locks" / "background-runner")
+    sharing = _sharing(settings, db, process)
     bus = message_bus(settings, process)
     approval_rows = SqlApprovalStore(db)
-    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, explainer, approval_rows,
-                               shared=settings.redis_url is not None or lease_table is not None)
+    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, models.explainer, approval_rows,
+                               shared=settings.redis_url is not None or sharing.lease_table is not None)
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
     tasks = SqlTaskStore(db)
@@ -270,40 +270,25 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     await skills.sync()
     gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory, tasks, skills),
                          settings.tool_policy, approval_rows)
-    consolidation = ConsolidationWorker(sessions, leases, background, memory,
+    consolidation = ConsolidationWorker(sessions, sharing.leases, models.background, memory,
                                         keep_recent=settings.consolidation_keep_recent)
-    runner = BackgroundRunner(
-        jobs,
-        _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, background, memory),
-                      SkillReviewer(sessions, leases, background, memory, skills, cost=background.cost_of), skills,
-                      FactReconciler(memory, background), SessionTitler(sessions, background)),
-        runner_lock,
-        retry=RetryPolicy(max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s),
-        spans=spans,
-    )
-    persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template, settings.intro_templates)
-    limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
-    pipeline = Pipeline(
-        context=ContextStage(sessions, memory, persona, identities,
-                             RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens),
-                             # The index tells the model to call skill_view: only where it can.
-                             skills if any(spec.name == "skill_view" for spec in gated.specs()) else None,
-                             DEMO_MARKS if model.name == DEMO_NAME else None),
-        inference=InferenceStage(model, gated, sessions, limits, usage),
-        response=ResponseStage(sessions, runner, memory, DerivedWorkPolicy(
-            settings.consolidation_threshold,
-            # The scripted demo model has no titles to give.
-            frozenset({GATEWAY_CHANNEL}) if settings.session_titles and background.name != DEMO_NAME else frozenset())),
-    )
-    deliveries = DeliveryWorker(SqlDeliveryStore(db), bus)
-    recovery = RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s)
-    loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries, recovery, spans,
+    handlers = _job_handlers(sessions, sharing.leases, models.background, memory, skills, consolidation)
+    runner = BackgroundRunner(sharing.jobs, handlers, sharing.runner_lock, spans=spans, retry=RetryPolicy(
+        max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s))
+    deliveries, traces = DeliveryWorker(SqlDeliveryStore(db), bus), SqlTraceStore(db)
+    loop = AgentLoop(bus, sharing.leases, sessions, _pipeline(settings, sessions, memory, skills, gated, models,
+                                                              runner),
+                     traces, approvals, deliveries,
+                     RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s), spans,
                      max_turns=settings.max_concurrent_turns)
-    return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation, mcp, deliveries,
-                   identities, usage, ChannelHub(bus, deliveries), tasks, skills, gated, spans, model,
-                   background if background_model else None,
-                   explainer.model if explainer is not None and approval_model is not model.inner else None,
-                   lease_table)
+    return Runtime(
+        db=db, sessions=sessions, jobs=sharing.jobs, traces=traces, memory=memory, bus=bus,
+        approvals=approvals, runner=runner, loop=loop, consolidation=consolidation, mcp=mcp,
+        deliveries=deliveries, identities=identities, usage=usage, channels=ChannelHub(bus, deliveries),
+        tasks=tasks, skills=skills, tools=gated, telemetry=spans, model=models.turns,
+        background_model=models.background if background_model else None,
+        approval_model=models.explainer.model if models.explainer and approval_model is not model else None,
+        lease_table=sharing.lease_table)
 
 
 async def configured_runtime(settings: Settings, model: ModelClient, *, own_roles: bool = True) -> Runtime:

@@ -19,7 +19,7 @@ from sqlalchemy import bindparam, distinct, func, select, text
 from ember.app.database import Stores, open_database
 from ember.app.model_probe import MODEL_CHECK_TIMEOUT_S, probe_model
 from ember.app.models import model_endpoints
-from ember.app.runtime import shell_sandbox
+from ember.app.tools import shell_sandbox
 from ember.bus.redis import WORKERS
 from ember.bus.redis_support import redacted_url
 from ember.config.settings import CONFIGURE_MODEL_HINT, Settings, isolated_settings, load_settings

@@ -1,0 +1,53 @@
+"""The tools a runtime gives its model: the built-in ones, each person's workspace, the shell's
+sandbox, and the tools of the MCP servers that started."""
+
+from __future__ import annotations
+
+from ember.config.settings import Settings
+from ember.memory.service import MemoryService
+from ember.skills.library import SkillLibrary
+from ember.store.protocols import TaskBook
+from ember.tools.a2a import a2a_tools
+from ember.tools.base import ToolRegistry
+from ember.tools.files import file_tools
+from ember.tools.mcp import McpHub
+from ember.tools.memory import memory_tools
+from ember.tools.sandboxes import SandboxChoice, sandbox_choice
+from ember.tools.shell import shell_tool
+from ember.tools.skills import skill_tools
+from ember.tools.tasks import task_tools
+from ember.tools.web import web_fetch_tool
+from ember.tools.workspace import SessionOwners, Workspaces
+
+
+def shell_sandbox(settings: Settings) -> SandboxChoice:
+    """Where shell commands run; Ember's home and the workspaces do not exist inside."""
+    read_only = [path.expanduser() for path in settings.shell_read_only_paths]
+    return sandbox_choice(settings.shell_sandbox, hidden=(settings.home_dir, settings.workspace_dir),
+                          read_only=read_only, docker_image=settings.shell_docker_image)
+
+
+def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: TaskBook,
+                  skills: SkillLibrary) -> ToolRegistry:
+    """The built-in tools, and the tools of the MCP servers that started."""
+    folders = workspaces(settings, memory)
+    return ToolRegistry([
+        *file_tools(folders),
+        shell_tool(folders, sandbox=shell_sandbox(settings), network=settings.shell_network,
+                   timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars,
+                   env_names=settings.shell_env),
+        web_fetch_tool(allow_private=settings.web_fetch_allow_private,
+                       allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
+        *memory_tools(memory),
+        *skill_tools(skills, folders),
+        *task_tools(tasks, default_tz=settings.timezone),
+        *a2a_tools(settings.a2a_agents, allow_private=settings.web_fetch_allow_private,
+                   allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
+        *mcp.tools(),
+    ])
+
+
+def workspaces(settings: Settings, owners: SessionOwners | None) -> Workspaces:
+    """Each identity's own folder (`workspace` for `local`), or one for all (workspace_scope = "shared")."""
+    per_identity = settings.workspaces_dir if settings.workspace_scope == "identity" else None
+    return Workspaces(settings.workspace_dir, per_identity, owners=owners)
