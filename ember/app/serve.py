@@ -201,6 +201,20 @@ def gateway_options(settings: Settings, model: ModelClient, model_problem: str) 
     )
 
 
+def shared_rate_limiter(settings: Settings) -> RedisRateLimiter | None:
+    """On Redis, every gateway counts a caller's requests together; else each process counts its own."""
+    if settings.redis_url is None:
+        return None
+    return RedisRateLimiter(settings.redis_url.get_secret_value(), settings.redis_namespace,
+                            settings.gateway_rate_per_minute, settings.gateway_rate_burst)
+
+
+def gateway_services(runtime: Runtime) -> GatewayServices:
+    return GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory, runtime.identities,
+                           SqlConversationIndex(runtime.db), runtime.usage, runtime.tasks, runtime.skills,
+                           deliveries=runtime.deliveries.store, turns=runtime.loop, traces=runtime.traces)
+
+
 async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str, port: int,
                 on_ready: Callable[[Listening], None], *, turns: bool = True) -> int:
     """Serve until SIGINT or SIGTERM; 0 after a clean stop, 1 if the start failed. `turns`: run the
@@ -225,10 +239,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         if a2a is not None:
             channel_routes += a2a.routes
 
-        limiter = None
-        if settings.redis_url is not None:  # every gateway on this Redis counts a caller's requests together
-            limiter = RedisRateLimiter(settings.redis_url.get_secret_value(), settings.redis_namespace,
-                                       settings.gateway_rate_per_minute, settings.gateway_rate_burst)
+        limiter = shared_rate_limiter(settings)
 
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -243,13 +254,8 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
                         await limiter.aclose()
 
         options = gateway_options(settings, model, listening.model_problem)
-        services = GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory,
-                                   runtime.identities, SqlConversationIndex(runtime.db), runtime.usage,
-                                   runtime.tasks, runtime.skills,
-                                   deliveries=runtime.deliveries.store, turns=runtime.loop,
-                                   traces=runtime.traces)
-        app = create_app(router, services, keys, options, lifespan=lifespan, channel_routes=channel_routes,
-                         limiter=limiter)
+        app = create_app(router, gateway_services(runtime), keys, options, lifespan=lifespan,
+                         channel_routes=channel_routes, limiter=limiter)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)
         server = _Server(config)

@@ -242,25 +242,7 @@ class AgentLoop:
             assert turn.trace is not None
             turn.trace.status = "ok"
         except asyncio.CancelledError:
-            stopped = turn.stop_requested
-            if stopped:  # the person's stop ends this turn only: the task carries on to record it
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            if turn.trace is not None:
-                turn.trace.status, turn.trace.error = (
-                    ("stopped", "stopped by the person who asked") if stopped
-                    else ("cancelled", "the turn was stopped before it finished"))
-            answer = turn.undelivered_answer()
-            if answer is not None:  # committed before the cancel: deliver the record, not an error
-                await self._deliveries.send(Delivery.replying(
-                    event, delivery_id=delivery_id(turn.turn_id, answer.seq or 0), turn_id=turn.turn_id,
-                    text=answer.content))
-            elif stopped and not turn.delivered:
-                await self._approvals.turn_ended(turn.turn_id, "stopped")
-                recorded = await self._record_failure(event, turn, STOPPED_TEXT)
-                await self._publish(event, turn.turn_id, OutboundKind.ERROR, STOPPED_TEXT, delivery=recorded)
-            elif not turn.delivered and not event.recovery:
-                await self._publish(event, turn.turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
-            if not stopped:
+            if not await self._cut_off(event, turn):
                 raise
         except LeaseLost as lost:
             # Said here, not only by the renewal task: a write can find the lease gone before that task wakes.
@@ -280,6 +262,29 @@ class AgentLoop:
             if turn.trace is not None:
                 turn.trace.detail.update(turn.journal.as_dict())
                 await self._record(turn.trace)
+
+    async def _cut_off(self, event: InboundEvent, turn: TurnState) -> bool:
+        """A turn cancelled mid-way: its answer, if committed, is delivered; else an error says it
+        stopped. True if the person stopped it (the task goes on); False if the process is stopping."""
+        stopped = turn.stop_requested
+        if stopped:  # the person's stop ends this turn only: the task carries on to record it
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        if turn.trace is not None:
+            turn.trace.status, turn.trace.error = (
+                ("stopped", "stopped by the person who asked") if stopped
+                else ("cancelled", "the turn was stopped before it finished"))
+        answer = turn.undelivered_answer()
+        if answer is not None:  # committed before the cancel: deliver the record, not an error
+            await self._deliveries.send(Delivery.replying(
+                event, delivery_id=delivery_id(turn.turn_id, answer.seq or 0), turn_id=turn.turn_id,
+                text=answer.content))
+        elif stopped and not turn.delivered:
+            await self._approvals.turn_ended(turn.turn_id, "stopped")
+            recorded = await self._record_failure(event, turn, STOPPED_TEXT)
+            await self._publish(event, turn.turn_id, OutboundKind.ERROR, STOPPED_TEXT, delivery=recorded)
+        elif not turn.delivered and not event.recovery:
+            await self._publish(event, turn.turn_id, OutboundKind.ERROR, INTERRUPTED_TEXT)
+        return stopped
 
     async def _traced_turn(self, event: InboundEvent, turn: TurnState) -> None:
         """The turn's stages, traced, and stoppable by the person while they run."""

@@ -8,11 +8,15 @@ import asyncio
 import os
 import uuid
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from ember.core.tools import Risk, ToolRun
 from ember.tools.base import Tool, ToolFailure, TurnTool
+
+if TYPE_CHECKING:
+    from a2a.types import StreamResponse
 
 MAX_ANSWER_CHARS = 20_000
 
@@ -48,13 +52,54 @@ class CallAgentArgs(BaseModel):
                          min_length=1)
 
 
+class _Reply:
+    """What an agent says over a streamed call: its answer so far, its task's state, its last words
+    of status. (The SDK is imported when agents are configured, never for reading the settings.)"""
+
+    def __init__(self) -> None:
+        from a2a.types import TaskState
+
+        self.chunks: list[str] = []
+        self.state, self.said = TaskState.TASK_STATE_UNSPECIFIED, ""
+
+    def take(self, event: StreamResponse, name: str, run: ToolRun) -> None:
+        from a2a.types import TaskState
+
+        kind = event.WhichOneof("payload")
+        if kind == "artifact_update":
+            piece = "".join(part.text for part in event.artifact_update.artifact.parts)
+            self.chunks = [*self.chunks, piece] if event.artifact_update.append else [piece]
+            run.observer.tool_progress("call_agent", f"{name}: {sum(map(len, self.chunks))} characters")
+        elif kind == "status_update":
+            self.state = event.status_update.status.state
+            self.said = "".join(part.text for part in event.status_update.status.message.parts) or self.said
+            run.observer.tool_progress("call_agent", f"{name}: {TaskState.Name(self.state)}")
+        elif kind == "task":
+            self.state = event.task.status.state
+            if event.task.artifacts:
+                self.chunks = ["".join(p.text for a in event.task.artifacts for p in a.parts)]
+        elif kind == "message":
+            self.chunks = ["".join(p.text for p in event.message.parts)]
+            self.state = TaskState.TASK_STATE_COMPLETED
+
+    def result(self, name: str) -> str:
+        from a2a.types import TaskState
+
+        answer, state, said = "".join(self.chunks)[:MAX_ANSWER_CHARS], self.state, self.said
+        if state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            return f"{name} needs more from you before it can go on: {said or answer}"
+        if state in (TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_REJECTED, TaskState.TASK_STATE_CANCELED):
+            raise ToolFailure(f"{name} did not finish ({TaskState.Name(state)}): {said or answer or 'no reason given'}")
+        return f"{name} answered: {answer}" if answer else f"{name} finished without an answer"
+
+
 def a2a_tools(agents: Mapping[str, A2AAgentSpec], *, allow_private: bool = False,
               allowed_hosts: frozenset[str] = frozenset()) -> list[Tool]:
     if not agents:
         return []
     import httpx  # with the SDK: only when agents are configured, never for reading the settings
     from a2a.client import A2AClientError, ClientConfig, create_client
-    from a2a.types import Message, Part, Role, SendMessageRequest, TaskState
+    from a2a.types import Message, Part, Role, SendMessageRequest
 
     from ember.tools.web import AddressRefused, checked_target
 
@@ -64,33 +109,13 @@ def a2a_tools(agents: Mapping[str, A2AAgentSpec], *, allow_private: bool = False
             client = await create_client(spec.url, ClientConfig(streaming=True, httpx_client=http))
             request = SendMessageRequest(message=Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex,
                                                          parts=[Part(text=text)]))
-            chunks: list[str] = []
-            state, said = TaskState.TASK_STATE_UNSPECIFIED, ""
+            reply = _Reply()
             try:
                 async for event in client.send_message(request):
-                    kind = event.WhichOneof("payload")
-                    if kind == "artifact_update":
-                        piece = "".join(part.text for part in event.artifact_update.artifact.parts)
-                        chunks = [*chunks, piece] if event.artifact_update.append else [piece]
-                        run.observer.tool_progress("call_agent", f"{name}: {sum(map(len, chunks))} characters")
-                    elif kind == "status_update":
-                        state = event.status_update.status.state
-                        said = "".join(part.text for part in event.status_update.status.message.parts) or said
-                        run.observer.tool_progress("call_agent", f"{name}: {TaskState.Name(state)}")
-                    elif kind == "task":
-                        state = event.task.status.state
-                        if event.task.artifacts:
-                            chunks = ["".join(p.text for a in event.task.artifacts for p in a.parts)]
-                    elif kind == "message":
-                        chunks, state = ["".join(p.text for p in event.message.parts)], TaskState.TASK_STATE_COMPLETED
+                    reply.take(event, name, run)
             finally:
                 await client.close()
-        answer = "".join(chunks)[:MAX_ANSWER_CHARS]
-        if state == TaskState.TASK_STATE_INPUT_REQUIRED:
-            return f"{name} needs more from you before it can go on: {said or answer}"
-        if state in (TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_REJECTED, TaskState.TASK_STATE_CANCELED):
-            raise ToolFailure(f"{name} did not finish ({TaskState.Name(state)}): {said or answer or 'no reason given'}")
-        return f"{name} answered: {answer}" if answer else f"{name} finished without an answer"
+        return reply.result(name)
 
     async def call_agent(args: CallAgentArgs, run: ToolRun) -> str:
         spec = agents.get(args.agent)

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,18 +165,51 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
     metrics = GatewayMetrics()
     if services.usage is not None:
         services.usage.observe(metrics.count_usage)
-    openai_api = OpenAIApi(router, metrics, Conversations(services.conversations), agent_id=options.agent_id,
-                           max_body_bytes=options.max_body_bytes, limits=options.sampling_limits)
-    native_api = NativeApi(router, services.sessions, services.approvals, metrics,
-                           max_body_bytes=options.max_body_bytes, approvers=options.approvers,
-                           deliveries=services.deliveries, turns=services.turns)
-    memory_api = MemoryApi(services.memory, services.identities, max_body_bytes=options.max_body_bytes)
-    tasks_api = (TasksApi(services.tasks, services.identities, max_body_bytes=options.max_body_bytes,
-                          default_tz=options.timezone) if services.tasks is not None else None)
-    skills_api = (SkillsApi(services.skills, services.identities, max_body_bytes=options.max_body_bytes)
-                  if services.skills is not None else None)
-    activity_api = ActivityApi(services.traces) if services.traces is not None else None
-    jobs = services.jobs
+
+    @asynccontextmanager
+    async def watched(app: Starlette) -> AsyncIterator[None]:
+        watcher = asyncio.create_task(metrics.watch_event_loop(), name="ember-loop-lag")
+        try:
+            async with lifespan(app) if lifespan is not None else nullcontext():
+                yield
+        finally:
+            watcher.cancel()
+
+    return Starlette(
+        routes=[*_own_routes(services, keys, options, metrics), *_api_routes(router, services, options, metrics),
+                *channel_routes, Mount("/static", StaticFiles(directory=STATIC_DIR), name="static")],
+        middleware=[Middleware(IdentityGate, keys=keys,
+                               limiter=limiter or RateLimiter(options.rate_per_minute, options.rate_burst))],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, StoreBusy: _store_down,
+                            StoreUnavailable: _store_down, BusUnavailable: _bus_down, Exception: _unexpected},
+        lifespan=watched,
+    )
+
+
+def _api_routes(router: TurnRouter, services: GatewayServices, options: GatewayOptions,
+                metrics: GatewayMetrics) -> list[BaseRoute]:
+    """The OpenAI-compatible routes and Ember's own API; the optional parts where their stores are given."""
+    body = options.max_body_bytes
+    routes: list[BaseRoute] = [
+        *OpenAIApi(router, metrics, Conversations(services.conversations), agent_id=options.agent_id,
+                   max_body_bytes=body, limits=options.sampling_limits).routes(),
+        *NativeApi(router, services.sessions, services.approvals, metrics, max_body_bytes=body,
+                   approvers=options.approvers, deliveries=services.deliveries, turns=services.turns).routes(),
+        *MemoryApi(services.memory, services.identities, max_body_bytes=body).routes(),
+    ]
+    if services.tasks is not None:
+        tasks = TasksApi(services.tasks, services.identities, max_body_bytes=body, default_tz=options.timezone)
+        routes += tasks.routes()
+    if services.skills is not None:
+        routes += SkillsApi(services.skills, services.identities, max_body_bytes=body).routes()
+    if services.traces is not None:
+        routes += ActivityApi(services.traces).routes()
+    return routes
+
+
+def _own_routes(services: GatewayServices, keys: ApiKeys, options: GatewayOptions,
+                metrics: GatewayMetrics) -> list[BaseRoute]:
+    """The page, and what describes the gateway: health, metrics, the OpenAPI document, the caller."""
     document = openapi_document("Ember gateway", __version__)
 
     async def me(request: Request) -> Response:
@@ -190,7 +223,7 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
         return JSONResponse({"status": "ok"})
 
     async def metrics_text(request: Request) -> Response:
-        return metrics.response(await jobs.counts())
+        return metrics.response(await services.jobs.counts())
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
@@ -198,40 +231,10 @@ def create_app(router: TurnRouter, services: GatewayServices, keys: ApiKeys, opt
     async def page(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
 
-    routes = [
+    return [
         Route("/", page, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_text, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/api/me", me, methods=["GET"]),
-        *openai_api.routes(),
-        *native_api.routes(),
-        *memory_api.routes(),
-        *(tasks_api.routes() if tasks_api is not None else []),
-        *(skills_api.routes() if skills_api is not None else []),
-        *(activity_api.routes() if activity_api is not None else []),
-        *channel_routes,
-        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-
-    @asynccontextmanager
-    async def watched(app: Starlette) -> AsyncIterator[None]:
-        watcher = asyncio.create_task(metrics.watch_event_loop(), name="ember-loop-lag")
-        try:
-            if lifespan is None:
-                yield
-            else:
-                async with lifespan(app):
-                    yield
-        finally:
-            watcher.cancel()
-
-    return Starlette(
-        routes=routes,
-        middleware=[Middleware(IdentityGate, keys=keys,
-                               limiter=limiter or RateLimiter(options.rate_per_minute, options.rate_burst))],
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, StoreBusy: _store_down,
-                            StoreUnavailable: _store_down, BusUnavailable: _bus_down, Exception: _unexpected},
-        lifespan=watched,
-    )
-

@@ -111,6 +111,25 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
+    paths = {**_conversation_paths(), **_memory_paths(), **{
+        "/healthz": {"get": _operation("Liveness", {"200": _json(Health, "Alive")}, public=True)},
+        "/metrics": {"get": _operation("Prometheus metrics", {"200": {
+            "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})},
+    }}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+def _conversation_paths() -> dict[str, Any]:
+    """The OpenAI-compatible routes, sessions and approvals."""
     session_header = [{"name": "X-Ember-Session", "in": "header", "required": False,
                        "schema": {"type": "string", "pattern": SESSION_KEY_PATTERN},
                        "description": "The session. Without it or the user field, the messages before the new "
@@ -120,7 +139,7 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
                        "schema": {"type": "string", "pattern": CLIENT_ID_PATTERN}},
                       _EVALUATION_HEADER]
     body_errors = _errors(400, 413, 415, 422)
-    paths = {
+    return {
         "/v1/chat/completions": {"post": _operation(
             "OpenAI-compatible chat completion (stream or not); the server keeps the history",
             {"200": {"description": "A completion, or its stream of chunks",
@@ -146,6 +165,12 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
             "Answer an approval request", {"200": _json(ApprovalAnswered, "Answered"), **body_errors,
                                            **_errors(404, 409, 410)},
             body=ApprovalAnswer, params=[_APPROVAL_PARAM])},
+    }
+
+
+def _memory_paths() -> dict[str, Any]:
+    body_errors = _errors(400, 413, 415, 422)
+    return {
         "/api/memory": {
             "get": _operation("The caller's memories, newest first (active ones unless all=true)",
                               {"200": _json(MemoryList, "Memories"), **_errors(400)},
@@ -170,17 +195,4 @@ def openapi_document(title: str, version: str) -> dict[str, Any]:
                 {"200": _json(MemoryItem, "The archived memory"), **_errors(404),
                  "405": _json(ErrorBody, "The id 'search': that path is the search route's")},
                 params=[_MEMORY_PARAM])},
-        "/healthz": {"get": _operation("Liveness", {"200": _json(Health, "Alive")}, public=True)},
-        "/metrics": {"get": _operation("Prometheus metrics", {"200": {
-            "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})},
-    }
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": title, "version": version},
-        "paths": paths,
-        "components": {
-            "schemas": schemas,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
-        "security": [{"bearer": []}],
     }
