@@ -36,6 +36,7 @@ from common import busy_warning, ms, print_header, quantile, rerun_command, stor
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from ember.app.runtime import build_runtime, running  # noqa: E402
+from ember.app.serve import chat_services  # noqa: E402
 from ember.channels.telegram.channel import TelegramChannel  # noqa: E402
 from ember.channels.telegram.config import TelegramSpec  # noqa: E402
 from ember.channels.telegram.markup import telegram_html  # noqa: E402
@@ -43,8 +44,6 @@ from ember.config.settings import Settings  # noqa: E402
 from ember.core.messages import Role  # noqa: E402
 from ember.models.base import ModelReply  # noqa: E402
 from ember.models.scripted import FunctionModel  # noqa: E402
-from ember.store.approvals import SqlApprovalStore  # noqa: E402
-from ember.store.channel_messages import SqlChannelMessages  # noqa: E402
 from ember.tools.base import ToolRegistry  # noqa: E402
 from tests.telegramserver import TOKEN, render, serving_telegram  # noqa: E402
 
@@ -68,9 +67,7 @@ async def run(chats: int, interval_ms: int, delay_s: float) -> bool:
         runtime = await build_runtime(settings, model, tools=ToolRegistry())
         spec = TelegramSpec(token=TOKEN, api_base_url=base_url, allowed_users=list(range(1, chats + 1)),
                             poll_timeout_s=1, edit_interval_ms=interval_ms)
-        runtime.channels.register(TelegramChannel(spec, runtime.bus, runtime.deliveries.store,
-                                                  SqlChannelMessages(runtime.db), runtime.approvals,
-                                                  SqlApprovalStore(runtime.db), runtime.identities))
+        runtime.channels.register(TelegramChannel(spec, chat_services(runtime)))
         shown_answer = render(telegram_html(ANSWER), "HTML")
         async with running(runtime):
             queued = {}

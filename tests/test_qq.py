@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ember.app.runtime import Runtime, build_runtime, running
+from ember.app.serve import chat_services
 from ember.channels.gateway.http import ApiError
 from ember.channels.qq.channel import ACK, CUT, MAX_MESSAGE_CHARS, QQChannel
 from ember.channels.qq.config import QQSpec
@@ -32,8 +33,6 @@ from ember.core.messages import Message, Role
 from ember.memory.embeddings import HashingEmbedder
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
-from ember.store.approvals import SqlApprovalStore
-from ember.store.channel_messages import SqlChannelMessages
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, kept, texts_when, writing_tool
@@ -100,8 +99,7 @@ async def agent(settings: Settings, model: FunctionModel, fake: FakeQQ, *, tools
                 clock: Clock | None = None, **fields: Any) -> AsyncIterator[Agent]:
     # The hashing embedder: the local model's embedding of long answers is not what these tests are about.
     runtime = await build_runtime(settings, model, tools=tools or ToolRegistry(), embedder=HashingEmbedder())
-    channel = QQChannel(spec(fake, **fields), runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db),
-                        runtime.approvals, SqlApprovalStore(runtime.db), runtime.identities,
+    channel = QQChannel(spec(fake, **fields), chat_services(runtime),
                         **({"clock": clock} if clock else {}))
     runtime.channels.register(channel)
     loop = asyncio.get_running_loop()
@@ -367,8 +365,7 @@ async def test_a_stranger_gets_one_refusal_and_nothing_is_kept(settings: Setting
 async def test_a_wrong_secret_fails_the_start_without_showing_it(settings: Settings, qq: FakeQQ) -> None:
     runtime = await build_runtime(settings, answering("hi"), tools=ToolRegistry(), embedder=HashingEmbedder())
     wrong = QQSpec(app_id=APP_ID, secret="wrong-secret-value", api_base_url=qq.origin, token_url=qq.token_url)
-    channel = QQChannel(wrong, runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db),
-                        runtime.approvals, SqlApprovalStore(runtime.db), runtime.identities)
+    channel = QQChannel(wrong, chat_services(runtime))
     runtime.channels.register(channel)
     with pytest.raises(ConfigError, match="QQ refused the token") as refused:
         async with running(runtime):

@@ -22,6 +22,7 @@ import pytest
 from starlette.applications import Starlette
 
 from ember.app.runtime import Runtime, build_runtime, running
+from ember.app.serve import chat_services
 from ember.channels.gateway.http import ApiError
 from ember.channels.telegram.channel import TelegramChannel
 from ember.channels.telegram.config import TelegramSpec
@@ -30,8 +31,6 @@ from ember.config.settings import Settings
 from ember.core.messages import Message, Role
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
-from ember.store.approvals import SqlApprovalStore
-from ember.store.channel_messages import SqlChannelMessages
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, writing_tool
@@ -56,9 +55,7 @@ def spec(base_url: str, **fields: Any) -> TelegramSpec:
 
 def telegram_channel(runtime: Runtime, base_url: str, *, public_url: str | None = None,
                      **fields: Any) -> TelegramChannel:
-    return TelegramChannel(spec(base_url, **fields), runtime.bus, runtime.deliveries.store,
-                           SqlChannelMessages(runtime.db), runtime.approvals, SqlApprovalStore(runtime.db),
-                           runtime.identities, public_url=public_url)
+    return TelegramChannel(spec(base_url, **fields), chat_services(runtime), public_url=public_url)
 
 
 @asynccontextmanager

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ember.app.runtime import Runtime, build_runtime, running
+from ember.app.serve import chat_services
 from ember.channels.gateway.http import ApiError
 from ember.channels.wecom.channel import MAX_MESSAGE_BYTES, WeChatOfficialChannel, WeComChannel, byte_pieces
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
@@ -29,8 +30,6 @@ from ember.core.messages import Message as ChatMessage
 from ember.core.messages import Role
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
-from ember.store.approvals import SqlApprovalStore
-from ember.store.channel_messages import SqlChannelMessages
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, kept, texts_when, writing_tool
@@ -124,8 +123,7 @@ async def serving(settings: Settings, model: FunctionModel, spec: WeComSpec | We
     light = settings.model_copy(update={"embedding_model": "hashing"})
     runtime = await build_runtime(light, model, tools=tools or ToolRegistry())
     extra = {"clock": clock} if clock else {}
-    args = (runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db), runtime.approvals,
-            SqlApprovalStore(runtime.db), runtime.identities)
+    args = (chat_services(runtime),)
     channel = WeComChannel(spec, *args, **extra) if isinstance(spec, WeComSpec) \
         else WeChatOfficialChannel(spec, *args, **extra)
     runtime.channels.register(channel)
@@ -322,9 +320,7 @@ async def test_a_final_sent_again_after_a_restart_sends_nothing_twice(
         await served.channel.deliver(final)
         assert len(fake.texts(ANA)) == 3
         runtime = served.runtime
-        again = WeComChannel(wecom_spec(base_url), runtime.bus, runtime.deliveries.store,
-                             SqlChannelMessages(runtime.db), runtime.approvals, SqlApprovalStore(runtime.db),
-                             runtime.identities)  # the next process: nothing in memory
+        again = WeComChannel(wecom_spec(base_url), chat_services(runtime))  # the next process: nothing in memory
         await again.deliver(final)
         await again.stop()
     assert fake.texts(ANA) == answer.split("\n\n")

@@ -18,13 +18,12 @@ import pytest
 from starlette.applications import Starlette
 
 from ember.app.runtime import Runtime, build_runtime, running
+from ember.app.serve import chat_services
 from ember.channels.gateway.http import ApiError
 from ember.channels.wecom.bot import LATER, WeComBotChannel, stream_id_of
 from ember.channels.wecom.config import WeComBotSpec
 from ember.config.settings import Settings
 from ember.models.scripted import FunctionModel
-from ember.store.approvals import SqlApprovalStore
-from ember.store.channel_messages import SqlChannelMessages
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, kept, writing_tool
@@ -100,8 +99,7 @@ async def serving(settings: Settings, model: FunctionModel, spec: WeComBotSpec, 
     # Memory is not what these tests are about: the hashing embedder spares loading the e5 model.
     light = settings.model_copy(update={"embedding_model": "hashing"})
     runtime = await build_runtime(light, model, tools=tools or ToolRegistry())
-    channel = WeComBotChannel(spec, runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db),
-                              runtime.approvals, SqlApprovalStore(runtime.db), runtime.identities)
+    channel = WeComBotChannel(spec, chat_services(runtime))
     runtime.channels.register(channel)
     app = Starlette(routes=channel.routes(), exception_handlers={ApiError: lambda request, exc: exc.response()})
     server = LoopbackServer(OnLoop(app, asyncio.get_running_loop()), "wecom-bot-callbacks")

@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from ember.app.runtime import Runtime, configured_runtime, require_shared_bus, running
+from ember.channels.chat.services import ChatServices
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.limits import RedisRateLimiter
@@ -129,34 +130,39 @@ def webhook_channels(settings: Settings, runtime: Runtime) -> list[BaseRoute]:
     return list(webhooks.routes())
 
 
-def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None) -> list[BaseRoute]:
-    """Register the chat platforms `settings` configures; the routes of those called back."""
+def chat_services(runtime: Runtime) -> ChatServices:
+    """What every chat platform's channel is given of `runtime`."""
     from ember.store.approvals import SqlApprovalStore
     from ember.store.channel_messages import SqlChannelMessages
 
-    shared = (runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db), runtime.approvals,
-              SqlApprovalStore(runtime.db), runtime.identities)
+    return ChatServices(runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db), runtime.approvals,
+                        SqlApprovalStore(runtime.db), runtime.identities)
+
+
+def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None) -> list[BaseRoute]:
+    """Register the chat platforms `settings` configures; the routes of those called back."""
+    shared = chat_services(runtime)
     platforms = []
     if (telegram := settings.telegram_bot) is not None:
         from ember.channels.telegram.channel import TelegramChannel  # the SDK: only when configured
 
-        platforms.append(TelegramChannel(telegram, *shared, public_url=public_url))
+        platforms.append(TelegramChannel(telegram, shared, public_url=public_url))
     if settings.wecom is not None:
         from ember.channels.wecom.channel import WeComChannel
 
-        platforms.append(WeComChannel(settings.wecom, *shared))
+        platforms.append(WeComChannel(settings.wecom, shared))
     if settings.wechat is not None:
         from ember.channels.wecom.channel import WeChatOfficialChannel
 
-        platforms.append(WeChatOfficialChannel(settings.wechat, *shared))
+        platforms.append(WeChatOfficialChannel(settings.wechat, shared))
     if settings.wecom_bot is not None:
         from ember.channels.wecom.bot import WeComBotChannel
 
-        platforms.append(WeComBotChannel(settings.wecom_bot, *shared))
+        platforms.append(WeComBotChannel(settings.wecom_bot, shared))
     if settings.qq is not None:
         from ember.channels.qq.channel import QQChannel
 
-        platforms.append(QQChannel(settings.qq, *shared))
+        platforms.append(QQChannel(settings.qq, shared))
     routes: list[BaseRoute] = []
     for channel in platforms:
         runtime.channels.register(channel)

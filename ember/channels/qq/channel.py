@@ -33,9 +33,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ember.bus.base import Bus
 from ember.channels.chat.editing import digest
 from ember.channels.chat.plain import plain_text
+from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.qq.api import AccessToken, QQApi, QQUnavailable, TokenRefused
@@ -51,9 +51,7 @@ from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tools import Decision
-from ember.memory.identity import Identities
-from ember.runtime.approvals import ApprovalBroker, Resolution
-from ember.store.protocols import ApprovalLog, Inbox, PlatformMessages
+from ember.runtime.approvals import Resolution
 
 CHANNEL = "qq"
 CALLBACK_PATH = "/channels/qq"
@@ -122,19 +120,18 @@ class QQChannel:
                                        max_message_chars=MAX_MESSAGE_CHARS,
                                        confirms_delivery=True)
 
-    def __init__(self, spec: QQSpec, bus: Bus, inbox: Inbox, messages: PlatformMessages,
-                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
+    def __init__(self, spec: QQSpec, services: ChatServices, *,
                  clock: Callable[[], float] = time.monotonic, http: httpx.AsyncClient | None = None) -> None:
         secret = spec.key()
         if not secret:
             raise ConfigError("[qq] needs the bot's AppSecret: secret = \"…\" or EMBER_QQ_SECRET")
         self._app_id = spec.app_id
-        self._bus = bus
-        self._inbox = inbox
-        self._messages = messages
-        self._approvals = approvals
-        self._approval_rows = approval_rows
-        self._identities = identities
+        self._bus = services.bus
+        self._inbox = services.inbox
+        self._messages = services.messages
+        self._approvals = services.approvals
+        self._approval_rows = services.approval_rows
+        self._identities = services.identities
         self._signer = QQSigner(secret)
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=TIMEOUT_S)

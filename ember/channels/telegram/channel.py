@@ -26,8 +26,8 @@ from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParam
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, TelegramError
 
-from ember.bus.base import Bus
 from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
+from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.telegram.config import TelegramSpec
@@ -37,9 +37,7 @@ from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.redact import REDACTED
 from ember.core.tools import Decision
-from ember.memory.identity import Identities
-from ember.runtime.approvals import ApprovalBroker, Resolution
-from ember.store.protocols import ApprovalLog, Inbox, PlatformMessages
+from ember.runtime.approvals import Resolution
 
 CHANNEL = "telegram"
 TOKEN_REFUSED = "Telegram refused the bot token (401 Unauthorized): check [telegram] token or EMBER_TELEGRAM_TOKEN"
@@ -127,23 +125,22 @@ class TelegramChannel:
                                        max_message_chars=MAX_MESSAGE_CHARS,
                                        confirms_delivery=True)
 
-    def __init__(self, spec: TelegramSpec, bus: Bus, inbox: Inbox, messages: PlatformMessages,
-                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
+    def __init__(self, spec: TelegramSpec, services: ChatServices, *,
                  public_url: str | None = None, bot: Bot | None = None) -> None:
         token = spec.key()
         if not token:
             raise ConfigError("[telegram] needs the bot's token: token = \"…\" or EMBER_TELEGRAM_TOKEN")
         self._spec = spec
         self._token = token
-        self._bus = bus
-        self._inbox = inbox
-        self._approvals = approvals
-        self._approval_rows = approval_rows
-        self._identities = identities
+        self._bus = services.bus
+        self._inbox = services.inbox
+        self._approvals = services.approvals
+        self._approval_rows = services.approval_rows
+        self._identities = services.identities
         self._public_url = public_url
         self._bot = bot or Bot(token, base_url=spec.api_base_url)
         self._platform = TelegramPlatform(self._bot)
-        self._stream = EditStream(self._platform, messages, CHANNEL, interval_s=spec.edit_interval_ms / 1000,
+        self._stream = EditStream(self._platform, services.messages, CHANNEL, interval_s=spec.edit_interval_ms / 1000,
                                   limit=MAX_MESSAGE_CHARS)
         self._allowed = frozenset(spec.allowed_users)
         self._approvers = frozenset(spec.approvers)

@@ -37,8 +37,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from ember.bus.base import Bus
 from ember.channels.chat.editing import digest
+from ember.channels.chat.services import ChatServices
 from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.wecom.callback import BotCallbacks
 from ember.channels.wecom.channel import ONLY_TEXT, REFUSAL, byte_pieces
@@ -47,9 +47,6 @@ from ember.channels.wecom.config import WeComBotSpec
 from ember.channels.wecom.crypto import MAX_XML_CHARS
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
-from ember.memory.identity import Identities
-from ember.runtime.approvals import ApprovalBroker
-from ember.store.protocols import ApprovalLog, Inbox, PlatformMessages
 
 MAX_STREAM_BYTES = 20_480  # a stream's content, in UTF-8 (document 101031)
 REFRESH_GRACE_S = 5.0  # after the window, how long an answer waits for a refresh already on its way
@@ -150,17 +147,15 @@ class WeComBotChannel:
     capabilities = ChannelCapabilities(streams=True, approvals=True, max_message_chars=MAX_STREAM_BYTES // 4,
                                        confirms_delivery=True)
 
-    def __init__(self, spec: WeComBotSpec, bus: Bus, inbox: Inbox, messages: PlatformMessages,
-                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
+    def __init__(self, spec: WeComBotSpec, services: ChatServices, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.time) -> None:
         self._callbacks = BotCallbacks(spec.token.get_secret_value(), spec.encoding_aes_key.get_secret_value())
         self._allowed = frozenset(spec.allowed_users)
         self._window_s = spec.stream_window_s
-        self._bus = bus
-        self._inbox = inbox
-        self._messages = messages
-        self._commands = ApprovalCommands(self.name, approvals, approval_rows, identities, messages,
-                                          frozenset(spec.approvers))
+        self._bus = services.bus
+        self._inbox = services.inbox
+        self._messages = services.messages
+        self._commands = ApprovalCommands(self.name, services, frozenset(spec.approvers))
         self._owns_http = http is None
         self._http = http or httpx.AsyncClient(trust_env=False, timeout=TIMEOUT_S)
         self._clock = clock  # wall time: a restarted stream's deadline comes from its receipt

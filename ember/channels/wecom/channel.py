@@ -33,9 +33,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from ember.bus.base import Bus
 from ember.channels.chat.editing import digest
 from ember.channels.chat.plain import plain_text
+from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.wecom.api import (
@@ -52,9 +52,6 @@ from ember.channels.wecom.crypto import MAX_XML_CHARS, text_reply
 from ember.core.channels import ChannelCapabilities
 from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
-from ember.memory.identity import Identities
-from ember.runtime.approvals import ApprovalBroker
-from ember.store.protocols import ApprovalLog, Inbox, PlatformMessages
 
 MAX_MESSAGE_BYTES = 2048
 REFUSAL = ("Sorry, I only talk with the people my owner allowed. If that should include you, "
@@ -101,17 +98,15 @@ class _WeixinChannel:
     # answers are cut by their bytes, so most messages carry more.
     capabilities = ChannelCapabilities(max_message_chars=MAX_MESSAGE_BYTES // 4, approvals=True, confirms_delivery=True)
 
-    def __init__(self, platform: Platform, bus: Bus, inbox: Inbox, messages: PlatformMessages,
-                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities) -> None:
+    def __init__(self, platform: Platform, services: ChatServices) -> None:
         self._callbacks = platform.callbacks
         self._api = platform.api
         self._allowed = platform.allowed_users
         self._passive_reply_s = platform.passive_reply_s
-        self._bus = bus
-        self._inbox = inbox
-        self._messages = messages
-        self._commands = ApprovalCommands(self.name, approvals, approval_rows, identities, messages,
-                                          platform.approvers)
+        self._bus = services.bus
+        self._inbox = services.inbox
+        self._messages = services.messages
+        self._commands = ApprovalCommands(self.name, services, platform.approvers)
         # (chat id, message id) -> the text its POST answers with; None: it answers empty.
         self._windows: dict[tuple[str, str], asyncio.Future[str | None]] = {}
         self._refused: set[str] = set()  # told once per run; nothing of theirs is stored
@@ -269,8 +264,7 @@ class WeComChannel(_WeixinChannel):
     everyone = "every member of the corp who can see the app"
     empty_answer = ""  # an empty 200: answered, nothing to show
 
-    def __init__(self, spec: WeComSpec, bus: Bus, inbox: Inbox, messages: PlatformMessages,
-                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
+    def __init__(self, spec: WeComSpec, services: ChatServices, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         secret = spec.key()
         if not secret:
@@ -281,7 +275,7 @@ class WeComChannel(_WeixinChannel):
         api = WeixinApi(spec.api_base_url, wecom_endpoints(spec.corp_id, secret, spec.agent_id), secret, http=http,
                         clock=clock)
         super().__init__(Platform(callbacks, api, frozenset(spec.allowed_users), frozenset(spec.approvers),
-                                  spec.passive_reply_s), bus, inbox, messages, approvals, approval_rows, identities)
+                                  spec.passive_reply_s), services)
 
     def _check_recipient(self, fields: Mapping[str, str]) -> None:
         agent_id = fields.get("AgentID")
@@ -299,8 +293,7 @@ class WeChatOfficialChannel(_WeixinChannel):
     everyone = "everyone who follows the account"
     empty_answer = "success"  # what the platform asks for when there is no passive reply
 
-    def __init__(self, spec: WeChatOfficialSpec, bus: Bus, inbox: Inbox, messages: PlatformMessages,
-                 approvals: ApprovalBroker, approval_rows: ApprovalLog, identities: Identities, *,
+    def __init__(self, spec: WeChatOfficialSpec, services: ChatServices, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         secret = spec.key()
         if not secret:
@@ -309,7 +302,7 @@ class WeChatOfficialChannel(_WeixinChannel):
         callbacks = OfficialCallbacks(spec.token.get_secret_value(), key, spec.app_id)
         api = WeixinApi(spec.api_base_url, official_endpoints(spec.app_id, secret), secret, http=http, clock=clock)
         super().__init__(Platform(callbacks, api, frozenset(spec.allowed_users), frozenset(spec.approvers),
-                                  spec.passive_reply_s), bus, inbox, messages, approvals, approval_rows, identities)
+                                  spec.passive_reply_s), services)
 
 
 async def probe(spec: WeComSpec | WeChatOfficialSpec) -> str:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import re
 
+from ember.channels.chat.services import ChatServices
 from ember.core.events import OutboundEvent
 from ember.core.tools import Decision
-from ember.memory.identity import Identities
-from ember.runtime.approvals import ApprovalBroker, Resolution
-from ember.store.protocols import ApprovalLog, PlatformMessages
+from ember.runtime.approvals import Resolution
 
 _COMMAND = re.compile(r"[/／](approve|always|deny)\s+(\S+)", re.IGNORECASE)
 DECISIONS = {"approve": Decision.APPROVE_ONCE, "always": Decision.APPROVE_SESSION, "deny": Decision.DENY}
@@ -35,13 +34,12 @@ def hint(short: str) -> str:
 
 
 class ApprovalCommands:
-    def __init__(self, channel: str, approvals: ApprovalBroker, rows: ApprovalLog, identities: Identities,
-                 messages: PlatformMessages, approvers: frozenset[str]) -> None:
+    def __init__(self, channel: str, services: ChatServices, approvers: frozenset[str]) -> None:
         self._channel = channel
-        self._approvals = approvals
-        self._rows = rows
-        self._identities = identities
-        self._messages = messages
+        self._approvals = services.approvals
+        self._rows = services.approval_rows
+        self._identities = services.identities
+        self._messages = services.messages
         self._approvers = approvers
         self._short_ids: dict[str, str] = {}  # "7" -> the approval request's id
 
