@@ -8,12 +8,14 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.channels.gateway.turns import TurnRouter, chat_id
+from ember.channels.gateway.turns import TurnRequest, TurnRouter, chat_id
 from ember.core.delivery import Delivery, Receipt
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 
 IDENTITY, KEY, CLIENT_ID = "alice", "work", "m1"
 MESSAGE_ID = f"{IDENTITY}:{CLIENT_ID}"
+
+HI = TurnRequest(IDENTITY, KEY, "hi", stream=True, can_approve=True, client_id=CLIENT_ID)
 
 
 @dataclass
@@ -55,7 +57,7 @@ def event(kind: OutboundKind, text: str, index: int | None = None, **extra: Any)
 async def received(router: TurnRouter, events: list[OutboundEvent], *, timeout_s: float = 2.0) -> list[str]:
     """What a request of MESSAGE_ID is handed (kind:text), up to its final or error."""
     got = []
-    async with router.turn(IDENTITY, KEY, "hi", stream=True, can_approve=True, client_id=CLIENT_ID) as queue:
+    async with router.turn(HI) as queue:
         for outbound in events:
             await router.deliver(outbound)
         async with asyncio.timeout(timeout_s):
@@ -91,7 +93,7 @@ async def test_an_answer_whose_event_went_astray_is_found_in_the_store() -> None
     answers = Answers(recorded())
     router = TurnRouter(Bus(), answers=answers, look_after_s=0.05)  # type: ignore[arg-type]
     got = []
-    async with router.turn(IDENTITY, KEY, "hi", stream=True, can_approve=True, client_id=CLIENT_ID) as queue:
+    async with router.turn(HI) as queue:
         async with asyncio.timeout(2):
             found = await queue.get()
     got.append((found.kind, found.text, found.delivery_id, found.stream_full_text))
@@ -101,7 +103,7 @@ async def test_an_answer_whose_event_went_astray_is_found_in_the_store() -> None
 async def test_an_error_recorded_before_a_retry_is_not_the_retrys_answer() -> None:
     answers = Answers(recorded("error", "Sorry, it failed", "t1:error:aa"))
     router = TurnRouter(Bus(), answers=answers, look_after_s=0.05)  # type: ignore[arg-type]
-    async with router.turn(IDENTITY, KEY, "hi", stream=True, can_approve=True, client_id=CLIENT_ID) as queue:
+    async with router.turn(HI) as queue:
         await asyncio.sleep(0.3)
         assert queue.empty() and answers.looks >= 2  # it looked, and left the old error alone
         answers.answer = recorded("error", "Sorry, it failed again", "t1:error:bb")
@@ -113,7 +115,7 @@ async def test_an_error_recorded_before_a_retry_is_not_the_retrys_answer() -> No
 async def test_a_request_that_hears_its_turn_does_not_look_in_the_store() -> None:
     answers = Answers()
     router = TurnRouter(Bus(), answers=answers, look_after_s=0.2)  # type: ignore[arg-type]
-    async with router.turn(IDENTITY, KEY, "hi", stream=True, can_approve=True, client_id=CLIENT_ID):
+    async with router.turn(HI):
         assert answers.looks == 1  # what was recorded before it: nothing
         for index in range(8):
             await router.deliver(event(OutboundKind.DELTA, "x", index))
@@ -128,7 +130,7 @@ async def test_a_request_cancelled_again_as_it_ends_leaves_its_message_no_longer
     entered = asyncio.Event()
 
     async def request() -> None:
-        async with router.turn(IDENTITY, KEY, "hi", stream=True, can_approve=True, client_id=CLIENT_ID) as queue:
+        async with router.turn(HI) as queue:
             entered.set()
             await queue.get()
 

@@ -43,7 +43,7 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute
 
 from ember import __version__
-from ember.channels.gateway.turns import TurnRouter, chat_id
+from ember.channels.gateway.turns import TurnRequest, TurnRouter, chat_id
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.tools import Decision, ToolSpec, decision_from_reply
 from ember.runtime.approvals import ApprovalBroker, Resolution
@@ -195,8 +195,8 @@ class EmberExecutor(AgentExecutor):
     async def _start(self, caller: str, context: RequestContext, text: str) -> _Turn:
         stack = AsyncExitStack()
         message_id = context.message.message_id if context.message else None
-        events = await stack.enter_async_context(self._router.turn(
-            caller, context.context_id or "", text, stream=True, can_approve=True, client_id=message_id or None))
+        events = await stack.enter_async_context(self._router.turn(TurnRequest(
+            caller, context.context_id or "", text, stream=True, can_approve=True, client_id=message_id or None)))
         return _Turn(events, stack, f"{CHANNEL}:{chat_id(caller, context.context_id or '')}")
 
     async def _answer(self, turn: _Turn, caller: str, text: str) -> None:

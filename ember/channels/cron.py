@@ -31,10 +31,11 @@ log = logging.getLogger(__name__)
 class Scheduler:
     name = CHANNEL
     capabilities = ChannelCapabilities()
+    MISSED_AFTER_S = 60.0  # a run later than this was missed (Ember was down): the task's policy says if it runs
+    BATCH = 500  # runs claimed at once
 
     def __init__(self, bus: Bus, tasks: DueTasks, *, clock: Callable[[], float] = time.time,
-                 poll_s: float = 1.0, missed_after_s: float = 60.0, batch: int = 500,
-                 leader: LeaderLease | None = None,
+                 poll_s: float = 1.0, leader: LeaderLease | None = None,
                  unstarted: Callable[[], Awaitable[list[InboundEvent]]] | None = None) -> None:
         self._bus = bus
         self._leader = leader
@@ -43,8 +44,6 @@ class Scheduler:
         self._tasks = tasks
         self._clock = clock
         self._poll_s = poll_s
-        self._missed_after_s = missed_after_s
-        self._batch = batch
         self._wake = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
 
@@ -66,7 +65,7 @@ class Scheduler:
 
     async def fire_due(self) -> int:
         """Claim and publish the runs due now; how many were published."""
-        events = await self._tasks.claim_due(self._clock(), missed_after_s=self._missed_after_s, limit=self._batch)
+        events = await self._tasks.claim_due(self._clock(), missed_after_s=self.MISSED_AFTER_S, limit=self.BATCH)
         for event in events:
             await self._bus.publish_inbound(event)
         return len(events)

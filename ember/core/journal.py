@@ -13,6 +13,20 @@ from typing import Any, Protocol
 from ember.core.redact import redact
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalEvent:
+    """A tool call's approval decision, as the observers are told it."""
+
+    call_id: str
+    tool: str
+    subject: str
+    decision: str
+    decided_by: str
+    decided_at: float
+    reason: str = ""
+    explanation: str | None = None  # the model's explanation the person was shown, if any
+
+
 class TurnObserver(Protocol):
     def stage(self, name: str) -> AbstractContextManager[None]:
         """Around one stage of the turn (context, inference, response): timed, and a span."""
@@ -23,8 +37,7 @@ class TurnObserver(Protocol):
 
     def tool_call(self, call_id: str, name: str, arguments: str, started: float, result: str) -> None: ...
 
-    def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
-                 reason: str = "", *, explanation: str | None = None) -> None: ...
+    def approval(self, event: ApprovalEvent) -> None: ...
 
     def tool_progress(self, tool: str, note: str) -> None:
         """A running tool's progress (another agent's answer as it streams in)."""
@@ -65,11 +78,9 @@ class Observers:
         for observer in self.observers:
             observer.tool_call(call_id, name, arguments, started, result)
 
-    def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
-                 reason: str = "", *, explanation: str | None = None) -> None:
+    def approval(self, event: ApprovalEvent) -> None:
         for observer in self.observers:
-            observer.approval(call_id, tool, subject, decision, decided_by, decided_at, reason,
-                              explanation=explanation)
+            observer.approval(event)
 
     def tool_progress(self, tool: str, note: str) -> None:
         for observer in self.observers:
@@ -119,12 +130,12 @@ class TurnJournal:
                                 "duration_ms": _ms_since(started), "result_chars": len(result),
                                 "error": result.startswith("Error:")})
 
-    def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
-                 reason: str = "", *, explanation: str | None = None) -> None:
-        entry = {"call_id": call_id, "tool": tool, "subject": redact(subject), "decision": decision,
-                 "decided_by": decided_by, "decided_at": decided_at, "reason": reason}
-        if explanation:
-            entry["explanation"] = redact(explanation)
+    def approval(self, event: ApprovalEvent) -> None:
+        entry = {"call_id": event.call_id, "tool": event.tool, "subject": redact(event.subject),
+                 "decision": event.decision, "decided_by": event.decided_by, "decided_at": event.decided_at,
+                 "reason": event.reason}
+        if event.explanation:
+            entry["explanation"] = redact(event.explanation)
         self.approvals.append(entry)
 
     def tool_progress(self, tool: str, note: str) -> None:

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import numpy as np
 
@@ -61,6 +62,18 @@ PROMPT_SIMILARITY_MARGIN = 0.04
 
 # Skills reach the prompt through their own index, not as recalled memories.
 RECALLED_KINDS = (MemoryKind.FACT, MemoryKind.EPISODIC, MemoryKind.ARCHIVAL)
+
+
+class MemoryFields(TypedDict, total=False):
+    """What `MemoryService.remember` may say of a memory besides its owner and text."""
+
+    kind: MemoryKind
+    subject: str | None
+    key: str | None
+    source: str | None
+    source_rank: SourceRank
+    session_key: str | None
+    created_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,13 +149,9 @@ class MemoryService:
 
     # -- writing -------------------------------------------------------------------
 
-    async def remember(self, identity: str, content: str, *, subject: str | None = None, key: str | None = None,
-                       source: str | None = None, source_rank: SourceRank = SourceRank.USER_STATED,
-                       kind: MemoryKind = MemoryKind.FACT, session_key: str | None = None,
-                       created_at: float | None = None) -> WriteOutcome:
-        return await self._store.write(NewMemory(
-            identity=identity, content=content, kind=kind, subject=subject, key=key, source=source,
-            source_rank=source_rank, session_key=session_key, created_at=created_at))
+    async def remember(self, identity: str, content: str, **fields: Unpack[MemoryFields]) -> WriteOutcome:
+        """A fact the person states, unless `fields` say otherwise (NewMemory's defaults)."""
+        return await self._store.write(NewMemory(identity=identity, content=content, **fields))
 
     async def remember_many(self, memories: Sequence[NewMemory]) -> list[WriteOutcome]:
         return await self._store.write_many(memories)

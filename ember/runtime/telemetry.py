@@ -38,6 +38,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from ember.core.journal import ApprovalEvent
 from ember.core.redact import redact
 
 if TYPE_CHECKING:
@@ -99,12 +100,12 @@ class SpanObserver:
             span.set_attribute("error.type", "tool_error")
         span.end()
 
-    def approval(self, call_id: str, tool: str, subject: str, decision: str, decided_by: str, decided_at: float,
-                 reason: str = "", *, explanation: str | None = None) -> None:
-        trace.get_current_span().add_event("approval", {"gen_ai.tool.call.id": call_id, "gen_ai.tool.name": tool,
-                                                        "ember.approval.decision": decision,
-                                                        "ember.approval.decided_by": decided_by,
-                                                        "ember.approval.explained": explanation is not None})
+    def approval(self, event: ApprovalEvent) -> None:
+        trace.get_current_span().add_event("approval", {"gen_ai.tool.call.id": event.call_id,
+                                                        "gen_ai.tool.name": event.tool,
+                                                        "ember.approval.decision": event.decision,
+                                                        "ember.approval.decided_by": event.decided_by,
+                                                        "ember.approval.explained": event.explanation is not None})
 
 
     def tool_progress(self, tool: str, note: str) -> None:

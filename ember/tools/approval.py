@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ember.core.journal import ApprovalEvent
 from ember.core.messages import ToolCall
 from ember.core.tools import Decision, Risk, ToolAction, ToolRun, ToolSpec, Verdict
 from ember.tools.base import ToolFailure, Toolset
@@ -167,9 +168,9 @@ class ApprovalGate:
         except ToolFailure as exc:  # invalid calls are the model's to fix; nobody is asked about them
             return f"Error: {exc}"
         verdict = await self._verdict(action, run)
-        run.observer.approval(call.id, action.tool, action.subject, verdict.decision.value, verdict.decided_by,
-                              verdict.decided_at, verdict.reason,
-                              explanation=verdict.explanation.line() if verdict.explanation else None)
+        run.observer.approval(ApprovalEvent(
+            call.id, action.tool, action.subject, verdict.decision.value, verdict.decided_by, verdict.decided_at,
+            verdict.reason, explanation=verdict.explanation.line() if verdict.explanation else None))
         if not verdict.allowed:
             return denial_text(action, verdict)
         if verdict.decision is Decision.APPROVE_SESSION:

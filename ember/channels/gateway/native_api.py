@@ -30,7 +30,15 @@ from ember.channels.gateway.http import (
 )
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.schemas import ApprovalAnswer, MessageRequest, SessionChange
-from ember.channels.gateway.turns import CHANNEL, IN_FLIGHT_TEXT, InFlight, TurnRouter, namespace, session_key
+from ember.channels.gateway.turns import (
+    CHANNEL,
+    IN_FLIGHT_TEXT,
+    InFlight,
+    TurnRequest,
+    TurnRouter,
+    namespace,
+    session_key,
+)
 from ember.core.delivery import Delivery, interleaved
 from ember.core.errors import BusUnavailable
 from ember.core.events import OutboundEvent, OutboundKind
@@ -196,8 +204,8 @@ class NativeApi:
     async def _stream(self, identity: str, key: str, body: MessageRequest, clock: TurnClock,
                       evaluation: bool) -> AsyncIterator[bytes]:
         try:
-            async with self._router.turn(identity, key, body.text, stream=True, can_approve=True,
-                                         client_id=body.message_id, evaluation=evaluation) as queue:
+            async with self._router.turn(TurnRequest(identity, key, body.text, stream=True, can_approve=True,
+                                                     client_id=body.message_id, evaluation=evaluation)) as queue:
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
                     if event is None:

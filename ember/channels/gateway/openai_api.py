@@ -46,7 +46,7 @@ from ember.channels.gateway.http import (
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits, requested_sampling
 from ember.channels.gateway.schemas import ChatCompletionRequest
-from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRouter
+from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRequest, TurnRouter
 from ember.core.errors import BusUnavailable
 from ember.core.events import OutboundEvent, OutboundKind, TurnUsage
 from ember.core.messages import Message
@@ -129,10 +129,10 @@ class OpenAIApi:
 
     def _turn(self, message: _Message, *, stream: bool) -> AbstractAsyncContextManager[asyncio.Queue[OutboundEvent]]:
         # An OpenAI client cannot answer approval requests: calls that need one are denied.
-        return self._router.turn(message.identity, message.key, message.text, stream=stream, can_approve=False,
-                                 client_id=message.client_id, sender_name=message.name,
-                                 evaluation=message.evaluation, sampling=message.sampling,
-                                 history=message.thread.seed if message.thread else ())
+        return self._router.turn(TurnRequest(
+            message.identity, message.key, message.text, stream=stream, can_approve=False,
+            client_id=message.client_id, sender_name=message.name, evaluation=message.evaluation,
+            sampling=message.sampling, history=message.thread.seed if message.thread else ()))
 
     async def _answered(self, message: _Message, shown: str) -> None:
         """Before the client has the answer: its next request, with the answer, finds the session."""

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
@@ -62,6 +63,25 @@ class InFlight(Exception):
     """A message with this id is being answered right now."""
 
 
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """A message a client sends through the gateway, and how it takes the answer."""
+
+    identity: str
+    key: str  # the session, as the caller names it
+    text: str
+    stream: bool
+    can_approve: bool  # the client sees approval requests and can answer them
+    # The client's own id for the message (an idempotency key): a resend with the same id gets the
+    # recorded answer, not a second turn.
+    client_id: str | None = None
+    sender_name: str | None = None  # who wrote it, when the client relays a chat of several people
+    evaluation: bool = False  # a new session it starts is an evaluation run, and leaves no memory
+    sampling: Sampling | None = None  # the client's options for the model calls answering it
+    # The conversation before it, as the client has it, which a new session begins with.
+    history: tuple[Message, ...] = ()
+
+
 class TurnRouter:
     """The gateway's channel: each request waits for the events answering its message."""
 
@@ -95,27 +115,17 @@ class TurnRouter:
         return client_id is not None and f"{identity}:{client_id}" in self._waiting
 
     @asynccontextmanager
-    async def turn(self, identity: str, key: str, text: str, *, stream: bool, can_approve: bool,
-                   client_id: str | None = None, sender_name: str | None = None, evaluation: bool = False,
-                   sampling: Sampling | None = None,
-                   history: tuple[Message, ...] = ()) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
-        """Send the message to the agent; yield the queue its answer arrives on.
-
-        `can_approve`: the client sees approval requests and can answer them.
-        `client_id`: the client's own id for the message (an idempotency key): a
-        resend with the same id gets the recorded answer, not a second turn.
-        `sender_name`: who wrote it, when the client relays a chat of several people.
-        `evaluation`: a new session it starts is an evaluation run, and leaves no memory.
-        `sampling`: the client's options for the model calls answering it. `history`: the
-        conversation before it, as the client has it, which a new session begins with.
-        """
-        message_id = f"{identity}:{client_id}" if client_id else uuid.uuid4().hex
+    async def turn(self, request: TurnRequest) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
+        """Send the message to the agent; yield the queue its answer arrives on."""
+        client_id = request.client_id
+        message_id = f"{request.identity}:{client_id}" if client_id else uuid.uuid4().hex
         if message_id in self._waiting:
             raise InFlight(client_id or message_id)
-        event = InboundEvent(channel=self.name, chat_id=chat_id(identity, key), sender_id=identity, text=text,
-                             message_id=message_id, sender_name=sender_name, stream=stream,
-                             can_approve=can_approve, metadata={"evaluation": "true"} if evaluation else {},
-                             sampling=sampling, history=history)
+        event = InboundEvent(channel=self.name, chat_id=chat_id(request.identity, request.key),
+                             sender_id=request.identity, text=request.text, message_id=message_id,
+                             sender_name=request.sender_name, stream=request.stream, can_approve=request.can_approve,
+                             metadata={"evaluation": "true"} if request.evaluation else {},
+                             sampling=request.sampling, history=request.history)
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
         self._waiting[message_id] = queue
         self._next_index[message_id] = 0
