@@ -10,8 +10,8 @@ import asyncio
 import gc
 import itertools
 import logging
-import socket
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -227,27 +227,21 @@ async def test_a_5xx_then_success_is_retried_into_one_answer(settings: Settings,
     assert await stored(config) == [(Role.USER, "question"), (Role.ASSISTANT, "second time lucky")]
 
 
-@contextmanager
-def silent_endpoint() -> Iterator[str]:
-    """A model endpoint that accepts connections and never answers."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        host, port = sock.getsockname()
-        yield f"http://{host}:{port}/v1"
-
-
-async def test_a_model_that_never_answers_times_out_into_one_error(settings: Settings) -> None:
-    with silent_endpoint() as base_url:
-        config = http_settings(settings, base_url, model_timeout_s=0.3, model_max_attempts=2)
+async def test_a_model_that_never_answers_times_out_into_one_error(settings: Settings,
+                                                                   model_server: ModelServer) -> None:
+    silent = threading.Event()  # set only at the end: both calls wait past their timeout
+    model_server.push(Reply(text="too late", hold=silent, hold_timeout_s=30),
+                      Reply(text="too late", hold=silent, hold_timeout_s=30))
+    config = http_settings(settings, model_server.base_url, model_timeout_s=0.3, model_max_attempts=2)
+    try:
         async with serving_runtime(config, configured_model(config)) as h:
-            started_at = time.monotonic()
             failed = await h.turn("anyone there?")
-            took = time.monotonic() - started_at
             await settle()
             assert closings(h) == [failed]
+    finally:
+        silent.set()
     assert failed.kind is OutboundKind.ERROR and "timed out" in failed.text
-    assert 0.6 <= took < 10  # two attempts of 0.3 s, then given up
+    assert len(model_server.requests) == 2  # two attempts, then given up
     assert await stored(config) == [(Role.USER, "anyone there?")]
 
 

@@ -124,6 +124,15 @@ def test_the_top_of_the_package_keeps_a_handful_of_modules() -> None:
     assert len(loose) <= MAX_LOOSE_MODULES, loose
 
 
+def test_no_test_asserts_a_wall_clock_time() -> None:
+    """Speed is measured by bench/, not asserted: a test asserts what a person would notice."""
+    clocks = ("monotonic()", "perf_counter()", "time.time()")
+    found = [f"{path.name}:{node.lineno}" for path in sorted(ROOT.parent.joinpath("tests").rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.Assert)
+             and any(clock in ast.unparse(node.test) for clock in clocks)]
+    assert found == []
+
+
 @pytest.mark.parametrize("layer", sorted(ABOVE))
 def test_a_layer_imports_nothing_above_it(layer: str) -> None:
     upward = sorted(f"{name} imports {target}" for name, tree, _ in modules() if name.startswith(f"{layer}/")

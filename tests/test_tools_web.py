@@ -7,7 +7,6 @@ import ipaddress
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -192,12 +191,10 @@ def test_address_classifier(address: str, problem: str | None) -> None:
 async def test_private_addresses_are_refused_without_connecting(server: PageServer, url: str, reason: str) -> None:
     tool = web_fetch_tool(timeout_s=3)
     before = len(server.requests)
-    started = time.monotonic()
     result = await fetch(tool, url.format(port=server.port))
     assert result.startswith("Error: ")
     assert "is refused" in result and reason in result, result
     assert "only public addresses" in result
-    assert time.monotonic() - started < 1
     assert len(server.requests) == before
 
 
@@ -324,10 +321,8 @@ async def test_binary_content_is_not_shown(server: PageServer) -> None:
 
 
 async def test_a_slow_server_times_out(server: PageServer) -> None:
-    started = time.monotonic()
     result = await fetch(trusted(timeout_s=0.5), server.url("/slow"))
     assert result == f"Error: timed out after 0.5 s fetching {server.url('/slow')}"
-    assert time.monotonic() - started < 1.5
 
 
 async def test_a_closed_port_is_a_connection_error() -> None:
