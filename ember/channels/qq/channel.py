@@ -33,7 +33,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ember.channels.chat.commands import ApprovalCommands, hint
 from ember.channels.chat.editing import digest
+from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.plain import plain_text
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
@@ -50,8 +52,6 @@ from ember.channels.qq.signing import (
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
-from ember.core.tools import Decision
-from ember.runtime.approvals import Resolution
 
 CHANNEL = "qq"
 CALLBACK_PATH = "/channels/qq"
@@ -65,15 +65,8 @@ ACK = {"op": 12, "d": 0}  # d = 1 would ask QQ to send the event again (botgo's 
 DIRECT, GROUP = "C2C_MESSAGE_CREATE", "GROUP_AT_MESSAGE_CREATE"
 MENTION = re.compile(r"^\s*<@!?[^>]*>")
 COMMAND = re.compile(r"^/(approve|always|deny)\b\s*(\S*)\s*$", re.IGNORECASE)
-DECISIONS = {"approve": Decision.APPROVE_ONCE, "always": Decision.APPROVE_SESSION, "deny": Decision.DENY}
-DECIDED = {Decision.APPROVE_ONCE: "Allowed once.", Decision.APPROVE_SESSION: "Allowed for the rest of this chat.",
-           Decision.DENY: "Denied."}
-EXPIRED = "This request expired before it was answered (it timed out, or Ember restarted); nothing ran."
 CUT = "\n\n[The rest is cut: QQ takes at most five replies to one message.]"
-REFUSAL = ("Sorry, I only talk with the people my owner allowed. If that should include you, "
-           "send them your QQ openid: {openid}.")
 SHORT_ID_CHARS = 6
-MAX_REMEMBERED = 1_000
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +101,6 @@ def _unescape(text: str) -> str:
     return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
-def _remember(memory: dict[str, str], key: str, value: str) -> None:
-    memory[key] = value
-    while len(memory) > MAX_REMEMBERED:
-        del memory[next(iter(memory))]
-
-
 class QQChannel:
     name = CHANNEL
     capabilities = ChannelCapabilities(streams=False, edits=False, buttons=False, approvals=True,
@@ -129,19 +116,16 @@ class QQChannel:
         self._bus = services.bus
         self._inbox = services.inbox
         self._messages = services.messages
-        self._approvals = services.approvals
-        self._approval_rows = services.approval_rows
-        self._identities = services.identities
+        self._approval_commands = ApprovalCommands(CHANNEL, services, frozenset(spec.approvers))
         self._signer = QQSigner(secret)
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=TIMEOUT_S)
         self._token = AccessToken(self._http, spec.token_url, spec.app_id, secret, clock)
         self._api = QQApi(self._http, spec.api_base_url, self._token)
-        self._allowed = frozenset(spec.allowed_users)
+        self._gate: AllowList[str] = AllowList(CHANNEL, spec.allowed_users)
         self._approvers = frozenset(spec.approvers)
-        self._refused: set[str] = set()  # told once per run; nothing of theirs is stored
         self._short_ids: dict[str, str] = {}  # what a request's text shows -> its approval id
-        self._commands: dict[str, str] = {}  # approval commands answered (QQ may send one twice)
+        self._answered: dict[str, str] = {}  # approval commands answered (QQ may send one twice)
         self._replies: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -151,7 +135,7 @@ class QQChannel:
             raise ConfigError(str(exc)) from None
         except QQUnavailable as exc:
             log.warning("qq: %s; it is fetched again for the first reply", exc)
-        if not self._allowed:
+        if self._gate.everyone:
             log.warning("[qq] allowed_users is empty: everyone who can reach the bot may talk to it")
         log.info("qq: app %s is called back at %s", self._app_id, CALLBACK_PATH)
 
@@ -205,15 +189,13 @@ class QQChannel:
         text = _unescape(text).strip()
         command = COMMAND.match(text)
         if not self._may_talk(sender, command is not None):
-            if sender not in self._refused:
-                self._refused.add(sender)
-                log.info("qq: refused %s", sender)
+            if self._gate.first_refusal(sender):
                 # Reply 1 of its message, from no counter: nothing of a stranger's is stored.
-                self._later(self._reply(chat_id, REFUSAL.format(openid=sender), message.id, seq=1))
+                self._later(self._reply(chat_id, refusal("QQ openid", sender), message.id, seq=1))
             return
         if command is not None:
-            if message.id not in self._commands:
-                _remember(self._commands, message.id, sender)
+            if message.id not in self._answered:
+                remember(self._answered, message.id, sender)
                 self._later(self._decide(chat_id, sender, message.id, command[1].lower(), command[2]))
             return
         if not text:
@@ -224,26 +206,14 @@ class QQChannel:
             await self._bus.publish_inbound(event)
 
     def _may_talk(self, sender: str, command: bool) -> bool:
-        return not self._allowed or sender in self._allowed or (command and sender in self._approvers)
+        return self._gate.admits(sender) or (command and sender in self._approvers)
 
     async def _decide(self, chat_id: str, sender: str, message_id: str, verb: str, given: str) -> None:
         """An approval command: resolved if it is the sender's to answer; they are told how it went."""
         if not given:
             text = "Which request? Reply /approve ID or /deny ID, with the ID the request showed."
         else:
-            approval_id = self._short_ids.get(given.lower(), given.lower())
-            row = await self._approval_rows.get(approval_id)
-            person = self._identities.resolve(CHANNEL, sender)
-            if row is None:
-                text = f"No approval request has the id {given[:40]} (the ones before a restart are gone)."
-            elif person != row.identity and sender not in self._approvers:
-                text = "This request is not yours to answer."
-            else:
-                decision = DECISIONS[verb]
-                outcome = await self._approvals.resolve(approval_id, decision, by=f"{CHANNEL}:{sender}",
-                                                        scope=row.session_key)
-                text = (DECIDED[decision] if outcome is Resolution.RESOLVED
-                        else EXPIRED if outcome is Resolution.EXPIRED else "This request was answered already.")
+            text = await self._approval_commands.answer(sender, verb, self._short_ids.get(given.lower(), given.lower()))
         await self._reply(chat_id, text, message_id)
 
     # Out
@@ -258,7 +228,7 @@ class QQChannel:
     async def _ask(self, event: OutboundEvent) -> None:
         assert event.approval is not None
         short = self._short_id(event.approval.id)
-        how = f"\n\n/always {short} allows it for the rest of this chat.\nReply /approve {short} or /deny {short}"
+        how = hint(short)
         text = split_message(event.text, MAX_MESSAGE_CHARS - len(how))[0] + how
         await self._api.reply(event.chat_id, text, msg_id=event.reply_to, msg_seq=await self._seq(event.reply_to))
 
@@ -295,7 +265,7 @@ class QQChannel:
         for size in range(SHORT_ID_CHARS, len(approval_id)):
             short = approval_id[:size].lower()
             if self._short_ids.get(short, approval_id) == approval_id:
-                _remember(self._short_ids, short, approval_id)
+                remember(self._short_ids, short, approval_id)
                 return short
         return approval_id
 

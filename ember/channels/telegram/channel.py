@@ -27,6 +27,7 @@ from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, TelegramError
 
 from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
+from ember.channels.chat.inbound import AllowList, refusal
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
@@ -44,8 +45,6 @@ TOKEN_REFUSED = "Telegram refused the bot token (401 Unauthorized): check [teleg
 WEBHOOK_PATH = "/channels/telegram"
 MAX_MESSAGE_CHARS = 4_096
 TYPING_EVERY_S = 4.5  # Telegram shows "typing…" for 5 s
-REFUSAL = ("Sorry, I only talk with the people my owner allowed. If that should include you, "
-           "send them your Telegram user id: {user_id}.")
 # callback_data is at most 64 bytes: "ap:" + a 32-character approval id + ":" + a short code.
 DECISIONS = {"once": Decision.APPROVE_ONCE, "session": Decision.APPROVE_SESSION, "deny": Decision.DENY}
 DECIDED = {Decision.APPROVE_ONCE: "Allowed once", Decision.APPROVE_SESSION: "Allowed for this session",
@@ -142,9 +141,8 @@ class TelegramChannel:
         self._platform = TelegramPlatform(self._bot)
         self._stream = EditStream(self._platform, services.messages, CHANNEL, interval_s=spec.edit_interval_ms / 1000,
                                   limit=MAX_MESSAGE_CHARS)
-        self._allowed = frozenset(spec.allowed_users)
+        self._gate: AllowList[int] = AllowList(CHANNEL, spec.allowed_users, empty_refuses=True)
         self._approvers = frozenset(spec.approvers)
-        self._refused: set[int] = set()  # told once per run; nothing of theirs is stored
         self._typing: dict[str, asyncio.Task[None]] = {}
         self._poller: asyncio.Task[None] | None = None
         self.username = ""
@@ -156,7 +154,7 @@ class TelegramChannel:
         except InvalidToken:
             raise ConfigError(TOKEN_REFUSED) from None  # the SDK's message would carry the token itself
         self.username, self._bot_id = self._bot.username, self._bot.id
-        if not self._allowed:
+        if not self._spec.allowed_users:
             log.warning("[telegram] allowed_users is empty: the bot refuses everyone")
         if self._spec.mode == "webhook":
             if not self._public_url:
@@ -244,11 +242,9 @@ class TelegramChannel:
         if message is None or message.from_user is None or not (message.text or message.caption):
             return None
         user = message.from_user
-        if user.id not in self._allowed:
-            if user.id not in self._refused:
-                self._refused.add(user.id)
-                log.info("telegram: refused user %s", user.id)
-                await self._quietly(self._bot.send_message(message.chat_id, REFUSAL.format(user_id=user.id)))
+        if not self._gate.admits(user.id):
+            if self._gate.first_refusal(user.id):
+                await self._quietly(self._bot.send_message(message.chat_id, refusal("Telegram user id", user.id)))
             return None
         text = message.text or message.caption or ""
         if message.chat.type in ("group", "supergroup") and self._spec.group_replies == "mention":

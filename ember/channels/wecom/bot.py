@@ -29,7 +29,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,12 +37,13 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from ember.channels.chat.commands import ApprovalCommands, command, hint
 from ember.channels.chat.editing import digest
+from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.services import ChatServices
 from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.wecom.callback import BotCallbacks
-from ember.channels.wecom.channel import ONLY_TEXT, REFUSAL, byte_pieces
-from ember.channels.wecom.commands import ApprovalCommands, command, hint
+from ember.channels.wecom.channel import ONLY_TEXT, byte_pieces
 from ember.channels.wecom.config import WeComBotSpec
 from ember.channels.wecom.crypto import MAX_XML_CHARS
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
@@ -54,11 +55,9 @@ CUT = "\n\n[…]"
 LATER = "\n\n(This is taking a while: the answer follows in a separate message.)"
 TOO_LATE = "\n\n(This took too long to show here; the answer is kept in our conversation.)"
 _MENTION = re.compile(r"@\S+\s*")  # a group message starts with the bot's @name
-_REMEMBERED = 1_024  # streams, finished stream ids, and the replies of one-off messages
 TIMEOUT_S = 15.0
 
 log = logging.getLogger(__name__)
-V = TypeVar("V")
 
 
 class _Text(BaseModel):
@@ -150,7 +149,7 @@ class WeComBotChannel:
     def __init__(self, spec: WeComBotSpec, services: ChatServices, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.time) -> None:
         self._callbacks = BotCallbacks(spec.token.get_secret_value(), spec.encoding_aes_key.get_secret_value())
-        self._allowed = frozenset(spec.allowed_users)
+        self._gate: AllowList[str] = AllowList(self.name, spec.allowed_users)
         self._window_s = spec.stream_window_s
         self._bus = services.bus
         self._inbox = services.inbox
@@ -162,10 +161,9 @@ class WeComBotChannel:
         self._streams: dict[str, _Stream] = {}
         self._finished: dict[str, None] = {}  # streams shown in full: a late refresh gets nothing more
         self._replies: dict[str, str] = {}  # message id -> the finished stream a one-off message got
-        self._refused: set[str] = set()  # told once per run; nothing of theirs is stored
 
     async def start(self) -> None:
-        if not self._allowed:
+        if self._gate.everyone:
             log.warning("[wecom_bot] allowed_users is empty: everyone who can chat with the bot may talk to the agent")
 
     async def stop(self) -> None:
@@ -201,8 +199,8 @@ class WeComBotChannel:
         sender = message.sender.userid
         if not sender or not message.msgid:
             raise ApiError(400, "the message has no msgid or from.userid", code="invalid_callback")
-        if self._allowed and sender not in self._allowed:
-            return self._refuse(sender, message.msgid)
+        if not self._gate.admits(sender):
+            return self._refuse(sender, message.msgid) if self._gate.first_refusal(sender) else None
         text = message.typed()
         typed = command(text) if text else None
         if text is None or typed is not None:
@@ -211,20 +209,15 @@ class WeComBotChannel:
             return None
         return await self._turn(message, text)
 
-    def _refuse(self, sender: str, message_id: str) -> dict[str, Any] | None:
-        if sender in self._refused:
-            return None
-        self._refused.add(sender)
-        log.info("wecom_bot: refused user %s", sender)
-        return stream_reply(stream_id_of(message_id), REFUSAL.format(id_label="WeCom UserID", user_id=sender),
-                            finish=True)
+    def _refuse(self, sender: str, message_id: str) -> dict[str, Any]:
+        return stream_reply(stream_id_of(message_id), refusal("WeCom UserID", sender), finish=True)
 
     async def _one_off(self, message_id: str, sender: str, typed: tuple[str, str] | None) -> dict[str, Any]:
         """A finished stream answering a command or a message without text; a retry gets the same."""
         reply = self._replies.get(message_id)
         if reply is None:
             reply = ONLY_TEXT if typed is None else await self._commands.answer(sender, *typed)
-            _remember(self._replies, message_id, reply)
+            remember(self._replies, message_id, reply)
         return stream_reply(stream_id_of(message_id), reply, finish=True)
 
     async def _turn(self, message: BotMessage, text: str) -> dict[str, Any] | None:
@@ -261,11 +254,11 @@ class WeComBotChannel:
         return stream_reply(stream_id, content, finish=True)
 
     def _open(self, stream_id: str, stream: _Stream) -> None:
-        _remember(self._streams, stream_id, stream)
+        remember(self._streams, stream_id, stream)
 
     def _forget(self, stream_id: str) -> None:
         self._streams.pop(stream_id, None)
-        _remember(self._finished, stream_id, None)
+        remember(self._finished, stream_id, None)
 
     # Out
 
@@ -337,7 +330,3 @@ class WeComBotChannel:
                                   f"errcode {code}: {message}")
 
 
-def _remember(kept: dict[str, V], key: str, value: V) -> None:
-    kept[key] = value
-    if len(kept) > _REMEMBERED:
-        del kept[next(iter(kept))]  # the oldest

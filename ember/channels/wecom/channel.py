@@ -26,14 +26,15 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from ember.channels.chat.commands import ApprovalCommands, command, hint
 from ember.channels.chat.editing import digest
+from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.plain import plain_text
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
@@ -46,7 +47,6 @@ from ember.channels.wecom.api import (
     wecom_endpoints,
 )
 from ember.channels.wecom.callback import Callbacks, OfficialCallbacks, WeComCallbacks
-from ember.channels.wecom.commands import ApprovalCommands, command, hint
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
 from ember.channels.wecom.crypto import MAX_XML_CHARS, text_reply
 from ember.core.channels import ChannelCapabilities
@@ -54,13 +54,9 @@ from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 
 MAX_MESSAGE_BYTES = 2048
-REFUSAL = ("Sorry, I only talk with the people my owner allowed. If that should include you, "
-           "send them your {id_label}: {user_id}.")
 ONLY_TEXT = "Sorry, I can only read text messages."
-_REMEMBERED = 1_024  # the message ids of commands answered
 
 log = logging.getLogger(__name__)
-V = TypeVar("V")
 
 
 def byte_pieces(text: str, limit: int) -> list[str]:
@@ -101,7 +97,7 @@ class _WeixinChannel:
     def __init__(self, platform: Platform, services: ChatServices) -> None:
         self._callbacks = platform.callbacks
         self._api = platform.api
-        self._allowed = platform.allowed_users
+        self._gate: AllowList[str] = AllowList(self.name, platform.allowed_users)
         self._passive_reply_s = platform.passive_reply_s
         self._bus = services.bus
         self._inbox = services.inbox
@@ -109,7 +105,6 @@ class _WeixinChannel:
         self._commands = ApprovalCommands(self.name, services, platform.approvers)
         # (chat id, message id) -> the text its POST answers with; None: it answers empty.
         self._windows: dict[tuple[str, str], asyncio.Future[str | None]] = {}
-        self._refused: set[str] = set()  # told once per run; nothing of theirs is stored
         self._answered: dict[str, None] = {}  # commands and other one-off pushes, by message id
 
     async def start(self) -> None:
@@ -119,7 +114,7 @@ class _WeixinChannel:
             raise ConfigError(f"[{self.name}] {exc}") from None
         except PlatformUnavailable as exc:
             log.warning("%s: %s; answers wait until it can be reached", self.name, exc)
-        if not self._allowed:
+        if self._gate.everyone:
             log.warning("[%s] allowed_users is empty: %s may talk to the agent", self.name, self.everyone)
 
     async def stop(self) -> None:
@@ -156,8 +151,8 @@ class _WeixinChannel:
         self._check_recipient(fields)
         if kind == "event":
             return None  # a follow, a menu click, entering the app: nothing to answer
-        if self._allowed and sender not in self._allowed:
-            return self._refuse(sender)
+        if not self._gate.admits(sender):
+            return refusal(self.id_label, sender) if self._gate.first_refusal(sender) else None
         message_id = fields.get("MsgId") or f"{sender}:{fields.get('CreateTime', '')}"
         text = fields.get("Content", "").strip() if kind == "text" else ""
         typed = command(text)
@@ -176,17 +171,10 @@ class _WeixinChannel:
     def _check_recipient(self, fields: Mapping[str, str]) -> None:
         """Refuse a message meant for another app sharing this one's keys."""
 
-    def _refuse(self, sender: str) -> str | None:
-        if sender in self._refused:
-            return None
-        self._refused.add(sender)
-        log.info("%s: refused user %s", self.name, sender)
-        return REFUSAL.format(id_label=self.id_label, user_id=sender)
-
     def _first_time(self, message_id: str) -> bool:
         if message_id in self._answered:
             return False
-        _remember(self._answered, message_id, None)
+        remember(self._answered, message_id, None)
         return True
 
     async def _turn(self, event: InboundEvent, deadline: float) -> str | None:
@@ -322,7 +310,3 @@ async def probe(spec: WeComSpec | WeChatOfficialSpec) -> str:
     return f"{api.platform} issued an access token"
 
 
-def _remember(kept: dict[str, V], key: str, value: V) -> None:
-    kept[key] = value
-    if len(kept) > _REMEMBERED:
-        del kept[next(iter(kept))]  # the oldest

@@ -1,15 +1,16 @@
 """Approvals answered by typing, for platforms without buttons (the WeCom app, Official Accounts, the
-smart bot): a request is shown with a short id, and `/approve ID`, `/always ID` or `/deny ID` answers it.
+smart bot, QQ): a request is shown with a short id, and `/approve ID`, `/always ID` or `/deny ID` answers it.
 
 Only the request's person (their identity, as `Identities` resolves the sender) or a configured approver
-may answer. Short ids count up per channel across restarts; the last ones are kept in memory, and a
-request's own id works as well.
+may answer. Short ids count up per channel across restarts (QQ shows a prefix of the request's id
+instead); the last ones are kept in memory, and a request's own id works as well.
 """
 
 from __future__ import annotations
 
 import re
 
+from ember.channels.chat.inbound import remember
 from ember.channels.chat.services import ChatServices
 from ember.core.events import OutboundEvent
 from ember.core.tools import Decision
@@ -19,7 +20,6 @@ _COMMAND = re.compile(r"[/／](approve|always|deny)\s+(\S+)", re.IGNORECASE)
 DECISIONS = {"approve": Decision.APPROVE_ONCE, "always": Decision.APPROVE_SESSION, "deny": Decision.DENY}
 DECIDED = {Decision.APPROVE_ONCE: "Allowed once.", Decision.APPROVE_SESSION: "Allowed for the rest of this "
            "conversation.", Decision.DENY: "Denied."}
-REMEMBERED = 1_024  # short ids kept in memory
 
 
 def command(text: str) -> tuple[str, str] | None:
@@ -47,9 +47,7 @@ class ApprovalCommands:
         """A new short id for the request `event` carries."""
         assert event.approval is not None
         short = str(await self._messages.next_counter(self._channel, "approval"))
-        self._short_ids[short] = event.approval.id
-        if len(self._short_ids) > REMEMBERED:
-            del self._short_ids[next(iter(self._short_ids))]  # the oldest
+        remember(self._short_ids, short, event.approval.id)
         return short
 
     async def answer(self, sender: str, verb: str, ref: str) -> str:
