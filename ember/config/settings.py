@@ -129,7 +129,7 @@ class Settings(BaseSettings):
     web_fetch_allow_private: bool = False
     # Host names exempt from that rule.
     web_fetch_allowed_hosts: list[str] = Field(default_factory=list)
-    # allow / ask / deny per risk class, per tool and by pattern rules (see README).
+    # allow / ask / deny per risk class, per tool and by pattern rules (see docs/tools.md).
     tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
     mcp_servers: McpServers = Field(default_factory=dict)
     # The time zone of scheduled tasks that name none (IANA, e.g. Europe/Berlin).
@@ -139,7 +139,7 @@ class Settings(BaseSettings):
     webhooks: dict[str, WebhookSpec] = Field(default_factory=dict)
     # Where answers can be POSTed, signed.
     outbound: dict[str, OutboundSpec] = Field(default_factory=dict)
-    # A Telegram bot (see README): token, allowed_users, mode, edit_interval_ms, ...
+    # A Telegram bot (see docs/channels.md): token, allowed_users, mode, edit_interval_ms, ...
     telegram: TelegramSpec | None = None
     # A WeCom (企业微信) self-built app, called back at /channels/wecom: corp_id, agent_id, token, encoding_aes_key, ...
     wecom: WeComSpec | None = None

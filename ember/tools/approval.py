@@ -40,7 +40,7 @@ class Rule(BaseModel):
     # A tool name pattern (MCP tools are server__tool).
     tool: str = "*"
     # A pattern for what the call acts on: a path, a command, a URL. A shell command line
-    # is matched part by part: each simple command in it must be allowed (README, "Approval").
+    # is matched part by part: each simple command in it must be allowed (docs/tools.md, "Shell rules match what runs").
     subject: str = "*"
     # What a matching call gets.
     decision: Choice
