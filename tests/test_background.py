@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from ember.core.jobs import Claimed, Job
 from ember.runtime.background import BackgroundRunner, RetryPolicy
 from ember.runtime.leases import HostLock
 from ember.store.engine import Database
-from ember.store.jobs import Claimed, Job, SqlJobStore
+from ember.store.jobs import SqlJobStore
 from ember.store.postgres import PostgresDatabase
 from ember.store.sqlite.database import SqliteDatabase
 from tests.pgserver import ENGINES, engine_database

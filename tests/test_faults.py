@@ -36,7 +36,7 @@ from ember.config.settings import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import ModelError, StoreBusy, StoreUnavailable
 from ember.core.events import OutboundEvent, OutboundKind
-from ember.core.jobs import JobKind
+from ember.core.jobs import Job, JobKind
 from ember.core.messages import Message, Role
 from ember.memory.consolidation import SUMMARY_INSTRUCTION, ConsolidationWorker
 from ember.memory.embeddings import HashingEmbedder
@@ -60,7 +60,7 @@ from ember.runtime.usage import UsageRecorder
 from ember.skills.review import SkillReviewer
 from ember.store import schema
 from ember.store.deliveries import SqlDeliveryStore
-from ember.store.jobs import Job, SqlJobStore
+from ember.store.jobs import SqlJobStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.sqlite import database
 from ember.store.sqlite.database import SqliteDatabase

@@ -140,6 +140,15 @@ def test_a_layer_imports_nothing_above_it(layer: str) -> None:
     assert upward == []
 
 
+@pytest.mark.parametrize("layer", ["channels", "runtime", "pipeline", "tools", "skills"])
+def test_a_layer_above_the_store_knows_it_by_its_protocols_only(layer: str) -> None:
+    """Value types the runtime shares with the store live in core/; the rest of store/ is its own."""
+    named = sorted(f"{name} imports {target}" for name, tree, _ in modules() if name.startswith(f"{layer}/")
+                   for target in imported(tree, name)
+                   if target.startswith("ember.store") and not target.startswith("ember.store.protocols"))
+    assert named == []
+
+
 def test_no_modules_import_each_other_in_a_circle() -> None:
     graph = {}
     for name, tree, _ in modules():

@@ -53,6 +53,7 @@ from ember.core.memory import (
     MemoryRecord,
     MemoryStatus,
     SourceRank,
+    WriteOutcome,
     check_content,
     content_hash,
     normalized_key,
@@ -63,7 +64,7 @@ from ember.memory.encoder import window_vector
 from ember.memory.forgetting import DAY_S, ForgettingPolicy
 from ember.memory.service import RECALLED_KINDS, MemoryService, PromptMemory, RecallBudget
 from ember.store.memories import SqlMemoryStore
-from ember.store.memory_rows import Context, WriteOutcome
+from ember.store.memory_rows import Context
 from ember.store.postgres import PostgresDatabase
 from ember.store.segment import owner_token
 from ember.store.sessions import SqlSessionStore

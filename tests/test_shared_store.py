@@ -20,8 +20,8 @@ from ember.core.leases import Fence, current_fence
 from ember.core.memory import NewMemory
 from ember.core.messages import Message
 from ember.core.schedule import Schedule
-from ember.core.skills import SkillOrigin
-from ember.core.tasks import Task
+from ember.core.skills import NewVersion, SkillOrigin
+from ember.core.tasks import Task, new_task_id
 from ember.core.tools import Decision, Risk, ToolAction, ToolRun
 from ember.runtime.approvals import ApprovalBroker, Resolution
 from ember.store.approvals import SqlApprovalStore
@@ -31,8 +31,8 @@ from ember.store.leases import SESSION_PREFIX, LeaderLease, LeaseTable, SqlSessi
 from ember.store.memories import SqlMemoryStore
 from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
-from ember.store.skills import NewVersion, SqlSkillStore
-from ember.store.tasks import SqlTaskStore, new_task_id
+from ember.store.skills import SqlSkillStore
+from ember.store.tasks import SqlTaskStore
 from ember.store.tx import Statement, Tx
 from ember.tools.approval import ApprovalGate, ToolPolicy
 from tests.conftest import FixedApprover, tool_run

@@ -25,7 +25,7 @@ from ember.config.settings import Settings
 from ember.core.errors import SkillError, SkillNotFound
 from ember.core.events import InboundEvent, OutboundKind
 from ember.core.messages import Message, Role, ToolCall
-from ember.core.skills import SHARED, ProposalStatus, SkillOrigin, SkillRisk, SkillStatus
+from ember.core.skills import SHARED, NewVersion, ProposalStatus, SkillOrigin, SkillRisk, SkillStatus
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.skills.format import SkillFormatError, parse_skill_md, read_folder, render_skill_md
@@ -33,7 +33,6 @@ from ember.skills.gate import MAX_PROPOSAL_CHARS, assess
 from ember.skills.library import SkillLibrary
 from ember.skills.review import REVIEW_INSTRUCTION, parse_answer
 from ember.store.engine import Database
-from ember.store.skills import NewVersion
 from ember.tools.workspace import Workspaces
 from tests.conftest import IDENTITY, Harness, job_counts, of_kind, running_harness, session_key
 from tests.pgserver import ENGINES, RUNTIMES, engine_database, engine_settings

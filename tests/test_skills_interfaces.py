@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ember.core.skills import Proposal, ProposalStatus, SkillRisk
+from ember.core.skills import Proposal, ProposalStatus, SkillRisk, new_proposal_id
 from ember.skills.format import render_skill_md
-from ember.store.skills import SqlSkillStore, new_proposal_id
+from ember.store.skills import SqlSkillStore
 from ember.store.sqlite.database import SqliteDatabase
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 

@@ -29,8 +29,8 @@ from ember.core.events import ReplyRoute
 from ember.core.memory import NewMemory
 from ember.core.messages import Role
 from ember.core.schedule import Schedule
-from ember.core.skills import SkillOrigin
-from ember.core.tasks import Task
+from ember.core.skills import NewVersion, SkillOrigin
+from ember.core.tasks import Task, new_task_id
 from ember.core.usage import UsageRow, UsageScope
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.service import MemoryService
@@ -43,9 +43,9 @@ from ember.store.copy import CopyError, CopyMismatch, TablePlan, copy_store, tar
 from ember.store.memories import SqlMemoryStore
 from ember.store.postgres import PostgresDatabase
 from ember.store.sessions import SqlSessionStore
-from ember.store.skills import NewVersion, SqlSkillStore
+from ember.store.skills import SqlSkillStore
 from ember.store.sqlite.database import SqliteDatabase
-from ember.store.tasks import SqlTaskStore, new_task_id
+from ember.store.tasks import SqlTaskStore
 from ember.store.usage import SqlUsageStore
 from tests.conftest import IDENTITY, running_harness, session_key
 from tests.gatewayproc import EMBER

@@ -26,11 +26,10 @@ from ember.config.settings import Settings
 from ember.core.events import ReplyRoute
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.schedule import Schedule, ScheduleError, parse_duration
-from ember.core.tasks import MissedPolicy, Task, TaskState
+from ember.core.tasks import MissedPolicy, Task, TaskState, new_task_id
 from ember.core.tools import Risk
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
-from ember.store.tasks import new_task_id
 from ember.tools.base import FunctionTool, ToolRegistry
 from ember.tools.tasks import task_tools
 from tests.conftest import CHANNEL, Harness, NoteArgs, serving_runtime

@@ -19,14 +19,14 @@ from sqlalchemy import select, text
 from ember.config.settings import Settings
 from ember.core.events import OutboundKind
 from ember.core.messages import Message, Role, ToolCall
-from ember.core.skills import Proposal, ProposalStatus, SkillOrigin, SkillRisk
+from ember.core.skills import NewVersion, Proposal, ProposalStatus, SkillOrigin, SkillRisk
 from ember.memory.consolidation import SUMMARY_INSTRUCTION
 from ember.memory.review import REVIEW_INSTRUCTION as MEMORY_REVIEW
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store import schema
 from ember.store.engine import Database
-from ember.store.skills import NewVersion, SqlSkillStore
+from ember.store.skills import SqlSkillStore
 from tests.conftest import IDENTITY, Harness
 from tests.gatewayproc import EMBER_SOURCE
 from tests.pgserver import ENGINES, engine_database, engine_settings

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from ember.core.skills import Proposal, ProposalStatus, SkillRisk
+from ember.core.skills import Proposal, ProposalStatus, SkillRisk, new_proposal_id
 from ember.skills.format import render_skill_md
-from ember.store.skills import SqlSkillStore, new_proposal_id
+from ember.store.skills import SqlSkillStore
 from ember.store.sqlite.database import SqliteDatabase
 from tests.browser import answer, box, needs_chromium, send, sign_in
 from tests.gatewayproc import GatewayProcess, LaunchGateway

@@ -23,7 +23,7 @@ from ember.channels.cron import Scheduler
 from ember.channels.gateway.turns import CHANNEL as GATEWAY_CHANNEL
 from ember.config.settings import Settings
 from ember.core.errors import ConfigError
-from ember.core.jobs import JobKind
+from ember.core.jobs import Job, JobKind
 from ember.core.leases import SessionLeases
 from ember.core.tasks import CHANNEL as TASK_CHANNEL
 from ember.memory.consolidation import ConsolidationWorker
@@ -51,7 +51,7 @@ from ember.skills.review import SkillReviewer
 from ember.store.approvals import SqlApprovalStore
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.engine import Database
-from ember.store.jobs import Job, SqlJobStore
+from ember.store.jobs import SqlJobStore
 from ember.store.leases import LeaderLease, LeaseTable, SqlSessionLeases
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore

@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
 from ember.core.events import InboundEvent, OutboundEvent
+from ember.core.leases import Leadership
 from ember.core.tasks import CHANNEL
 from ember.runtime.tasks import cancel_task
-from ember.store.leases import LeaderLease
 from ember.store.protocols import DueTasks
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class Scheduler:
     BATCH = 500  # runs claimed at once
 
     def __init__(self, bus: Bus, tasks: DueTasks, *, clock: Callable[[], float] = time.time,
-                 poll_s: float = 1.0, leader: LeaderLease | None = None,
+                 poll_s: float = 1.0, leader: Leadership | None = None,
                  unstarted: Callable[[], Awaitable[list[InboundEvent]]] | None = None) -> None:
         self._bus = bus
         self._leader = leader

@@ -73,7 +73,7 @@ def add(
     as_json: JsonOption = False,
 ) -> None:
     """Add a task; prints its id and its next runs."""
-    from ember.store.tasks import new_task_id
+    from ember.core.tasks import new_task_id
     from ember.tools.tasks import schedule_of
 
     if sum(value is not None for value in (cron, every, at)) != 1:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ember.store.traces import TurnTrace
+from ember.core.traces import TurnTrace
 
 
 def _clock(timestamp: float) -> str:

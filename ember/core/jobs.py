@@ -30,3 +30,21 @@ class JobRequest:
     turn_id: str | None = None  # the turn that queued it
     # Due this long after it is queued: meanwhile an equal request is covered by this one.
     delay_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    kind: str
+    dedupe_key: str
+    session_key: str | None
+    attempts: int
+    turn_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    jobs: list[Job]
+    # When the earliest job still pending after the claim is due (None: none is): the runner
+    # sleeps until then without asking the store again.
+    next_due_at: float | None

@@ -17,6 +17,15 @@ class SessionLeases(Protocol):
         ...
 
 
+class Leadership(Protocol):
+    """One process of several leads (the one that fires scheduled tasks): asked before each
+    round whether it still does, and given up when it stops."""
+
+    async def held(self) -> bool: ...
+
+    async def release(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Fence:
     """The lease a unit of work runs under: a store shared by several processes commits the

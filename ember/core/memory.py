@@ -11,6 +11,7 @@ import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from ember.core.errors import MemoryInputError
 from ember.core.thinking import strip_thinking
@@ -96,6 +97,18 @@ class NewMemory:
     seq_start: int | None = None
     seq_end: int | None = None
     created_at: float | None = None
+
+
+class MemoryFields(TypedDict, total=False):
+    """What `MemoryService.remember` may say of a memory besides its owner and text (NewMemory's fields)."""
+
+    kind: MemoryKind
+    subject: str | None
+    key: str | None
+    source: str | None
+    source_rank: SourceRank
+    session_key: str | None
+    created_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,3 +209,13 @@ def session_identity(session_key: str, metadata: dict[str, object]) -> str:
 def shared_identity(session_key: str) -> str:
     """The identity of a session several people wrote in: the group's, nobody's own."""
     return f"shared:{session_key}"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOutcome:
+    """What a write did: the record now standing for the content, whether it is
+    new, and the facts it superseded."""
+
+    record: MemoryRecord
+    created: bool
+    superseded: tuple[str, ...] = ()

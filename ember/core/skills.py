@@ -4,6 +4,7 @@ proposals the background review makes; no I/O."""
 from __future__ import annotations
 
 import enum
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,3 +114,24 @@ class Proposal:
                 "text": self.text, "diff": self.diff,
                 "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
                           "cost_usd": self.cost_usd}}
+
+
+@dataclass(frozen=True, slots=True)
+class NewVersion:
+    """A change to admit: the skill's text and files, and where the change came from."""
+
+    identity: str
+    name: str
+    description: str
+    text: str
+    source: str
+    admitted_by: str
+    origin: SkillOrigin
+    files: dict[str, str] | None = None  # None: the previous version's files
+    turn_id: str | None = None
+    job_id: str | None = None
+    disk_digest: str | None = None  # set when the change was read from a folder
+
+
+def new_proposal_id() -> str:
+    return "sp_" + secrets.token_hex(5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import secrets
 from dataclasses import dataclass
 
 from ember.core.events import ReplyRoute
@@ -70,3 +71,7 @@ class TaskRun:
     message_id: str | None
     recorded_at: float
     answer: str | None = None  # the run's committed answer (or error), once there is one
+
+
+def new_task_id() -> str:
+    return "t_" + secrets.token_hex(5)

@@ -16,19 +16,20 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypedDict, Unpack
+from typing import Unpack
 
 import numpy as np
 
 from ember.core.errors import MemoryInputError, ModelError
 from ember.core.memory import (
     LexicalHits,
+    MemoryFields,
     MemoryKind,
     MemoryRecord,
     MemoryStatus,
     NewMemory,
     Recalled,
-    SourceRank,
+    WriteOutcome,
     session_identity,
     shared_identity,
 )
@@ -40,7 +41,7 @@ from ember.memory.identity import Identities
 from ember.memory.retrieval import FACT_BONUS, NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
 from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
 from ember.memory.vectors import VectorIndex
-from ember.store.memory_rows import Unembedded, WriteOutcome
+from ember.store.memory_rows import Unembedded
 from ember.store.protocols import MemoryStore
 from ember.store.segment import match_expression, query_terms
 
@@ -62,18 +63,6 @@ PROMPT_SIMILARITY_MARGIN = 0.04
 
 # Skills reach the prompt through their own index, not as recalled memories.
 RECALLED_KINDS = (MemoryKind.FACT, MemoryKind.EPISODIC, MemoryKind.ARCHIVAL)
-
-
-class MemoryFields(TypedDict, total=False):
-    """What `MemoryService.remember` may say of a memory besides its owner and text."""
-
-    kind: MemoryKind
-    subject: str | None
-    key: str | None
-    source: str | None
-    source_rank: SourceRank
-    session_key: str | None
-    created_at: float | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,10 +30,10 @@ from dataclasses import dataclass, replace
 
 from ember.bus.base import Bus
 from ember.bus.codec import decode_approval, encode_approval
+from ember.core.approvals import ApprovalStatus, AskedBefore
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tasks import CHANNEL as TASK_CHANNEL
 from ember.core.tools import ApprovalRequest, Decision, ToolAction, Verdict
-from ember.store.approvals import EXPIRED, PENDING, AskedBefore
 from ember.store.protocols import ApprovalLog
 from ember.tools.explain import ApprovalExplainer
 
@@ -108,12 +108,12 @@ class ApprovalBroker:
         row = await self._store.get(approval_id) if self._store is not None else None
         if row is None or not _within(row.session_key, scope):
             return Resolution.NOT_FOUND
-        if row.status == PENDING:  # its turn waits in another process, or resumes after a restart
+        if row.status == ApprovalStatus.PENDING:  # its turn waits in another process, or resumes after a restart
             assert self._store is not None
             if await self._store.closed(approval_id, decision.value, f"user:{by}"):
                 return Resolution.RESOLVED
             row = await self._store.get(approval_id) or row
-        return Resolution.EXPIRED if row.status == EXPIRED else Resolution.ALREADY_DECIDED
+        return Resolution.EXPIRED if row.status == ApprovalStatus.EXPIRED else Resolution.ALREADY_DECIDED
 
     async def ask(self, event: InboundEvent, turn_id: str, identity: str, action: ToolAction,
                   taken: set[str] | None = None) -> Verdict:
@@ -122,7 +122,7 @@ class ApprovalBroker:
         though the resumed turn's channel may not say it can ask: it could, and the person sees
         the request listed."""
         before = await self._asked_before(turn_id, action, taken) if taken is not None else None
-        if before is not None and before.status != PENDING:
+        if before is not None and before.status != ApprovalStatus.PENDING:
             return Verdict(Decision(before.status), before.decided_by or "user", time.time())
         if before is None and not event.can_approve:
             if event.channel == TASK_CHANNEL and event.metadata.get("grant_approvals") == "true":
@@ -158,7 +158,7 @@ class ApprovalBroker:
             # A turn cancelled while it waits (Ember stopping) leaves its request pending, for the
             # turn to take up when it resumes; a person's stop expires it (turn_ended).
             if self._store is not None and verdict.decided_by != "cancelled":
-                status = EXPIRED if verdict.decided_by == "timeout" else verdict.decision.value
+                status = ApprovalStatus.EXPIRED if verdict.decided_by == "timeout" else verdict.decision.value
                 await asyncio.shield(self._store.closed(request.id, status, verdict.decided_by))
         return verdict
 
@@ -169,7 +169,7 @@ class ApprovalBroker:
             return None
         since = time.time() - self._timeout_s
         for row in await self._store.asked_before(turn_id, action.tool, action.summary, since=since):
-            if row.id not in taken and row.status != EXPIRED:
+            if row.id not in taken and row.status != ApprovalStatus.EXPIRED:
                 taken.add(row.id)
                 return row
         return None
@@ -183,8 +183,8 @@ class ApprovalBroker:
         while not pending.answer.done():
             await asyncio.wait({pending.answer}, timeout=SHARED_POLL_S)
             row = await self._store.get(pending.request.id)
-            if row is not None and row.status != PENDING and not pending.answer.done():
-                decision = Decision.DENY if row.status == EXPIRED else Decision(row.status)
+            if row is not None and row.status != ApprovalStatus.PENDING and not pending.answer.done():
+                decision = Decision.DENY if row.status == ApprovalStatus.EXPIRED else Decision(row.status)
                 return Verdict(decision, row.decided_by or "another process", time.time())
         return pending.answer.result()
 

@@ -26,11 +26,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from ember.core.errors import StoreError
+from ember.core.jobs import Job
 from ember.core.journal import Spans
 from ember.core.usage import UsageScope, current_scope
 from ember.runtime.leases import HostLock
 from ember.runtime.tasks import cancel_task, stop_tasks
-from ember.store.jobs import Job
 from ember.store.protocols import JobQueue
 
 log = logging.getLogger(__name__)

@@ -48,6 +48,7 @@ from ember.core.leases import SessionLeases
 from ember.core.messages import Message
 from ember.core.redact import redact_text
 from ember.core.tools import ToolRun
+from ember.core.traces import TurnTrace
 from ember.pipeline.context import ContextStage
 from ember.pipeline.inference import InferenceStage
 from ember.pipeline.response import ResponseStage
@@ -66,7 +67,6 @@ from ember.runtime.turn_state import (
     error_text,
 )
 from ember.store.protocols import SessionStore, TraceLog
-from ember.store.traces import TurnTrace
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from ember.core.errors import EmberError
 from ember.core.journal import Observers, TurnJournal, TurnObserver
 from ember.core.messages import Message, Role
 from ember.core.redact import redact_text
+from ember.core.traces import TurnTrace
 from ember.core.turn import PipelineContext
-from ember.store.traces import TurnTrace
 
 
 @dataclass(frozen=True, slots=True)

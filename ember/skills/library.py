@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from ember.core.errors import SkillError, SkillNotFound
 from ember.core.skills import (
     SHARED,
+    NewVersion,
     Proposal,
     ProposalStatus,
     Skill,
@@ -35,7 +36,6 @@ from ember.core.skills import (
 )
 from ember.skills.format import SKILL_FILE, SkillDoc, SkillFormatError, check_name, digest, parse_skill_md, read_folder
 from ember.store.protocols import SkillStore
-from ember.store.skills import NewVersion
 from ember.tools.workspace import Workspace
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ember.core.leases import SessionLeases
 from ember.core.messages import Message, Role
 from ember.core.redact import redact_text
-from ember.core.skills import Proposal, ProposalStatus, SkillRisk
+from ember.core.skills import Proposal, ProposalStatus, SkillRisk, new_proposal_id
 from ember.core.thinking import strip_thinking
 from ember.memory.service import MemoryService
 from ember.memory.transcript import render_transcript
@@ -31,7 +31,6 @@ from ember.skills.format import MAX_DESCRIPTION_CHARS, SkillFormatError, parse_s
 from ember.skills.gate import MAX_PROPOSAL_CHARS, assess, check_secrets, check_size, near_duplicate
 from ember.skills.library import SkillLibrary
 from ember.store.protocols import SessionStore
-from ember.store.skills import new_proposal_id
 
 REVIEW_INSTRUCTION = """Below is work you just did for a user: their request, the tools you called with \
 their results, and your answer. Decide whether it teaches a reusable procedure worth keeping as a skill: \

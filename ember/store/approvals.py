@@ -10,16 +10,15 @@ or already answered: the first to close a row decides.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from sqlalchemy import bindparam, insert, select, update
 
+from ember.core.approvals import ApprovalRow, ApprovalStatus, AskedBefore
 from ember.store import schema
 from ember.store.engine import Database
 from ember.store.tx import Statement, upsert
 
-PENDING, EXPIRED = "pending", "expired"
-
+PENDING, EXPIRED = ApprovalStatus.PENDING.value, ApprovalStatus.EXPIRED.value  # plain strings: inlined as SQL literals
 _a = schema.approvals
 _OPEN = Statement(insert(_a).values(
     id=bindparam("id"), session_key=bindparam("session_key"), turn_id=bindparam("turn_id"),
@@ -47,25 +46,6 @@ _EXPIRE = Statement(update(_a).where(_a.c.status == PENDING, _a.c.created_at < b
                     .values(status=EXPIRED, decided_by="restart", decided_at=bindparam("now")))
 
 
-@dataclass(frozen=True, slots=True)
-class ApprovalRow:
-    id: str
-    session_key: str
-    identity: str
-    status: str  # pending | approve_once | approve_session | deny | expired
-    decided_by: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class AskedBefore:
-    """A request a turn made before it was cut off, found again when the turn is resumed."""
-
-    id: str
-    status: str
-    decided_by: str | None
-    created_at: float
-
-
 class SqlApprovalStore:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -88,13 +68,17 @@ class SqlApprovalStore:
 
     async def get(self, approval_id: str) -> ApprovalRow | None:
         row = await self._db.run_read(lambda tx: tx.execute(_GET, {"id": approval_id}).fetchone())
-        return ApprovalRow(*row) if row else None
+        if row is None:
+            return None
+        id_, session_key, identity, status, decided_by = row
+        return ApprovalRow(id_, session_key, identity, ApprovalStatus(status), decided_by)
 
     async def asked_before(self, turn_id: str, tool: str, summary: str, *, since: float) -> list[AskedBefore]:
         """The requests `turn_id` made for this call (its tool and summary) from `since` on, oldest first."""
         params = {"turn_id": turn_id, "tool": tool, "summary": summary[:500], "since": since}
-        return [AskedBefore(*row) for row in await self._db.run_read(
-            lambda tx: tx.execute(_ASKED, params).fetchall())]
+        return [AskedBefore(id_, ApprovalStatus(status), decided_by, created_at)
+                for id_, status, decided_by, created_at in await self._db.run_read(
+                    lambda tx: tx.execute(_ASKED, params).fetchall())]
 
     async def expire_turn(self, turn_id: str, decided_by: str) -> int:
         """The turn ended without its pending requests answered: they can no longer be."""

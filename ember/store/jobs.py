@@ -18,11 +18,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from sqlalchemy import and_, bindparam, func, literal_column, or_, select, update
 
-from ember.core.jobs import JobRequest
+from ember.core.jobs import Claimed, Job, JobRequest
 from ember.store import schema
 from ember.store.engine import Database
 from ember.store.tx import Statement, Tx, upsert
@@ -61,22 +60,7 @@ _NEXT_DUE = Statement(select(func.min(_j.c.next_run_at)).where(_j.c.status == PE
 _COUNTS = Statement(select(_j.c.status, func.count()).group_by(_j.c.status))
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
-    id: str
-    kind: str
-    dedupe_key: str
-    session_key: str | None
-    attempts: int
-    turn_id: str | None = None
 
-
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    jobs: list[Job]
-    # When the earliest job still pending after the claim is due (None: none is): the runner
-    # sleeps until then without asking the store again.
-    next_due_at: float | None
 
 
 class SqlJobStore:

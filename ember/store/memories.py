@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, bindparam, func, select, update
 
 from ember.core.errors import MemoryNotFound
-from ember.core.memory import LexicalHits, MemoryKind, MemoryRecord, MemoryStatus, NewMemory
+from ember.core.memory import LexicalHits, MemoryKind, MemoryRecord, MemoryStatus, NewMemory, WriteOutcome
 from ember.store import memory_upkeep, schema
 from ember.store.engine import Database
 from ember.store.jobs import record_job
@@ -26,7 +26,6 @@ from ember.store.memory_rows import (
     TEXTS_AFTER,
     Archived,
     Unembedded,
-    WriteOutcome,
     archive_messages,
     hold_memory_writes,
     record_of,

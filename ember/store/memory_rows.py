@@ -30,6 +30,7 @@ from ember.core.memory import (
     MemoryStatus,
     NewMemory,
     SourceRank,
+    WriteOutcome,
     check_content,
     content_hash,
     normalized_key,
@@ -260,14 +261,7 @@ class Unembedded:
         return Context.from_json(self.context_json) if self.context_json else None
 
 
-@dataclass(frozen=True, slots=True)
-class WriteOutcome:
-    """What a write did: the record now standing for the content, whether it is
-    new, and the facts it superseded."""
 
-    record: MemoryRecord
-    created: bool
-    superseded: tuple[str, ...] = ()
 
 
 def write_memory(tx: Tx, memory: NewMemory, now: float, *, embed: bool = True) -> WriteOutcome:

@@ -20,20 +20,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ember.core.skills import ProposalStatus
 
 if TYPE_CHECKING:
+    from ember.core.approvals import ApprovalRow, AskedBefore
     from ember.core.delivery import Delivery, Receipt
     from ember.core.events import InboundEvent
-    from ember.core.jobs import JobRequest
-    from ember.core.memory import LexicalHits, MemoryKind, MemoryRecord, MemoryStatus, NewMemory
+    from ember.core.jobs import Claimed, Job, JobRequest
+    from ember.core.memory import LexicalHits, MemoryKind, MemoryRecord, MemoryStatus, NewMemory, WriteOutcome
     from ember.core.messages import Message, Session
-    from ember.core.skills import Proposal, Skill, SkillStatus, SkillVersion
+    from ember.core.skills import NewVersion, Proposal, Skill, SkillStatus, SkillVersion
     from ember.core.tasks import Task, TaskRun, TaskState
+    from ember.core.traces import TurnTrace
     from ember.core.usage import UsageRow
-    from ember.store.approvals import ApprovalRow, AskedBefore
-    from ember.store.jobs import Claimed, Job
-    from ember.store.memory_rows import Archived, Unembedded, WriteOutcome
+    from ember.store.memory_rows import Archived, Unembedded
     from ember.store.sessions import SessionSummary
-    from ember.store.skills import NewVersion
-    from ember.store.traces import TurnTrace
 
 
 class SessionStore(Protocol):

@@ -10,10 +10,9 @@ proposes twice.
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from sqlalchemy import Boolean, Text, bindparam, case, func, insert, or_, select, update
@@ -21,6 +20,7 @@ from sqlalchemy import Boolean, Text, bindparam, case, func, insert, or_, select
 from ember.core.redact import derived_text
 from ember.core.skills import (
     SHARED,
+    NewVersion,
     Proposal,
     ProposalStatus,
     Skill,
@@ -107,8 +107,7 @@ def _moved_on(ins: Callable[..., Any]) -> Any:
 _MARK_REVIEWED = upsert(_moved_on)
 
 
-def new_proposal_id() -> str:
-    return "sp_" + secrets.token_hex(5)
+
 
 
 def _skill(row: Sequence[Any]) -> Skill:
@@ -130,21 +129,7 @@ def _proposal(row: Sequence[Any]) -> Proposal:
                     decided_by, version, input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=cost)
 
 
-@dataclass(frozen=True, slots=True)
-class NewVersion:
-    """A change to admit: the skill's text and files, and where the change came from."""
 
-    identity: str
-    name: str
-    description: str
-    text: str
-    source: str
-    admitted_by: str
-    origin: SkillOrigin
-    files: dict[str, str] | None = None  # None: the previous version's files
-    turn_id: str | None = None
-    job_id: str | None = None
-    disk_digest: str | None = None  # set when the change was read from a folder
 
 
 def _add_version(tx: Tx, change: NewVersion, now: float) -> SkillVersion:

@@ -9,7 +9,6 @@ before it leaves the run due. Either way no run fires twice.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -69,8 +68,7 @@ _ADVANCE = Statement(update(_t).where(_t.c.id == bindparam("task_id")).values(
     updated_at=bindparam("now")))
 
 
-def new_task_id() -> str:
-    return "t_" + secrets.token_hex(5)
+
 
 
 def _task(row: Sequence[Any]) -> Task:

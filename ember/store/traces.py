@@ -11,12 +11,12 @@ reads every trace it recorded.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Row, func, select
 
 from ember.core.redact import redact, redact_text
+from ember.core.traces import TurnTrace
 from ember.store import schema
 from ember.store.engine import Database
 from ember.store.tx import Tx, upsert_row
@@ -24,17 +24,6 @@ from ember.store.tx import Tx, upsert_row
 _t = schema.traces
 # A resumed or retried turn keeps its id: its latest run is the trace.
 _RECORD = upsert_row(_t, ["turn_id"])
-
-
-@dataclass(slots=True, kw_only=True)
-class TurnTrace:
-    turn_id: str
-    session_key: str
-    started_at: float
-    finished_at: float = 0.0
-    status: str = "running"
-    error: str | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
 
 
 class SqlTraceStore:

@@ -7,10 +7,9 @@ from pydantic import BaseModel, Field, model_validator
 
 from ember.core.events import ReplyRoute
 from ember.core.schedule import Schedule, ScheduleError, local_time
-from ember.core.tasks import CHANNEL, Task, TaskState
+from ember.core.tasks import CHANNEL, Task, TaskState, new_task_id
 from ember.core.tools import Risk, ToolRun
 from ember.store.protocols import TaskBook
-from ember.store.tasks import new_task_id
 from ember.tools.base import Tool, ToolFailure, TurnTool
 
 MAX_PROMPT_CHARS = 4_000

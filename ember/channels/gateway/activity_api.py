@@ -19,8 +19,8 @@ from starlette.routing import Route
 from ember.channels.gateway.http import ApiError, checked_key, known_params, query_limit
 from ember.channels.gateway.turns import namespace, session_key
 from ember.core.redact import redact_text
+from ember.core.traces import TurnTrace
 from ember.store.protocols import TraceReader
-from ember.store.traces import TurnTrace
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200

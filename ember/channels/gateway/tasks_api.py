@@ -14,10 +14,9 @@ from ember.channels.gateway.schemas import SESSION_KEY_PATTERN
 from ember.channels.gateway.turns import CHANNEL, chat_id
 from ember.core.events import ReplyRoute
 from ember.core.schedule import ScheduleError
-from ember.core.tasks import MissedPolicy, Task, TaskState
+from ember.core.tasks import MissedPolicy, Task, TaskState, new_task_id
 from ember.memory.identity import Identities
 from ember.store.protocols import TaskBook
-from ember.store.tasks import new_task_id
 from ember.tools.tasks import ScheduleArgs, schedule_of
 
 
