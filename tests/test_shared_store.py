@@ -23,7 +23,7 @@ from ember.core.schedule import Schedule
 from ember.core.skills import NewVersion, SkillOrigin
 from ember.core.tasks import Task, new_task_id
 from ember.core.tools import Decision, Risk, ToolAction, ToolRun
-from ember.runtime.approvals import ApprovalBroker, Resolution
+from ember.runtime.approvals import Resolution, SharedApprovalBroker
 from ember.store.approvals import SqlApprovalStore
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import SqlJobStore
@@ -208,8 +208,8 @@ def _event() -> InboundEvent:
 async def test_an_approval_answered_in_another_process_reaches_the_waiting_turn(
         processes: Callable[[], PostgresDatabase]) -> None:
     worker_bus = InProcessBus()
-    worker = ApprovalBroker(worker_bus, 30, store=SqlApprovalStore(processes()), shared=True)
-    gateway = ApprovalBroker(InProcessBus(), 30, store=SqlApprovalStore(processes()), shared=True)
+    worker = SharedApprovalBroker(worker_bus, 30, None, SqlApprovalStore(processes()))
+    gateway = SharedApprovalBroker(InProcessBus(), 30, None, SqlApprovalStore(processes()))
     action = ToolAction("write_file", Risk.WRITE, "notes.txt", "write notes.txt")
     asking = asyncio.create_task(worker.ask(_event(), "turn-1", "alice", action))
     request = await asyncio.wait_for(worker_bus.next_outbound("http"), 5)
@@ -217,7 +217,7 @@ async def test_an_approval_answered_in_another_process_reaches_the_waiting_turn(
     approval_id = request.approval.id
 
     # A process starting meanwhile does not expire a request a live process still waits on.
-    await ApprovalBroker(InProcessBus(), 30, store=SqlApprovalStore(processes()), shared=True).recover()
+    await SharedApprovalBroker(InProcessBus(), 30, None, SqlApprovalStore(processes())).recover()
     assert await gateway.pending("http:alice:") == [request.approval], "listed where the answer will come"
     assert await gateway.pending("http:bob:") == []
 
@@ -235,7 +235,7 @@ async def test_an_approval_answered_in_another_process_reaches_the_waiting_turn(
 async def test_a_request_outlives_its_process_and_the_resumed_turn_takes_it_up(
         processes: Callable[[], PostgresDatabase]) -> None:
     first_bus, second_bus = InProcessBus(), InProcessBus()
-    first = ApprovalBroker(first_bus, 30, store=SqlApprovalStore(processes()), shared=True)
+    first = SharedApprovalBroker(first_bus, 30, None, SqlApprovalStore(processes()))
     action = ToolAction("write_file", Risk.WRITE, "notes.txt", "write notes.txt")
     asking = asyncio.create_task(first.ask(_event(), "turn-1", "alice", action))
     asked = (await asyncio.wait_for(first_bus.next_outbound("http"), 5)).approval
@@ -243,7 +243,7 @@ async def test_a_request_outlives_its_process_and_the_resumed_turn_takes_it_up(
     asking.cancel()  # its process stopped while the turn waited
     await asyncio.gather(asking, return_exceptions=True)
 
-    second = ApprovalBroker(second_bus, 30, store=SqlApprovalStore(processes()), shared=True)
+    second = SharedApprovalBroker(second_bus, 30, None, SqlApprovalStore(processes()))
     await second.recover()
     assert [r.id for r in await second.pending("http:alice:")] == [asked.id], "still listed"
     taken: set[str] = set()
@@ -267,8 +267,8 @@ async def test_a_request_outlives_its_process_and_the_resumed_turn_takes_it_up(
 async def test_an_approval_the_waiting_process_gave_up_on_is_expired_for_the_other(
         processes: Callable[[], PostgresDatabase]) -> None:
     worker_bus = InProcessBus()
-    worker = ApprovalBroker(worker_bus, 0.3, store=SqlApprovalStore(processes()), shared=True)
-    gateway = ApprovalBroker(InProcessBus(), 0.3, store=SqlApprovalStore(processes()), shared=True)
+    worker = SharedApprovalBroker(worker_bus, 0.3, None, SqlApprovalStore(processes()))
+    gateway = SharedApprovalBroker(InProcessBus(), 0.3, None, SqlApprovalStore(processes()))
     verdict = await worker.ask(_event(), "turn-1", "alice", ToolAction("shell", Risk.EXECUTE, "ls", "run ls"))
     assert verdict.decision is Decision.DENY and verdict.decided_by == "timeout"
     request = await worker_bus.next_outbound("http")

@@ -38,7 +38,7 @@ from ember.models.metered import MeteredModel
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
-from ember.runtime.approvals import ApprovalBroker
+from ember.runtime.approvals import ApprovalBroker, SharedApprovalBroker
 from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
 from ember.runtime.channels import ChannelHub
 from ember.runtime.delivery import DeliveryWorker
@@ -261,8 +261,9 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     sharing = _sharing(settings, db, process)
     bus = message_bus(settings, process)
     approval_rows = SqlApprovalStore(db)
-    approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s, models.explainer, approval_rows,
-                               shared=settings.redis_url is not None or sharing.lease_table is not None)
+    shared = settings.redis_url is not None or sharing.lease_table is not None  # turns and answers in other processes
+    approvals = (SharedApprovalBroker if shared else ApprovalBroker)(bus, settings.tool_policy.timeout_s,
+                                                                     models.explainer, approval_rows)
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
     tasks = SqlTaskStore(db)

@@ -13,10 +13,10 @@ request up again, same id, or the answer given to it meanwhile. An answer after
 the timeout, or after the turn ended unresumed (stopped, or answered with the
 notice), is told the request expired, never that it is unknown. Only the turn's
 own scope (a session, or a caller's namespace of them) sees and answers a
-request. Where several processes share the store (`shared`), the turn may wait
-in a worker while the answer comes to a gateway: the gateway closes the row, and
-the waiting turn, which reads its row every `SHARED_POLL_S`, takes the decision
-from it.
+request. Where several processes share the store (`SharedApprovalBroker`), the
+turn may wait in a worker while the answer comes to a gateway: the gateway closes
+the row, and the waiting turn, which reads its row every `SHARED_POLL_S`, takes
+the decision from it.
 """
 
 from __future__ import annotations
@@ -57,9 +57,8 @@ class _Pending:
 
 class ApprovalBroker:
     def __init__(self, bus: Bus, timeout_s: float, explainer: ApprovalExplainer | None = None,
-                 store: ApprovalLog | None = None, *, shared: bool = False) -> None:
+                 store: ApprovalLog | None = None) -> None:
         self._bus = bus
-        self._shared = shared and store is not None
         self._timeout_s = timeout_s
         self._explainer = explainer
         self._store = store
@@ -174,15 +173,24 @@ class ApprovalBroker:
                 return row
         return None
 
+    async def _answer(self, pending: _Pending) -> Verdict:
+        """The answer given to this process."""
+        return await pending.answer
+
+
+class SharedApprovalBroker(ApprovalBroker):
+    """The broker of a process that shares its store with others: a turn waiting here takes the
+    answer given to another process (a gateway) from the request's row."""
+
+    def __init__(self, bus: Bus, timeout_s: float, explainer: ApprovalExplainer | None,
+                 store: ApprovalLog) -> None:
+        super().__init__(bus, timeout_s, explainer, store)
+        self._rows = store
 
     async def _answer(self, pending: _Pending) -> Verdict:
-        """The answer given to this process, or, on a shared store, to another (in the row)."""
-        if not self._shared:
-            return await pending.answer
-        assert self._store is not None
         while not pending.answer.done():
             await asyncio.wait({pending.answer}, timeout=SHARED_POLL_S)
-            row = await self._store.get(pending.request.id)
+            row = await self._rows.get(pending.request.id)
             if row is not None and row.status != ApprovalStatus.PENDING and not pending.answer.done():
                 decision = Decision.DENY if row.status == ApprovalStatus.EXPIRED else Decision(row.status)
                 return Verdict(decision, row.decided_by or "another process", time.time())
