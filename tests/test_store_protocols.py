@@ -1,6 +1,7 @@
 """The runtime's store protocols (ember/store/protocols.py) and their one implementation each:
 every method a protocol names exists on its `Sql…` class with the same signature, so that a
-consumer written against the protocol runs on the class unchanged, on either engine."""
+consumer written against the protocol runs on the class unchanged, on either engine. The same for
+the memory service and the protocols its consumers name (ember/memory/protocols.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import inspect
 
 import pytest
 
+from ember.memory import protocols as memory_protocols
+from ember.memory.service import MemoryService
 from ember.store import protocols
 from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
@@ -41,14 +44,19 @@ IMPLEMENTATIONS = {
     protocols.DueTasks: SqlTaskStore,
     protocols.UsageLedger: SqlUsageStore,
     protocols.MemoryStore: SqlMemoryStore,
+    protocols.MemoryRecall: SqlMemoryStore,
+    protocols.MemoryWrites: SqlMemoryStore,
+    protocols.EmbeddingQueue: SqlMemoryStore,
+    protocols.MemoryUpkeep: SqlMemoryStore,
+    protocols.MemoryAdmin: SqlMemoryStore,
     protocols.TextRows: SqlMemoryStore,
     protocols.VectorRows: SqlMemoryStore,
     protocols.SkillStore: SqlSkillStore,
 }
 
 
-def methods(protocol: type) -> dict[str, object]:
-    return {name: member for klass in protocol.__mro__ if klass.__module__ == protocols.__name__
+def methods(protocol: type, module: str = protocols.__name__) -> dict[str, object]:
+    return {name: member for klass in protocol.__mro__ if klass.__module__ == module
             for name, member in vars(klass).items() if inspect.iscoroutinefunction(member)}
 
 
@@ -67,3 +75,15 @@ def test_the_implementation_has_each_method_with_the_protocols_signature(protoco
         assert inspect.iscoroutinefunction(actual), f"{implementation.__name__}.{name} is missing or not async"
         assert inspect.signature(actual) == inspect.signature(declared), f"{implementation.__name__}.{name}"
 
+
+
+@pytest.mark.parametrize("protocol", [memory_protocols.PromptRecall, memory_protocols.PersonalMemory,
+                                      memory_protocols.ReviewedMemory], ids=lambda p: p.__name__)
+def test_the_memory_service_is_each_of_its_consumers_protocols(protocol: type) -> None:
+    def shape(method: object) -> list[tuple[str, object, object]]:
+        return [(p.name, p.kind, p.annotation) for p in inspect.signature(method).parameters.values()]  # type: ignore[arg-type]
+
+    for name, declared in methods(protocol, memory_protocols.__name__).items():
+        actual = getattr(MemoryService, name, None)
+        assert inspect.iscoroutinefunction(actual), f"MemoryService.{name} is missing or not async"
+        assert shape(actual) == shape(declared), f"MemoryService.{name}"

@@ -6,7 +6,7 @@ from ember.core.leases import SessionLeases
 from ember.core.memory import NewMemory, SourceRank
 from ember.core.messages import Message, Role, Session
 from ember.core.thinking import strip_thinking
-from ember.memory.service import MemoryService
+from ember.memory.protocols import ReviewedMemory
 from ember.memory.transcript import render_transcript
 from ember.models.base import ModelClient, complete
 from ember.store.protocols import SessionStore
@@ -41,7 +41,7 @@ async def load_last_turn(sessions: SessionStore, leases: SessionLeases,
 
 class MemoryReviewer:
     def __init__(self, sessions: SessionStore, leases: SessionLeases, model: ModelClient,
-                 memory: MemoryService) -> None:
+                 memory: ReviewedMemory) -> None:
         self._sessions = sessions
         self._leases = leases
         self._model = model

@@ -15,7 +15,8 @@ from ember.core.memory import PROFILE_HEADING, ROLE_SUBJECTS, MemoryKind, Memory
 from ember.core.messages import Message, Role, Session
 from ember.core.turn import PipelineContext, StreamSink
 from ember.memory.identity import Identities
-from ember.memory.service import MemoryService, PromptMemory, RecallBudget
+from ember.memory.protocols import PromptRecall
+from ember.memory.service import PromptMemory, RecallBudget
 from ember.skills.library import SkillLibrary
 from ember.store.protocols import SessionStore
 
@@ -102,7 +103,7 @@ class ContextStage:
     session's episodes, the history; then, just before the newest message,
     the memories it recalls (they change every turn)."""
 
-    def __init__(self, sessions: SessionStore, memory: MemoryService, persona: Persona, identities: Identities,
+    def __init__(self, sessions: SessionStore, memory: PromptRecall, persona: Persona, identities: Identities,
                  budget: RecallBudget, skills: SkillLibrary | None = None,
                  marks: Mapping[str, object] | None = None) -> None:
         self._sessions = sessions

@@ -14,7 +14,7 @@ from ember.core.messages import Message
 from ember.core.thinking import strip_thinking
 from ember.core.turn import InferenceResult, PipelineContext, ProcessResult
 from ember.memory.consolidation import should_consolidate
-from ember.memory.service import MemoryService
+from ember.memory.protocols import RecallNotes
 from ember.pipeline.context import merge_intro
 from ember.store.protocols import SessionStore
 
@@ -36,7 +36,7 @@ class DerivedWorkPolicy:
 
 
 class ResponseStage:
-    def __init__(self, sessions: SessionStore, scheduler: Scheduler, memory: MemoryService,
+    def __init__(self, sessions: SessionStore, scheduler: Scheduler, memory: RecallNotes,
                  policy: DerivedWorkPolicy) -> None:
         self._sessions = sessions
         self._scheduler = scheduler

@@ -24,7 +24,7 @@ from ember.core.messages import Message, Role
 from ember.core.redact import redact_text
 from ember.core.skills import Proposal, ProposalStatus, SkillRisk, new_proposal_id
 from ember.core.thinking import strip_thinking
-from ember.memory.service import MemoryService
+from ember.memory.protocols import ReviewedMemory
 from ember.memory.transcript import render_transcript
 from ember.models.base import ModelClient, ModelReply, complete
 from ember.skills.format import MAX_DESCRIPTION_CHARS, SkillFormatError, parse_skill_md, render_skill_md
@@ -78,7 +78,7 @@ def parse_answer(text: str) -> ReviewAnswer:
 
 
 class SkillReviewer:
-    def __init__(self, sessions: SessionStore, leases: SessionLeases, model: ModelClient, memory: MemoryService,
+    def __init__(self, sessions: SessionStore, leases: SessionLeases, model: ModelClient, memory: ReviewedMemory,
                  library: SkillLibrary, cost: Callable[[ModelReply], float | None] = lambda reply: None) -> None:
         self._sessions = sessions
         self._leases = leases

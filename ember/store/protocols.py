@@ -237,9 +237,24 @@ class UsageLedger(Protocol):
     async def spent(self, identity: str, since: float) -> float: ...
 
 
-class MemoryStore(Protocol):
-    """Long-term memory's rows, for the memory service, its background upkeep and the
-    commands that show, forget and rebuild memories."""
+class MemoryRecall(Protocol):
+    """What recall reads: full-text hits, records by number, a prompt's profile and episodes; and
+    the recall counts it notes for the forgetting curve."""
+
+    async def lexical(self, identity: str, terms: Sequence[str], limit: int, *, records: int = 0) -> LexicalHits: ...
+
+    async def by_nums(self, identity: str, nums: Sequence[int]) -> dict[int, MemoryRecord]: ...
+
+    async def prompt_records(self, identity: str, profile_limit: int, episode_owners: Sequence[str],
+                             session_key: str, episode_limit: int) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
+        """The profile facts and the session's episodes of each owner, in one read."""
+        ...
+
+    async def note_recalls(self, recalls: dict[tuple[str, str], tuple[int, float]]) -> None: ...
+
+
+class MemoryWrites(Protocol):
+    """Memories written: stated, reviewed, corrected, archived from a session's messages."""
 
     async def write(self, memory: NewMemory) -> WriteOutcome: ...
 
@@ -249,24 +264,16 @@ class MemoryStore(Protocol):
 
     async def revise(self, identity: str, memory_id: str, content: str) -> WriteOutcome: ...
 
-    async def by_nums(self, identity: str, nums: Sequence[int]) -> dict[int, MemoryRecord]: ...
-
-    async def lexical(self, identity: str, terms: Sequence[str], limit: int, *, records: int = 0) -> LexicalHits: ...
-
-    async def prompt_records(self, identity: str, profile_limit: int, episode_owners: Sequence[str],
-                             session_key: str, episode_limit: int) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
-        """The profile facts and the session's episodes of each owner, in one read."""
-        ...
-
-    async def list(self, identity: str, *, kinds: Sequence[MemoryKind] = (), include_inactive: bool = False,
-                   limit: int = 100, session_key: str | None = None) -> list[MemoryRecord]: ...
-
     async def archive_session(self, session_key: str, resolve: Callable[[str, str], str], *,
                               queue_embedding: bool = True, pending: int = 0) -> Archived: ...
 
-    async def queue_embedding(self) -> None: ...
-
     async def senders(self, session_key: str) -> dict[str, tuple[str, str]]: ...
+
+
+class EmbeddingQueue(Protocol):
+    """The memories waiting for their vectors, and the vectors written for them."""
+
+    async def queue_embedding(self) -> None: ...
 
     async def unembedded(self, limit: int) -> list[Unembedded]: ...
 
@@ -274,7 +281,11 @@ class MemoryStore(Protocol):
 
     async def forget_other_models(self, model: str) -> int: ...
 
-    async def note_recalls(self, recalls: dict[tuple[str, str], tuple[int, float]]) -> None: ...
+    async def count_unembedded(self) -> int: ...
+
+
+class MemoryUpkeep(Protocol):
+    """The background's care of memory: strengths that fade, and new facts checked against old."""
 
     async def decay_candidates(self, kinds: Sequence[MemoryKind]) -> list[MemoryRecord]: ...
 
@@ -286,15 +297,24 @@ class MemoryStore(Protocol):
 
     async def supersede_by(self, identity: str, old_id: str, new_id: str) -> None: ...
 
+
+class MemoryAdmin(Protocol):
+    """What the commands and the API show, purge and rebuild."""
+
+    async def list(self, identity: str, *, kinds: Sequence[MemoryKind] = (), include_inactive: bool = False,
+                   limit: int = 100, session_key: str | None = None) -> list[MemoryRecord]: ...
+
     async def history(self, identity: str, memory_id: str) -> list[MemoryRecord]: ...
 
     async def purge(self, identity: str, memory_id: str) -> None: ...
 
     async def purge_sessions(self, keys: Sequence[str]) -> int: ...
 
-    async def count_unembedded(self) -> int: ...
-
     async def reindex_text(self, progress: Callable[[int, int], None] | None = None) -> int: ...
+
+
+class MemoryStore(MemoryRecall, MemoryWrites, EmbeddingQueue, MemoryUpkeep, MemoryAdmin, Protocol):
+    """Long-term memory's rows, all of them, as the memory service holds them."""
 
 
 class TextRows(Protocol):

@@ -11,7 +11,8 @@ from ember.core.errors import MemoryInputError
 from ember.core.memory import MAX_CONTENT_CHARS, MemoryRecord, SourceRank, remembered_in
 from ember.core.redact import redact_text
 from ember.core.tools import Risk, ToolRun
-from ember.memory.service import MAX_LIMIT, MemoryService
+from ember.memory.protocols import PersonalMemory
+from ember.memory.service import MAX_LIMIT
 from ember.tools.base import Tool, ToolFailure, TurnTool
 
 
@@ -38,7 +39,7 @@ def _line(record: MemoryRecord) -> str:
     return f"[{record.id}] {day} {record.kind.value}{about}: {record.content}"
 
 
-def memory_tools(memory: MemoryService) -> list[Tool]:
+def memory_tools(memory: PersonalMemory) -> list[Tool]:
     async def remember(args: RememberArgs, run: ToolRun) -> str:
         try:
             outcome = await memory.remember(run.identity, args.content, subject=args.subject, key=args.key,
