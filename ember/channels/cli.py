@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from ember.bus.base import Bus
+from ember.bus.base import InboundPublisher
 from ember.core.channels import ChannelCapabilities
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tools import decision_from_reply
@@ -39,8 +39,8 @@ class CliChannel:
     name = CHANNEL
     capabilities = ChannelCapabilities(streams=True)
 
-    def __init__(self, bus: Bus, approvals: ApprovalBroker, console: Console, prompts: Console, *, chat_id: str,
-                 sender_id: str = "local-user", ask: Callable[[str], Awaitable[str]] = read_line) -> None:
+    def __init__(self, bus: InboundPublisher, approvals: ApprovalBroker, console: Console, prompts: Console, *,
+                 chat_id: str, sender_id: str = "local-user", ask: Callable[[str], Awaitable[str]] = read_line) -> None:
         self._bus = bus
         self._approvals = approvals
         self._console = console

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from ember.bus.base import Bus
+from ember.bus.base import InboundPublisher
 from ember.core.channels import ChannelCapabilities
 from ember.core.events import InboundEvent, OutboundEvent
 from ember.core.leases import Leadership
@@ -34,7 +34,7 @@ class Scheduler:
     MISSED_AFTER_S = 60.0  # a run later than this was missed (Ember was down): the task's policy says if it runs
     BATCH = 500  # runs claimed at once
 
-    def __init__(self, bus: Bus, tasks: DueTasks, *, clock: Callable[[], float] = time.time,
+    def __init__(self, bus: InboundPublisher, tasks: DueTasks, *, clock: Callable[[], float] = time.time,
                  poll_s: float = 1.0, leader: Leadership | None = None,
                  unstarted: Callable[[], Awaitable[list[InboundEvent]]] | None = None) -> None:
         self._bus = bus

@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 
-from ember.bus.base import Bus
+from ember.bus.base import OutboundPublisher
 from ember.bus.codec import decode_approval, encode_approval
 from ember.core.approvals import ApprovalStatus, AskedBefore
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
@@ -56,7 +56,7 @@ class _Pending:
 
 
 class ApprovalBroker:
-    def __init__(self, bus: Bus, timeout_s: float, explainer: ApprovalExplainer | None = None,
+    def __init__(self, bus: OutboundPublisher, timeout_s: float, explainer: ApprovalExplainer | None = None,
                  store: ApprovalLog | None = None) -> None:
         self._bus = bus
         self._timeout_s = timeout_s
@@ -182,7 +182,7 @@ class SharedApprovalBroker(ApprovalBroker):
     """The broker of a process that shares its store with others: a turn waiting here takes the
     answer given to another process (a gateway) from the request's row."""
 
-    def __init__(self, bus: Bus, timeout_s: float, explainer: ApprovalExplainer | None,
+    def __init__(self, bus: OutboundPublisher, timeout_s: float, explainer: ApprovalExplainer | None,
                  store: ApprovalLog) -> None:
         super().__init__(bus, timeout_s, explainer, store)
         self._rows = store

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ember.bus.base import Bus
+from ember.bus.base import OutboundRouter
 from ember.core.channels import Channel, ChannelCapabilities, DeliveryRefused
 from ember.core.events import OutboundEvent
 from ember.runtime.delivery import DeliveryWorker
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 class ChannelHub:
-    def __init__(self, bus: Bus, deliveries: DeliveryWorker) -> None:
+    def __init__(self, bus: OutboundRouter, deliveries: DeliveryWorker) -> None:
         self._bus = bus
         self._deliveries = deliveries
         self._channels: dict[str, Channel] = {}

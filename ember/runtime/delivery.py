@@ -18,7 +18,7 @@ import logging
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
-from ember.bus.base import Bus
+from ember.bus.base import OutboundPublisher
 from ember.core.delivery import Delivery
 from ember.core.errors import StoreError
 from ember.core.events import OutboundEvent, OutboundKind
@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class DeliveryWorker:
-    def __init__(self, store: DeliveryStore, bus: Bus, *, sweep_s: float = 30.0, batch_s: float = 1.0) -> None:
+    def __init__(self, store: DeliveryStore, bus: OutboundPublisher, *, sweep_s: float = 30.0,
+                 batch_s: float = 1.0) -> None:
         self.store = store
         self._bus = bus
         self._sweep_s = sweep_s

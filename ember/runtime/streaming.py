@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ember.bus.base import Bus
+from ember.bus.base import OutboundPublisher
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
 from ember.core.leases import current_lease_clock
 from ember.core.messages import ToolCall
@@ -31,7 +31,7 @@ class StreamPublisher:
     until every delta before them is sent.
     """
 
-    def __init__(self, bus: Bus, deliveries: DeliveryWorker, event: InboundEvent, turn_id: str, *,
+    def __init__(self, bus: OutboundPublisher, deliveries: DeliveryWorker, event: InboundEvent, turn_id: str, *,
                  prefix: str = "") -> None:
         self._bus = bus
         self._deliveries = deliveries

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ember.bus.base import Bus
+from ember.bus.base import InboundQueue
 from ember.core.events import InboundEvent
 
 # How often a waiting message looks again (and whenever this process acknowledges one): from the
@@ -18,7 +18,7 @@ ORDER_POLL_S = (0.01, 0.5)
 
 
 class TurnSlots:
-    def __init__(self, bus: Bus, max_turns: int) -> None:
+    def __init__(self, bus: InboundQueue, max_turns: int) -> None:
         self._bus = bus
         self._free = asyncio.Semaphore(max_turns)
         self._given_back: set[asyncio.Task[None]] = set()  # turns waiting in order, without their slot

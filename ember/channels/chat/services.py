@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember.bus.base import Bus
+from ember.bus.base import InboundPublisher
 from ember.memory.identity import Identities
 from ember.runtime.approvals import ApprovalBroker
 from ember.store.protocols import ApprovalLog, Inbox, PlatformMessages
@@ -16,7 +16,7 @@ class ChatServices:
     messages it showed of each answer (so a re-sent final edits them); the approvals it answers in
     the chat; who each chat user is."""
 
-    bus: Bus
+    bus: InboundPublisher
     inbox: Inbox
     messages: PlatformMessages
     approvals: ApprovalBroker

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from ember.bus.base import Bus
+from ember.bus.base import InboundPublisher
 from ember.core.channels import ChannelCapabilities
 from ember.core.delivery import Delivery
 from ember.core.errors import StoreError
@@ -87,7 +87,7 @@ class TurnRouter:
 
     capabilities = ChannelCapabilities(streams=True)
 
-    def __init__(self, bus: Bus, name: str = CHANNEL, *, answers: Inbox | None = None,
+    def __init__(self, bus: InboundPublisher, name: str = CHANNEL, *, answers: Inbox | None = None,
                  look_after_s: float = ANSWER_LOOK_S) -> None:
         """`name`: the channel (http; a2a routes its requests the same way). `answers`: the store
         where a request that heard nothing for `look_after_s` looks for its answer (gateways

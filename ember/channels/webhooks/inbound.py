@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ember.bus.base import Bus
+from ember.bus.base import InboundPublisher
 from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.webhooks.config import WebhookSpec
 from ember.channels.webhooks.outbound import CHANNEL as OUTBOUND
@@ -43,7 +43,7 @@ class WebhookChannel:
     name = CHANNEL
     capabilities = ChannelCapabilities()
 
-    def __init__(self, bus: Bus, store: Inbox, webhooks: Mapping[str, WebhookSpec], *,
+    def __init__(self, bus: InboundPublisher, store: Inbox, webhooks: Mapping[str, WebhookSpec], *,
                  max_body_bytes: int, clock: Callable[[], float] = time.time) -> None:
         self._bus = bus
         self._store = store
