@@ -8,7 +8,6 @@ One gateway serves the module; tests that need a session of their own name one w
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +20,8 @@ from tests.browser import answer, box, needs_chromium, send, sign_in
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, serving, tool_call
-from tests.test_gateway_api import assert_error, sse_events
+from tests.sse import events, sse_events
+from tests.test_gateway_api import assert_error
 
 SECRETS = {
     "alice": "alice-secret-0123456789",
@@ -148,14 +148,12 @@ def test_a_persons_approval_shows_who_allowed_the_call(clients: Clients, model: 
     alice, key = clients["alice"], fresh("approved")
     model.push(Reply(tool_calls=(tool_call("write_file", path="approved.txt", content="hi"),)), Reply(text="Written."))
     with alice.stream("POST", f"/api/sessions/{key}/messages", json={"text": "write it"}) as response:
-        lines = response.iter_lines()
-        for line in lines:
-            if line == "event: approval_request":
-                request = json.loads(next(lines).removeprefix("data: "))
-                decided = alice.post(f"/api/approvals/{request['id']}", json={"decision": "approve_once"})
+        for event in events(response.iter_lines()):
+            if event.name == "approval_request":
+                decided = alice.post(f"/api/approvals/{event.json()['id']}", json={"decision": "approve_once"})
                 assert decided.status_code == 200, decided.text
-            elif line == "event: final":
-                turn_id = json.loads(next(lines).removeprefix("data: "))["turn_id"]
+            elif event.name == "final":
+                turn_id = event.json()["turn_id"]
     assert (gateway.home / "workspaces" / "alice" / "approved.txt").read_text() == "hi"
     wait_until(lambda: alice.get(f"/api/activity/{turn_id}").status_code == 200, timeout_s=10, what="the trace")
 

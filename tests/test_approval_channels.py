@@ -4,10 +4,10 @@ command driven through its stdin) and through the gateway's native API."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from ember.runtime.turn_state import NOT_RESUMED_TEXT
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, tool_call
+from tests.sse import events as sse_events
 from tests.test_cli_e2e import EMBER, TIMEOUT_S, ember_env
 
 ALICE, BOB = "alice-secret-0123456789", "bob-secret-0123456789ab"
@@ -85,13 +86,9 @@ def test_an_unanswered_question_is_denied_at_its_timeout(env: dict[str, str], mo
     assert "nobody answered" in last_tool_result(model_server)
 
 
-def sse(response: httpx.Response) -> Any:
-    kind = ""
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            kind = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            yield kind, json.loads(line.removeprefix("data: "))
+def sse(response: httpx.Response) -> Iterator[tuple[str, Any]]:
+    for event in sse_events(response.iter_lines()):
+        yield event.name or "", event.json()
 
 
 def auth(key: str) -> dict[str, str]:

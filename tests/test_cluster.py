@@ -47,6 +47,8 @@ from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, serving, tool_call
 from tests.pgserver import PgServer
 from tests.redisserver import RedisServer
+from tests.sse import chunks
+from tests.sse import events as sse_events
 
 KEY = "alice-secret-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -190,16 +192,12 @@ def native(gateway: Member, session: str, text: str, message_id: str | None = No
     with httpx.stream("POST", gateway.url(f"/api/sessions/{session}/messages"), json=body, headers=AUTH,
                       timeout=TIMEOUT) as response, deadline(response, deadline_s) as expired:
         assert response.status_code == 200, response.read()
-        name = ""
         try:
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    name = line.removeprefix("event: ")
-                elif line.startswith("data: "):
-                    event = Event(name, json.loads(line.removeprefix("data: ")))
-                    events.append(event)
-                    if on_event is not None:
-                        on_event(event)
+            for sse in sse_events(response.iter_lines()):
+                event = Event(sse.name or "", sse.json())
+                events.append(event)
+                if on_event is not None:
+                    on_event(event)
         except (httpx.HTTPError, httpx.StreamError) as exc:
             if expired.is_set():
                 raise Abandoned(f"{text!r} on {gateway.name}", events) from exc
@@ -245,10 +243,7 @@ def openai(gateway: Member, session: str, text: str, *, stream: bool, idempotenc
                       timeout=TIMEOUT) as response, deadline(response, deadline_s) as expired:
         assert response.status_code == 200, response.read()
         try:
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line.removeprefix("data: "))
+            for data in chunks(response.iter_lines()):
                 assert "error" not in data, data
                 for choice in data["choices"]:
                     content.append((choice.get("delta") or {}).get("content") or "")

@@ -10,7 +10,6 @@ real HTTP.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -34,6 +33,7 @@ from tests.conftest import CHANNEL, Harness, note_tool, serving_runtime, session
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
 from tests.pgserver import ENGINES, RUNTIMES, engine_settings
+from tests.sse import chunks, events
 
 # --- the runtime, started and stopped as a process would -----------------------------------------
 
@@ -484,13 +484,7 @@ def gateway(model_module: ModelServer, launch_module_gateway: LaunchGateway) -> 
 
 
 def native_events(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
-    events, kind = [], ""
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            kind = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            events.append((kind, json.loads(line.removeprefix("data: "))))
-    return events
+    return [(event.name or "", event.json()) for event in events(response.iter_lines())]
 
 
 def native_send(gateway: GatewayProcess, identity: str, key: str, body: dict[str, Any]) -> list[tuple[str, dict]]:
@@ -539,9 +533,8 @@ def test_gateway_openai_idempotency_key_gets_the_recorded_answer(gateway: Gatewa
         response = httpx.post(gateway.url("/v1/chat/completions"), json=body, headers=headers, timeout=30)
         assert response.status_code == 200, response.text
         if stream:
-            chunks = [json.loads(line.removeprefix("data: "))
-                      for line in response.text.splitlines() if line.startswith("data: {")]
-            texts.append("".join(c["choices"][0]["delta"].get("content") or "" for c in chunks))
+            texts.append("".join(c["choices"][0]["delta"].get("content") or ""
+                                 for c in chunks(response.text.splitlines())))
         else:
             texts.append(response.json()["choices"][0]["message"]["content"])
     assert texts == ["the answer", "the answer"]

@@ -26,6 +26,7 @@ from ember.channels.gateway.metrics import ProcessMetrics
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, serving
+from tests.sse import Event, sse_events
 
 SECRETS = {
     "alice": "alice-secret-0123456789",
@@ -119,27 +120,6 @@ def fresh(prefix: str = "s") -> str:
 
 
 # --- what a client reads -------------------------------------------------------------------------
-
-
-@dataclass
-class Event:
-    name: str | None
-    data: str
-
-    def json(self) -> Any:
-        return json.loads(self.data)
-
-
-def sse_events(text: str) -> list[Event]:
-    events = []
-    for block in text.split("\n\n"):
-        lines = [line for line in block.splitlines() if line and not line.startswith(":")]
-        if not lines:
-            continue
-        name = next((line.removeprefix("event: ") for line in lines if line.startswith("event: ")), None)
-        data = "\n".join(line.removeprefix("data: ") for line in lines if line.startswith("data: "))
-        events.append(Event(name, data))
-    return events
 
 
 def send(client: httpx.Client, key: str, text: str) -> list[Event]:

@@ -4,7 +4,6 @@ graceful stops, crashes and restarts, failed starts, no mixed-up turns."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sqlite3
 import subprocess
@@ -17,18 +16,15 @@ import pytest
 from tests.gatewayproc import EMBER, GatewayProcess, LaunchGateway, free_port, gateway_env
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply
+from tests.sse import events as read_events
 
 SLOW = Reply(text="".join(f"word{i} " for i in range(30)).strip(), chunk_delay_s=0.05)
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
     """(event type, data) of a native SSE stream."""
-    kind = ""
-    for line in lines:
-        if line.startswith("event: "):
-            kind = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            yield kind, json.loads(line.removeprefix("data: "))
+    for event in read_events(lines):
+        yield event.name or "", event.json()
 
 
 def history(gateway: GatewayProcess, key: str) -> list[dict[str, Any]]:

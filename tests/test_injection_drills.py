@@ -35,7 +35,7 @@ from starlette.routing import Route
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.loopback import LoopbackServer, started, wait_until
 from tests.modelserver import ModelServer, Reply, serving, tool_call
-from tests.test_gateway_api import sse_events
+from tests.sse import sse_events
 from tests.test_webhooks import SECRET as WEBHOOK_SECRET
 from tests.test_webhooks import payload, signed
 

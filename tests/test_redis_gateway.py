@@ -16,7 +16,8 @@ from tests.gatewayproc import EMBER, GatewayProcess, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, serving
 from tests.redisserver import RedisServer
-from tests.test_gateway_api import final_text, history, send, sse_events
+from tests.sse import sse_events
+from tests.test_gateway_api import final_text, history, send
 
 KEY = "alice-secret-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
