@@ -41,10 +41,9 @@ from ember.core.messages import Message, Role
 from ember.memory.consolidation import SUMMARY_INSTRUCTION, ConsolidationWorker
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.identity import Identities
-from ember.memory.reconcile import FactReconciler
-from ember.memory.review import MemoryReviewer
 from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelClient, ModelReply
+from ember.models.metered import MeteredModel
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
@@ -55,9 +54,7 @@ from ember.runtime.channels import ChannelHub
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
-from ember.runtime.titles import SessionTitler
 from ember.runtime.usage import UsageRecorder
-from ember.skills.review import SkillReviewer
 from ember.store import schema
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.jobs import SqlJobStore
@@ -149,9 +146,8 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     approvals = ApprovalBroker(bus, settings.tool_policy.timeout_s)
     skills = skill_library(settings, db)
     consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
-    handlers = _job_handlers(memory, sessions, consolidation, MemoryReviewer(sessions, leases, model, memory),
-                             SkillReviewer(sessions, leases, model, memory, skills), skills,
-                             FactReconciler(memory, model), SessionTitler(sessions, model))
+    usage = UsageRecorder(SqlUsageStore(db))
+    handlers = _job_handlers(sessions, leases, MeteredModel(model, {}, usage.record), memory, skills, consolidation)
     if embed is not None:
         handlers[JobKind.EMBED] = embed(memory)
     runner = BackgroundRunner(jobs, handlers, HostLock(home / "locks" / "background-runner"),
@@ -167,9 +163,11 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     deliveries = DeliveryWorker(SqlDeliveryStore(db), bus)
     loop = AgentLoop(bus, leases, sessions, pipeline, traces, approvals, deliveries,
                      RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s))
-    return Runtime(db, sessions, jobs, traces, memory, bus, approvals, runner, loop, consolidation,
-                   await start_mcp({}), deliveries, identities, UsageRecorder(SqlUsageStore(db)),
-                   ChannelHub(bus, deliveries), SqlTaskStore(db), skills, ToolRegistry(), model=model)
+    return Runtime(db=db, sessions=sessions, jobs=jobs, traces=traces, memory=memory, bus=bus, approvals=approvals,
+                   runner=runner, loop=loop, consolidation=consolidation, mcp=await start_mcp({}),
+                   deliveries=deliveries, identities=identities, usage=usage,
+                   channels=ChannelHub(bus, deliveries), tasks=SqlTaskStore(db), skills=skills,
+                   tools=ToolRegistry(), model=model)
 
 
 @asynccontextmanager

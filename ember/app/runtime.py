@@ -121,7 +121,7 @@ class Runtime:
                          unstarted=lambda: self.deliveries.store.unstarted([TASK_CHANNEL]))
 
 
-def _job_handlers(sessions: SqlSessionStore, leases: SessionLeases, background: ModelClient,
+def _job_handlers(sessions: SqlSessionStore, leases: SessionLeases, background: MeteredModel,
                   memory: MemoryService, skills: SkillLibrary, consolidation: ConsolidationWorker,
                   ) -> dict[str, JobHandler]:
     memory_reviewer = MemoryReviewer(sessions, leases, background, memory)
