@@ -49,10 +49,10 @@ from ember.channels.cron import Scheduler
 from ember.channels.webhooks.signing import sign_standard, standard_key
 from ember.core.events import InboundEvent
 from ember.core.schedule import Schedule, ScheduleKind
-from ember.core.tasks import Task
+from ember.core.tasks import Task, new_task_id
 from ember.store.deliveries import accept_inbound
 from ember.store.sqlite.database import SqliteDatabase
-from ember.store.tasks import SqlTaskStore, new_task_id
+from ember.store.tasks import SqlTaskStore
 from ember.store.tx import Statement, Tx
 from tests.gatewayproc import GatewayProcess, free_port, gateway_env
 from tests.loopback import LoopbackServer, started
