@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ember.core.events import ReplyRoute
+from ember.core.events import OutboundKind, ReplyRoute
 from ember.core.messages import Message
 
 if TYPE_CHECKING:
@@ -27,6 +28,15 @@ class Receipt:
     answered_at: float | None = None
 
 
+class DeliveryKind(enum.StrEnum):
+    FINAL = "final"  # the turn's answer
+    ERROR = "error"  # the error the turn ended with, in its answer's place
+
+    @property
+    def outbound(self) -> OutboundKind:
+        return OutboundKind.FINAL if self is DeliveryKind.FINAL else OutboundKind.ERROR
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Delivery:
     """A committed answer owed to a channel, written in the same transaction as
@@ -39,9 +49,12 @@ class Delivery:
     channel: str
     chat_id: str
     reply_to: str | None
-    kind: str
+    kind: DeliveryKind
     text: str
     asked_in: ReplyRoute | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", DeliveryKind(self.kind))  # as read back from the store: its text
 
     @property
     def question_route(self) -> ReplyRoute:
@@ -49,7 +62,7 @@ class Delivery:
 
     @classmethod
     def replying(cls, event: InboundEvent, *, delivery_id: str, turn_id: str, text: str,
-                 kind: str = "final") -> Delivery:
+                 kind: DeliveryKind = DeliveryKind.FINAL) -> Delivery:
         """The record of `text` answering `event`, owed to the event's reply route."""
         route = event.route
         return cls(delivery_id=delivery_id, turn_id=turn_id, channel=route.channel, chat_id=route.chat_id,

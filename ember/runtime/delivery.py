@@ -21,7 +21,7 @@ from typing import Any
 from ember.bus.base import OutboundPublisher
 from ember.core.delivery import Delivery
 from ember.core.errors import StoreError
-from ember.core.events import OutboundEvent, OutboundKind
+from ember.core.events import OutboundEvent
 from ember.runtime.tasks import cancel_task
 from ember.store.protocols import DeliveryStore
 
@@ -74,7 +74,7 @@ class DeliveryWorker:
 
     async def send(self, delivery: Delivery) -> None:
         """Hand a committed record to its channel, replacing any draft shown there, and mark it delivered."""
-        kind = OutboundKind.FINAL if delivery.kind == "final" else OutboundKind.ERROR
+        kind = delivery.kind.outbound
         await self._bus.publish_outbound(OutboundEvent(
             channel=delivery.channel, chat_id=delivery.chat_id, kind=kind, text=delivery.text,
             turn_id=delivery.turn_id, reply_to=delivery.reply_to, stream_full_text=True,

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
-from ember.core.delivery import Delivery, Receipt, delivery_id
+from ember.core.delivery import Delivery, DeliveryKind, Receipt, delivery_id
 from ember.core.errors import DuplicateMessage, LeaseLost, StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
 from ember.core.journal import Spans, TurnJournal
@@ -313,7 +313,7 @@ class AgentLoop:
             if event.recovery:
                 return True
             answer = await self._deliveries.store.answer_of(seen.turn_id)
-            if answer is not None and answer.kind == "final":
+            if answer is not None and answer.kind is DeliveryKind.FINAL:
                 await self._deliveries.send(answer)
                 return True
             return False  # the turn ended in an error: a redelivery is a retry
@@ -344,7 +344,7 @@ class AgentLoop:
         if turn.ctx is None:
             return None  # nothing was accepted
         delivery = Delivery.replying(event, delivery_id=f"{turn.turn_id}:error:{uuid.uuid4().hex[:8]}",
-                                     turn_id=turn.turn_id, text=text, kind="error")
+                                     turn_id=turn.turn_id, text=text, kind=DeliveryKind.ERROR)
         try:
             await self._deliveries.store.record(event.session_key, delivery)
         except StoreError:

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
 
-from ember.core.delivery import Delivery, Receipt
+from ember.core.delivery import Delivery, DeliveryKind, Receipt
 from ember.core.errors import DuplicateMessage
 from ember.core.events import InboundEvent, ReplyRoute
 from ember.store import schema
@@ -23,6 +23,7 @@ from ember.store.engine import Database
 from ember.store.tx import Statement, Tx, upsert
 
 _i, _o, _a = schema.inbox, schema.outbox, schema.accepted_inbound
+_FINAL, _ERROR = DeliveryKind.FINAL.value, DeliveryKind.ERROR.value  # plain strings: inlined as SQL literals
 # A duplicate is not an error inside the transaction: the caller sees rowcount 0 and rolls back.
 _ACCEPT = upsert(lambda ins: ins(_i).on_conflict_do_nothing(index_elements=["channel", "chat_id", "message_id"]))
 _OWE = Statement(insert(_o))
@@ -34,7 +35,7 @@ _RECEIPT = Statement(select(_i).where(_i.c.channel == bindparam("channel"), _i.c
                                       _i.c.message_id == bindparam("message_id")))
 # A committed final answers the message even if an error (its failed send) came after it.
 _ANSWER_OF = Statement(select(_o).where(_o.c.turn_id == bindparam("turn_id"))
-                       .order_by((_o.c.kind == "final").desc(), _o.c.created_at.desc()).limit(1))
+                       .order_by((_o.c.kind == _FINAL).desc(), _o.c.created_at.desc()).limit(1))
 _UNANSWERED_IN = Statement(select(_i).where(_i.c.session_key == bindparam("key"), _i.c.answered_at.is_(None))
                            .order_by(_i.c.received_at.desc()).limit(1))
 _GIVE_UP = Statement(update(_o).where(_o.c.delivery_id == bindparam("delivery"), _o.c.delivered_at.is_(None))
@@ -72,7 +73,7 @@ def record_delivery(tx: Tx, key: str, delivery: Delivery, now: float) -> None:
     tx.execute(_OWE, {
         "delivery_id": delivery.delivery_id, "turn_id": delivery.turn_id, "session_key": key,
         "channel": delivery.channel, "chat_id": delivery.chat_id, "reply_to": delivery.reply_to,
-        "kind": delivery.kind, "text": delivery.text, "created_at": now, "delivered_at": None, "attempts": 0,
+        "kind": str(delivery.kind), "text": delivery.text, "created_at": now, "delivered_at": None, "attempts": 0,
         "failure": None,
     })
     if delivery.reply_to is not None:
@@ -127,8 +128,8 @@ class SqlDeliveryStore:
     async def failures(self, session_key: str) -> list[Delivery]:
         """The error each turn of the session ended with, for the turns that never committed an
         answer (a failure, a stop): the latest per turn, oldest turn first."""
-        answered = select(_o.c.turn_id).where(_o.c.session_key == session_key, _o.c.kind == "final")
-        query = (select(_o).where(_o.c.session_key == session_key, _o.c.kind == "error",
+        answered = select(_o.c.turn_id).where(_o.c.session_key == session_key, _o.c.kind == _FINAL)
+        query = (select(_o).where(_o.c.session_key == session_key, _o.c.kind == _ERROR,
                                   _o.c.turn_id.not_in(answered)).order_by(_o.c.created_at))
         async with self._db.read() as conn:
             rows = (await conn.execute(query)).all()

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Text, bindparam, func, insert, or_, select, update
 
+from ember.core.delivery import DeliveryKind
 from ember.core.events import InboundEvent, ReplyRoute
 from ember.core.schedule import Schedule, ScheduleError, ScheduleKind
 from ember.core.tasks import CHANNEL, MissedPolicy, Task, TaskRun, TaskState
@@ -45,7 +46,7 @@ _EDIT = Statement(update(_t).where(_t.c.id == bindparam("task_id")).values(
     anchor=bindparam("anchor"), next_run_at=bindparam("next_run_at"), grant_approvals=0, updated_at=bindparam("now")))
 _ANSWER = (select(_o.c.text).select_from(_i.join(_o, _o.c.turn_id == _i.c.turn_id))
            .where(_i.c.channel == CHANNEL, _i.c.chat_id == _r.c.task_id, _i.c.message_id == _r.c.message_id)
-           .order_by((_o.c.kind == "final").desc(), _o.c.created_at.desc()).limit(1).scalar_subquery())
+           .order_by((_o.c.kind == DeliveryKind.FINAL.value).desc(), _o.c.created_at.desc()).limit(1).scalar_subquery())
 _RUNS = Statement(select(_r.c.task_id, _r.c.scheduled_for, _r.c.outcome, _r.c.message_id, _r.c.recorded_at, _ANSWER)
                   .where(_r.c.task_id == bindparam("task_id"))
                   .order_by(_r.c.scheduled_for.desc(), _r.c.outcome).limit(bindparam("limit")))

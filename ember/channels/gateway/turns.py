@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ember.bus.base import InboundPublisher
 from ember.core.channels import ChannelCapabilities
-from ember.core.delivery import Delivery
+from ember.core.delivery import Delivery, DeliveryKind
 from ember.core.errors import StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.messages import Message
@@ -177,13 +177,13 @@ class TurnRouter:
                 wait = self._look_after_s
                 continue
             answer = await self._recorded(event)
-            if answer is not None and (answer.kind == "final" or before is None
+            if answer is not None and (answer.kind is DeliveryKind.FINAL or before is None
                                        or answer.delivery_id != before.delivery_id):
                 log.info("the answer to a message of %s came from the store: its event went to another "
                          "process", event.session_key)
                 queue.put_nowait(OutboundEvent(
                     channel=self.name, chat_id=event.chat_id,
-                    kind=OutboundKind.FINAL if answer.kind == "final" else OutboundKind.ERROR,
+                    kind=answer.kind.outbound,
                     text=answer.text, turn_id=answer.turn_id, reply_to=key, stream_full_text=True,
                     delivery_id=answer.delivery_id))
                 return
