@@ -277,9 +277,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     runner = BackgroundRunner(sharing.jobs, handlers, sharing.runner_lock, spans=spans, retry=RetryPolicy(
         max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s))
     deliveries, traces = DeliveryWorker(SqlDeliveryStore(db), bus), SqlTraceStore(db)
-    loop = AgentLoop(bus, sharing.leases, sessions, _pipeline(settings, sessions, memory, skills, gated, models,
-                                                              runner),
-                     traces, approvals, deliveries,
+    pipeline = _pipeline(settings, sessions, memory, skills, gated, models, runner)
+    loop = AgentLoop(bus, sharing.leases, sessions, pipeline, traces, approvals, deliveries,
                      RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s), spans,
                      max_turns=settings.max_concurrent_turns)
     return Runtime(
