@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from tests.gatewayproc import GatewayProcess
 
@@ -17,6 +17,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-dev-s
                  "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
+
+# Assertions wait as long as actions do (the page's default timeout below): a loaded machine renders late.
+expect.set_options(timeout=10_000)
 
 
 @pytest.fixture(scope="module")
