@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from sqlalchemy import bindparam, inspect, select, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ember.core.errors import StoreBusy, StoreUnavailable
 from ember.store import schema
@@ -28,6 +28,7 @@ PG_ONLY_COLUMNS = {"memory_vectors": ["embedding"]}
 _BUMP = Statement("UPDATE counters SET n = n + 1 WHERE id = 1")
 _HOLD = Statement("SELECT pg_sleep(:s)")
 _READ_N = Statement("SELECT n FROM counters WHERE id = 1")
+_READ_SESSION_KEYS = Statement("SELECT key FROM sessions WHERE next_seq > 0")
 
 
 @pytest.fixture
@@ -153,6 +154,34 @@ async def test_a_unit_runs_each_statement_in_its_postgresql_form_and_reads_plain
     dialect, picked, rows, changed = await db.run_write(work)
     assert (dialect, picked, rows, changed) == ("postgresql", ("postgresql", 2), [("b", 2)], 1)
     assert type(picked) is tuple and type(rows[0]) is tuple
+
+
+async def test_each_connection_prepares_a_statement_once_and_keeps_it(pg_store_database: str) -> None:
+    db = PostgresDatabase(pg_store_database, pool_size=1)  # one connection for the units, so each sees the last
+    await db.open()
+    prepared = Statement("SELECT count(*) FROM pg_prepared_statements")
+    try:
+        first = await db.run_read(lambda tx: tx.execute(prepared).fetchone()[0])
+        for _ in range(5):
+            assert await db.run_write(lambda tx: tx.execute(_READ_SESSION_KEYS).fetchall()) == []
+        after = await db.run_read(lambda tx: tx.execute(prepared).fetchone()[0])
+        assert after == first + 1  # the session query, prepared by the first write only
+    finally:
+        await db.close()
+
+
+async def test_a_plan_made_stale_by_a_migration_fails_one_unit_and_the_next_prepares_it_again(
+        db: PostgresDatabase) -> None:
+    assert await db.run_read(lambda tx: tx.execute(_READ_N).fetchone()) == (0,)
+    async with db.write() as conn:  # another process's upgrade: the column's type changes
+        await conn.execute(text("ALTER TABLE counters ALTER COLUMN n TYPE TEXT"))
+    outcomes: list[object] = []
+    for _ in range(3):  # the one connection that kept the old plan
+        try:
+            outcomes.append(await db.run_read(lambda tx: tx.execute(_READ_N).fetchone()))
+        except DBAPIError as exc:
+            outcomes.append(type(exc.orig).__name__)
+    assert outcomes == ["InvalidCachedStatementError", ("0",), ("0",)]
 
 
 async def test_a_read_sees_one_snapshot_while_others_commit(db: PostgresDatabase) -> None:

@@ -1,14 +1,10 @@
 """The stores' statements (store/tx.py): each built once at import, with SQLite text of named
-parameters, and a PostgreSQL form SQLAlchemy can run with the parameters its callers pass."""
+parameters, and a PostgreSQL form asyncpg runs with the same parameters."""
 
 from __future__ import annotations
 
 import inspect
 import re
-
-from sqlalchemy.dialects.postgresql import asyncpg
-from sqlalchemy.exc import CompileError
-from sqlalchemy.sql.dml import UpdateBase
 
 from ember.store import (
     approvals,
@@ -26,11 +22,11 @@ from ember.store import (
     traces,
     usage,
 )
+from ember.store.pg_direct import for_asyncpg
 from ember.store.tx import Statement
 
 STORES = (approvals, channel_messages, deliveries, jobs, leases, memories, memory_rows, memory_upkeep, session_rows,
           sessions, skills, tasks, traces, usage)
-_PG = asyncpg.dialect()
 
 
 def every_statement() -> dict[str, Statement]:
@@ -61,17 +57,15 @@ def test_the_sqlite_text_has_named_parameters_only() -> None:
         assert " OR IGNORE " not in statement.sqlite_sql and " OR REPLACE " not in statement.sqlite_sql, name
 
 
-def test_an_insert_or_update_takes_no_parameter_that_sqlalchemy_would_read_as_a_column_value() -> None:
-    # Run with parameters, as PostgreSQL's units are, an INSERT or UPDATE construct takes a parameter
-    # named after a column of its table for a value to SET: a WHERE's parameter must be named otherwise.
+def test_each_statement_runs_on_asyncpg_with_the_parameters_its_sqlite_text_takes() -> None:
+    # Both engines compile a statement once, whatever parameters a call passes: the same names fill it.
     for name, statement in every_statement().items():
-        construct = postgresql_form(statement)
-        if isinstance(construct, UpdateBase):
-            parameters = [bind.key for bind in construct.compile(dialect=_PG).binds.values() if bind.required]
-            try:
-                construct.compile(dialect=_PG, column_keys=parameters)
-            except CompileError as exc:
-                raise AssertionError(f"{name}: {exc}") from exc
+        if postgresql_form(statement) is None:
+            continue
+        done = for_asyncpg(statement)
+        assert {int(n) for n in re.findall(r"\$(\d+)", done.sql)} == set(range(1, len(done.names) + 1)), name
+        if statement._postgresql is statement._sqlite:  # one form for both engines
+            assert done.parameters() == set(re.findall(r"(?<!:):(\w+)", statement.sqlite_sql)), name
 
 
 def test_only_the_full_text_vocabulary_is_sqlite_only() -> None:

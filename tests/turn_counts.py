@@ -9,9 +9,11 @@ its side, charged to the asyncio task that asked for it. Counting units of work 
 COMMITs keeps the counts independent of timing: SQLite's group commit may carry several units
 under one COMMIT, and how many it gathers depends on who was queued at that instant. A
 statement is one `execute` or `executemany` a unit sends (BEGIN, COMMIT and ROLLBACK are the
-transaction itself): on SQLite's one-hop threads counted by the `Tx` the unit is handed, and
-wherever SQLAlchemy runs it (SQLite's `write()` / `read()`, PostgreSQL's writes) by its
-engine events, charged through a context variable to the unit that is open.
+transaction itself): a read by the `Tx` its unit is handed, as are SQLite's writes on its
+one-hop thread; PostgreSQL's writes as asyncpg is sent them (store/pg_direct.py), the
+lease check that fences them included; and wherever SQLAlchemy runs a statement (the
+`write()` / `read()` blocks) by its engine events; the last two charged through a context
+variable to the unit that is open.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.runtime.titles import TITLE_INSTRUCTION
 from ember.store.engine import Database
+from ember.store.pg_direct import PgDirectTx
 from ember.store.sqlite.database import SqliteDatabase
 from ember.store.tx import Params, Rows, Statement, Tx, Work
 
@@ -152,6 +155,10 @@ class StoreCounter:
         db.write = self._block(self._originals["write"], WRITE)  # type: ignore[method-assign]
         db.read = self._block(self._originals["read"], READ)  # type: ignore[method-assign]
         event.listen(Engine, "before_cursor_execute", self._executed)
+        if not self._sqlite:  # PostgreSQL's units run on asyncpg, out of the engine's sight
+            self._direct = {name: getattr(PgDirectTx, name) for name in ("execute", "executemany")}
+            for name, method in self._direct.items():
+                setattr(PgDirectTx, name, self._sent(method))
 
     def snapshot(self) -> StoreCounts:
         with self._lock:
@@ -159,6 +166,8 @@ class StoreCounter:
 
     def close(self) -> None:
         event.remove(Engine, "before_cursor_execute", self._executed)
+        for name, method in getattr(self, "_direct", {}).items():
+            setattr(PgDirectTx, name, method)
         for name in self._originals:
             delattr(self._db, name)  # the class's own methods again
 
@@ -207,8 +216,19 @@ class StoreCounter:
         return lambda tx: work(_CountingTx(tx, lambda: self._add(self._statements, unit)))
 
     def _executed(self, _conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if not _FRAMING.match(statement):
+            self._sent_by_open_unit()
+
+    def _sent(self, method: Callable[..., T]) -> Callable[..., T]:
+        def send(tx: PgDirectTx, *args: Any) -> T:
+            self._sent_by_open_unit()
+            return method(tx, *args)
+        return send
+
+    def _sent_by_open_unit(self) -> None:
+        # A whole read's statements are counted by its `Tx`: it may run in a batch another unit started.
         unit = _OPEN.get()
-        if unit is not None and not (unit.whole and unit.side == READ) and not _FRAMING.match(statement):
+        if unit is not None and not (unit.whole and unit.side == READ):
             self._add(self._statements, unit)
 
 

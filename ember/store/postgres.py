@@ -3,7 +3,8 @@
 A `Database` (store/engine.py), as the embedded SQLite one (store/sqlite/): `write()` /
 `read()` yield a SQLAlchemy AsyncConnection in a transaction; `run_write(work)`
 / `run_read(work)` run a store's unit `work(tx)` as one whole transaction,
-each statement as its `Statement.postgresql` form (store/tx.py).
+each statement as its `Statement.postgresql` form (store/tx.py), on asyncpg
+connections of their own (store/pg_direct.py), not through the engine.
 
 Writes run at READ COMMITTED, each in its own transaction from the pool (no
 batching here: concurrent commits share the server's WAL flushes).
@@ -40,11 +41,13 @@ from ember.store.batches import Outcome, ReadBatches, run_each
 from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel, migrate_or_close
 from ember.store.leases import check_fence, fenced
 from ember.store.migrations import MigrationProgress
-from ember.store.tx import Params, Statement, Work
+from ember.store.pg_direct import PgUnits
+from ember.store.tx import Params, Statement, Tx, Work
 
 T = TypeVar("T")
 
 CONNECT_TIMEOUT_S = 10.0
+POOL_TIMEOUT_S = 30.0  # a unit waits this long for a connection the others hold, then StoreBusy
 # Read batches at once: the pool's other connections are left to the writes.
 READ_BATCHES_IN_FLIGHT = 2
 IDLE_PING_S = 5.0
@@ -157,13 +160,16 @@ class PostgresDatabase:
     def __init__(self, url: str, *, pool_size: int = 8, lock_timeout_ms: int = BUSY_TIMEOUT_MS,
                  idle_ping_s: float = IDLE_PING_S) -> None:
         self.url = url
+        connect_args = {"timeout": CONNECT_TIMEOUT_S,
+                        "server_settings": {"lock_timeout": str(lock_timeout_ms), "application_name": "ember"}}
         self._engine = create_async_engine(
             make_url(url).set(drivername="postgresql+asyncpg"),
-            pool_size=pool_size, max_overflow=pool_size // 2,
-            connect_args={"timeout": CONNECT_TIMEOUT_S,
-                          "server_settings": {"lock_timeout": str(lock_timeout_ms), "application_name": "ember"}},
-        )
+            pool_size=pool_size, max_overflow=pool_size // 2, pool_timeout=POOL_TIMEOUT_S, connect_args=connect_args)
         _ping_when_idle(self._engine, idle_ping_s)
+        # The stores' units, every turn's statements, bypass the engine (store/pg_direct.py).
+        _, from_url = self._engine.dialect.create_connect_args(self._engine.url)
+        self._units = PgUnits({**from_url, **connect_args}, max_size=pool_size + pool_size // 2,
+                              acquire_timeout_s=POOL_TIMEOUT_S, idle_ping_s=idle_ping_s)
         self._reader = self._engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
         self._reads = ReadBatches(self._read_batch, in_flight=READ_BATCHES_IN_FLIGHT)
         self._write_epoch = 0
@@ -186,6 +192,7 @@ class PostgresDatabase:
         self._closed = True
         if self._writing:
             await asyncio.wait(set(self._writing))
+        await self._units.close()
         await self._engine.dispose()
 
     @asynccontextmanager
@@ -231,17 +238,17 @@ class PostgresDatabase:
     async def _read_batch(self, works: Sequence[Work[Any]]) -> list[Outcome[Any]]:
         # A failed statement aborts the transaction, which is then rolled back, not committed;
         # the units after it are read in the next.
+        def batch(tx: Tx) -> list[Outcome[Any]]:
+            outcomes = run_each(works, tx, aborted=lambda exc: isinstance(exc, DBAPIError))
+            if isinstance(outcomes[-1].error, DBAPIError):
+                raise _Aborted(outcomes)
+            return outcomes
+
         try:
-            async with self.read() as conn:
-                outcomes = await conn.run_sync(lambda connection: run_each(
-                    works, PgTx(connection), aborted=lambda exc: isinstance(exc, DBAPIError)))
-                if isinstance(outcomes[-1].error, DBAPIError):
-                    raise _Aborted(outcomes)
+            return await self._units.run(batch, readonly=True)
         except _Aborted as aborted:
             return aborted.outcomes
-        return outcomes
 
     async def _write_unit(self, work: Work[T]) -> T:
-        unit = fenced(work, current_fence.get())
-        async with _transaction(self._engine) as conn:
-            return await conn.run_sync(lambda connection: unit(PgTx(connection)))
+        async with as_store_errors(pg_store_error):
+            return await self._units.run(fenced(work, current_fence.get()))

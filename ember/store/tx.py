@@ -8,11 +8,12 @@ both engines read alike (named `:parameters`, `ON CONFLICT DO NOTHING`, no
 search), a statement names both.
 
 SQLite runs each unit on its connection's thread (store/sqlite/direct.py) with
-the statement compiled once to its text (`compiled`); PostgreSQL hands the construct to
-SQLAlchemy, which compiles and caches it for asyncpg. Executed with parameters,
-an INSERT or UPDATE construct takes one named after a column of its table for a
-value to set: so the parameters of an UPDATE's WHERE are named otherwise
-(tests/test_tx.py checks).
+the statement compiled once to its text (`compiled`); PostgreSQL runs it in a
+greenlet on an asyncpg connection (store/pg_direct.py), the statement compiled
+once for asyncpg and prepared once per connection. Neither compiles it again
+for the parameters a call passes: an INSERT construct without `values` sets
+every column of its table, each from the parameter of its name
+(tests/test_tx.py checks both forms take the same names).
 """
 
 from __future__ import annotations
