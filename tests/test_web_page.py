@@ -783,3 +783,51 @@ def test_highlighted_code_is_legible_in_both_themes(page: Page, gateway: Gateway
                                       ("comment", "keyword", "string", "number", "tag", "attr", "property")}
     for kind, colour in colours["tokens"].items():
         assert contrast(colour, colours["background"]) >= 4.5, (scheme, kind, colour, colours["background"])
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_an_answer_can_be_copied_its_question_edited_and_asked_again(
+        page: Page, model: ModelServer, gateway: GatewayProcess, width: int) -> None:
+    page.set_viewport_size({"width": width, "height": 800})
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gateway.base_url)
+    sign_in(page, gateway, ALICE_KEY)
+    model.push(Reply(text="Tea: **green** or black."))
+    send(page, "Which tea?")
+    expect(answer(page)).to_have_text("Tea: green or black.")
+
+    actions = page.locator(".message-actions")
+    expect(actions).to_have_count(1)
+    copy = actions.get_by_role("button", name="Copy the answer")
+    copy.click()
+    expect(copy).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == "Tea: **green** or black."  # as written
+
+    # Edit brings the question back into the composer, by keyboard too; nothing is sent yet.
+    actions.get_by_role("button", name="Edit the question and send it again").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#message-input")).to_have_value("Which tea?")
+    expect(page.locator("#message-input")).to_be_focused()
+    expect(page.locator(".message.user")).to_have_count(1)
+    page.locator("#message-input").fill("")
+
+    # Ask again sends the same question as a new message; only the latest answer offers it.
+    model.push(Reply(text="Oolong, today."))
+    actions.get_by_role("button", name="Send the same question again for another answer").click()
+    expect(answer(page)).to_have_text("Oolong, today.")
+    expect(page.locator(".message.user")).to_have_text(["Which tea?", "Which tea?"])
+    expect(actions).to_have_count(2)
+    expect(page.locator(".ask-again")).to_have_count(1)
+    latest = page.locator(".message.assistant").last.locator("xpath=following-sibling::*[1]")
+    expect(latest.locator(".ask-again")).to_have_count(1)
+    session = page.url.split("#", 1)[1]
+    stored = httpx.get(gateway.url(f"/api/sessions/{session}/messages"),
+                       headers={"Authorization": f"Bearer {ALICE_KEY}"}).json()["messages"]
+    assert [m["content"] for m in stored if m["role"] == "assistant"] == ["Tea: **green** or black.", "Oolong, today."]
+    row = box(page, ".message-actions >> nth=-1")
+    assert row["x"] >= 0 and row["x"] + row["width"] <= width, row  # on screen, at a phone's width too
+
+    page.reload()  # the history offers the same, from the stored answers
+    expect(page.locator(".message-actions")).to_have_count(2)
+    expect(page.locator(".ask-again")).to_have_count(1)
+    page.locator(".message-actions").first.get_by_role("button", name="Copy the answer").click()
+    assert page.evaluate("navigator.clipboard.readText()") == "Tea: **green** or black."

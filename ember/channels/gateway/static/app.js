@@ -328,6 +328,7 @@ function appendTool(box, name, args) {
 
 function renderHistory(messages) {
   const results = new Map();
+  const answered = new Map(); // box -> its question and the texts it shows
   let box = null;
   let turnId = null;
   let question = null;
@@ -347,12 +348,62 @@ function renderHistory(messages) {
     } else if (m.role === "assistant") {
       if (!box || (m.turn_id && turnId && m.turn_id !== turnId)) box = appendMessage("assistant");
       turnId = m.turn_id;
-      if (m.content) appendText(box, m.content);
+      if (m.content) {
+        appendText(box, m.content);
+        if (!answered.has(box)) answered.set(box, { question, texts: [] });
+        answered.get(box).texts.push(m.content);
+      }
       for (const call of m.tool_calls) results.set(call.id, appendTool(box, call.name, call.arguments));
     } else if (m.role === "tool" && results.has(m.tool_call_id)) {
       results.get(m.tool_call_id).textContent = m.content;
     }
   }
+  for (const [answeredBox, { question: asked, texts }] of answered) {
+    if (answeredBox.isConnected) addAnswerActions(answeredBox, texts.join("\n\n"), asked);
+  }
+}
+
+/** Under a finished answer: copy it, bring its question back to edit and send, or ask it again.
+ * Only the latest answer offers "Ask again": it sends the same question as a new message. */
+function addAnswerActions(box, answerText, question) {
+  forgetAskAgain();
+  const row = el("div", "message-actions");
+  row.append(actionButton("Copy", "Copy the answer", async (button) => {
+    try {
+      await navigator.clipboard.writeText(answerText);
+      button.textContent = "Copied";
+    } catch {
+      button.textContent = "Copy failed";
+    }
+    setTimeout(() => { button.textContent = "Copy"; }, 1500);
+  }));
+  if (question !== null) {
+    row.append(actionButton("Edit", "Edit the question and send it again", () => {
+      const input = $("message-input");
+      input.value = question;
+      input.focus();
+      input.setSelectionRange(question.length, question.length);
+    }));
+    const again = actionButton("Ask again", "Send the same question again for another answer", () => {
+      if (!state.busy) sendText(question);
+    });
+    again.classList.add("ask-again");
+    row.append(again);
+  }
+  box.after(row);
+}
+
+function forgetAskAgain() {
+  for (const older of $("messages").querySelectorAll(".ask-again")) older.remove();
+}
+
+function actionButton(label, description, onClick) {
+  const button = el("button", "action", label);
+  button.type = "button";
+  button.title = description;
+  button.setAttribute("aria-label", description);
+  button.addEventListener("click", () => onClick(button));
+  return button;
 }
 
 const DECISIONS = [["approve_once", "Allow once"], ["approve_session", "Always in this session"], ["deny", "Deny"]];
@@ -399,6 +450,7 @@ class LiveTurn {
     this.results = new Map();
     this.closed = false;
     this.retry = null;
+    this.question = null;
   }
 
   on(name, data) {
@@ -422,6 +474,7 @@ class LiveTurn {
       if (this.draft) this.draft.remove();
       if (data.text) appendText(this.box, data.text);
       this.close();
+      if (data.text) addAnswerActions(this.box, data.text, this.question);
     } else if (name === "error") {
       this.fail(data.text);
     }
@@ -517,8 +570,10 @@ async function send(event) {
 async function sendText(text, messageId = randomId("msg")) {
   setBusy(true);
   $("messages").querySelector(".empty-state")?.remove();
+  forgetAskAgain();
   appendMessage("user", text);
   const turn = new LiveTurn(appendMessage("assistant running"));
+  turn.question = text;
   turn.retry = () => turn.resend(text, messageId);
   const abort = (state.abort = new AbortController());
   try {
