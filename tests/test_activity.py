@@ -231,7 +231,7 @@ def test_the_activity_panel_lists_the_turn_and_opens_its_tools(
     wait_until(lambda: bool(listed(clients["alice"], session=session)), timeout_s=10, what="the turn's trace")
 
     activity = box(page, "#open-activity")
-    for button in ("#open-activity", "#open-memory", "#open-sessions", "#sign-out"):
+    for button in ("#open-activity", "#open-usage", "#open-memory", "#open-sessions", "#sign-out"):
         if not page.locator(button).is_visible():
             continue  # a drawer's button, at a width where its panel is beside the chat
         found = box(page, button)  # the header keeps its buttons on the screen, each on one line

@@ -43,6 +43,7 @@ IMPLEMENTATIONS = {
     protocols.ConversationIndex: SqlConversationIndex,
     protocols.DueTasks: SqlTaskStore,
     protocols.UsageLedger: SqlUsageStore,
+    protocols.UsageReport: SqlUsageStore,
     protocols.MemoryStore: SqlMemoryStore,
     protocols.MemoryRecall: SqlMemoryStore,
     protocols.MemoryWrites: SqlMemoryStore,

@@ -30,6 +30,7 @@ from ember.config.settings import Settings
 from ember.core.errors import ConfigError, EmberError
 from ember.models.base import ModelClient
 from ember.store.conversations import SqlConversationIndex
+from ember.store.usage import SqlUsageStore
 
 if TYPE_CHECKING:
     from ember.channels.a2a import A2AServer
@@ -218,7 +219,8 @@ def shared_rate_limiter(settings: Settings) -> RedisRateLimiter | None:
 def gateway_services(runtime: Runtime) -> GatewayServices:
     return GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory, runtime.identities,
                            SqlConversationIndex(runtime.db), runtime.usage, runtime.tasks, runtime.skills,
-                           deliveries=runtime.deliveries.store, turns=runtime.loop, traces=runtime.traces)
+                           deliveries=runtime.deliveries.store, turns=runtime.loop, traces=runtime.traces,
+                           usage_report=SqlUsageStore(runtime.db))
 
 
 async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str, port: int,

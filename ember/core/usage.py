@@ -46,6 +46,21 @@ class UsageRow:
     cost_usd: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class UsageCell:
+    """One person's model calls of one day in one session, summed."""
+
+    day: int  # days since 1970-01-01, in the person's time zone
+    session_key: str | None  # None: background work of no session
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost_usd: float  # of the priced calls
+    unpriced_calls: int
+
+
 def cost_usd(price: Price | None, *, input_tokens: int, output_tokens: int, cache_read_tokens: int = 0,
              cache_write_tokens: int = 0) -> float | None:
     """The call's cost, or None when a kind of token it used has no price."""

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ember.core.skills import NewVersion, Proposal, Skill, SkillStatus, SkillVersion
     from ember.core.tasks import Task, TaskRun, TaskState
     from ember.core.traces import TurnTrace
-    from ember.core.usage import UsageRow
+    from ember.core.usage import UsageCell, UsageRow
     from ember.store.memory_rows import Archived, Unembedded
     from ember.store.sessions import SessionSummary
 
@@ -235,6 +235,12 @@ class UsageLedger(Protocol):
     async def record(self, rows: Sequence[UsageRow]) -> None: ...
 
     async def spent(self, identity: str, since: float) -> float: ...
+
+
+class UsageReport(Protocol):
+    """A person's model usage, by day and session, for the page's Usage view."""
+
+    async def by_day_and_session(self, identity: str, since: float, shift_s: int) -> list[UsageCell]: ...
 
 
 class MemoryRecall(Protocol):

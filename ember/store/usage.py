@@ -9,7 +9,7 @@ from typing import Any, Literal
 from sqlalchemy import bindparam, func, insert, select
 
 from ember.core.memory import session_identity
-from ember.core.usage import UsageRow
+from ember.core.usage import UsageCell, UsageRow
 from ember.store import schema
 from ember.store.engine import Database
 from ember.store.tx import Statement, Tx
@@ -26,6 +26,12 @@ _TOTALS = {by: Statement(
     "SUM(cache_write_tokens), COALESCE(SUM(cost_usd), 0), SUM(CASE WHEN cost_usd IS NULL THEN 1 ELSE 0 END) "
     "FROM model_usage WHERE at >= :since GROUP BY k ORDER BY 7 DESC, 3 + 4 DESC, k")
     for by, key in _GROUP_COLUMN.items()}
+_SUMS = ("COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cache_read_tokens), SUM(cache_write_tokens), "
+         "COALESCE(SUM(cost_usd), 0), SUM(CASE WHEN cost_usd IS NULL THEN 1 ELSE 0 END)")
+_WHERE_OWN = "FROM model_usage WHERE identity = :identity AND at >= :since GROUP BY 1, 2"
+_BY_DAY_AND_SESSION = Statement(  # CAST truncates, a floor for the times after 1970 a row has
+    f"SELECT CAST((at + :shift) / 86400 AS INTEGER), session_key, {_SUMS} {_WHERE_OWN}",
+    postgresql=f"SELECT CAST(FLOOR((at + :shift) / 86400) AS BIGINT), session_key, {_SUMS} {_WHERE_OWN}")
 _SPENT = Statement(select(func.coalesce(func.sum(_u.c.cost_usd), 0))
                    .where(_u.c.identity == bindparam("identity"), _u.c.at >= bindparam("since")))
 
@@ -66,6 +72,15 @@ class SqlUsageStore:
                  "cache_read_tokens": int(cr), "cache_write_tokens": int(cw), "cost_usd": round(cost, 6),
                  "unpriced_calls": int(unpriced)}
                 for k, calls, i, o, cr, cw, cost, unpriced in rows]
+
+    async def by_day_and_session(self, identity: str, since: float, shift_s: int) -> list[UsageCell]:
+        """The identity's calls since `since`, summed per day and session; a day runs from midnight
+        in the time zone `shift_s` seconds ahead of UTC."""
+        params = {"identity": identity, "since": since, "shift": float(shift_s)}
+        rows = await self._db.run_read(lambda tx: tx.execute(_BY_DAY_AND_SESSION, params).fetchall())
+        # int(): PostgreSQL sums BIGINT columns as NUMERIC, which arrives as a Decimal.
+        return [UsageCell(int(day), key, calls, int(i), int(o), int(cr), int(cw), float(cost), int(unpriced))
+                for day, key, calls, i, o, cr, cw, cost, unpriced in rows]
 
     async def spent(self, identity: str, since: float) -> float:
         """USD the identity's priced calls cost since `since`."""

@@ -35,6 +35,7 @@ from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits
 from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
 from ember.channels.gateway.turns import TurnRouter
+from ember.channels.gateway.usage_api import UsageApi
 from ember.core.errors import BusUnavailable, StoreBusy, StoreUnavailable
 from ember.core.turn import TurnControl
 from ember.memory.identity import Identities
@@ -42,7 +43,15 @@ from ember.memory.service import MemoryService
 from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.usage import UsageRecorder
 from ember.skills.library import SkillLibrary
-from ember.store.protocols import ConversationIndex, Inbox, JobCounts, SessionBrowser, TaskBook, TraceReader
+from ember.store.protocols import (
+    ConversationIndex,
+    Inbox,
+    JobCounts,
+    SessionBrowser,
+    TaskBook,
+    TraceReader,
+    UsageReport,
+)
 
 STATIC_DIR = Path(__file__).parent / "static"
 # Open to all: liveness for supervisors, and the page that asks for a key.
@@ -79,6 +88,7 @@ class GatewayServices:
     deliveries: Inbox | None = None  # the errors turns ended with, shown in the history
     turns: TurnControl | None = None  # stops a running turn
     traces: TraceReader | None = None  # what each turn did: /api/activity
+    usage_report: UsageReport | None = None  # what the caller's model calls cost: /api/usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +214,8 @@ def _api_routes(router: TurnRouter, services: GatewayServices, options: GatewayO
         routes += SkillsApi(services.skills, services.identities, max_body_bytes=body).routes()
     if services.traces is not None:
         routes += ActivityApi(services.traces).routes()
+    if services.usage_report is not None:
+        routes += UsageApi(services.usage_report, services.sessions, services.identities).routes()
     return routes
 
 

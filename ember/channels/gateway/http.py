@@ -121,12 +121,17 @@ def known_params(request: Request, known: tuple[str, ...]) -> QueryParams:
 
 def query_limit(params: QueryParams, default: int, most: int) -> int:
     """The `limit` query parameter: `default` when absent, else a whole number from 1 to `most` (400 otherwise)."""
-    raw = params.get("limit")
+    return query_int(params, "limit", default, 1, most)
+
+
+def query_int(params: QueryParams, name: str, default: int, least: int, most: int) -> int:
+    """The query parameter `name`: `default` when absent, else a whole number from `least` to `most`."""
+    raw = params.get(name)
     if raw is None:
         return default
-    if not _WHOLE_NUMBER.fullmatch(raw) or not 1 <= int(raw) <= most:
-        raise ApiError(400, f"limit must be a whole number from 1 to {most}; it was {raw[:32]!r}",
-                       code="invalid_parameter", param="limit")
+    if not _WHOLE_NUMBER.fullmatch(raw.removeprefix("-")) or not least <= int(raw) <= most:
+        raise ApiError(400, f"{name} must be a whole number from {least} to {most}; it was {raw[:32]!r}",
+                       code="invalid_parameter", param=name)
     return int(raw)
 
 
