@@ -49,7 +49,15 @@ NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_a
 
 
 def comments(model: type[BaseModel]) -> dict[str, str]:
-    """Field name -> the comment lines right above it in the class body, joined."""
+    """Field name -> the comment lines right above it in the class body that defines it last, joined."""
+    found: dict[str, str] = {}
+    for klass in reversed(model.__mro__):
+        if issubclass(klass, BaseModel) and klass is not BaseModel:
+            found.update((name, said) for name, said in _own_comments(klass).items() if said)
+    return found
+
+
+def _own_comments(model: type[BaseModel]) -> dict[str, str]:
     try:
         source = textwrap.dedent(inspect.getsource(model))
     except (OSError, TypeError):

@@ -37,6 +37,7 @@ from ember.channels.chat.commands import ApprovalCommands, hint
 from ember.channels.chat.editing import digest
 from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.plain import plain_text
+from ember.channels.chat.platform import required, show_answers_only
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
@@ -51,7 +52,7 @@ from ember.channels.qq.signing import (
 )
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError
-from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.events import InboundEvent, OutboundEvent
 
 CHANNEL = "qq"
 CALLBACK_PATH = "/channels/qq"
@@ -103,15 +104,12 @@ def _unescape(text: str) -> str:
 
 class QQChannel:
     name = CHANNEL
-    capabilities = ChannelCapabilities(streams=False, edits=False, buttons=False, approvals=True,
-                                       max_message_chars=MAX_MESSAGE_CHARS,
-                                       confirms_delivery=True)
+    # Answers only: a message QQ has shown cannot be edited to stream, and approvals are typed.
+    capabilities = ChannelCapabilities(approvals=True, max_message_chars=MAX_MESSAGE_CHARS, confirms_delivery=True)
 
     def __init__(self, spec: QQSpec, services: ChatServices, *,
                  clock: Callable[[], float] = time.monotonic, http: httpx.AsyncClient | None = None) -> None:
-        secret = spec.key()
-        if not secret:
-            raise ConfigError("[qq] needs the bot's AppSecret: secret = \"…\" or EMBER_QQ_SECRET")
+        secret = required(spec.key(), "[qq] needs the bot's AppSecret: secret = \"…\" or EMBER_QQ_SECRET")
         self._app_id = spec.app_id
         self._bus = services.bus
         self._inbox = services.inbox
@@ -219,11 +217,7 @@ class QQChannel:
     # Out
 
     async def deliver(self, event: OutboundEvent) -> None:
-        # Deltas and tool steps are not shown: QQ cannot edit a message, so only answers are sent.
-        if event.kind is OutboundKind.APPROVAL_REQUEST:
-            await self._ask(event)
-        elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
-            await self._answer(event)
+        await show_answers_only(event, ask=self._ask, answer=self._answer)
 
     async def _ask(self, event: OutboundEvent) -> None:
         assert event.approval is not None
@@ -287,9 +281,7 @@ class QQChannel:
 
 async def probe(spec: QQSpec) -> str:
     """Whether the app id and secret work (an access token is fetched; nothing is sent), or ConfigError."""
-    secret = spec.key()
-    if not secret:
-        raise ConfigError(f"[qq] needs the bot secret: secret = \"…\" or {SECRET_ENV}")
+    secret = required(spec.key(), f"[qq] needs the bot secret: secret = \"…\" or {SECRET_ENV}")
     async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
         try:
             await AccessToken(http, spec.token_url, spec.app_id, secret, time.monotonic).get()

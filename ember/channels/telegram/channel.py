@@ -28,6 +28,7 @@ from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, Tele
 
 from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
 from ember.channels.chat.inbound import AllowList, refusal
+from ember.channels.chat.platform import required
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
@@ -126,9 +127,7 @@ class TelegramChannel:
 
     def __init__(self, spec: TelegramSpec, services: ChatServices, *,
                  public_url: str | None = None, bot: Bot | None = None) -> None:
-        token = spec.key()
-        if not token:
-            raise ConfigError("[telegram] needs the bot's token: token = \"…\" or EMBER_TELEGRAM_TOKEN")
+        token = required(spec.key(), "[telegram] needs the bot's token: token = \"…\" or EMBER_TELEGRAM_TOKEN")
         self._spec = spec
         self._token = token
         self._bus = services.bus

@@ -34,15 +34,14 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.responses import Response
 
 from ember.channels.chat.commands import ApprovalCommands, command, hint
 from ember.channels.chat.editing import digest
 from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.services import ChatServices
 from ember.channels.gateway.http import ApiError, read_body
-from ember.channels.wecom.callback import BotCallbacks
+from ember.channels.wecom.callback import BotCallbacks, CallbackEndpoint
 from ember.channels.wecom.channel import ONLY_TEXT, byte_pieces
 from ember.channels.wecom.config import WeComBotSpec
 from ember.channels.wecom.crypto import MAX_XML_CHARS
@@ -140,7 +139,8 @@ def _fit(text: str) -> str:
     return byte_pieces(text, MAX_STREAM_BYTES - len(CUT.encode()))[0] + CUT
 
 
-class WeComBotChannel:
+class WeComBotChannel(CallbackEndpoint):
+    _callbacks: BotCallbacks
     name = "wecom_bot"
     path = "/channels/wecom-bot"
     capabilities = ChannelCapabilities(streams=True, approvals=True, max_message_chars=MAX_STREAM_BYTES // 4,
@@ -170,14 +170,7 @@ class WeComBotChannel:
         if self._owns_http:
             await self._http.aclose()
 
-    def routes(self) -> list[Route]:
-        return [Route(self.path, self.verify, methods=["GET"]), Route(self.path, self.receive, methods=["POST"])]
-
     # In
-
-    async def verify(self, request: Request) -> Response:
-        """The platform's check of the callback URL, when the bot's API settings are saved."""
-        return PlainTextResponse(self._callbacks.verify_url(request.query_params))
 
     async def receive(self, request: Request) -> Response:
         plaintext, nonce = self._callbacks.open(request.query_params, await read_body(request, MAX_XML_CHARS))

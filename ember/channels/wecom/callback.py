@@ -19,6 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
 from ember.channels.gateway.http import ApiError
 from ember.channels.wecom.crypto import MessageCrypto, WeComCryptoError, parse_message, signature, url_signature
 
@@ -47,6 +51,28 @@ class Callbacks(Protocol):
     def seal(self, callback: Callback, reply_xml: str) -> str:
         """A passive reply's body."""
         ...
+
+
+class UrlCheck(Protocol):
+    def verify_url(self, query: Mapping[str, str]) -> str: ...
+
+
+class CallbackEndpoint:
+    """A channel the platform calls back at `path`: the URL check (GET) answered from its callbacks,
+    and its pushes (POST) read by `receive`."""
+
+    path: str
+    _callbacks: UrlCheck
+
+    def routes(self) -> list[Route]:
+        return [Route(self.path, self.verify, methods=["GET"]), Route(self.path, self.receive, methods=["POST"])]
+
+    async def verify(self, request: Request) -> Response:
+        """The platform's check of the callback URL, when it is saved in the console."""
+        return PlainTextResponse(self._callbacks.verify_url(request.query_params))
+
+    async def receive(self, request: Request) -> Response:
+        raise NotImplementedError
 
 
 class WeComCallbacks:

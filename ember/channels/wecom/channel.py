@@ -30,12 +30,12 @@ from dataclasses import dataclass
 import httpx
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
 
 from ember.channels.chat.commands import ApprovalCommands, command, hint
 from ember.channels.chat.editing import digest
 from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.plain import plain_text
+from ember.channels.chat.platform import required, show_answers_only
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
@@ -46,12 +46,12 @@ from ember.channels.wecom.api import (
     official_endpoints,
     wecom_endpoints,
 )
-from ember.channels.wecom.callback import Callbacks, OfficialCallbacks, WeComCallbacks
+from ember.channels.wecom.callback import CallbackEndpoint, Callbacks, OfficialCallbacks, WeComCallbacks
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
 from ember.channels.wecom.crypto import MAX_XML_CHARS, text_reply
 from ember.core.channels import ChannelCapabilities
 from ember.core.errors import ConfigError
-from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.events import InboundEvent, OutboundEvent
 
 MAX_MESSAGE_BYTES = 2048
 ONLY_TEXT = "Sorry, I can only read text messages."
@@ -84,7 +84,8 @@ class Platform:
     passive_reply_s: float
 
 
-class _WeixinChannel:
+class _WeixinChannel(CallbackEndpoint):
+    _callbacks: Callbacks
     name: str
     path: str
     id_label: str  # what the platform calls a person's id, for the refusal
@@ -123,14 +124,7 @@ class _WeixinChannel:
                 window.set_result(None)  # answered empty: the answer stays owed, sent after the restart
         await self._api.aclose()
 
-    def routes(self) -> list[Route]:
-        return [Route(self.path, self.verify, methods=["GET"]), Route(self.path, self.receive, methods=["POST"])]
-
     # In
-
-    async def verify(self, request: Request) -> Response:
-        """The platform's check of the callback URL, when it is saved in the console."""
-        return PlainTextResponse(self._callbacks.verify_url(request.query_params))
 
     async def receive(self, request: Request) -> Response:
         deadline = asyncio.get_running_loop().time() + self._passive_reply_s
@@ -196,10 +190,7 @@ class _WeixinChannel:
     # Out
 
     async def deliver(self, event: OutboundEvent) -> None:
-        if event.kind is OutboundKind.APPROVAL_REQUEST:
-            await self._ask(event)
-        elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
-            await self._answer(event)
+        await show_answers_only(event, ask=self._ask, answer=self._answer)
 
     async def _answer(self, event: OutboundEvent) -> None:
         delivery = event.delivery_id
@@ -254,9 +245,7 @@ class WeComChannel(_WeixinChannel):
 
     def __init__(self, spec: WeComSpec, services: ChatServices, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        secret = spec.key()
-        if not secret:
-            raise ConfigError("[wecom] needs the app's secret: secret = \"…\" or EMBER_WECOM_SECRET")
+        secret = required(spec.key(), "[wecom] needs the app's secret: secret = \"…\" or EMBER_WECOM_SECRET")
         self._agent_id = str(spec.agent_id)
         callbacks = WeComCallbacks(spec.token.get_secret_value(), spec.encoding_aes_key.get_secret_value(),
                                    spec.corp_id)
@@ -283,9 +272,7 @@ class WeChatOfficialChannel(_WeixinChannel):
 
     def __init__(self, spec: WeChatOfficialSpec, services: ChatServices, *,
                  http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        secret = spec.key()
-        if not secret:
-            raise ConfigError("[wechat] needs the account's AppSecret: secret = \"…\" or EMBER_WECHAT_SECRET")
+        secret = required(spec.key(), "[wechat] needs the account's AppSecret: secret = \"…\" or EMBER_WECHAT_SECRET")
         key = spec.encoding_aes_key.get_secret_value() if spec.encoding_aes_key is not None else None
         callbacks = OfficialCallbacks(spec.token.get_secret_value(), key, spec.app_id)
         api = WeixinApi(spec.api_base_url, official_endpoints(spec.app_id, secret), secret, http=http, clock=clock)
@@ -295,9 +282,7 @@ class WeChatOfficialChannel(_WeixinChannel):
 
 async def probe(spec: WeComSpec | WeChatOfficialSpec) -> str:
     """Whether the id and secret work (a token is fetched; nothing is sent): a line to show, or ConfigError."""
-    secret = spec.key()
-    if not secret:
-        raise ConfigError("the secret is not set")
+    secret = required(spec.key(), "the secret is not set")
     endpoints = wecom_endpoints(spec.corp_id, secret, spec.agent_id) if isinstance(spec, WeComSpec) \
         else official_endpoints(spec.app_id, secret)
     api = WeixinApi(spec.api_base_url, endpoints, secret)

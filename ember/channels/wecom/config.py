@@ -6,6 +6,7 @@ stream it keeps asking for), or later through the platform's send API (the smart
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -55,7 +56,24 @@ class _Sealed(BaseModel):
         return _checked_key(value)
 
 
-class WeComSpec(_Sealed):
+class _AppAccount(_Sealed):
+    """An app that is called back and answers through a send API that takes its secret: a callback waits
+    a while for its answer, to send it back as its response (the passive reply)."""
+
+    secret_env: ClassVar[str]
+    secret: SecretStr | None = None
+    # How long a callback waits for its answer to send it back as the response (the passive reply);
+    # a later answer goes through the send API. 0: every answer through the API.
+    passive_reply_s: float = Field(default=4.0, ge=0, le=MAX_PASSIVE_REPLY_S)
+
+    def key(self) -> str | None:
+        if self.secret is not None:
+            return self.secret.get_secret_value()
+        return os.environ.get(self.secret_env) or None
+
+
+class WeComSpec(_AppAccount):
+    secret_env = WECOM_SECRET_ENV
     # The corp's ID (企业ID, "ww…"), under My Company in the admin console; every callback is sealed for it.
     corp_id: str = Field(min_length=1)
     # The self-built app's AgentId, on the app's page in the admin console.
@@ -72,14 +90,6 @@ class WeComSpec(_Sealed):
     allowed_users: list[str] = Field(default_factory=list)
     # UserIDs that may answer anyone's approval requests (besides the person whose turn asks).
     approvers: list[str] = Field(default_factory=list)
-    # How long a callback waits for its answer to send it back as the response (the passive reply);
-    # a later answer goes through the send API. 0: every answer through the API.
-    passive_reply_s: float = Field(default=4.0, ge=0, le=MAX_PASSIVE_REPLY_S)
-
-    def key(self) -> str | None:
-        if self.secret is not None:
-            return self.secret.get_secret_value()
-        return os.environ.get(WECOM_SECRET_ENV) or None
 
 
 class WeComBotSpec(_Sealed):
@@ -97,7 +107,8 @@ class WeComBotSpec(_Sealed):
     stream_window_s: float = Field(default=300.0, gt=0, le=MAX_STREAM_WINDOW_S)
 
 
-class WeChatOfficialSpec(_Sealed):
+class WeChatOfficialSpec(_AppAccount):
+    secret_env = WECHAT_SECRET_ENV
     # The account's AppID ("wx…"), under Settings and Development > Basic Configuration.
     app_id: str = Field(min_length=1)
     # The account's AppSecret; or EMBER_WECHAT_SECRET, which keeps it out of the file.
@@ -112,11 +123,3 @@ class WeChatOfficialSpec(_Sealed):
     allowed_users: list[str] = Field(default_factory=list)
     # OpenIDs that may answer anyone's approval requests (besides the person whose turn asks).
     approvers: list[str] = Field(default_factory=list)
-    # How long a push waits for its answer to send it back as the response (the passive reply);
-    # a later answer goes through the customer-service send API. 0: every answer through the API.
-    passive_reply_s: float = Field(default=4.0, ge=0, le=MAX_PASSIVE_REPLY_S)
-
-    def key(self) -> str | None:
-        if self.secret is not None:
-            return self.secret.get_secret_value()
-        return os.environ.get(WECHAT_SECRET_ENV) or None
