@@ -54,6 +54,7 @@ from ember.pipeline.inference import InferenceStage
 from ember.pipeline.response import ResponseStage
 from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.delivery import DeliveryWorker
+from ember.runtime.redelivery import Redelivered, Redelivery, plan
 from ember.runtime.streaming import StreamPublisher
 from ember.runtime.tasks import cancel_task, stop_tasks
 from ember.runtime.turn_slots import TurnSlots
@@ -306,21 +307,22 @@ class AgentLoop:
         """A redelivery: re-send its answer, or pick up its cut-off turn. True when nothing is left to run."""
         assert event.message_id is not None
         seen = await self._deliveries.store.receipt(event.channel, event.chat_id, event.message_id)
-        if seen is None:
-            return event.recovery
-        turn.turn_id, turn.resume = seen.turn_id, True
-        if seen.answered_at is not None:
-            if event.recovery:
-                return True
+        answer = None
+        if seen is not None and seen.answered_at is not None and not event.recovery:
             answer = await self._deliveries.store.answer_of(seen.turn_id)
-            if answer is not None and answer.kind is DeliveryKind.FINAL:
-                await self._deliveries.send(answer)
-                return True
-            return False  # the turn ended in an error: a redelivery is a retry
-        if (event.recovery and not self._recovery.resumes(seen)) or not await self._is_last_asked(event, seen):
+        last_asked = seen is not None and seen.answered_at is None and await self._is_last_asked(event, seen)
+        decided = plan(Redelivered(event.recovery, seen, answer.kind if answer is not None else None,
+                                   resumable=seen is not None and self._recovery.resumes(seen), last_asked=last_asked))
+        if decided is Redelivery.RESEND:
+            assert answer is not None
+            await self._deliveries.send(answer)
+        elif decided is Redelivery.NOTICE:
+            assert seen is not None
             await self._answer_with_notice(event, seen)
-            return True
-        return False
+        elif decided is Redelivery.RESUME:
+            assert seen is not None
+            turn.turn_id, turn.resume = seen.turn_id, True
+        return decided in (Redelivery.SKIP, Redelivery.RESEND, Redelivery.NOTICE)
 
     async def _is_last_asked(self, event: InboundEvent, seen: Receipt) -> bool:
         """Whether the cut-off turn's message is still the session's last: resumed after a later
