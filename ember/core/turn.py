@@ -27,6 +27,29 @@ class StreamSink(Protocol):
         ...
 
 
+class _NoStream:
+    """The sink of a turn nobody watches live (a request that does not stream, a scheduled task):
+    its output goes nowhere until the answer is committed, which the loop then sends."""
+
+    async def delta(self, text: str) -> None:
+        pass
+
+    async def tool_call(self, call: ToolCall) -> None:
+        pass
+
+    async def tool_result(self, call: ToolCall, result: str) -> None:
+        pass
+
+    async def finalize(self, text: str, delivery_id: str, usage: TurnUsage | None = None) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+NO_STREAM: StreamSink = _NoStream()
+
+
 class TurnControl(Protocol):
     """Stops the turn running in a session: where the agent loop runs it (in this process, or,
     scaled out, wherever it holds the session's lease)."""
@@ -47,7 +70,7 @@ class PipelineContext:
     session: Session
     prompt: list[Message]
     intro_text: str = ""
-    stream: StreamSink | None = None
+    stream: StreamSink = NO_STREAM
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

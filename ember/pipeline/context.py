@@ -13,7 +13,7 @@ from ember.core.events import InboundEvent
 from ember.core.language import language_of
 from ember.core.memory import PROFILE_HEADING, ROLE_SUBJECTS, MemoryKind, MemoryRecord
 from ember.core.messages import Message, Role, Session
-from ember.core.turn import PipelineContext, StreamSink
+from ember.core.turn import NO_STREAM, PipelineContext, StreamSink
 from ember.memory.identity import Identities
 from ember.memory.protocols import PromptRecall
 from ember.memory.service import PromptMemory, RecallBudget
@@ -150,7 +150,7 @@ class ContextStage:
             session=session,
             prompt=_assembled(system, session, memory),
             intro_text=intro,
-            stream=open_stream(merge_intro(intro, "")) if open_stream is not None else None,
+            stream=open_stream(merge_intro(intro, "")) if open_stream is not None else NO_STREAM,
         )
 
     async def _commit_question(self, session: Session, event: InboundEvent, turn_id: str,

@@ -103,21 +103,18 @@ class InferenceStage:
         visible = ThinkFilter()
         async for event in self._model.stream(messages, self._tools.specs(), sampling=ctx.event.sampling):
             if isinstance(event, ModelReply):
-                if ctx.stream is not None:
-                    await ctx.stream.delta(visible.flush())
+                await ctx.stream.delta(visible.flush())
                 return event
-            if isinstance(event, TextDelta) and ctx.stream is not None:
+            if isinstance(event, TextDelta):
                 await ctx.stream.delta(visible.feed(event.text))
         raise ModelError(f"model {self._model.name} ended its stream without a reply")
 
     async def _run_tools(self, ctx: PipelineContext, tools: ToolRun, calls: tuple[ToolCall, ...]) -> list[Message]:
-        if ctx.stream is not None:
-            for call in calls:
-                await ctx.stream.tool_call(call)
+        for call in calls:
+            await ctx.stream.tool_call(call)
         outputs = await asyncio.gather(*(self._call(call, tools) for call in calls))
-        if ctx.stream is not None:
-            for call, output in zip(calls, outputs):
-                await ctx.stream.tool_result(call, output)
+        for call, output in zip(calls, outputs):
+            await ctx.stream.tool_result(call, output)
         return [Message.tool_result(call.id, output, turn_id=ctx.turn_id) for call, output in zip(calls, outputs)]
 
     async def _call(self, call: ToolCall, tools: ToolRun) -> str:

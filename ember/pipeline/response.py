@@ -61,7 +61,7 @@ class ResponseStage:
         # 5. Delivery of the final through the stream, which replaces the draft.
         usage = (TurnUsage(result.input_tokens, result.cached_tokens, result.output_tokens)
                  if result.model_calls else None)
-        sent = await ctx.stream.finalize(text, delivery.delivery_id, usage) if ctx.stream is not None else False
+        sent = await ctx.stream.finalize(text, delivery.delivery_id, usage)
         # 6. The loop publishes the final itself only if the stream did not.
         return ProcessResult(text, outbound_sent=sent, delivery_id=delivery.delivery_id, usage=usage)
 

@@ -297,7 +297,7 @@ class AgentLoop:
             with self._spans.turn(turn.turn_id, event.session_key) if self._spans else nullcontext():
                 await self._run_turn(event, turn)
         except BaseException:
-            if turn.ctx is not None and turn.ctx.stream is not None:
+            if turn.ctx is not None:
                 turn.ctx.stream.close()  # before the error the turn sends in its answer's place
             raise
         finally:
