@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.channels.gateway.turns import TurnRequest, TurnRouter, chat_id
+from ember.channels.gateway.turns import SharedTurnRouter, TurnRequest, TurnRouter, chat_id
 from ember.core.delivery import Delivery, Receipt
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 
@@ -91,7 +91,7 @@ async def test_a_whole_stream_is_shown_as_it_comes() -> None:
 
 async def test_an_answer_whose_event_went_astray_is_found_in_the_store() -> None:
     answers = Answers(recorded())
-    router = TurnRouter(Bus(), answers=answers, look_after_s=0.05)  # type: ignore[arg-type]
+    router = SharedTurnRouter(Bus(), answers, look_after_s=0.05)  # type: ignore[arg-type]
     got = []
     async with router.turn(HI) as queue:
         async with asyncio.timeout(2):
@@ -102,7 +102,7 @@ async def test_an_answer_whose_event_went_astray_is_found_in_the_store() -> None
 
 async def test_an_error_recorded_before_a_retry_is_not_the_retrys_answer() -> None:
     answers = Answers(recorded("error", "Sorry, it failed", "t1:error:aa"))
-    router = TurnRouter(Bus(), answers=answers, look_after_s=0.05)  # type: ignore[arg-type]
+    router = SharedTurnRouter(Bus(), answers, look_after_s=0.05)  # type: ignore[arg-type]
     async with router.turn(HI) as queue:
         await asyncio.sleep(0.3)
         assert queue.empty() and answers.looks >= 2  # it looked, and left the old error alone
@@ -114,7 +114,7 @@ async def test_an_error_recorded_before_a_retry_is_not_the_retrys_answer() -> No
 
 async def test_a_request_that_hears_its_turn_does_not_look_in_the_store() -> None:
     answers = Answers()
-    router = TurnRouter(Bus(), answers=answers, look_after_s=0.2)  # type: ignore[arg-type]
+    router = SharedTurnRouter(Bus(), answers, look_after_s=0.2)  # type: ignore[arg-type]
     async with router.turn(HI):
         assert answers.looks == 1  # what was recorded before it: nothing
         for index in range(8):
@@ -126,7 +126,7 @@ async def test_a_request_that_hears_its_turn_does_not_look_in_the_store() -> Non
 async def test_a_request_cancelled_again_as_it_ends_leaves_its_message_no_longer_in_flight() -> None:
     """Starlette cancels the streaming request of a client that left, and anyio cancels it again at
     each await until it has ended: its message must not stay "in flight" for every resend."""
-    router = TurnRouter(Bus(), answers=Answers(), look_after_s=0.05)  # type: ignore[arg-type]
+    router = SharedTurnRouter(Bus(), Answers(), look_after_s=0.05)  # type: ignore[arg-type]
     entered = asyncio.Event()
 
     async def request() -> None:

@@ -23,7 +23,7 @@ from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_a
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.limits import RedisRateLimiter
 from ember.channels.gateway.sampling import SamplingLimits
-from ember.channels.gateway.turns import TurnRouter
+from ember.channels.gateway.turns import CHANNEL, SharedTurnRouter, TurnRouter
 from ember.channels.webhooks.inbound import WebhookChannel
 from ember.channels.webhooks.outbound import OutboundWebhooks
 from ember.config.settings import Settings
@@ -183,7 +183,7 @@ async def a2a_channel(settings: Settings, runtime: Runtime, public_url: str) -> 
     if (old := settings.home_dir / "a2a.db").exists():
         await import_task_file(runtime.db, old)
 
-    router = TurnRouter(runtime.bus, name=A2A, answers=runtime.deliveries.store if settings.redis_url else None)
+    router = turn_router(settings, runtime, A2A)
     runtime.channels.register(router)
     card = agent_card(name=settings.agent_name, url=public_url.rstrip("/") + RPC_PATH, tools=runtime.tools.specs(),
                       description=f"{settings.agent_name}, a long-running agent on Ember: it answers, uses its "
@@ -206,6 +206,13 @@ def gateway_options(settings: Settings, model: ModelClient, model_problem: str) 
         model_problem=model_problem,
         sampling_limits=SamplingLimits(settings.gateway_max_tokens, settings.gateway_max_temperature),
     )
+
+
+def turn_router(settings: Settings, runtime: Runtime, channel: str) -> TurnRouter:
+    """Gateways sharing a bus (Redis) look up in the store an answer whose event went astray."""
+    if settings.redis_url is None:
+        return TurnRouter(runtime.bus, channel)
+    return SharedTurnRouter(runtime.bus, runtime.deliveries.store, channel)
 
 
 def shared_rate_limiter(settings: Settings) -> RedisRateLimiter | None:
@@ -236,8 +243,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
     listening = Listening(host, sock.getsockname()[1], keys.count, await unreachable_models(settings))
     try:
         runtime = await configured_runtime(settings, model)
-        # Gateways sharing a bus: a request whose answer went astray finds it in the store.
-        router = TurnRouter(runtime.bus, answers=runtime.deliveries.store if settings.redis_url else None)
+        router = turn_router(settings, runtime, CHANNEL)
         runtime.channels.register(router)
         channel_routes = webhook_channels(settings, runtime)
         channel_routes += chat_channels(settings, runtime, settings.gateway_public_url)

@@ -8,7 +8,7 @@ its committed answer stays in the session's history.
 A request that missed part of its turn's stream (a numbered event did not come:
 it joined the turn midway, resent through this gateway while another one's
 request was being answered, or the bus lost some) gets only the final, which
-carries the whole text. Where several gateways share the bus (`answers`), the
+carries the whole text. Where several gateways share the bus (SharedTurnRouter), the
 event bringing a request its answer can also go astray (Redis restarted and
 lost the route to this gateway): a request that has heard nothing for a while
 looks for its message's answer in the store, and takes it from there.
@@ -87,15 +87,10 @@ class TurnRouter:
 
     capabilities = ChannelCapabilities(streams=True)
 
-    def __init__(self, bus: InboundPublisher, name: str = CHANNEL, *, answers: Inbox | None = None,
-                 look_after_s: float = ANSWER_LOOK_S) -> None:
-        """`name`: the channel (http; a2a routes its requests the same way). `answers`: the store
-        where a request that heard nothing for `look_after_s` looks for its answer (gateways
-        sharing a bus)."""
+    def __init__(self, bus: InboundPublisher, name: str = CHANNEL) -> None:
+        """`name`: the channel (http; a2a routes its requests the same way)."""
         self.name = name
         self._bus = bus
-        self._answers = answers
-        self._look_after_s = look_after_s
         self._waiting: dict[str, asyncio.Queue[OutboundEvent]] = {}
         # Messages whose turn has streamed something and not ended yet, and the requests that joined
         # such a turn midway (a resend): they get only its final, which carries the whole text,
@@ -134,12 +129,7 @@ class TurnRouter:
             self._joined.add(message_id)
         looking: asyncio.Task[None] | None = None
         try:
-            # An answer recorded before this request (an error a resend retries) is not its answer.
-            before = await self._recorded(event) if self._answers is not None and client_id else None
-            await self._bus.publish_inbound(event)
-            if self._answers is not None:
-                looking = asyncio.create_task(self._look_for_answer(event, queue, before),
-                                              name=f"ember-answer-of-{message_id}")
+            looking = await self._send(event, queue, resent=client_id is not None)
             yield queue
         finally:
             # Before any await: a request whose client left is cancelled again at each await
@@ -152,9 +142,55 @@ class TurnRouter:
                 looking.cancel()
             await cancel_task(looking)
 
+    async def _send(self, event: InboundEvent, queue: asyncio.Queue[OutboundEvent], *,
+                    resent: bool) -> asyncio.Task[None] | None:
+        """Publish the request's message; a task that watches for its answer meanwhile, if any."""
+        await self._bus.publish_inbound(event)
+        return None
+
+    async def deliver(self, event: OutboundEvent) -> None:
+        key = event.reply_to or ""
+        if key in self._heard_at:
+            self._heard_at[key] = time.monotonic()
+        if event.stream_index is not None and key in self._next_index:
+            if event.stream_index != self._next_index[key]:
+                self._joined.add(key)  # some of the stream went elsewhere: the draft has a hole
+            self._next_index[key] = event.stream_index + 1
+        if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
+            self._streaming.discard(key)
+        else:
+            self._streaming.add(key)
+            if key in self._joined and event.kind is not OutboundKind.APPROVAL_REQUEST:
+                return  # a draft without its beginning: the final will say it all
+        queue = self._waiting.get(key)
+        if queue is not None:
+            queue.put_nowait(event)
+        else:
+            log.debug("no request waits for %s of turn %s; dropped", event.kind, event.turn_id)
+
+
+class SharedTurnRouter(TurnRouter):
+    """The router of a gateway that shares its bus with others: the event bringing a request its
+    answer can go astray (Redis restarted and lost the route to this gateway), so a request that
+    has heard nothing for `look_after_s` looks for its message's answer in `answers`."""
+
+    def __init__(self, bus: InboundPublisher, answers: Inbox, name: str = CHANNEL, *,
+                 look_after_s: float = ANSWER_LOOK_S) -> None:
+        super().__init__(bus, name)
+        self._answers = answers
+        self._look_after_s = look_after_s
+
+    async def _send(self, event: InboundEvent, queue: asyncio.Queue[OutboundEvent], *,
+                    resent: bool) -> asyncio.Task[None] | None:
+        # An answer recorded before this request (an error a resend retries) is not its answer.
+        before = await self._recorded(event) if resent else None
+        await self._bus.publish_inbound(event)
+        return asyncio.create_task(self._look_for_answer(event, queue, before),
+                                   name=f"ember-answer-of-{event.message_id}")
+
     async def _recorded(self, event: InboundEvent) -> Delivery | None:
         """The answer recorded for `event`'s message, if its turn has answered."""
-        assert self._answers is not None and event.message_id is not None
+        assert event.message_id is not None
         try:
             receipt = await self._answers.receipt(event.channel, event.chat_id, event.message_id)
             if receipt is None or receipt.answered_at is None:
@@ -188,23 +224,3 @@ class TurnRouter:
                     delivery_id=answer.delivery_id))
                 return
             wait = min(wait * 2, ANSWER_LOOK_MAX_S)
-
-    async def deliver(self, event: OutboundEvent) -> None:
-        key = event.reply_to or ""
-        if key in self._heard_at:
-            self._heard_at[key] = time.monotonic()
-        if event.stream_index is not None and key in self._next_index:
-            if event.stream_index != self._next_index[key]:
-                self._joined.add(key)  # some of the stream went elsewhere: the draft has a hole
-            self._next_index[key] = event.stream_index + 1
-        if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
-            self._streaming.discard(key)
-        else:
-            self._streaming.add(key)
-            if key in self._joined and event.kind is not OutboundKind.APPROVAL_REQUEST:
-                return  # a draft without its beginning: the final will say it all
-        queue = self._waiting.get(key)
-        if queue is not None:
-            queue.put_nowait(event)
-        else:
-            log.debug("no request waits for %s of turn %s; dropped", event.kind, event.turn_id)
