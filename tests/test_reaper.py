@@ -7,12 +7,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.gatewayproc import EMBER_SOURCE
+from tests.reaper import PARENT_POLL_S, watch
 
 # A stand-in for a test run: it starts a server as the fixtures do, says where, and waits to be killed.
 _RUN = {
@@ -62,3 +64,22 @@ def test_a_killed_test_run_takes_its_throwaway_server_down_with_it(server: str) 
         if run.poll() is None:
             run.kill()
             run.wait(10)
+
+
+def test_a_reaper_started_from_a_thread_that_ends_waits_for_the_process(tmp_path: Path) -> None:
+    """A server restarted from `asyncio.to_thread` must outlive that thread: only the run's end reaps it."""
+    marker = tmp_path / "reaped"
+    reapers = []
+
+    def restart() -> None:
+        reapers.append(watch(["touch", str(marker)]))
+        time.sleep(1.0)  # a test's restart and its checks: the reaper is up and waiting by now
+
+    started = threading.Thread(target=restart)
+    started.start()
+    started.join()  # the thread that started the reaper has ended; this process has not
+    time.sleep(5 * PARENT_POLL_S)  # a signal tied to the thread would have come at once
+    try:
+        assert not marker.exists()
+    finally:
+        reapers[0].dismiss()
