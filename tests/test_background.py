@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from ember.core.jobs import Claimed, Job
-from ember.runtime.background import BackgroundRunner, RetryPolicy
+from ember.runtime.background import BackgroundRunner, HostRunner, RetryPolicy, RunnerRight, SharedClaims
 from ember.runtime.leases import HostLock
 from ember.store.engine import Database
-from ember.store.jobs import SqlJobStore
+from ember.store.jobs import SharedJobStore, SqlJobStore
 from ember.store.postgres import PostgresDatabase
 from ember.store.sqlite.database import SqliteDatabase
 from tests.pgserver import ENGINES, engine_database
@@ -30,21 +30,24 @@ async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Da
     await database.close()
 
 
-def job_store(db: Database, claimer: str = "p1", kind: type[SqlJobStore] = SqlJobStore) -> SqlJobStore:
-    """The queue as build_runtime opens it: one home's own on SQLite, shared by claimers on PostgreSQL."""
+def job_store(db: Database, claimer: str = "p1", ttl_s: float = CLAIM_TTL_S) -> CountedLooks:
+    """The queue as build_runtime opens it (one home's own on SQLite, shared by claimers on
+    PostgreSQL), counting how often the runner looks for due jobs."""
     if isinstance(db, SqliteDatabase):
-        return kind(db)
-    return kind(db, claimer=claimer, claim_ttl_s=CLAIM_TTL_S)
+        return CountedLooks(db)
+    return SharedCountedLooks(db, claimer=claimer, claim_ttl_s=ttl_s)
 
 
-def runner_lock(jobs: SqlJobStore) -> HostLock | None:
+def right(jobs: SqlJobStore) -> RunnerRight:
     # On a home's own store every runner of a test shares one lock file, as the processes of one
-    # EMBER_HOME do; on a shared store there is none, as build_runtime makes it.
-    return HostLock(Path(os.environ["EMBER_HOME"]) / "runner.lock") if jobs.claim_ttl_s is None else None
+    # EMBER_HOME do; on a shared store each renews its claims, as build_runtime makes it.
+    if isinstance(jobs, SharedJobStore):
+        return SharedClaims(jobs)
+    return HostRunner(HostLock(Path(os.environ["EMBER_HOME"]) / "runner.lock"), jobs)
 
 
 def runner(jobs: SqlJobStore, handler, *, max_attempts: int = 5) -> BackgroundRunner:  # type: ignore[no-untyped-def]
-    return BackgroundRunner(jobs, {"work": handler}, runner_lock(jobs),
+    return BackgroundRunner(jobs, {"work": handler}, right(jobs),
                             retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.01), poll_s=0.05)
 
 
@@ -205,13 +208,15 @@ async def test_stop_just_after_a_wake_up_returns(db: Database) -> None:
 
 
 class CountedLooks(SqlJobStore):
-    """The job store, counting how often the runner looks for due jobs."""
-
     looks = 0
 
     async def claim_due(self, limit: int) -> Claimed:
         self.looks += 1
         return await super().claim_due(limit)
+
+
+class SharedCountedLooks(CountedLooks, SharedJobStore):
+    pass
 
 
 async def test_a_runner_that_ran_its_last_job_looks_no_more_until_something_is_queued(db: Database) -> None:
@@ -224,8 +229,8 @@ async def test_a_runner_that_ran_its_last_job_looks_no_more_until_something_is_q
             raise RuntimeError("first attempt fails")
 
     # A shared store is polled every third of a claim's time (other processes queue jobs too): long here.
-    jobs = CountedLooks(db) if isinstance(db, SqliteDatabase) else CountedLooks(db, claimer="p1", claim_ttl_s=30)
-    background = BackgroundRunner(jobs, {"work": flaky}, runner_lock(jobs),
+    jobs = job_store(db, ttl_s=30)
+    background = BackgroundRunner(jobs, {"work": flaky}, right(jobs),
                                   retry=RetryPolicy(backoff_base_s=0.05), poll_s=5.0)
     await background.start()
     await background.schedule("work", "once")
@@ -250,8 +255,8 @@ async def test_a_runner_with_every_slot_busy_waits_for_one_without_polling_the_s
         started.set()
         await release.wait()
 
-    jobs = job_store(db, kind=CountedLooks)
-    background = BackgroundRunner(jobs, {"work": slow}, runner_lock(jobs), concurrency=1, poll_s=5.0)
+    jobs = job_store(db)
+    background = BackgroundRunner(jobs, {"work": slow}, right(jobs), concurrency=1, poll_s=5.0)
     await background.start()
     await background.schedule("work", "first")
     await asyncio.wait_for(started.wait(), 5)

@@ -49,7 +49,7 @@ from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
 from ember.runtime.approvals import ApprovalBroker
-from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
+from ember.runtime.background import BackgroundRunner, HostRunner, JobHandler, RetryPolicy
 from ember.runtime.channels import ChannelHub
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases
@@ -150,7 +150,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     handlers = _job_handlers(sessions, leases, MeteredModel(model, {}, usage.record), memory, skills, consolidation)
     if embed is not None:
         handlers[JobKind.EMBED] = embed(memory)
-    runner = BackgroundRunner(jobs, handlers, HostLock(home / "locks" / "background-runner"),
+    runner = BackgroundRunner(jobs, handlers, HostRunner(HostLock(home / "locks" / "background-runner"), jobs),
                               retry=RetryPolicy(max_attempts=settings.job_max_attempts,
                                                 backoff_base_s=settings.job_backoff_base_s))
     pipeline = Pipeline(

@@ -26,7 +26,7 @@ from ember.core.tools import Decision, Risk, ToolAction, ToolRun
 from ember.runtime.approvals import Resolution, SharedApprovalBroker
 from ember.store.approvals import SqlApprovalStore
 from ember.store.deliveries import SqlDeliveryStore
-from ember.store.jobs import SqlJobStore
+from ember.store.jobs import SharedJobStore, SqlJobStore
 from ember.store.leases import SESSION_PREFIX, LeaderLease, LeaseTable, SqlSessionLeases
 from ember.store.memories import SqlMemoryStore
 from ember.store.postgres import PostgresDatabase
@@ -151,7 +151,7 @@ async def test_a_commit_under_the_lease_finishes_before_another_process_can_take
 
 
 async def test_shared_claimers_never_take_the_same_job(processes: Callable[[], PostgresDatabase]) -> None:
-    first, second = (SqlJobStore(processes(), claimer=name, claim_ttl_s=30) for name in ("w1", "w2"))
+    first, second = (SharedJobStore(processes(), claimer=name, claim_ttl_s=30) for name in ("w1", "w2"))
     for n in range(40):
         await first.enqueue("embed", f"job-{n}")
     claimed: dict[str, list[str]] = {"w1": [], "w2": []}
@@ -169,7 +169,7 @@ async def test_shared_claimers_never_take_the_same_job(processes: Callable[[], P
 async def test_a_dead_claimers_job_is_taken_over_and_a_renewed_claim_is_not(
         processes: Callable[[], PostgresDatabase]) -> None:
     db = processes()
-    dead, survivor = SqlJobStore(db, claimer="dead", claim_ttl_s=60), SqlJobStore(processes(), claimer="live",
+    dead, survivor = SharedJobStore(db, claimer="dead", claim_ttl_s=60), SharedJobStore(processes(), claimer="live",
                                                                                   claim_ttl_s=60)
     await dead.enqueue("consolidate", "s1", session_key="s1")
     await dead.enqueue("consolidate", "s2", session_key="s2")

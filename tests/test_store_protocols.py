@@ -16,7 +16,7 @@ from ember.store.approvals import SqlApprovalStore
 from ember.store.channel_messages import SqlChannelMessages
 from ember.store.conversations import SqlConversationIndex
 from ember.store.deliveries import SqlDeliveryStore
-from ember.store.jobs import SqlJobStore
+from ember.store.jobs import SharedJobStore, SqlJobStore
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.skills import SqlSkillStore
@@ -32,6 +32,7 @@ IMPLEMENTATIONS = {
     protocols.Outbox: SqlDeliveryStore,
     protocols.DeliveryStore: SqlDeliveryStore,
     protocols.JobQueue: SqlJobStore,
+    protocols.SharedJobQueue: SharedJobStore,
     protocols.TraceLog: SqlTraceStore,
     protocols.TraceReader: SqlTraceStore,
     protocols.JobCounts: SqlJobStore,

@@ -39,7 +39,7 @@ from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
 from ember.runtime.approvals import ApprovalBroker, SharedApprovalBroker
-from ember.runtime.background import BackgroundRunner, JobHandler, RetryPolicy
+from ember.runtime.background import BackgroundRunner, HostRunner, JobHandler, RetryPolicy, RunnerRight, SharedClaims
 from ember.runtime.channels import ChannelHub
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases, process_name
@@ -51,7 +51,7 @@ from ember.skills.review import SkillReviewer
 from ember.store.approvals import SqlApprovalStore
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.engine import Database
-from ember.store.jobs import SqlJobStore
+from ember.store.jobs import SharedJobStore, SqlJobStore
 from ember.store.leases import LeaderLease, LeaseTable, SqlSessionLeases
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
@@ -209,17 +209,18 @@ class _Sharing:
 
     leases: SessionLeases
     jobs: SqlJobStore
-    runner_lock: HostLock | None
+    runner_right: RunnerRight
     lease_table: LeaseTable | None
 
 
 def _sharing(settings: Settings, db: Database, process: str) -> _Sharing:
     if settings.database_url is None:
-        return _Sharing(LocalLeases(settings.home_dir / "locks" / "sessions"), SqlJobStore(db),
-                        HostLock(settings.home_dir / "locks" / "background-runner"), None)
+        jobs = SqlJobStore(db)
+        return _Sharing(LocalLeases(settings.home_dir / "locks" / "sessions"), jobs,
+                        HostRunner(HostLock(settings.home_dir / "locks" / "background-runner"), jobs), None)
     table = LeaseTable(db, process, settings.worker_timeout_s)
-    jobs = SqlJobStore(db, claimer=process, claim_ttl_s=settings.worker_timeout_s)
-    return _Sharing(SqlSessionLeases(table), jobs, None, table)
+    shared = SharedJobStore(db, claimer=process, claim_ttl_s=settings.worker_timeout_s)
+    return _Sharing(SqlSessionLeases(table), shared, SharedClaims(shared), table)
 
 
 def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryService, skills: SkillLibrary,
@@ -274,7 +275,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     consolidation = ConsolidationWorker(sessions, sharing.leases, models.background, memory,
                                         keep_recent=settings.consolidation_keep_recent)
     handlers = _job_handlers(sessions, sharing.leases, models.background, memory, skills, consolidation)
-    runner = BackgroundRunner(sharing.jobs, handlers, sharing.runner_lock, spans=spans, retry=RetryPolicy(
+    runner = BackgroundRunner(sharing.jobs, handlers, sharing.runner_right, spans=spans, retry=RetryPolicy(
         max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s))
     deliveries, traces = DeliveryWorker(SqlDeliveryStore(db), bus), SqlTraceStore(db)
     pipeline = _pipeline(settings, sessions, memory, skills, gated, models, runner)

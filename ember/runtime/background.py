@@ -4,8 +4,9 @@ Jobs are rows (store/jobs.py), so queued work survives a restart. On a home's
 own SQLite store, one process runs them: the one holding the runner lock, which
 is also what makes requeueing jobs a dead process left `running` safe. Other
 processes only enqueue, and take over if the lock holder exits. On a shared
-store (no runner lock), every process runs jobs, renewing its claims every
-third of their time, and takes over the claims of a process that stopped. A failing job is retried
+store, every process runs jobs, renewing its claims every third of their time,
+and takes over the claims of a process that stopped. Which of the two a runner
+does is its `RunnerRight`, chosen where the runtime is built. A failing job is retried
 with exponential backoff and logged as a warning; after `max_attempts` it is
 marked failed. Nothing here can fail a turn: the turn only enqueues.
 
@@ -21,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Protocol
 
 from ember.core.errors import StoreError
 from ember.core.jobs import Job
@@ -31,7 +33,7 @@ from ember.core.journal import Spans
 from ember.core.usage import UsageScope, current_scope
 from ember.runtime.leases import HostLock
 from ember.runtime.tasks import cancel_task, stop_tasks
-from ember.store.protocols import JobQueue
+from ember.store.protocols import JobQueue, SharedJobQueue
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +53,79 @@ class RetryPolicy:
         return min(self.backoff_cap_s, self.backoff_base_s * 2 ** (attempts - 1))
 
 
+class RunnerRight(Protocol):
+    """Whether this process may run jobs now, and what keeps the jobs it runs its own."""
+
+    longest_sleep_s: float | None  # the most the runner may sleep between looks at the queue (None: any)
+
+    async def acquire(self) -> bool: ...
+
+    async def keep(self, running: Collection[Job]) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class HostRunner:
+    """One runner per home (its own SQLite store): the process holding the home's runner lock. Taking
+    the lock proves nobody else runs jobs, so what a process that stopped left running is queued again."""
+
+    longest_sleep_s = None
+
+    def __init__(self, lock: HostLock, jobs: JobQueue) -> None:
+        self._lock = lock
+        self._jobs = jobs
+
+    async def acquire(self) -> bool:
+        if self._lock.held:
+            return True
+        if not self._lock.try_acquire():
+            return False
+        try:
+            requeued = await self._jobs.requeue_interrupted()
+        except BaseException:
+            self._lock.release()  # so the next pass takes it again and retries the requeue
+            raise
+        if requeued:
+            log.info("requeued %d background job(s) left running by a process that stopped", requeued)
+        return True
+
+    async def keep(self, running: Collection[Job]) -> None:
+        pass  # the lock keeps them
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+class SharedClaims:
+    """Every process of a shared store runs jobs, renewing its claims every third of their time; it
+    looks at the queue as often, since other processes queue jobs too."""
+
+    def __init__(self, jobs: SharedJobQueue) -> None:
+        self._jobs = jobs
+        self.longest_sleep_s = jobs.claim_ttl_s / 3
+        self._extended_at = 0.0
+
+    async def acquire(self) -> bool:
+        return True
+
+    async def keep(self, running: Collection[Job]) -> None:
+        """Another process takes over a claim left to expire."""
+        if running and time.monotonic() - self._extended_at >= self._jobs.claim_ttl_s / 3:
+            await self._jobs.extend(running)
+            self._extended_at = time.monotonic()
+
+    def release(self) -> None:
+        pass
+
+
 class BackgroundRunner:
-    def __init__(self, jobs: JobQueue, handlers: Mapping[str, JobHandler], runner_lock: HostLock | None, *,
+    def __init__(self, jobs: JobQueue, handlers: Mapping[str, JobHandler], right: RunnerRight, *,
                  retry: RetryPolicy = RetryPolicy(), concurrency: int = 2, poll_s: float = 5.0,
                  spans: Spans | None = None) -> None:
         self._jobs = jobs
         self._spans = spans
         self._handlers = dict(handlers)
-        self._lock = runner_lock
+        self._right = right
         self._retry = retry
         self._concurrency = concurrency
         self._poll_s = poll_s
@@ -70,7 +137,6 @@ class BackgroundRunner:
         self._look = True
         self._next_due: float | None = None
         self._loop_task: asyncio.Task[None] | None = None
-        self._extended_at = 0.0
 
     async def schedule(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
         """Queue a job unless an equal one is pending. Raises if the store fails:
@@ -111,8 +177,7 @@ class BackgroundRunner:
             self._loop_task = None
             await stop_tasks(self._running, grace_s)
         finally:
-            if self._lock is not None:
-                self._lock.release()
+            self._right.release()
 
     async def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Until no job is pending, running or waiting for a retry (tests, benchmarks, demo)."""
@@ -131,8 +196,8 @@ class BackgroundRunner:
             self._wake.clear()
             timeout = self._poll_s
             try:
-                if await self._hold_runner_lock():
-                    await self._extend_claims()
+                if await self._right.acquire():
+                    await self._right.keep(list(self._running.values()))
                     timeout = await self._claim()
             except Exception:  # the runner's edge: a locked store or a lock file error is retried, not fatal
                 log.warning("background runner could not read the job queue; retrying", exc_info=True)
@@ -144,24 +209,11 @@ class BackgroundRunner:
             except TimeoutError:
                 self._look = True
 
-    async def _hold_runner_lock(self) -> bool:
-        if self._lock is None or self._lock.held:
-            return True
-        if not self._lock.try_acquire():
-            return False
-        try:
-            requeued = await self._jobs.requeue_interrupted()
-        except BaseException:
-            self._lock.release()  # so the next pass takes it again and retries the requeue
-            raise
-        if requeued:
-            log.info("requeued %d background job(s) left running by a process that stopped", requeued)
-        return True
-
     async def _claim(self) -> float:
         """Claim due jobs into the free slots; how long to sleep then. One write, and no read:
         the claim says when the next job is due."""
-        longest = self._poll_s if self._jobs.claim_ttl_s is None else min(self._poll_s, self._jobs.claim_ttl_s / 3)
+        cap = self._right.longest_sleep_s
+        longest = self._poll_s if cap is None else min(self._poll_s, cap)
         free = self._concurrency - len(self._running)
         if free <= 0:
             return longest  # due jobs wait for a free slot, and a job finishing wakes the runner
@@ -182,15 +234,6 @@ class BackgroundRunner:
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.pop(task, None)
         self._wake.set()
-
-    async def _extend_claims(self) -> None:
-        """On a shared store, keep the claims of the jobs running here: another process takes
-        over a claim left to expire."""
-        ttl = self._jobs.claim_ttl_s
-        if ttl is None or not self._running or time.monotonic() - self._extended_at < ttl / 3:
-            return
-        await self._jobs.extend(self._running.values())
-        self._extended_at = time.monotonic()
 
     async def _execute(self, job: Job) -> None:
         # A job's model calls are charged to its kind and its session (and so the session's identity).

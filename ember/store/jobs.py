@@ -4,9 +4,9 @@ At most one pending job exists per (kind, dedupe_key); enqueueing a duplicate
 is a no-op. A job is claimed by compare-and-set from `pending` to `running`,
 so two runners never execute it at once.
 
-Alone on its store (SQLite), one runner per home, holding the runner lock,
-requeues at start whatever a dead process left running. Shared by several
-processes (PostgreSQL: `claim_ttl_s`), every process runs jobs: a claim marks
+Alone on its store (SQLite, `SqlJobStore`), one runner per home, holding the
+runner lock, requeues at start whatever a dead process left running. Shared by
+several processes (PostgreSQL, `SharedJobStore`), every process runs jobs: a claim marks
 the job its claimer's until `claimed_until`, which the claimer keeps moving
 (`extend`); a job still running past it is a dead claimer's, and the next
 claim takes it over. The rows a claim reads are locked FOR UPDATE SKIP LOCKED,
@@ -64,13 +64,10 @@ _COUNTS = Statement(select(_j.c.status, func.count()).group_by(_j.c.status))
 
 
 class SqlJobStore:
-    """`claim_ttl_s`: the store is shared by processes that each run jobs, as `claimer`; None:
-    one runner per home, holding the runner lock."""
+    """The queue of one home's own store: one runner at a time takes its jobs (holding the runner lock)."""
 
-    def __init__(self, db: Database, *, claimer: str = "", claim_ttl_s: float | None = None) -> None:
+    def __init__(self, db: Database) -> None:
         self._db = db
-        self.claimer = claimer
-        self.claim_ttl_s = claim_ttl_s
 
     async def enqueue(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool:
         """True when a new job was queued, False when an equal one was already pending."""
@@ -80,8 +77,7 @@ class SqlJobStore:
     async def claim_due(self, limit: int) -> Claimed:
         """Move up to `limit` due jobs to running and return them, with when the next is due."""
         now = time.time()
-        query, until = (_DUE, None) if self.claim_ttl_s is None else (_DUE_OR_ABANDONED, now + self.claim_ttl_s)
-        params = {"now": now, "claimer": self.claimer or None, "until": until}
+        query, params = self._claiming(now)
 
         def claim(tx: Tx) -> Claimed:
             due = [Job(*row) for row in tx.execute(query, {"now": now, "limit": limit}).fetchall()]
@@ -90,11 +86,9 @@ class SqlJobStore:
 
         return await self._db.run_write(claim)
 
-    async def extend(self, jobs: Iterable[Job]) -> int:
-        """Keep this claimer's running `jobs` its own for another `claim_ttl_s`; how many still were."""
-        assert self.claim_ttl_s is not None, "only shared claims expire"
-        rows = [{"job_id": job.id, "claimer": self.claimer, "until": time.time() + self.claim_ttl_s} for job in jobs]
-        return await self._db.run_write(lambda tx: sum(tx.execute(_EXTEND, row).rowcount for row in rows))
+    def _claiming(self, now: float) -> tuple[Statement, dict[str, object]]:
+        """Which jobs a claim takes, and what it marks them with: due ones, nobody's, for good."""
+        return _DUE, {"now": now, "claimer": None, "until": None}
 
     async def complete(self, job: Job) -> None:
         await self._db.run_write(lambda tx: _set(tx, job.id, status=DONE, attempts=job.attempts + 1))
@@ -153,3 +147,22 @@ def _set(tx: Tx, job_id: str, *, status: str, attempts: int, last_error: str | N
     """A job's new state; its next run time is kept unless given."""
     tx.execute(_SET, {"job_id": job_id, "status": status, "attempts": attempts, "last_error": last_error,
                       "next_run_at": next_run_at, "now": time.time()})
+
+
+class SharedJobStore(SqlJobStore):
+    """The queue of a store several processes share, each running jobs as `claimer`: its claims
+    hold for `claim_ttl_s`, renewed by `extend`; one left to expire is a dead claimer's, and the
+    next claim takes it over."""
+
+    def __init__(self, db: Database, *, claimer: str, claim_ttl_s: float) -> None:
+        super().__init__(db)
+        self.claimer = claimer
+        self.claim_ttl_s = claim_ttl_s
+
+    def _claiming(self, now: float) -> tuple[Statement, dict[str, object]]:
+        return _DUE_OR_ABANDONED, {"now": now, "claimer": self.claimer, "until": now + self.claim_ttl_s}
+
+    async def extend(self, jobs: Iterable[Job]) -> int:
+        """Keep this claimer's running `jobs` its own for another `claim_ttl_s`; how many still were."""
+        rows = [{"job_id": job.id, "claimer": self.claimer, "until": time.time() + self.claim_ttl_s} for job in jobs]
+        return await self._db.run_write(lambda tx: sum(tx.execute(_EXTEND, row).rowcount for row in rows))

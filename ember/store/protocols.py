@@ -104,16 +104,11 @@ class DeliveryStore(Inbox, Outbox, Protocol):
 
 
 class JobQueue(Protocol):
-    """Durable background jobs (I6), for the background runner. `claim_ttl_s` is set when
-    several processes share the queue, each renewing its own claims."""
-
-    claim_ttl_s: float | None
+    """Durable background jobs (I6), for the background runner."""
 
     async def enqueue(self, kind: str, dedupe_key: str, *, session_key: str | None = None) -> bool: ...
 
     async def claim_due(self, limit: int) -> Claimed: ...
-
-    async def extend(self, jobs: Iterable[Job]) -> int: ...
 
     async def complete(self, job: Job) -> None: ...
 
@@ -124,6 +119,14 @@ class JobQueue(Protocol):
     async def requeue_interrupted(self) -> int: ...
 
     async def counts(self) -> dict[str, int]: ...
+
+
+class SharedJobQueue(JobQueue, Protocol):
+    """A queue several processes run jobs from, each renewing its claims before `claim_ttl_s` runs out."""
+
+    claim_ttl_s: float
+
+    async def extend(self, jobs: Iterable[Job]) -> int: ...
 
 
 class TraceLog(Protocol):
