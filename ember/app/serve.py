@@ -7,17 +7,18 @@ import ipaddress
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from ember.app.runtime import Runtime, configured_runtime, require_shared_bus, running
+from ember.app.settings_view import DEMO_MODEL, settings_view
 from ember.channels.chat.services import ChatServices
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
@@ -113,7 +114,7 @@ def bind(host: str, port: int) -> socket.socket:
 def model_label(settings: Settings, model: ModelClient) -> str:
     """The answering model as a person should read it; the demo model says it is scripted."""
     if not settings.model_configured:
-        return "the scripted demo model (canned answers, not AI)"
+        return DEMO_MODEL
     return model.name
 
 
@@ -192,7 +193,8 @@ async def a2a_channel(settings: Settings, runtime: Runtime, public_url: str) -> 
                       SqlA2ATaskEvents(runtime.db))
 
 
-def gateway_options(settings: Settings, model: ModelClient, model_problem: str) -> GatewayOptions:
+def gateway_options(settings: Settings, model: ModelClient, model_problem: str,
+                    view: Mapping[str, Any] | None = None) -> GatewayOptions:
     """What the gateway's routes are told of the settings, and of the model as it stood at start."""
     return GatewayOptions(
         agent_id=settings.agent_name.lower().replace(" ", "-"),
@@ -205,6 +207,7 @@ def gateway_options(settings: Settings, model: ModelClient, model_problem: str) 
         model_label=model_label(settings, model),
         model_problem=model_problem,
         sampling_limits=SamplingLimits(settings.gateway_max_tokens, settings.gateway_max_temperature),
+        settings_view=view or {},
     )
 
 
@@ -267,7 +270,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
                     if limiter is not None:
                         await limiter.aclose()
 
-        options = gateway_options(settings, model, listening.model_problem)
+        options = gateway_options(settings, model, listening.model_problem, settings_view(settings, runtime))
         app = create_app(router, gateway_services(runtime), keys, options, lifespan=lifespan,
                          channel_routes=channel_routes, limiter=limiter)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -103,6 +104,7 @@ class GatewayOptions:
     model_label: str = ""  # the model that answers, as the page shows it
     sampling_limits: SamplingLimits = DEFAULT_LIMITS  # the most an OpenAI-route request may ask for
     model_problem: str = ""  # why that model did not answer when the gateway started ("": it did)
+    settings_view: Mapping[str, Any] = field(default_factory=dict)  # /api/settings: read-only, never a secret
 
 
 class IdentityGate:
@@ -231,6 +233,10 @@ def _own_routes(services: GatewayServices, keys: ApiKeys, options: GatewayOption
                              "agent": options.agent_name, "model": options.model_label, "keys": not keys.open,
                              "model_problem": options.model_problem or None})
 
+    async def settings_view(request: Request) -> Response:
+        """The models, channels, tools and policy this gateway runs with, for the page's Settings view."""
+        return JSONResponse(dict(options.settings_view))
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -249,4 +255,5 @@ def _own_routes(services: GatewayServices, keys: ApiKeys, options: GatewayOption
         Route("/metrics", metrics_text, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/api/me", me, methods=["GET"]),
+        Route("/api/settings", settings_view, methods=["GET"]),
     ]

@@ -6,6 +6,7 @@ import { $, el, hashKey, relativeTime } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { MemoryPanel } from "./memory.js";
 import { SkillsPanel } from "./skills.js";
+import { startSettings } from "./settings.js";
 import { startUsage } from "./usage.js";
 
 const KEY_STORE = "ember.apiKey";
@@ -42,6 +43,7 @@ const memoryPanel = new MemoryPanel(api, signedOut);
 const skillsPanel = new SkillsPanel(api, signedOut);
 startActivity(async (path) => (await api(path)).json());
 startUsage(async (path) => (await api(path)).json());
+startSettings(async (path) => (await api(path)).json());
 
 // ---- signing in ----
 

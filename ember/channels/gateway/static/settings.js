@@ -1,0 +1,73 @@
+// The "Settings" panel: what this Ember runs with (GET /api/settings), read-only. The server
+// leaves every secret out; text reaches the page through textContent only.
+
+import { $, el } from "./dom.js";
+
+let getJson = null; // the page's API call, given by startSettings
+
+function list(pairs) {
+  const dl = el("dl");
+  for (const [term, value] of pairs) dl.append(el("dt", "", term), el("dd", "", value));
+  return dl;
+}
+
+function section(title, ...content) {
+  const node = el("section");
+  node.append(el("h3", "", title), ...content);
+  return node;
+}
+
+function render(view) {
+  const models = view.models.map((m) => section(`Model: ${m.name}`, list([
+    ["Roles", m.roles.join(", ")],
+    ["Model", m.model],
+    ["Provider", m.provider],
+    ["Endpoint", m.endpoint ?? "the provider's default"],
+    ...(m.context_window ? [["Context", `${m.context_window.toLocaleString()} tokens`]] : []),
+    ["Priced", m.priced ? "yes: costs show in Usage" : "no: tokens counted, no cost"],
+  ])));
+  const policy = view.tool_policy;
+  const overrides = Object.entries(policy.tools).map(([tool, choice]) => `${tool}: ${choice}`);
+  const rules = policy.rules.map((r) => `${r.tool} on ${r.subject}: ${r.decision}`);
+  $("settings-body").replaceChildren(
+    section("Agent", list([["Name", view.agent_name], ["Time zone", view.timezone],
+      ["Memory embeddings", view.embedding_model], ["Store", view.store], ["Bus", view.bus]])),
+    ...models,
+    section("Channels", list([["On", view.channels.join(", ")]])),
+    section("Tools", list([["Available", view.tools.join(", ") || "none"]])),
+    section("Tool policy", list([
+      ["Reading", policy.read], ["Writing", policy.write], ["Running commands", policy.execute],
+      ["Network", policy.network], ["Per tool", overrides.join("; ") || "none"],
+      ["Rules, in order", rules.join("; ") || "none"], ["Approval waits", `${policy.timeout_s} s`],
+    ])),
+  );
+}
+
+async function open() {
+  $("settings-panel").showModal();
+  $("settings-status").textContent = "Loading…";
+  try {
+    render(await getJson("/api/settings"));
+    $("settings-status").textContent = "";
+  } catch (err) {
+    $("settings-status").textContent = `Could not load the settings: ${err.message}`;
+  }
+}
+
+function followSignIn() {
+  const signedIn = !$("app-view").hidden;
+  $("open-settings").hidden = !signedIn;
+  if (!signedIn) {
+    if ($("settings-panel").open) $("settings-panel").close();
+    $("settings-body").replaceChildren();
+  }
+}
+
+/** Wire the panel to the page; `api(path)` resolves to the JSON of a GET, or throws. */
+export function startSettings(api) {
+  getJson = api;
+  $("open-settings").addEventListener("click", open);
+  $("settings-close").addEventListener("click", () => $("settings-panel").close());
+  new MutationObserver(followSignIn).observe($("app-view"), { attributes: true, attributeFilter: ["hidden"] });
+  followSignIn();
+}
