@@ -84,3 +84,6 @@ def test_the_settings_panel_reads_as_a_page_and_fits_a_phone(page: Page, gateway
     page.keyboard.press("Escape")
     expect(panel).to_be_hidden()
     expect(page.locator("#open-settings")).to_be_focused()
+    page.locator("#sign-out").click()
+    expect(page.locator("#open-settings")).to_be_hidden()
+    expect(panel.locator("section")).to_have_count(0)

@@ -156,3 +156,6 @@ def test_the_usage_panel_shows_todays_calls_and_the_session_by_its_title(
     page.keyboard.press("Escape")
     expect(panel).to_be_hidden()
     expect(page.locator("#open-usage")).to_be_focused()  # back where the person was
+    page.locator("#sign-out").click()
+    expect(page.locator("#open-usage")).to_be_hidden()
+    expect(panel.locator("tr")).to_have_count(0)  # nothing of alice's stays on the page

@@ -5,7 +5,7 @@
 // is signed in (#app-view shown).
 // Trace text (tool arguments, errors) reaches the DOM through textContent only.
 
-import { $, el, hashKey, relativeTime } from "./dom.js";
+import { $, el, hashKey, relativeTime, whileSignedIn } from "./dom.js";
 
 const LIMIT = 50;
 const STATUS_TEXT = { ok: "Done", failed: "Failed", stopped: "Stopped", cancelled: "Interrupted", running: "Running" };
@@ -189,12 +189,6 @@ function clear() {
   setStatus("");
 }
 
-function followSignIn() {
-  const signedIn = !$("app-view").hidden;
-  $("open-activity").hidden = !signedIn;
-  if (!signedIn) clear();
-}
-
 /** Wire the panel to the page; `api(path)` resolves to the JSON of a GET, or throws with `status`. */
 export function startActivity(api) {
   getJson = api;
@@ -212,6 +206,5 @@ export function startActivity(api) {
       if (!inside) $("activity-panel").close();
     }
   });
-  new MutationObserver(followSignIn).observe($("app-view"), { attributes: true, attributeFilter: ["hidden"] });
-  followSignIn();
+  whileSignedIn("open-activity", clear);
 }

@@ -34,3 +34,15 @@ export function hashKey() {
     return null;
   }
 }
+
+/** Show the header button `buttonId` while the page is signed in (#app-view shown); on signing
+ * out, `forget()` clears what the panel showed of the caller. */
+export function whileSignedIn(buttonId, forget) {
+  const follow = () => {
+    const signedIn = !$("app-view").hidden;
+    $(buttonId).hidden = !signedIn;
+    if (!signedIn) forget();
+  };
+  new MutationObserver(follow).observe($("app-view"), { attributes: true, attributeFilter: ["hidden"] });
+  follow();
+}

@@ -1,7 +1,7 @@
 // The "Settings" panel: what this Ember runs with (GET /api/settings), read-only. The server
 // leaves every secret out; text reaches the page through textContent only.
 
-import { $, el } from "./dom.js";
+import { $, el, whileSignedIn } from "./dom.js";
 
 let getJson = null; // the page's API call, given by startSettings
 
@@ -54,13 +54,10 @@ async function open() {
   }
 }
 
-function followSignIn() {
-  const signedIn = !$("app-view").hidden;
-  $("open-settings").hidden = !signedIn;
-  if (!signedIn) {
-    if ($("settings-panel").open) $("settings-panel").close();
-    $("settings-body").replaceChildren();
-  }
+/** Signed out: nothing the panel showed stays on the page. */
+function clear() {
+  if ($("settings-panel").open) $("settings-panel").close();
+  $("settings-body").replaceChildren();
 }
 
 /** Wire the panel to the page; `api(path)` resolves to the JSON of a GET, or throws. */
@@ -68,6 +65,5 @@ export function startSettings(api) {
   getJson = api;
   $("open-settings").addEventListener("click", open);
   $("settings-close").addEventListener("click", () => $("settings-panel").close());
-  new MutationObserver(followSignIn).observe($("app-view"), { attributes: true, attributeFilter: ["hidden"] });
-  followSignIn();
+  whileSignedIn("open-settings", clear);
 }

@@ -2,7 +2,7 @@
 // (GET /api/usage, in the browser's time zone). Costs are of the priced calls only; the
 // calls whose model has no price are counted apart, never guessed.
 
-import { $, el } from "./dom.js";
+import { $, el, whileSignedIn } from "./dom.js";
 
 let view = 0; // bumped by every load, so a slow answer never replaces a newer one
 let getJson = null; // the page's API call, given by startUsage
@@ -63,12 +63,6 @@ function clear() {
   setStatus("");
 }
 
-function followSignIn() {
-  const signedIn = !$("app-view").hidden;
-  $("open-usage").hidden = !signedIn;
-  if (!signedIn) clear();
-}
-
 /** Wire the panel to the page; `api(path)` resolves to the JSON of a GET, or throws. */
 export function startUsage(api) {
   getJson = api;
@@ -78,6 +72,5 @@ export function startUsage(api) {
   });
   $("usage-close").addEventListener("click", () => $("usage-panel").close());
   $("usage-days").addEventListener("change", refresh);
-  new MutationObserver(followSignIn).observe($("app-view"), { attributes: true, attributeFilter: ["hidden"] });
-  followSignIn();
+  whileSignedIn("open-usage", clear);
 }
