@@ -831,3 +831,24 @@ def test_an_answer_can_be_copied_its_question_edited_and_asked_again(
     expect(page.locator(".ask-again")).to_have_count(1)
     page.locator(".message-actions").first.get_by_role("button", name="Copy the answer").click()
     assert page.evaluate("navigator.clipboard.readText()") == "Tea: **green** or black."
+
+
+def test_a_desks_session_list_can_be_put_away_and_brought_back_by_keyboard(
+        page: Page, gateway: GatewayProcess) -> None:
+    page.set_viewport_size({"width": 1280, "height": 800})
+    sign_in(page, gateway, ALICE_KEY)
+    expect(page.locator("#sidebar")).to_be_visible()
+    expect(page.locator("#open-sessions")).to_be_hidden()
+    narrow = box(page, "main")["width"]
+    page.locator("#collapse-sessions").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#sidebar")).to_be_hidden()
+    expect(page.locator("#open-sessions")).to_be_focused()  # the way back is where the keyboard is
+    assert box(page, "main")["width"] > narrow + 100  # the chat takes the room
+    page.reload()  # remembered on this device
+    expect(page.locator("#app-view")).to_be_visible()
+    expect(page.locator("#sidebar")).to_be_hidden()
+    page.locator("#open-sessions").click()
+    expect(page.locator("#sidebar")).to_be_visible()
+    expect(page.locator("#scrim")).not_to_have_class("shown")  # beside the chat, not a drawer over it
+    expect(page.locator("#collapse-sessions")).to_be_focused()

@@ -634,6 +634,27 @@ function closeDrawers() {
   $("scrim").classList.remove("shown");
 }
 
+// On a desk, the session list put away: the header's Sessions button brings it back, not as a drawer.
+const COLLAPSED_KEY = "ember.sessionsCollapsed";
+const desk = window.matchMedia("(min-width: 701px)");
+
+function collapseSessions(collapsed) {
+  document.body.classList.toggle("sessions-collapsed", collapsed);
+  localStorage.setItem(COLLAPSED_KEY, collapsed ? "1" : "0");
+}
+
+collapseSessions(localStorage.getItem(COLLAPSED_KEY) === "1");
+$("collapse-sessions").addEventListener("click", () => {
+  collapseSessions(true);
+  $("open-sessions").focus();
+});
+$("open-sessions").addEventListener("click", (event) => {
+  if (!desk.matches || !document.body.classList.contains("sessions-collapsed")) return;
+  event.stopImmediatePropagation(); // not the drawer: the list comes back beside the chat
+  collapseSessions(false);
+  $("collapse-sessions").focus();
+});
+
 for (const [toggle, drawer] of Object.entries(DRAWERS)) {
   $(toggle).addEventListener("click", () => {
     const opening = !$(drawer).classList.contains("open");
