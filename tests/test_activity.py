@@ -247,19 +247,21 @@ def test_the_activity_panel_lists_the_turn_and_opens_its_tools(
     assert drawer["x"] >= 0 and drawer["x"] + drawer["width"] <= width + 0.5, drawer
     assert drawer["width"] >= (width - 1 if width < 500 else 400), drawer  # a phone's whole width
 
-    entry = panel.locator(f'.activity-item:has-text("{session}")')
+    [listed_turn] = listed(clients["alice"], session=session)
+    entry = panel.locator(f'.activity-item[data-turn="{listed_turn["turn_id"]}"]')
+    expect(entry.locator(".activity-session")).to_have_text("what files do I have?")  # the session by its title
     expect(entry).to_have_count(1)
     expect(entry).to_contain_text("Done")
     expect(entry).to_contain_text("1 tool")
     expect(entry).to_contain_text("just now")
-    entry_box = box(page, f'.activity-item:has-text("{session}")')
+    entry_box = box(page, f'.activity-item[data-turn="{listed_turn["turn_id"]}"]')
     assert entry_box["x"] >= drawer["x"] and entry_box["x"] + entry_box["width"] <= drawer["x"] + drawer["width"]
     page.screenshot(path=str(gateway.home.parent / f"activity-list-{width}.png"))  # for a person to look at
 
     entry.get_by_role("button").focus()  # by keyboard: the entry is a button
     page.keyboard.press("Enter")
     turn = panel.locator("#activity-turn")
-    expect(turn.get_by_role("heading", name=f"Turn in {session}")).to_be_visible()
+    expect(turn.get_by_role("heading", name="Turn in what files do I have?")).to_be_visible()
     expect(turn.get_by_role("heading", name="Model calls")).to_be_visible()
     expect(turn.locator(".activity-model-call")).to_have_count(2)
     tool = turn.locator(".activity-tool summary")
@@ -280,3 +282,24 @@ def test_the_activity_panel_lists_the_turn_and_opens_its_tools(
     page.locator("#sign-out").click()
     expect(page.locator("#open-activity")).to_be_hidden()
     expect(page.locator("#activity-list li")).to_have_count(0)  # nothing of alice's stays on the page
+
+
+@needs_chromium
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_each_outcome_has_a_colour_of_its_own_in_either_theme(page: Page, gateway: GatewayProcess,
+                                                             scheme: str) -> None:
+    page.emulate_media(color_scheme=scheme)
+    sign_in(page, gateway, SECRETS["alice"])
+    expect(page.locator("#app-view")).to_be_visible()
+    faces = page.evaluate("""statuses => statuses.map(status => {
+        const badge = document.createElement("span");
+        badge.className = `activity-status activity-status-${status}`;
+        document.body.append(badge);
+        const style = getComputedStyle(badge);
+        const face = [style.backgroundColor, style.color];
+        badge.remove();
+        return face;
+    })""", ["ok", "failed", "cancelled", "stopped"])
+    backgrounds = [background for background, _ in faces]
+    assert len(set(backgrounds)) == 4, dict(zip(["ok", "failed", "cancelled", "stopped"], faces))
+    assert all(background != text for background, text in faces)

@@ -14,6 +14,7 @@ let view = 0; // bumped by every load, so a slow answer never replaces a newer o
 let opener = null; // the list entry whose turn is shown, focused again on Back
 
 let getJson = null; // the page's API call, given by startActivity
+let sessionName = (key) => key; // a session's title where the page knows it, given by startActivity
 
 // ---- formatting ----
 
@@ -60,12 +61,13 @@ function listItem(turn) {
   const { summary } = turn;
   const when = relativeTime(turn.started_at);
   const head = el("span", "activity-line");
-  head.append(statusBadge(turn.status), el("span", "activity-session", turn.session), el("span", "activity-when", when));
+  const name = sessionName(turn.session);
+  head.append(statusBadge(turn.status), el("span", "activity-session", name), el("span", "activity-when", when));
   const meta = [duration(turn.duration_ms), tokens(summary), plural(summary.tool_calls, "tool"),
     ...(summary.tool_errors ? [`${summary.tool_errors} failed`] : [])].join(" · ");
   button.append(head, el("span", "activity-meta", meta));
   // Read out as one sentence: the spans above are laid apart by CSS only.
-  button.setAttribute("aria-label", [STATUS_TEXT[turn.status] ?? turn.status, turn.session, when, meta].join(", "));
+  button.setAttribute("aria-label", [STATUS_TEXT[turn.status] ?? turn.status, name, when, meta].join(", "));
   button.addEventListener("click", () => openTurn(turn.turn_id, button));
   item.append(button);
   return item;
@@ -83,7 +85,7 @@ async function openTurn(turnId, from) {
   try {
     const turn = await getJson(`/api/activity/${encodeURIComponent(turnId)}`);
     if (mine !== view) return;
-    $("activity-turn-title").textContent = `Turn in ${turn.session}`;
+    $("activity-turn-title").textContent = `Turn in ${sessionName(turn.session)}`;
     $("activity-turn-body").replaceChildren(...turnDetail(turn));
   } catch (err) {
     if (mine !== view) return;
@@ -189,9 +191,11 @@ function clear() {
   setStatus("");
 }
 
-/** Wire the panel to the page; `api(path)` resolves to the JSON of a GET, or throws with `status`. */
-export function startActivity(api) {
+/** Wire the panel to the page; `api(path)` resolves to the JSON of a GET, or throws with `status`;
+ * `nameOf(key)` is a session's title, or its key. */
+export function startActivity(api, nameOf) {
   getJson = api;
+  sessionName = nameOf;
   $("open-activity").addEventListener("click", openPanel);
   $("activity-close").addEventListener("click", () => $("activity-panel").close());
   $("activity-refresh").addEventListener("click", refreshList);

@@ -11,7 +11,7 @@ import { startUsage } from "./usage.js";
 
 const KEY_STORE = "ember.apiKey";
 
-const state = { key: null, open: false, session: null, view: 0, busy: false, abort: null };
+const state = { key: null, open: false, session: null, view: 0, busy: false, abort: null, titles: new Map() };
 const APPROVALS_POLL_MS = 3000;
 // Approval requests already on the page (in the turn that asked): not listed again as pending.
 const shownApprovals = new Set();
@@ -41,7 +41,7 @@ const sessionPath = (key, action = "messages") => `/api/sessions/${encodeURIComp
 const signedOut = () => showSignIn("Your key is no longer accepted. Sign in again.");
 const memoryPanel = new MemoryPanel(api, signedOut);
 const skillsPanel = new SkillsPanel(api, signedOut);
-startActivity(async (path) => (await api(path)).json());
+startActivity(async (path) => (await api(path)).json(), (key) => state.titles.get(key) ?? key);
 startUsage(async (path) => (await api(path)).json());
 startSettings(async (path) => (await api(path)).json());
 
@@ -187,6 +187,7 @@ function route() {
 
 async function refreshSessions() {
   const { sessions } = await (await api("/api/sessions")).json();
+  state.titles = new Map(sessions.filter((s) => s.title).map((s) => [s.key, s.title]));
   const current = sessions.find((s) => s.key === state.session);
   const items = sessions.map((s) => sessionItem(
     s.key, s.title, `${s.messages} message${s.messages === 1 ? "" : "s"} · ${relativeTime(s.updated_at)}`));
