@@ -852,3 +852,54 @@ def test_a_desks_session_list_can_be_put_away_and_brought_back_by_keyboard(
     expect(page.locator("#sidebar")).to_be_visible()
     expect(page.locator("#scrim")).not_to_have_class("shown")  # beside the chat, not a drawer over it
     expect(page.locator("#collapse-sessions")).to_be_focused()
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_tasks_panel_shows_each_runs_answer_and_removes_a_task_on_a_second_click(
+        page: Page, model: ModelServer, gateway: GatewayProcess, width: int) -> None:
+    page.set_viewport_size({"width": width, "height": 800})
+    headers = {"Authorization": f"Bearer {ALICE_KEY}"}
+    model.push(Reply(text="The build is **green**."))
+    once = httpx.post(gateway.url("/api/tasks"), headers=headers, json={"prompt": f"check the build {width}",
+                                                                         "at": "+1s"}).json()
+    daily = httpx.post(gateway.url("/api/tasks"), headers=headers, json={"prompt": f"water the plants {width}",
+                                                                          "cron": "0 8 * * *"}).json()
+
+    def answered() -> bool:
+        runs = httpx.get(gateway.url(f"/api/tasks/{once['id']}"), headers=headers).json()["recent_runs"]
+        return any(run["answer"] for run in runs)
+
+    deadline = time.monotonic() + 20
+    while not answered():
+        assert time.monotonic() < deadline, "the one-off task never ran"
+        time.sleep(0.1)
+
+    sign_in(page, gateway, ALICE_KEY)
+    page.locator("#open-tasks").click()
+    panel = page.locator("#tasks-panel")
+    entry = panel.locator(f'.task-item[data-task="{once["id"]}"]')
+    expect(entry).to_contain_text(f"check the build {width}")
+    expect(panel.locator(f'.task-item[data-task="{daily["id"]}"]')).to_contain_text("08:00")
+    entry.get_by_role("button").focus()  # by keyboard: the entry is a button
+    page.keyboard.press("Enter")
+    expect(page.locator("#task-title")).to_have_text(f"check the build {width}")
+    expect(panel.locator(".task-answer strong")).to_have_text("green")  # the answer, its Markdown rendered
+    found = box(page, ".task-answer")
+    assert found["x"] >= 0 and found["x"] + found["width"] <= width
+    page.screenshot(path=str(gateway.home.parent / f"tasks-{width}.png"))  # for a person to look at
+    panel.get_by_role("button", name="Back to the list").click()
+    expect(entry.get_by_role("button")).to_be_focused()
+
+    panel.locator(f'.task-item[data-task="{daily["id"]}"] button').click()
+    remove = panel.locator(".task-remove")
+    expect(remove).to_have_text("Remove this task")
+    remove.click()  # the first click only asks
+    expect(remove).to_have_text("Click again to remove it")
+    assert httpx.get(gateway.url(f"/api/tasks/{daily['id']}"), headers=headers).json()["state"] == "active"
+    remove.click()
+    expect(panel.locator(f'.task-item[data-task="{daily["id"]}"]')).to_have_count(0)
+    assert daily["id"] not in [t["id"] for t in httpx.get(gateway.url("/api/tasks"), headers=headers).json()]
+    page.keyboard.press("Escape")
+    page.locator("#sign-out").click()
+    expect(page.locator("#open-tasks")).to_be_hidden()
+    expect(panel.locator(".task-item")).to_have_count(0)  # nothing of alice's stays on the page

@@ -7,6 +7,7 @@ import { renderMarkdown } from "./markdown.js";
 import { MemoryPanel } from "./memory.js";
 import { SkillsPanel } from "./skills.js";
 import { startSettings } from "./settings.js";
+import { startTasks } from "./tasks.js";
 import { startUsage } from "./usage.js";
 
 const KEY_STORE = "ember.apiKey";
@@ -44,6 +45,7 @@ const skillsPanel = new SkillsPanel(api, signedOut);
 startActivity(async (path) => (await api(path)).json(), (key) => state.titles.get(key) ?? key);
 startUsage(async (path) => (await api(path)).json());
 startSettings(async (path) => (await api(path)).json());
+startTasks(api);
 
 // ---- signing in ----
 
