@@ -643,10 +643,11 @@ const desk = window.matchMedia("(min-width: 701px)");
 
 function collapseSessions(collapsed) {
   document.body.classList.toggle("sessions-collapsed", collapsed);
-  localStorage.setItem(COLLAPSED_KEY, collapsed ? "1" : "0");
+  if (collapsed) localStorage.setItem(COLLAPSED_KEY, "1");
+  else localStorage.removeItem(COLLAPSED_KEY); // nothing is stored but what the person chose
 }
 
-collapseSessions(localStorage.getItem(COLLAPSED_KEY) === "1");
+document.body.classList.toggle("sessions-collapsed", localStorage.getItem(COLLAPSED_KEY) === "1");
 $("collapse-sessions").addEventListener("click", () => {
   collapseSessions(true);
   $("open-sessions").focus();
