@@ -5,7 +5,7 @@
 // is signed in (#app-view shown).
 // Trace text (tool arguments, errors) reaches the DOM through textContent only.
 
-import { $, el, hashKey, relativeTime, whileSignedIn } from "./dom.js";
+import { $, el, hashKey, headerPanel, relativeTime } from "./dom.js";
 
 const LIMIT = 50;
 const STATUS_TEXT = { ok: "Done", failed: "Failed", stopped: "Stopped", cancelled: "Interrupted", running: "Running" };
@@ -175,17 +175,15 @@ function setStatus(text, isError = false) {
   $("activity-status").classList.toggle("error", isError);
 }
 
-function openPanel() {
+function opened() {
   showTurnView(false);
   $("activity-this-session").disabled = !hashKey();
-  $("activity-panel").showModal();
   refreshList();
 }
 
 /** Signed out: nothing of the caller's activity stays on the page. */
 function clear() {
   view++;
-  if ($("activity-panel").open) $("activity-panel").close();
   $("activity-list").replaceChildren();
   $("activity-turn-body").replaceChildren();
   setStatus("");
@@ -196,8 +194,6 @@ function clear() {
 export function startActivity(api, nameOf) {
   getJson = api;
   sessionName = nameOf;
-  $("open-activity").addEventListener("click", openPanel);
-  $("activity-close").addEventListener("click", () => $("activity-panel").close());
   $("activity-refresh").addEventListener("click", refreshList);
   $("activity-this-session").addEventListener("change", refreshList);
   $("activity-back").addEventListener("click", back);
@@ -210,5 +206,5 @@ export function startActivity(api, nameOf) {
       if (!inside) $("activity-panel").close();
     }
   });
-  whileSignedIn("open-activity", clear);
+  headerPanel("activity", { onOpen: opened, onSignOut: clear });
 }

@@ -35,13 +35,22 @@ export function hashKey() {
   }
 }
 
-/** Show the header button `buttonId` while the page is signed in (#app-view shown); on signing
- * out, `forget()` clears what the panel showed of the caller. */
-export function whileSignedIn(buttonId, forget) {
+/** A panel the header opens: `open-NAME` shows the dialog `NAME-panel` and calls `onOpen()`, `NAME-close`
+ * closes it; the button shows while the page is signed in (#app-view shown), and on signing out the
+ * panel closes and `onSignOut()` clears what it showed of the caller. */
+export function headerPanel(name, { onOpen, onSignOut }) {
+  const panel = $(`${name}-panel`);
+  $(`open-${name}`).addEventListener("click", () => {
+    panel.showModal();
+    onOpen();
+  });
+  $(`${name}-close`).addEventListener("click", () => panel.close());
   const follow = () => {
     const signedIn = !$("app-view").hidden;
-    $(buttonId).hidden = !signedIn;
-    if (!signedIn) forget();
+    $(`open-${name}`).hidden = !signedIn;
+    if (signedIn) return;
+    if (panel.open) panel.close();
+    onSignOut();
   };
   new MutationObserver(follow).observe($("app-view"), { attributes: true, attributeFilter: ["hidden"] });
   follow();

@@ -1,7 +1,7 @@
 // The "Settings" panel: what this Ember runs with (GET /api/settings), read-only. The server
 // leaves every secret out; text reaches the page through textContent only.
 
-import { $, el, whileSignedIn } from "./dom.js";
+import { $, el, headerPanel } from "./dom.js";
 
 let getJson = null; // the page's API call, given by startSettings
 
@@ -43,8 +43,7 @@ function render(view) {
   );
 }
 
-async function open() {
-  $("settings-panel").showModal();
+async function load() {
   $("settings-status").textContent = "Loading…";
   try {
     render(await getJson("/api/settings"));
@@ -54,16 +53,8 @@ async function open() {
   }
 }
 
-/** Signed out: nothing the panel showed stays on the page. */
-function clear() {
-  if ($("settings-panel").open) $("settings-panel").close();
-  $("settings-body").replaceChildren();
-}
-
 /** Wire the panel to the page; `api(path)` resolves to the JSON of a GET, or throws. */
 export function startSettings(api) {
   getJson = api;
-  $("open-settings").addEventListener("click", open);
-  $("settings-close").addEventListener("click", () => $("settings-panel").close());
-  whileSignedIn("open-settings", clear);
+  headerPanel("settings", { onOpen: load, onSignOut: () => $("settings-body").replaceChildren() });
 }

@@ -4,7 +4,7 @@
 // person's and the model's text: through textContent, and the answers through the page's
 // Markdown renderer, which escapes before it adds any tag.
 
-import { $, el, relativeTime, whileSignedIn } from "./dom.js";
+import { $, el, headerPanel, relativeTime } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 
 let call = null; // the page's API call, given by startTasks
@@ -122,7 +122,6 @@ function back() {
 
 function clear() {
   view++;
-  if ($("tasks-panel").open) $("tasks-panel").close();
   $("tasks-list").replaceChildren();
   $("task-body").replaceChildren();
   setStatus("");
@@ -131,12 +130,7 @@ function clear() {
 /** Wire the panel to the page; `api(path, options)` sends a request with the caller's key. */
 export function startTasks(api) {
   call = api;
-  $("open-tasks").addEventListener("click", () => {
-    $("tasks-panel").showModal();
-    refreshList();
-  });
-  $("tasks-close").addEventListener("click", () => $("tasks-panel").close());
   $("tasks-refresh").addEventListener("click", refreshList);
   $("tasks-back").addEventListener("click", back);
-  whileSignedIn("open-tasks", clear);
+  headerPanel("tasks", { onOpen: refreshList, onSignOut: clear });
 }

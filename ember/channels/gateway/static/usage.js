@@ -2,7 +2,7 @@
 // (GET /api/usage, in the browser's time zone). Costs are of the priced calls only; the
 // calls whose model has no price are counted apart, never guessed.
 
-import { $, el, whileSignedIn } from "./dom.js";
+import { $, el, headerPanel } from "./dom.js";
 
 let view = 0; // bumped by every load, so a slow answer never replaces a newer one
 let getJson = null; // the page's API call, given by startUsage
@@ -57,7 +57,6 @@ function setStatus(text, isError = false) {
 /** Signed out: nothing of the caller's usage stays on the page. */
 function clear() {
   view++;
-  if ($("usage-panel").open) $("usage-panel").close();
   for (const id of ["usage-by-day", "usage-by-session"]) $(id).replaceChildren();
   $("usage-total").textContent = "";
   setStatus("");
@@ -66,11 +65,6 @@ function clear() {
 /** Wire the panel to the page; `api(path)` resolves to the JSON of a GET, or throws. */
 export function startUsage(api) {
   getJson = api;
-  $("open-usage").addEventListener("click", () => {
-    $("usage-panel").showModal();
-    refresh();
-  });
-  $("usage-close").addEventListener("click", () => $("usage-panel").close());
   $("usage-days").addEventListener("change", refresh);
-  whileSignedIn("open-usage", clear);
+  headerPanel("usage", { onOpen: refresh, onSignOut: clear });
 }
