@@ -155,10 +155,10 @@ class StoreCounter:
         db.write = self._block(self._originals["write"], WRITE)  # type: ignore[method-assign]
         db.read = self._block(self._originals["read"], READ)  # type: ignore[method-assign]
         event.listen(Engine, "before_cursor_execute", self._executed)
-        if not self._sqlite:  # PostgreSQL's units run on asyncpg, out of the engine's sight
-            self._direct = {name: getattr(PgDirectTx, name) for name in ("execute", "executemany")}
-            for name, method in self._direct.items():
-                setattr(PgDirectTx, name, self._sent(method))
+        # PostgreSQL's units run on asyncpg, out of the engine's sight: counted as they send.
+        self._direct = {} if self._sqlite else {name: getattr(PgDirectTx, name) for name in ("execute", "executemany")}
+        for name, method in self._direct.items():
+            setattr(PgDirectTx, name, self._sent(method))
 
     def snapshot(self) -> StoreCounts:
         with self._lock:
@@ -166,7 +166,7 @@ class StoreCounter:
 
     def close(self) -> None:
         event.remove(Engine, "before_cursor_execute", self._executed)
-        for name, method in getattr(self, "_direct", {}).items():
+        for name, method in self._direct.items():
             setattr(PgDirectTx, name, method)
         for name in self._originals:
             delattr(self._db, name)  # the class's own methods again

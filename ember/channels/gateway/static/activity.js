@@ -5,7 +5,7 @@
 // is signed in (#app-view shown).
 // Trace text (tool arguments, errors) reaches the DOM through textContent only.
 
-import { $, el, hashKey, headerPanel, relativeTime } from "./dom.js";
+import { $, el, hashKey, headerPanel, listEntry, relativeTime } from "./dom.js";
 
 const LIMIT = 50;
 const STATUS_TEXT = { ok: "Done", failed: "Failed", stopped: "Stopped", cancelled: "Interrupted", running: "Running" };
@@ -54,22 +54,14 @@ async function refreshList() {
 }
 
 function listItem(turn) {
-  const item = el("li", "activity-item");
-  item.dataset.turn = turn.turn_id;
-  const button = el("button", "activity-open");
-  button.type = "button";
   const { summary } = turn;
-  const when = relativeTime(turn.started_at);
-  const head = el("span", "activity-line");
-  const name = sessionName(turn.session);
-  head.append(statusBadge(turn.status), el("span", "activity-session", name), el("span", "activity-when", when));
   const meta = [duration(turn.duration_ms), tokens(summary), plural(summary.tool_calls, "tool"),
     ...(summary.tool_errors ? [`${summary.tool_errors} failed`] : [])].join(" · ");
-  button.append(head, el("span", "activity-meta", meta));
-  // Read out as one sentence: the spans above are laid apart by CSS only.
-  button.setAttribute("aria-label", [STATUS_TEXT[turn.status] ?? turn.status, name, when, meta].join(", "));
-  button.addEventListener("click", () => openTurn(turn.turn_id, button));
-  item.append(button);
+  const item = listEntry({
+    className: "activity-item", badge: statusBadge(turn.status), title: sessionName(turn.session),
+    aside: [relativeTime(turn.started_at)], meta, onClick: (button) => openTurn(turn.turn_id, button),
+  });
+  item.dataset.turn = turn.turn_id;
   return item;
 }
 

@@ -55,3 +55,18 @@ export function headerPanel(name, { onOpen, onSignOut }) {
   new MutationObserver(follow).observe($("app-view"), { attributes: true, attributeFilter: ["hidden"] });
   follow();
 }
+
+/** A panel's list entry: a button with a badge, a title, words `aside` it and a line of details,
+ * read out as one sentence (the spans are laid apart by CSS only); `onClick(button)` opens it. */
+export function listEntry({ className, badge, title, aside = [], meta, onClick }) {
+  const item = el("li", className);
+  const button = el("button", "activity-open");
+  button.type = "button";
+  const head = el("span", "activity-line");
+  head.append(badge, el("span", "activity-session", title), ...aside.map((words) => el("span", "activity-when", words)));
+  button.append(head, el("span", "activity-meta", meta));
+  button.setAttribute("aria-label", [badge.textContent, title, ...aside, meta].join(", "));
+  button.addEventListener("click", () => onClick(button));
+  item.append(button);
+  return item;
+}

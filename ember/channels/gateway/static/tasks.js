@@ -4,7 +4,7 @@
 // person's and the model's text: through textContent, and the answers through the page's
 // Markdown renderer, which escapes before it adds any tag.
 
-import { $, el, headerPanel, relativeTime } from "./dom.js";
+import { $, el, headerPanel, listEntry, relativeTime } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 
 let call = null; // the page's API call, given by startTasks
@@ -33,19 +33,14 @@ async function refreshList() {
 }
 
 function listItem(task) {
-  const item = el("li", "task-item");
-  item.dataset.task = task.id;
-  const button = el("button", "activity-open");
-  button.type = "button";
   const next = task.next_run ? `next ${task.next_run}` : "no next run";
-  const meta = [task.schedule, next, `${task.runs} run${task.runs === 1 ? "" : "s"}`].join(" · ");
-  const head = el("span", "activity-line");
-  head.append(el("span", `activity-status task-state-${task.state}`, STATE_TEXT[task.state] ?? task.state),
-    el("span", "activity-session", task.prompt));
-  button.append(head, el("span", "activity-meta", meta));
-  button.setAttribute("aria-label", [STATE_TEXT[task.state] ?? task.state, task.prompt, meta].join(", "));
-  button.addEventListener("click", () => openTask(task.id, button));
-  item.append(button);
+  const item = listEntry({
+    className: "task-item",
+    badge: el("span", `activity-status task-state-${task.state}`, STATE_TEXT[task.state] ?? task.state),
+    title: task.prompt, meta: [task.schedule, next, `${task.runs} run${task.runs === 1 ? "" : "s"}`].join(" · "),
+    onClick: (button) => openTask(task.id, button),
+  });
+  item.dataset.task = task.id;
   return item;
 }
 
