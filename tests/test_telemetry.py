@@ -36,6 +36,8 @@ async def test_a_turn_and_its_background_job_reach_the_collector_as_linked_spans
         async with start(FunctionModel(answer, name="traced"), config=config) as h:
             final = await h.turn(f"list my folder, my key is {SECRET}")
             await h.runtime.runner.wait_idle()
+            await h.runtime.traces.flush()
+            journal = await h.runtime.traces.get(final.turn_id)
         # Leaving the runtime shut the exporter down: every span was sent.
 
     assert final.text == "Your folder is empty."
@@ -59,6 +61,10 @@ async def test_a_turn_and_its_background_job_reach_the_collector_as_linked_spans
     assert tool.parent_span_id == inference.span_id
     assert tool.attributes["gen_ai.tool.call.id"] == "call-1" and tool.attributes["gen_ai.operation.name"] == (
         "execute_tool")
+    # The trace row's journal was told the same events as the spans.
+    assert journal is not None
+    assert [call["call_id"] for call in journal.detail["tool_calls"]] == ["call-1"]
+    assert [call["input_tokens"] for call in journal.detail["model_calls"]] == [100, 150]
 
     [job] = collector.named("background_job consolidate")
     assert job.trace_id != turn.trace_id and job.links == [(turn.trace_id, turn.span_id)]

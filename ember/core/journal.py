@@ -1,5 +1,6 @@
-"""What a turn did, told as it happens: the TurnObserver seam, and the journal that
-keeps it all for the turn's trace row (OpenTelemetry is the other observer: runtime/telemetry.py)."""
+"""What a turn did, told as it happens: typed events through the TurnObserver seam, and the
+journal that keeps them all for the turn's trace row (OpenTelemetry is the other observer:
+runtime/telemetry.py). Both read the same events, so neither can be told less than the other."""
 
 from __future__ import annotations
 
@@ -8,14 +9,41 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 from ember.core.redact import redact
 
 
 @dataclass(frozen=True, slots=True)
+class ModelCalled:
+    """A model call answered. `passed_over`: the models a router tried or skipped before `model`, each with why."""
+
+    model: str
+    started: float  # time.perf_counter() when it was made
+    input_tokens: int
+    output_tokens: int
+    tool_calls: int
+    passed_over: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCalled:
+    """A tool call returned (an error included: its result then starts with "Error:")."""
+
+    call_id: str
+    name: str
+    arguments: str
+    started: float  # time.perf_counter() when it was made
+    result: str
+
+    @property
+    def failed(self) -> bool:
+        return self.result.startswith("Error:")
+
+
+@dataclass(frozen=True, slots=True)
 class ApprovalEvent:
-    """A tool call's approval decision, as the observers are told it."""
+    """A tool call's approval decision."""
 
     call_id: str
     tool: str
@@ -27,21 +55,23 @@ class ApprovalEvent:
     explanation: str | None = None  # the model's explanation the person was shown, if any
 
 
+@dataclass(frozen=True, slots=True)
+class ToolProgress:
+    """A running tool's progress (another agent's answer as it streams in)."""
+
+    tool: str
+    note: str
+
+
+TurnEvent = ModelCalled | ToolCalled | ApprovalEvent | ToolProgress
+
+
 class TurnObserver(Protocol):
     def stage(self, name: str) -> AbstractContextManager[None]:
         """Around one stage of the turn (context, inference, response): timed, and a span."""
         ...
 
-    def model_call(self, model: str, started: float, *, input_tokens: int, output_tokens: int,
-                   tool_calls: int, passed_over: Sequence[str] = ()) -> None: ...
-
-    def tool_call(self, call_id: str, name: str, arguments: str, started: float, result: str) -> None: ...
-
-    def approval(self, event: ApprovalEvent) -> None: ...
-
-    def tool_progress(self, tool: str, note: str) -> None:
-        """A running tool's progress (another agent's answer as it streams in)."""
-        ...
+    def event(self, event: TurnEvent) -> None: ...
 
 
 class Spans(Protocol):
@@ -68,23 +98,9 @@ class Observers:
                 stack.enter_context(observer.stage(name))
             yield
 
-    def model_call(self, model: str, started: float, *, input_tokens: int, output_tokens: int,
-                   tool_calls: int, passed_over: Sequence[str] = ()) -> None:
+    def event(self, event: TurnEvent) -> None:
         for observer in self.observers:
-            observer.model_call(model, started, input_tokens=input_tokens, output_tokens=output_tokens,
-                                tool_calls=tool_calls, passed_over=passed_over)
-
-    def tool_call(self, call_id: str, name: str, arguments: str, started: float, result: str) -> None:
-        for observer in self.observers:
-            observer.tool_call(call_id, name, arguments, started, result)
-
-    def approval(self, event: ApprovalEvent) -> None:
-        for observer in self.observers:
-            observer.approval(event)
-
-    def tool_progress(self, tool: str, note: str) -> None:
-        for observer in self.observers:
-            observer.tool_progress(tool, note)
+            observer.event(event)
 
 
 def _arguments(raw: str) -> Any:
@@ -116,30 +132,33 @@ class TurnJournal:
         finally:
             self.stages.append({"stage": name, "duration_ms": _ms_since(started)})
 
-    def model_call(self, model: str, started: float, *, input_tokens: int, output_tokens: int,
-                   tool_calls: int, passed_over: Sequence[str] = ()) -> None:
-        """`passed_over`: the models a router tried or skipped before `model` answered, each with why."""
-        call: dict[str, Any] = {"model": model, "duration_ms": _ms_since(started), "input_tokens": input_tokens,
-                                "output_tokens": output_tokens, "tool_calls": tool_calls}
-        if passed_over:
-            call["passed_over"] = [redact(reason) for reason in passed_over]
-        self.model_calls.append(call)
-
-    def tool_call(self, call_id: str, name: str, arguments: str, started: float, result: str) -> None:
-        self.tool_calls.append({"call_id": call_id, "name": name, "arguments": _arguments(arguments),
-                                "duration_ms": _ms_since(started), "result_chars": len(result),
-                                "error": result.startswith("Error:")})
-
-    def approval(self, event: ApprovalEvent) -> None:
-        entry = {"call_id": event.call_id, "tool": event.tool, "subject": redact(event.subject),
-                 "decision": event.decision, "decided_by": event.decided_by, "decided_at": event.decided_at,
-                 "reason": event.reason}
-        if event.explanation:
-            entry["explanation"] = redact(event.explanation)
-        self.approvals.append(entry)
-
-    def tool_progress(self, tool: str, note: str) -> None:
-        self.progress.append({"tool": tool, "at_ms": _ms_since(self._started), "note": redact(note)})
+    def event(self, event: TurnEvent) -> None:
+        match event:
+            case ModelCalled():
+                call: dict[str, Any] = {
+                    "model": event.model, "duration_ms": _ms_since(event.started),
+                    "input_tokens": event.input_tokens, "output_tokens": event.output_tokens,
+                    "tool_calls": event.tool_calls}
+                if event.passed_over:
+                    call["passed_over"] = [redact(reason) for reason in event.passed_over]
+                self.model_calls.append(call)
+            case ToolCalled():
+                self.tool_calls.append({
+                    "call_id": event.call_id, "name": event.name, "arguments": _arguments(event.arguments),
+                    "duration_ms": _ms_since(event.started), "result_chars": len(event.result),
+                    "error": event.failed})
+            case ApprovalEvent():
+                entry = {"call_id": event.call_id, "tool": event.tool, "subject": redact(event.subject),
+                         "decision": event.decision, "decided_by": event.decided_by,
+                         "decided_at": event.decided_at, "reason": event.reason}
+                if event.explanation:
+                    entry["explanation"] = redact(event.explanation)
+                self.approvals.append(entry)
+            case ToolProgress():
+                self.progress.append({"tool": event.tool, "at_ms": _ms_since(self._started),
+                                      "note": redact(event.note)})
+            case _:
+                assert_never(event)
 
     def as_dict(self) -> dict[str, Any]:
         return {"stages": self.stages, "model_calls": self.model_calls, "tool_calls": self.tool_calls,

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ember.core.errors import ModelError
+from ember.core.journal import ModelCalled, ToolCalled
 from ember.core.messages import Message, ToolCall
 from ember.core.thinking import ThinkFilter
 from ember.core.tools import ToolRun
@@ -83,9 +84,8 @@ class InferenceStage:
         for _ in range(self._limits.max_iterations):
             started = time.perf_counter()
             reply = await self._model_step(ctx, messages)
-            tools.observer.model_call(reply.model or self._model.name, started, input_tokens=reply.input_tokens,
-                                     output_tokens=reply.output_tokens, tool_calls=len(reply.tool_calls),
-                                     passed_over=reply.passed_over)
+            tools.observer.event(ModelCalled(reply.model or self._model.name, started, reply.input_tokens,
+                                             reply.output_tokens, len(reply.tool_calls), reply.passed_over))
             usage.add(reply)
             if not reply.tool_calls:
                 text = f"{reply.text}\n\n{TRUNCATED_NOTE}" if reply.truncated else reply.text
@@ -120,7 +120,7 @@ class InferenceStage:
     async def _call(self, call: ToolCall, tools: ToolRun) -> str:
         started = time.perf_counter()
         output = await self._tools.call(call, tools)
-        tools.observer.tool_call(call.id, call.name, call.arguments, started, output)
+        tools.observer.event(ToolCalled(call.id, call.name, call.arguments, started, output))
         return output
 
     def _result(self, text: str, tool_names: list[str], usage: _Usage) -> InferenceResult:

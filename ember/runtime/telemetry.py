@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from ember.core.journal import ApprovalEvent
+from ember.core.journal import ApprovalEvent, ToolCalled, ToolProgress, TurnEvent
 from ember.core.redact import redact
 
 if TYPE_CHECKING:
@@ -86,31 +86,29 @@ class SpanObserver:
         with self._tracer.start_as_current_span(f"stage {name}", attributes={"ember.stage": name}):
             yield
 
-    def model_call(self, model: str, started: float, *, input_tokens: int, output_tokens: int,
-                   tool_calls: int, passed_over: Sequence[str] = ()) -> None:
-        """The model's own span is MeteredModel's: it sees every call, a background job's too."""
+    def event(self, event: TurnEvent) -> None:
+        # A model call's own span is MeteredModel's: it sees every call, a background job's too.
+        # No text reaches a span: not what a tool, an agent or an approval's subject said.
+        match event:
+            case ToolCalled():
+                self._tool_span(event)
+            case ApprovalEvent():
+                trace.get_current_span().add_event("approval", {
+                    "gen_ai.tool.call.id": event.call_id, "gen_ai.tool.name": event.tool,
+                    "ember.approval.decision": event.decision, "ember.approval.decided_by": event.decided_by,
+                    "ember.approval.explained": event.explanation is not None})
+            case ToolProgress():
+                trace.get_current_span().add_event("tool_progress", {"gen_ai.tool.name": event.tool})
 
-    def tool_call(self, call_id: str, name: str, arguments: str, started: float, result: str) -> None:
-        span = self._tracer.start_span(f"execute_tool {name}", kind=SpanKind.INTERNAL, start_time=_ns_since(started),
-                                       attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
-                                                   "gen_ai.tool.call.id": call_id,
-                                                   "ember.tool.result_chars": len(result)})
-        if result.startswith("Error:"):
+    def _tool_span(self, call: ToolCalled) -> None:
+        span = self._tracer.start_span(
+            f"execute_tool {call.name}", kind=SpanKind.INTERNAL, start_time=_ns_since(call.started),
+            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
+                        "gen_ai.tool.call.id": call.call_id, "ember.tool.result_chars": len(call.result)})
+        if call.failed:
             span.set_status(Status(StatusCode.ERROR))
             span.set_attribute("error.type", "tool_error")
         span.end()
-
-    def approval(self, event: ApprovalEvent) -> None:
-        trace.get_current_span().add_event("approval", {"gen_ai.tool.call.id": event.call_id,
-                                                        "gen_ai.tool.name": event.tool,
-                                                        "ember.approval.decision": event.decision,
-                                                        "ember.approval.decided_by": event.decided_by,
-                                                        "ember.approval.explained": event.explanation is not None})
-
-
-    def tool_progress(self, tool: str, note: str) -> None:
-        # No text: a span never carries what an agent or a tool said.
-        trace.get_current_span().add_event("tool_progress", {"gen_ai.tool.name": tool})
 
 
 def _attributes(attributes: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from ember.core.journal import ToolProgress
 from ember.core.tools import Risk, ToolRun
 from ember.tools.base import Tool, ToolFailure, TurnTool
 
@@ -69,11 +70,11 @@ class _Reply:
         if kind == "artifact_update":
             piece = "".join(part.text for part in event.artifact_update.artifact.parts)
             self.chunks = [*self.chunks, piece] if event.artifact_update.append else [piece]
-            run.observer.tool_progress("call_agent", f"{name}: {sum(map(len, self.chunks))} characters")
+            run.observer.event(ToolProgress("call_agent", f"{name}: {sum(map(len, self.chunks))} characters"))
         elif kind == "status_update":
             self.state = event.status_update.status.state
             self.said = "".join(part.text for part in event.status_update.status.message.parts) or self.said
-            run.observer.tool_progress("call_agent", f"{name}: {TaskState.Name(self.state)}")
+            run.observer.event(ToolProgress("call_agent", f"{name}: {TaskState.Name(self.state)}"))
         elif kind == "task":
             self.state = event.task.status.state
             if event.task.artifacts:

@@ -168,7 +168,7 @@ class ApprovalGate:
         except ToolFailure as exc:  # invalid calls are the model's to fix; nobody is asked about them
             return f"Error: {exc}"
         verdict = await self._verdict(action, run)
-        run.observer.approval(ApprovalEvent(
+        run.observer.event(ApprovalEvent(
             call.id, action.tool, action.subject, verdict.decision.value, verdict.decided_by, verdict.decided_at,
             verdict.reason, explanation=verdict.explanation.line() if verdict.explanation else None))
         if not verdict.allowed:
