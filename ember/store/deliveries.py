@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
@@ -42,6 +43,20 @@ _GIVE_UP = Statement(update(_o).where(_o.c.delivery_id == bindparam("delivery"),
                      .values(failure=bindparam("failure"), attempts=_o.c.attempts + 1))
 _ACCEPT_EARLY = upsert(lambda ins: ins(_a).on_conflict_do_nothing(
     index_elements=["channel", "chat_id", "message_id"]))
+_UNANSWERED = Statement(select(_i).where(_i.c.answered_at.is_(None)).order_by(_i.c.received_at))
+# The error each turn of a session ended with, for the turns that never committed a final answer.
+_FAILURES = Statement(select(_o).where(
+    _o.c.session_key == bindparam("key"), _o.c.kind == _ERROR,
+    _o.c.turn_id.not_in(select(_o.c.turn_id).where(_o.c.session_key == bindparam("key"), _o.c.kind == _FINAL)),
+).order_by(_o.c.created_at))
+# One channel's each: a process reads those of the channels it serves.
+_UNDELIVERED = Statement(select(_o).where(_o.c.channel == bindparam("channel"), _o.c.delivered_at.is_(None),
+                                          _o.c.failure.is_(None), _o.c.created_at <= bindparam("before")))
+_CREATED_AT = list(_o.c.keys()).index("created_at")
+_UNSTARTED = Statement(select(_a).where(_a.c.channel == bindparam("channel"), ~select(_i.c.message_id).where(
+    _i.c.channel == _a.c.channel, _i.c.chat_id == _a.c.chat_id, _i.c.message_id == _a.c.message_id).exists(),
+))
+_ACCEPTED_AT = list(_a.c.keys()).index("accepted_at")
 _MARK = Statement(update(_o).where(_o.c.delivery_id == bindparam("delivery"), _o.c.delivered_at.is_(None))
                   .values(delivered_at=bindparam("now"), attempts=_o.c.attempts + 1))
 
@@ -114,9 +129,7 @@ class SqlDeliveryStore:
 
     async def unanswered(self) -> list[Receipt]:
         """Accepted messages whose turn never committed an answer, oldest first."""
-        async with self._db.read() as conn:
-            rows = (await conn.execute(select(_i).where(_i.c.answered_at.is_(None)).order_by(_i.c.received_at))).all()
-        return [_receipt(row) for row in rows]
+        return [_receipt(row) for row in await self._db.run_read(lambda tx: tx.execute(_UNANSWERED).fetchall())]
 
     async def answer_of(self, turn_id: str) -> Delivery | None:
         def find(tx: Tx) -> Delivery | None:
@@ -128,18 +141,15 @@ class SqlDeliveryStore:
     async def failures(self, session_key: str) -> list[Delivery]:
         """The error each turn of the session ended with, for the turns that never committed an
         answer (a failure, a stop): the latest per turn, oldest turn first."""
-        answered = select(_o.c.turn_id).where(_o.c.session_key == session_key, _o.c.kind == _FINAL)
-        query = (select(_o).where(_o.c.session_key == session_key, _o.c.kind == _ERROR,
-                                  _o.c.turn_id.not_in(answered)).order_by(_o.c.created_at))
-        async with self._db.read() as conn:
-            rows = (await conn.execute(query)).all()
-        return list({row.turn_id: _delivery(row) for row in rows}.values())
+        rows = await self._db.run_read(lambda tx: tx.execute(_FAILURES, {"key": session_key}).fetchall())
+        return list({delivery.turn_id: delivery for delivery in map(_delivery, rows)}.values())
 
     async def undelivered(self, channels: Iterable[str], *, older_than_s: float = 0.0) -> list[Delivery]:
-        query = (select(_o).where(_o.c.delivered_at.is_(None), _o.c.failure.is_(None), _o.c.channel.in_(list(channels)),
-                                  _o.c.created_at <= time.time() - older_than_s).order_by(_o.c.created_at))
-        async with self._db.read() as conn:
-            return [_delivery(row) for row in (await conn.execute(query)).all()]
+        before = time.time() - older_than_s
+        rows = await self._db.run_read(lambda tx: [
+            row for channel in set(channels)
+            for row in tx.execute(_UNDELIVERED, {"channel": channel, "before": before}).fetchall()])
+        return [_delivery(row) for row in sorted(rows, key=itemgetter(_CREATED_AT))]
 
     async def record(self, session_key: str, delivery: Delivery) -> None:
         """An outbound record without a message: an error a turn ended with."""
@@ -174,12 +184,13 @@ class SqlDeliveryStore:
 
     async def unstarted(self, channels: Iterable[str]) -> list[InboundEvent]:
         """Accepted messages of `channels` whose turn never got as far as a receipt, oldest first."""
-        started = select(_i.c.message_id).where(_i.c.channel == _a.c.channel, _i.c.chat_id == _a.c.chat_id,
-                                                _i.c.message_id == _a.c.message_id).exists()
-        query = select(_a).where(_a.c.channel.in_(list(channels)), ~started).order_by(_a.c.accepted_at)
-        async with self._db.read() as conn:
-            rows = (await conn.execute(query)).all()
-        return [InboundEvent(channel=row.channel, chat_id=row.chat_id, sender_id=row.sender_id, text=row.text,
-                             message_id=row.message_id, metadata=json.loads(row.metadata_json),
-                             reply=ReplyRoute(row.reply_channel, row.reply_chat_id) if row.reply_channel else None)
-                for row in rows]
+        rows = await self._db.run_read(lambda tx: [
+            row for channel in set(channels) for row in tx.execute(_UNSTARTED, {"channel": channel}).fetchall()])
+        return [_accepted(row) for row in sorted(rows, key=itemgetter(_ACCEPTED_AT))]
+
+
+def _accepted(row: Sequence[Any]) -> InboundEvent:
+    channel, chat_id, message_id, sender_id, text, reply_channel, reply_chat_id, metadata_json, _at = row
+    return InboundEvent(channel=channel, chat_id=chat_id, sender_id=sender_id, text=text, message_id=message_id,
+                        metadata=json.loads(metadata_json),
+                        reply=ReplyRoute(reply_channel, reply_chat_id) if reply_channel else None)

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import Integer, bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ember.core.delivery import Delivery, Receipt
@@ -73,6 +73,34 @@ _ARCHIVE = Statement(update(_labels).where(_labels.c.session_key == bindparam("k
 _TITLE_IF_UNTITLED = Statement(update(_labels).where(_labels.c.session_key == bindparam("key"),
                                                      _labels.c.title.is_(None))
                                .values(title=bindparam("title")))
+
+
+_s, _m, _q = schema.sessions, schema.messages, schema.quarantine
+_QUARANTINED = Statement(select(_q.c.session_key, _q.c.seq, _q.c.reason, _q.c.raw).order_by(_q.c.created_at))
+_QUARANTINE = Statement(insert(_q))
+_DROP_MESSAGE = Statement(delete(_m).where(_m.c.session_key == bindparam("key"), _m.c.seq == bindparam("seq")))
+_REPAIRED_HEAD = Statement(update(_s).where(_s.c.key == bindparam("session"), _s.c.next_seq == bindparam("expected"),
+                                            _s.c.last_consolidated == bindparam("boundary"))
+                           .values(next_seq=bindparam("claimed"), updated_at=bindparam("now")))
+_ALL_MESSAGES = Statement(select(_m).order_by(_m.c.session_key, _m.c.seq))
+# A candidate: the flag's name is in the metadata's text; its JSON says whether it is set.
+_MAYBE_MARKED = Statement(select(_s.c.key, _s.c.metadata_json).where(_s.c.metadata_json.contains(bindparam("flag"))))
+
+
+def _listed(archived: bool) -> Statement:
+    first_words = (select(func.substr(_m.c.content, 1, TITLE_CHARS))
+                   .where(_m.c.session_key == _s.c.key, _m.c.role == Role.USER.value)
+                   .order_by(_m.c.seq).limit(1).scalar_subquery())
+    query = (select(_s.c.key, _s.c.next_seq, _s.c.last_consolidated, _s.c.updated_at,
+                    func.coalesce(_labels.c.title, first_words), _labels.c.archived_at)
+             .select_from(_s.outerjoin(_labels, _labels.c.session_key == _s.c.key))
+             # Not LIKE: SQLite's LIKE ignores case, and "Alice" must not list "alice"'s sessions.
+             .where(func.substr(_s.c.key, 1, bindparam("prefix_chars", type_=Integer)) == bindparam("prefix"))
+             .order_by(_s.c.updated_at.desc()))
+    return Statement(query if archived else query.where(_labels.c.archived_at.is_(None)))
+
+
+_LISTED = {True: _listed(True), False: _listed(False)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,46 +192,27 @@ class SqlSessionStore:
     async def unreadable(self) -> list[UnreadableRow]:
         """Rows of any session, inside the window or before it, that cannot be parsed. Read-only."""
         return [
-            UnreadableRow(row.session_key, row.seq, item, raw(row))
+            UnreadableRow(row[0], row[1], item, raw(row))
             for row in await self._all_rows()
             if isinstance(item := parse(row), str)
         ]
 
     async def quarantined(self) -> list[UnreadableRow]:
         """Rows set aside by earlier loads."""
-        q = schema.quarantine
-        async with self._db.read() as conn:
-            rows = (await conn.execute(select(q).order_by(q.c.created_at))).all()
-        return [UnreadableRow(r.session_key, r.seq, r.reason, r.raw) for r in rows]
+        rows = await self._db.run_read(lambda tx: tx.execute(_QUARANTINED).fetchall())
+        return [UnreadableRow(*row) for row in rows]
 
     async def list_sessions(self, prefix: str = "", *, archived: bool = True) -> list[SessionSummary]:
         """Sessions whose key starts with `prefix`, most recently active first; `archived`: those a
         person put away too."""
-        s, labels, m = schema.sessions, schema.session_labels, schema.messages
-        first_words = (select(func.substr(m.c.content, 1, TITLE_CHARS)).where(m.c.session_key == s.c.key,
-                                                                              m.c.role == "user")
-                       .order_by(m.c.seq).limit(1).scalar_subquery())
-        query = (select(s.c.key, s.c.next_seq, s.c.last_consolidated, s.c.updated_at,
-                        func.coalesce(labels.c.title, first_words).label("title"), labels.c.archived_at)
-                 .select_from(s.outerjoin(labels, labels.c.session_key == s.c.key))
-                 .order_by(s.c.updated_at.desc()))
-        if prefix:
-            # Not LIKE: SQLite's LIKE ignores case, and "Alice" must not list "alice"'s sessions.
-            query = query.where(func.substr(s.c.key, 1, len(prefix)) == prefix)
-        if not archived:
-            query = query.where(labels.c.archived_at.is_(None))
-        async with self._db.read() as conn:
-            rows = (await conn.execute(query)).all()
-        return [SessionSummary(r.key, r.next_seq, r.last_consolidated, r.updated_at, r.title, r.archived_at is not None)
-                for r in rows]
+        params = {"prefix": prefix, "prefix_chars": len(prefix)}
+        rows = await self._db.run_read(lambda tx: tx.execute(_LISTED[archived], params).fetchall())
+        return [SessionSummary(*row[:5], archived=row[5] is not None) for row in rows]
 
     async def marked(self, flag: str) -> list[str]:
         """The keys of the sessions whose metadata sets `flag` (ContextStage's marks on a new session)."""
-        s = schema.sessions
-        async with self._db.read() as conn:
-            rows = (await conn.execute(select(s.c.key, s.c.metadata_json)
-                                       .where(s.c.metadata_json.contains(json.dumps(flag))))).all()
-        return [row.key for row in rows if json.loads(row.metadata_json).get(flag) is True]
+        rows = await self._db.run_read(lambda tx: tx.execute(_MAYBE_MARKED, {"flag": json.dumps(flag)}).fetchall())
+        return [key for key, metadata_json in rows if json.loads(metadata_json).get(flag) is True]
 
     async def label(self, key: str, *, title: str | None = None, archived: bool | None = None) -> bool:
         """Rename a session (`title`; "" clears it) or put it away / back (`archived`); False if there is
@@ -270,10 +279,7 @@ class SqlSessionStore:
         return await self._db.run_write(commit)
 
     async def _all_rows(self) -> list[StoredRow]:
-        m = schema.messages
-        query = select(m).order_by(m.c.session_key, m.c.seq)
-        async with self._db.read() as conn:
-            return list((await conn.execute(query)).all())
+        return list(await self._db.run_read(lambda tx: tx.execute(_ALL_MESSAGES).fetchall()))
 
     async def _append(self, session: Session, messages: Sequence[Message], receipt: Receipt | None,
                       delivery: Delivery | None, jobs: Sequence[JobRequest]) -> list[Message]:
@@ -311,27 +317,25 @@ class SqlSessionStore:
     async def _write_repair(self, session: Session, broken: list[tuple[StoredRow, str]], repair: RepairPlan) -> None:
         """Set aside what cannot be used and close interrupted tool calls, in one
         transaction, provided the session head is still the one planned from."""
-        now = time.time()
-        s, m = schema.sessions, schema.messages
+        now, key = time.time(), session.key
         new_next = max([session.next_seq, *((msg.seq or 0) + 1 for msg in repair.synthetic)])
-        async with self._db.write() as conn:
-            unchanged = await conn.execute(
-                update(s)
-                .where(s.c.key == session.key, s.c.next_seq == session.next_seq,
-                       s.c.last_consolidated == session.last_consolidated)
-                .values(next_seq=new_next, updated_at=now)
-            )
+        set_aside = [{"id": uuid.uuid4().hex, "session_key": key, "raw": raw(item), "reason": reason,
+                      "seq": item.seq if isinstance(item, Message) else item[1], "created_at": now}
+                     for item, reason in [*broken, *repair.quarantine]]
+
+        def write(tx: Tx) -> None:
+            unchanged = tx.execute(_REPAIRED_HEAD, {"session": key, "expected": session.next_seq,
+                                                   "boundary": session.last_consolidated, "claimed": new_next,
+                                                   "now": now})
             if unchanged.rowcount != 1:
-                raise StoreConflict(f"session {session.key!r} changed while it was being repaired")
-            for item, reason in [*broken, *repair.quarantine]:
-                seq = item.seq if isinstance(item, Message) else item[1]
-                await conn.execute(insert(schema.quarantine).values(
-                    id=uuid.uuid4().hex, session_key=session.key, seq=seq, raw=raw(item),
-                    reason=reason, created_at=now,
-                ))
-                await conn.execute(m.delete().where(m.c.session_key == session.key, m.c.seq == seq))
+                raise StoreConflict(f"session {key!r} changed while it was being repaired")
+            for row in set_aside:
+                tx.execute(_QUARANTINE, row)
+                tx.execute(_DROP_MESSAGE, {"key": key, "seq": row["seq"]})
             if repair.synthetic:
-                await conn.execute(insert(m), [message_row(session.key, msg, now) for msg in repair.synthetic])
+                tx.executemany(INSERT_MESSAGE, [message_row(key, msg, now) for msg in repair.synthetic])
+
+        await self._db.run_write(write)
 
 
 def _read_window(tx: Tx, key: str, kept: Window | None) -> tuple[Head | None, Parsed | None]:

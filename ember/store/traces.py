@@ -11,19 +11,35 @@ reads every trace it recorded.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import Integer, bindparam, func, select
+from sqlalchemy.sql import ColumnElement
 
 from ember.core.redact import redact, redact_text
 from ember.core.traces import TurnTrace
 from ember.store import schema
 from ember.store.engine import Database
-from ember.store.tx import Tx, upsert_row
+from ember.store.tx import Statement, Tx, upsert_row
 
 _t = schema.traces
 # A resumed or retried turn keeps its id: its latest run is the trace.
 _RECORD = upsert_row(_t, ["turn_id"])
+_ONE = Statement(select(_t).where(_t.c.turn_id == bindparam("turn_id")))
+_OF_SESSION = Statement(select(_t).where(_t.c.session_key == bindparam("session_key")).order_by(_t.c.started_at))
+_LIMIT = bindparam("limit", type_=Integer)
+
+
+def _starts_with_prefix(column: ColumnElement[str]) -> ColumnElement[bool]:
+    # Not LIKE: SQLite's LIKE ignores case, and "Alice" must not see "alice"'s turns.
+    return func.substr(column, 1, bindparam("prefix_chars", type_=Integer)) == bindparam("prefix")
+
+
+_LATEST = select(_t).where(_starts_with_prefix(_t.c.session_key)).order_by(_t.c.started_at.desc()).limit(_LIMIT)
+_RECENT = Statement(_LATEST)
+_RECENT_OF_SESSION = Statement(_LATEST.where(_t.c.session_key == bindparam("session_key")))
+_IDS = Statement(select(_t.c.turn_id).where(_starts_with_prefix(_t.c.turn_id)).limit(_LIMIT))
 
 
 class SqlTraceStore:
@@ -60,43 +76,31 @@ class SqlTraceStore:
 
     async def get(self, turn_id: str) -> TurnTrace | None:
         await self.flush()
-        t = schema.traces
-        async with self._db.read() as conn:
-            row = (await conn.execute(select(t).where(t.c.turn_id == turn_id))).first()
+        row = await self._db.run_read(lambda tx: tx.execute(_ONE, {"turn_id": turn_id}).fetchone())
         return None if row is None else _trace(row)
 
     async def for_session(self, session_key: str) -> list[TurnTrace]:
         await self.flush()
-        t = schema.traces
-        query = select(t).where(t.c.session_key == session_key).order_by(t.c.started_at)
-        async with self._db.read() as conn:
-            return [_trace(row) for row in (await conn.execute(query)).all()]
+        rows = await self._db.run_read(lambda tx: tx.execute(_OF_SESSION, {"session_key": session_key}).fetchall())
+        return [_trace(row) for row in rows]
 
     async def recent(self, limit: int, session_key: str | None = None, *, prefix: str = "") -> list[TurnTrace]:
         """The latest turns, newest first: of one session, and/or of the sessions whose key starts with `prefix`."""
         await self.flush()
-        t = schema.traces
-        query = select(t).order_by(t.c.started_at.desc()).limit(limit)
+        params: dict[str, Any] = {"limit": limit, "prefix": prefix, "prefix_chars": len(prefix)}
+        statement = _RECENT
         if session_key is not None:
-            query = query.where(t.c.session_key == session_key)
-        if prefix:
-            # Not LIKE: SQLite's LIKE ignores case, and "Alice" must not see "alice"'s turns.
-            query = query.where(func.substr(t.c.session_key, 1, len(prefix)) == prefix)
-        async with self._db.read() as conn:
-            return [_trace(row) for row in (await conn.execute(query)).all()]
-
+            statement, params["session_key"] = _RECENT_OF_SESSION, session_key
+        return [_trace(row) for row in await self._db.run_read(lambda tx: tx.execute(statement, params).fetchall())]
 
     async def turn_ids(self, prefix: str, limit: int = 5) -> list[str]:
         """The turn ids that start with `prefix` (a whole id included), at most `limit`."""
         await self.flush()
-        t = schema.traces
-        query = select(t.c.turn_id).where(t.c.turn_id.startswith(prefix, autoescape=True)).limit(limit)
-        async with self._db.read() as conn:
-            return list((await conn.execute(query)).scalars())
+        params = {"prefix": prefix, "prefix_chars": len(prefix), "limit": limit}
+        return [row[0] for row in await self._db.run_read(lambda tx: tx.execute(_IDS, params).fetchall())]
 
 
-def _trace(row: Row[Any]) -> TurnTrace:
-    return TurnTrace(
-        turn_id=row.turn_id, session_key=row.session_key, started_at=row.started_at,
-        finished_at=row.finished_at, status=row.status, error=row.error, detail=json.loads(row.detail),
-    )
+def _trace(row: Sequence[Any]) -> TurnTrace:
+    turn_id, session_key, status, error, detail, started_at, finished_at = row
+    return TurnTrace(turn_id=turn_id, session_key=session_key, started_at=started_at, finished_at=finished_at,
+                     status=status, error=error, detail=json.loads(detail))
