@@ -119,6 +119,21 @@ def test_only_the_store_and_the_composition_root_name_sql_classes() -> None:
     assert found == {}
 
 
+# Where a raw connection (`AdminDatabase.write()` / `read()`) may be opened: the engines themselves,
+# migrating and copying a store, and `ember doctor`. Every store works in units of work (`run_write`).
+ADMIN_MODULES = {"store/engine.py", "store/copy.py", "store/sqlite/database.py", "store/postgres.py",
+                 "cli/doctor.py"}
+
+
+def test_only_the_admin_surface_opens_raw_connections() -> None:
+    found = [f"{name}:{node.lineno}" for name, tree, _ in modules() if name not in ADMIN_MODULES
+             for node in ast.walk(tree) if isinstance(node, ast.withitem | ast.Await)
+             and isinstance(call := node.context_expr if isinstance(node, ast.withitem) else node.value, ast.Call)
+             and isinstance(call.func, ast.Attribute) and call.func.attr in ("read", "write") and not call.args
+             and "db" in ast.unparse(call.func.value)]
+    assert found == []
+
+
 def test_the_top_of_the_package_keeps_a_handful_of_modules() -> None:
     loose = [path.name for path in ROOT.glob("*.py") if path.name not in ("__init__.py", "__main__.py")]
     assert len(loose) <= MAX_LOOSE_MODULES, loose

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ember.config.settings import Settings
-from ember.store.engine import Database
+from ember.store.engine import AdminDatabase, Database
 from ember.store.migrations import MigrationProgress
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ember.store.usage import SqlUsageStore
 
 
-def store_database(settings: Settings) -> Database:
+def store_database(settings: Settings) -> AdminDatabase:
     """PostgreSQL when `database_url` is set, else the SQLite file in the home."""
     if settings.database_url is not None:
         from ember.store.postgres import PostgresDatabase  # asyncpg: only for a PostgreSQL store
@@ -33,7 +33,7 @@ def store_database(settings: Settings) -> Database:
     return sqlite_database(settings.database_path, synchronous=settings.sqlite_synchronous)
 
 
-def sqlite_database(path: Path, *, synchronous: str) -> Database:
+def sqlite_database(path: Path, *, synchronous: str) -> AdminDatabase:
     from ember.store.sqlite.database import SqliteDatabase
 
     return SqliteDatabase(path, synchronous=synchronous)
@@ -41,7 +41,7 @@ def sqlite_database(path: Path, *, synchronous: str) -> Database:
 
 @asynccontextmanager
 async def open_database(settings: Settings, *,
-                        progress: MigrationProgress | None = None) -> AsyncIterator[Database]:
+                        progress: MigrationProgress | None = None) -> AsyncIterator[AdminDatabase]:
     """The store alone, migrated, for commands that only read or check it;
     `progress` follows the migrations, if any are pending (Database.open)."""
     db = store_database(settings)

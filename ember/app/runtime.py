@@ -50,7 +50,7 @@ from ember.skills.library import SkillLibrary, SkillPolicy, default_folders
 from ember.skills.review import SkillReviewer
 from ember.store.approvals import SqlApprovalStore
 from ember.store.deliveries import SqlDeliveryStore
-from ember.store.engine import Database
+from ember.store.engine import AdminDatabase, Database
 from ember.store.jobs import SharedJobStore, SqlJobStore
 from ember.store.leases import LeaderLease, LeaseTable, SqlSessionLeases
 from ember.store.memories import SqlMemoryStore
@@ -89,7 +89,7 @@ def telemetry(settings: Settings) -> Telemetry | None:
 class Runtime:
     """The wired parts a command or a test drives."""
 
-    db: Database
+    db: AdminDatabase
     sessions: SqlSessionStore
     jobs: SqlJobStore
     traces: SqlTraceStore

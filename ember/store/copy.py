@@ -27,7 +27,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ember.core.errors import StoreError
-from ember.store.engine import Database
+from ember.store.engine import AdminDatabase
 from ember.store.postgres import PostgresDatabase, pg_store_error
 
 BATCH = 1000
@@ -135,7 +135,7 @@ def target_name(url: str) -> str:
     return f"{user}{host}:{port}/{parts.database}"
 
 
-async def copy_store(source: Database, target: PostgresDatabase, *, batch: int = BATCH,
+async def copy_store(source: AdminDatabase, target: PostgresDatabase, *, batch: int = BATCH,
                      progress: Progress | None = None) -> CopyReport:
     """Copy every table of `source` into `target`, both open (migrated), and check the copy before
     it commits. CopyError, with nothing kept, when the target already holds Ember's rows, when the
@@ -160,7 +160,7 @@ async def copy_store(source: Database, target: PostgresDatabase, *, batch: int =
         return CopyReport(version, checks)
 
 
-async def verify(source: Database, target: PostgresDatabase, *, batch: int = BATCH,
+async def verify(source: AdminDatabase, target: PostgresDatabase, *, batch: int = BATCH,
                  progress: Progress | None = None) -> list[TableCheck]:
     """Each table's rows and checksum on both sides, as they are now (a copy made earlier)."""
     async with source.read() as src, target.read() as dst:

@@ -1,4 +1,5 @@
-"""The seam between the stores and the engine that holds them: a `Database`.
+"""The seam between the stores and the engine that holds them: a `Database`, and the
+`AdminDatabase` beside it for migrations, copies and diagnostics.
 
 Every store (sessions, inbox and outbox, jobs, memory, traces, approvals, tasks,
 skills, usage, leases) is one implementation written against this protocol
@@ -28,26 +29,32 @@ T = TypeVar("T")
 
 
 class Database(Protocol):
-    """An open store. `run_write(work)` / `run_read(work)` run a store's unit `work(tx)` as one
-    whole transaction; `write()` / `read()` yield a SQLAlchemy connection in one, for anything else."""
+    """An open store, as the stores use it: `run_write(work)` / `run_read(work)` run a store's
+    unit `work(tx)` as one whole transaction. Nothing else: a store never holds a raw connection."""
 
     @property
     def write_epoch(self) -> int:
-        """How many transactions went through `write()` in this process. Their statements are
-        arbitrary, so whoever caches what it read must assume they changed it."""
+        """How many admin transactions (`AdminDatabase.write()`) this process ran. Their statements
+        are arbitrary, so whoever caches what it read must assume they changed it."""
         ...
 
     async def open(self, progress: MigrationProgress | None = None) -> None: ...
 
     async def close(self) -> None: ...
 
-    def write(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
-
-    def read(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
-
     async def run_write(self, work: Work[T]) -> T: ...
 
     async def run_read(self, work: Work[T]) -> T: ...
+
+
+class AdminDatabase(Database, Protocol):
+    """The same store with raw SQLAlchemy connections, for what is not a store's everyday work:
+    migrating it, copying it to another engine, diagnosing it (`ember doctor`), and tests that
+    edit rows by hand. Only the composition root hands it out."""
+
+    def write(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+    def read(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
 
 
 async def complete_despite_cancel(write: Awaitable[T]) -> tuple[T, bool]:
@@ -83,7 +90,7 @@ async def as_store_errors(
         raise
 
 
-async def migrate_or_close(db: Database, progress: MigrationProgress | None) -> None:
+async def migrate_or_close(db: AdminDatabase, progress: MigrationProgress | None) -> None:
     """`db.open`'s work on either engine: migrate in one write transaction; close `db` if that fails."""
     try:
         async with db.write() as conn:

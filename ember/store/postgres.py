@@ -1,6 +1,6 @@
 """The store on a PostgreSQL server, for several worker processes on one database (asyncpg).
 
-A `Database` (store/engine.py), as the embedded SQLite one (store/sqlite/): `write()` /
+An `AdminDatabase` (store/engine.py), as the embedded SQLite one (store/sqlite/): `write()` /
 `read()` yield a SQLAlchemy AsyncConnection in a transaction; `run_write(work)`
 / `run_read(work)` run a store's unit `work(tx)` as one whole transaction,
 each statement as its `Statement.postgresql` form (store/tx.py), on asyncpg

@@ -9,7 +9,7 @@ when both still hold:
   head (an append bumps next_seq by compare-and-set, consolidation moves
   last_consolidated, a repair moves next_seq, and each sets updated_at), so
   an unmoved head means unchanged rows, whichever Ember process wrote last;
-- no transaction went through `Database.write()` since: its statements are
+- no admin transaction went through `AdminDatabase.write()` since: its statements are
   arbitrary (a test or a tool editing rows), so every window is assumed
   changed (`Database.write_epoch`).
 

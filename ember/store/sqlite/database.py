@@ -4,11 +4,11 @@ Writes take SQLite's write lock at BEGIN (BEGIN IMMEDIATE) so two writers queue
 on the busy timeout instead of failing when a read transaction upgrades.
 Reads run on a separate engine and, in WAL mode, never wait for writers.
 
-Two ways in, over the same file and settings: `write()` / `read()` yield a
-SQLAlchemy AsyncConnection (aiosqlite: each statement is a round trip to its
-thread), for anything; `run_write(work)` / `run_read(work)` send a whole
-transaction to a dedicated thread in one hop (direct.py), for the
-statements every turn runs. Writes that queue up meanwhile are committed
+Two ways in, over the same file and settings: `run_write(work)` /
+`run_read(work)` send a store's whole unit of work to a dedicated thread in
+one hop (direct.py), which is all the stores use; `write()` / `read()` yield
+a SQLAlchemy AsyncConnection (aiosqlite: each statement is a round trip to its
+thread), the admin surface for migrations, copies and diagnostics. Writes that queue up meanwhile are committed
 together, one fsync for all (group commit).
 """
 
