@@ -7,6 +7,12 @@ finish chunk, a usage chunk, then `[DONE]`) when the request streams, one
 `chat.completion` object otherwise. Every request body is recorded, so a test
 can assert what history the model saw.
 
+`dialect` answers as a local model server's OpenAI-compatible endpoint does
+instead: "ollama" (a role in every delta, its `fp_ollama` fingerprint) or
+"llamacpp" (the usage and timings on the finish chunk). With `takes_tools`
+False, a request that carries `tools` is refused the way each refuses it: an
+Ollama model whose template has no tools (400), llama.cpp without `--jinja` (500).
+
     from tests.modelserver import Reply, model_server
 
     def test_x(model_server):
@@ -113,17 +119,35 @@ def _deltas(reply: Reply, request_number: int) -> Iterator[dict[str, Any]]:
             yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
 
 
-def stream_chunks(reply: Reply, body: dict[str, Any], request_number: int) -> list[dict[str, Any]]:
-    """The `chat.completion.chunk` objects OpenAI would send for `reply`."""
+def stream_chunks(reply: Reply, body: dict[str, Any], request_number: int,
+                  dialect: str = "openai") -> list[dict[str, Any]]:
+    """The `chat.completion.chunk` objects OpenAI (or the server `dialect` names) would send for `reply`."""
     head = {"id": f"chatcmpl-{request_number}", "object": "chat.completion.chunk", "created": 0,
-            "model": body.get("model", MODEL)}
+            "model": body.get("model", MODEL), **_FINGERPRINTS.get(dialect, {})}
+    role = {"role": "assistant"} if dialect == "ollama" else {}
     chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
-    chunks += [{**head, "choices": [{"index": 0, "delta": delta}]} for delta in _deltas(reply, request_number)]
-    finish = "tool_calls" if reply.tool_calls else "stop"
-    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
-    if (body.get("stream_options") or {}).get("include_usage"):
+    chunks += [{**head, "choices": [{"index": 0, "delta": {**role, **delta}}]}
+               for delta in _deltas(reply, request_number)]
+    finish = {**head, "choices": [{"index": 0, "delta": {**role}, "finish_reason":
+                                   "tool_calls" if reply.tool_calls else "stop"}]}
+    chunks.append(finish)
+    if dialect == "llamacpp":
+        finish |= {"usage": _usage(body, reply), "timings": {"prompt_n": 1, "predicted_n": 1}}
+    elif (body.get("stream_options") or {}).get("include_usage"):
         chunks.append({**head, "choices": [], "usage": _usage(body, reply)})
     return chunks
+
+
+_FINGERPRINTS = {"ollama": {"system_fingerprint": "fp_ollama"}, "llamacpp": {"system_fingerprint": "b6000-test"}}
+
+
+def tools_refused(dialect: str, model: str) -> JSONResponse:
+    """How a server without tool support answers a request that carries `tools`."""
+    if dialect == "llamacpp":
+        return JSONResponse({"error": {"code": 500, "message": "tools param requires --jinja flag",
+                                       "type": "server_error"}}, status_code=500)
+    return JSONResponse({"error": {"message": f"registry.ollama.ai/library/{model}:latest does not support tools",
+                                   "type": "api_error", "param": None, "code": None}}, status_code=400)
 
 
 def completion(reply: Reply, body: dict[str, Any], request_number: int) -> dict[str, Any]:
@@ -153,8 +177,11 @@ def _error(status: int, message: str, code: str | int | None = None,
 class ModelServer:
     """Serves scripted replies on 127.0.0.1 from a background thread."""
 
-    def __init__(self, model: str = MODEL) -> None:
+    def __init__(self, model: str = MODEL, *, dialect: str = "openai", takes_tools: bool = True) -> None:
         self.model = model
+        self.dialect = dialect
+        self.takes_tools = takes_tools
+        self.refused: list[dict[str, Any]] = []  # requests refused for their tools
         self.requests: list[dict[str, Any]] = []
         self.chunks_sent = 0
         # Answers requests when no scripted reply is queued (for many concurrent clients).
@@ -200,6 +227,9 @@ class ModelServer:
             reply = self.titler(body)
             chunks = stream_chunks(reply, body, len(self.titled))
             return StreamingResponse(self._events(chunks, reply), media_type="text/event-stream")
+        if body.get("tools") and not self.takes_tools:
+            self.refused.append(body)
+            return tools_refused(self.dialect, self.model)
         self.requests.append(body)
         number = len(self.requests)
         if not self._script and self.responder is not None:
@@ -218,7 +248,7 @@ class ModelServer:
         if reply.raw_events:
             return StreamingResponse(iter(reply.raw_events), media_type="text/event-stream")
         if body.get("stream"):
-            return StreamingResponse(self._events(stream_chunks(reply, body, number), reply),
+            return StreamingResponse(self._events(stream_chunks(reply, body, number, self.dialect), reply),
                                      media_type="text/event-stream")
         return JSONResponse(completion(reply, body, number))
 
@@ -237,8 +267,8 @@ class ModelServer:
                              "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "tests"}]})
 
 
-def serving(model: str = MODEL) -> AbstractContextManager[ModelServer]:
-    return started(ModelServer(model))
+def serving(model: str = MODEL, **options: Any) -> AbstractContextManager[ModelServer]:
+    return started(ModelServer(model, **options))
 
 
 @pytest.fixture

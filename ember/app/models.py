@@ -54,7 +54,7 @@ def model_endpoints(settings: Settings, *, names: Collection[str] | None = None,
             assert spec.base_url is not None
             endpoints[name] = OpenAICompatibleModel(
                 model=spec.model, base_url=spec.base_url, api_key=spec.key(), timeout_s=settings.model_timeout_s,
-                max_attempts=1 if name in tried_once else attempts)
+                max_attempts=1 if name in tried_once else attempts, tool_call_format=spec.tool_call_format)
     return endpoints
 
 

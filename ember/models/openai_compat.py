@@ -9,6 +9,7 @@ first chunk only.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,11 @@ from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
 from ember.models.retry import open_with_retries, retry_after_seconds
+from ember.models.spec import ToolCallFormat
+from ember.models.text_tools import TextCallStream, as_text_history, tools_prompt
 from ember.models.unreachable import LISTING, connection_failure, unreachable_text
+
+log = logging.getLogger(__name__)
 
 _UNAVAILABLE_STATUS = {408, 409}
 # How providers say a request is over the window, or was refused, in a 400's code or message.
@@ -41,6 +46,9 @@ _CONTEXT_CODES = {"context_length_exceeded", "string_above_max_length"}
 _CONTEXT_WORDS = ("maximum context length", "context window", "context length", "too many tokens",
                   "prompt is too long")
 _REFUSAL_CODES = {"content_filter", "content_policy_violation"}
+# How a server says it takes no `tools` (with "tool" in the same message): llama.cpp without --jinja,
+# an Ollama model whose template has none.
+_NO_TOOLS_WORDS = ("jinja", "does not support", "not supported", "unsupported")
 
 
 def typed(exc: openai.OpenAIError, where: str, base_url: str | None = None) -> ModelError:
@@ -165,12 +173,27 @@ class _ToolCallBuffer:
         return tuple(out)
 
 
+class _ToolsRefused(Exception):
+    """The endpoint will not take the `tools` parameter (llama.cpp without --jinja, an Ollama model without tools)."""
+
+
+def _refuses_tools(exc: openai.APIStatusError) -> bool:
+    said = exc.message.lower()
+    return "tool" in said and any(words in said for words in _NO_TOOLS_WORDS)
+
+
 class OpenAICompatibleModel:
+    """`tool_call_format`: "native", the endpoint's tool calls only; "text", the tools told in the
+    system prompt and the calls read from the answer's text (models/text_tools.py); "auto", native,
+    with calls written as text read too, and text once the endpoint refuses the tools parameter."""
+
     def __init__(self, *, model: str, base_url: str, api_key: str | None, timeout_s: float = 60.0,
-                 max_attempts: int = 4) -> None:
+                 max_attempts: int = 4, tool_call_format: ToolCallFormat = "auto") -> None:
         self.name = model
         self.base_url = base_url
         self._max_attempts = max_attempts
+        self._tool_call_format = tool_call_format
+        self._tools_as_text = tool_call_format == "text"
         # Retries are ours (tenacity), so they never repeat a stream that already produced text.
         # aiohttp as the SDK's transport (its documented option): at 100 concurrent turns, it
         # halves Ember's CPU per turn against the default httpx2 transport.
@@ -179,10 +202,11 @@ class OpenAICompatibleModel:
 
     async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
                      sampling: Sampling | None = None) -> AsyncIterator[ModelEvent]:
-        chunks = await self._open(messages, tools, sampling)
+        chunks = await self._open_for_tools(messages, tools, sampling)
         text: list[str] = []
         reasoning: list[str] = []
         calls = _ToolCallBuffer()
+        written = TextCallStream({t.name for t in tools}) if tools and self._tool_call_format != "native" else None
         usage = None
         finish = None
         try:
@@ -201,16 +225,23 @@ class OpenAICompatibleModel:
                     content = delta.get("content")
                     if isinstance(content, str) and content:
                         text.append(content)
-                        yield TextDelta(content)
+                        if shown := written.feed(content) if written else content:
+                            yield TextDelta(shown)
                     calls.add(delta.get("tool_calls"))
         except (openai.OpenAIError, OSError, ValueError, AttributeError, TypeError) as exc:
             # ValueError covers malformed JSON in an event; the others, chunks of an unexpected shape.
             raise StreamBroken(f"the model stream from {self.base_url} broke off: {_describe(exc)}") from exc
+        answer, tool_calls = "".join(text), calls.calls()
+        if written is not None:
+            tail, answer, as_text = written.finish()
+            if tail:
+                yield TextDelta(tail)
+            tool_calls += as_text
         usage = usage or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         yield ModelReply(
-            text="".join(text),
-            tool_calls=calls.calls(),
+            text=answer,
+            tool_calls=tool_calls,
             reasoning="".join(reasoning) or None,
             input_tokens=max(0, (usage.get("prompt_tokens") or 0) - cached),  # as Anthropic counts: uncached only
             output_tokens=usage.get("completion_tokens") or 0,
@@ -218,6 +249,18 @@ class OpenAICompatibleModel:
             truncated=finish == "length",
             provider="openai",
         )
+
+    async def _open_for_tools(self, messages: Sequence[Message], tools: Sequence[ToolSpec],
+                              sampling: Sampling | None) -> AsyncStream[Any]:
+        try:
+            return await self._open(messages, tools, sampling)
+        except _ToolsRefused as refused:
+            # Said once: from now on this model is told its tools in the prompt, and calls them in text.
+            log.warning("model %s at %s refuses the tools parameter (%s): its tools go in the system prompt "
+                        "and its calls are read from its text from now on (tool_call_format = \"text\" says "
+                        "so from the start)", self.name, self.base_url, refused)
+            self._tools_as_text = True
+            return await self._open(messages, tools, sampling)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -232,9 +275,11 @@ class OpenAICompatibleModel:
 
     async def _open(self, messages: Sequence[Message], tools: Sequence[ToolSpec],
                     sampling: Sampling | None) -> AsyncStream[Any]:  # chunks: dicts
+        as_text = self._tools_as_text and bool(tools)
+        shown = _with_tools_told(as_text_history(messages), tools) if as_text else messages
         request: dict[str, Any] = {
             "model": self.name,
-            "messages": [to_openai_message(m) for m in messages],
+            "messages": [to_openai_message(m) for m in shown],
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -243,7 +288,7 @@ class OpenAICompatibleModel:
             request |= {name: value for name, value in (("max_tokens", sampling.max_tokens),
                                                         ("temperature", sampling.temperature),
                                                         ("top_p", sampling.top_p)) if value is not None}
-        if tools:
+        if tools and not as_text:
             request["tools"] = [to_openai_tool(t) for t in tools]
 
         async def post() -> AsyncStream[Any]:
@@ -255,7 +300,19 @@ class OpenAICompatibleModel:
                     "/chat/completions", body=request, cast_to=object, stream=True,
                     stream_cls=AsyncStream[object], options={"security": {"bearer_auth": True}},
                 )
+            except openai.APIStatusError as exc:
+                if "tools" in request and self._tool_call_format == "auto" and _refuses_tools(exc):
+                    raise _ToolsRefused(_describe(exc)) from exc
+                raise typed(exc, f"model {self.name} at {self.base_url} failed", self.base_url) from exc
             except openai.OpenAIError as exc:
                 raise typed(exc, f"model {self.name} at {self.base_url} failed", self.base_url) from exc
 
         return await open_with_retries(post, self._max_attempts)
+
+
+def _with_tools_told(messages: list[Message], tools: Sequence[ToolSpec]) -> list[Message]:
+    """`messages` with the tools described in their system prompt (one is added if there is none)."""
+    told = tools_prompt(tools)
+    if messages and messages[0].role is Role.SYSTEM:
+        return [Message.system(f"{messages[0].content}\n\n{told}"), *messages[1:]]
+    return [Message.system(told), *messages]

@@ -12,6 +12,7 @@ from ember.core.usage import Price
 
 ROLES = ("main", "background", "approval")
 ModelRole = Literal["main", "background", "approval"]
+ToolCallFormat = Literal["native", "text", "auto"]
 
 
 class ModelSpec(BaseModel):
@@ -39,6 +40,11 @@ class ModelSpec(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0)
     # Anthropic's extended thinking budget in tokens (off when unset).
     thinking_budget: int | None = Field(default=None, ge=1024)
+    # How the model calls tools (openai): "native", the endpoint's tool calls only; "text", the tools
+    # told in the system prompt and the calls read from the answer, for a server that takes no tools
+    # (llama.cpp without --jinja); "auto", native, with calls a local model writes as text
+    # (`<tool_call>…</tool_call>`, a fenced JSON call) read too, and text once the server refuses tools.
+    tool_call_format: ToolCallFormat = "auto"
 
     @field_validator("base_url")
     @classmethod
