@@ -148,6 +148,8 @@ class TextCallStream:
                 self._held_from = tag
                 return tag
             if fence < 0:
+                # Nothing before the last few characters can start a tag or a fence any more.
+                self._scan = max(self._scan, len(text) - len(TAG) + 1)
                 return len(text) - _partial_marker(text[self._scan:])
             decided = self._fence_at(fence)
             if decided is not None:
