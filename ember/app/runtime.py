@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ember.app.database import store_database
 from ember.app.models import configured_approval_model, configured_background_model
-from ember.app.tools import default_tools
+from ember.app.tools import browser, default_tools
 from ember.bus.base import Bus
 from ember.bus.memory import InProcessBus
 from ember.bus.redis import RedisBus
@@ -61,6 +61,7 @@ from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import Toolset
+from ember.tools.browser import BrowserPool
 from ember.tools.explain import ApprovalExplainer
 from ember.tools.mcp import McpHub, start_mcp
 
@@ -112,6 +113,7 @@ class Runtime:
     background_model: ModelClient | None = None  # consolidation and reviews, when not `model`; closed too
     approval_model: ModelClient | None = None  # the explanations of approval requests, when not `model`; closed too
     lease_table: LeaseTable | None = None  # on a store several processes share
+    browser: BrowserPool | None = None  # the browser tool's Chromium, when [browser] is enabled; closed too
 
     def scheduler(self) -> Scheduler:
         """The channel that fires scheduled tasks; on a shared store, only in the process that leads."""
@@ -270,8 +272,9 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     tasks = SqlTaskStore(db)
     skills = skill_library(settings, db)
     await skills.sync()
-    gated = ApprovalGate(tools if tools is not None else default_tools(settings, mcp, memory, tasks, skills),
-                         settings.tool_policy, approval_rows)
+    browsing = browser(settings, memory) if tools is None else None
+    gated = ApprovalGate(tools if tools is not None else default_tools(
+        settings, mcp, memory, tasks, skills, browsing[0] if browsing else None), settings.tool_policy, approval_rows)
     consolidation = ConsolidationWorker(sessions, sharing.leases, models.background, memory,
                                         keep_recent=settings.consolidation_keep_recent)
     handlers = _job_handlers(sessions, sharing.leases, models.background, memory, skills, consolidation)
@@ -289,7 +292,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
         tasks=tasks, skills=skills, tools=gated, telemetry=spans, model=models.turns,
         background_model=models.background if background_model else None,
         approval_model=models.explainer.model if models.explainer and approval_model is not model else None,
-        lease_table=sharing.lease_table)
+        lease_table=sharing.lease_table, browser=browsing[1] if browsing else None)
 
 
 async def configured_runtime(settings: Settings, model: ModelClient, *, own_roles: bool = True) -> Runtime:
@@ -347,6 +350,8 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
             if model is not None:
                 stack.push_async_callback(model.aclose)
         stack.push_async_callback(runtime.mcp.close)
+        if runtime.browser is not None:
+            stack.push_async_callback(runtime.browser.close)
         await runtime.bus.start()
         stack.push_async_callback(runtime.bus.close)  # after the loop and the channels
         await runtime.approvals.recover()

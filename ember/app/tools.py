@@ -9,6 +9,7 @@ from ember.skills.library import SkillLibrary
 from ember.store.protocols import TaskBook
 from ember.tools.a2a import a2a_tools
 from ember.tools.base import ToolRegistry
+from ember.tools.browser import BrowserPool, BrowserTool, browser_tool
 from ember.tools.files import file_tools
 from ember.tools.mcp import McpHub
 from ember.tools.memory import memory_tools
@@ -28,8 +29,8 @@ def shell_sandbox(settings: Settings) -> SandboxChoice:
 
 
 def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: TaskBook,
-                  skills: SkillLibrary) -> ToolRegistry:
-    """The built-in tools, and the tools of the MCP servers that started."""
+                  skills: SkillLibrary, browser: BrowserTool | None = None) -> ToolRegistry:
+    """The built-in tools, the browser if it is on, and the tools of the MCP servers that started."""
     folders = workspaces(settings, memory)
     return ToolRegistry([
         *file_tools(folders),
@@ -43,8 +44,17 @@ def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks:
         *task_tools(tasks, default_tz=settings.timezone),
         *a2a_tools(settings.a2a_agents, allow_private=settings.web_fetch_allow_private,
                    allowed_hosts=frozenset(settings.web_fetch_allowed_hosts)),
+        *([browser] if browser is not None else []),
         *mcp.tools(),
     ])
+
+
+def browser(settings: Settings, owners: SessionOwners) -> tuple[BrowserTool, BrowserPool] | None:
+    """The browser tool and the Chromium it drives, when `[browser] enabled`; ConfigError when it cannot run."""
+    if not settings.browser.enabled:
+        return None
+    return browser_tool(settings.browser, workspaces(settings, owners), allow_private=settings.web_fetch_allow_private,
+                        allowed_hosts=frozenset(settings.web_fetch_allowed_hosts))
 
 
 def workspaces(settings: Settings, owners: SessionOwners | None) -> Workspaces:

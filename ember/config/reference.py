@@ -25,6 +25,7 @@ from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComS
 from ember.config.settings import Settings
 from ember.models.spec import ModelSpec
 from ember.tools.a2a import A2AAgentSpec
+from ember.tools.browser import BrowserSpec
 from ember.tools.approval import Rule, ToolPolicy
 from ember.tools.mcp.config import McpServerConfig
 
@@ -37,6 +38,7 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
     ("[webhooks.NAME]", WebhookSpec, "A signed webhook: `POST /webhooks/NAME`."),
     ("[outbound.NAME]", OutboundSpec, "A URL that answers are POSTed to, signed."),
     ("[a2a_agents.NAME]", A2AAgentSpec, "Another agent the `call_agent` tool may hand work to."),
+    ("[browser]", BrowserSpec, "The `browser` tool: a real Chromium, off unless enabled (docs/tools.md)."),
     ("[telegram]", TelegramSpec, "A Telegram bot `ember serve` runs (also on when only EMBER_TELEGRAM_TOKEN is set)."),
     ("[wecom]", WeComSpec, "A WeCom (企业微信) self-built app, called back at `/channels/wecom`."),
     ("[qq]", QQSpec, "A QQ official bot in webhook mode, called back at `/channels/qq`."),

@@ -41,6 +41,7 @@ from ember.models.spec import (
 )
 from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import ToolPolicy
+from ember.tools.browser import BrowserSpec
 from ember.tools.mcp.config import McpServers
 from ember.tools.sandbox import SandboxMode
 
@@ -124,8 +125,7 @@ class Settings(BaseSettings):
     shell_docker_image: str = "debian:stable-slim"
     # Folders a sandboxed shell command may read besides the system's (a toolchain, e.g. ~/.pyenv).
     shell_read_only_paths: list[Path] = Field(default_factory=list)
-    # web_fetch (and outbound webhooks, call_agent) refuse loopback, private and link-local
-    # addresses unless allowed here.
+    # web_fetch (and the browser, outbound webhooks, call_agent) refuse private addresses unless allowed here.
     web_fetch_allow_private: bool = False
     # Host names exempt from that rule.
     web_fetch_allowed_hosts: list[str] = Field(default_factory=list)
@@ -151,10 +151,11 @@ class Settings(BaseSettings):
     qq: QQSpec | None = None
     # Other agents the call_agent tool may hand work to over A2A.
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
+    # The browser tool (docs/tools.md): enabled, executable, idle_s, timeout_s, snapshot_chars.
+    browser: BrowserSpec = Field(default_factory=BrowserSpec)
     # A turn with at least this many tool calls triggers the background reviews.
     review_tool_call_threshold: int = Field(default=3, ge=1)
-    # After the first exchange of a gateway session (the web page, the APIs), the background model
-    # names it in a few words: one short model call. False: the list shows its first words.
+    # The background model names a gateway session after its first exchange (one short call); False: its first words.
     session_titles: bool = True
     # Unconsolidated messages in a session before the background consolidates them into memory.
     consolidation_threshold: int = Field(default=40, ge=4)
@@ -333,8 +334,7 @@ class Settings(BaseSettings):
     @classmethod
     def _postgresql_only(cls, url: SecretStr | None) -> SecretStr | None:
         if url is not None and not url.get_secret_value().startswith(("postgresql://", "postgres://")):
-            raise ValueError("database_url must be a postgresql:// URL; leave it unset for the SQLite file in the "
-                             "home")
+            raise ValueError("database_url must be a postgresql:// URL (unset: the SQLite file in the home)")
         return url
 
     @property
