@@ -25,8 +25,8 @@ from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComS
 from ember.config.settings import Settings
 from ember.models.spec import ModelSpec
 from ember.tools.a2a import A2AAgentSpec
-from ember.tools.browser import BrowserSpec
 from ember.tools.approval import Rule, ToolPolicy
+from ember.tools.browser import BrowserSpec
 from ember.tools.mcp.config import McpServerConfig
 
 TABLES: list[tuple[str, type[BaseModel], str]] = [
