@@ -142,7 +142,7 @@ async def test_a_reviewed_proposal_waits_and_once_approved_is_in_the_index_and_r
         decided = await library.decide(proposal.id, True, "tester", identity=IDENTITY)
         assert decided.status is ProposalStatus.ADMITTED and decided.version == 1
         final = await h.turn("use weekly-report")
-        turn_model = h.runtime.model.inner  # type: ignore[union-attr]
+        turn_model = h.runtime.models.turns.inner
         index = next(r[0].content for r in turn_model.requests if r[-1].content == "use weekly-report")
         assert "- weekly-report: Write the weekly status report." in index
         assert final.text.startswith("Following it: # Skill weekly-report (version 1)")
@@ -164,7 +164,7 @@ async def test_a_rejected_proposal_changes_nothing(skills_settings: Settings) ->
         assert [s.to_json_dict() for s in await h.runtime.skills.skills(None)] == before
         assert await h.runtime.skills.proposals(None) == []
         await h.turn("hello again")
-        assert "weekly-report" not in system_prompt(h.runtime.model.inner)  # type: ignore[union-attr]
+        assert "weekly-report" not in system_prompt(h.runtime.models.turns.inner)
 
 
 REFUSALS = [

@@ -77,3 +77,8 @@ def configured_approval_model(settings: Settings, main: ModelClient) -> ModelCli
 def configured_background_model(settings: Settings) -> ModelClient | None:
     """The background role's own model when `[models]` names a chain for it; None: the main model does it."""
     return configured_model(settings, "background") if settings.models else None
+
+
+def configured_simple_model(settings: Settings) -> ModelClient | None:
+    """The chain `[model_roles] simple` names for simple turns; None: every turn goes to main."""
+    return configured_model(settings, "simple") if "simple" in settings.model_roles else None

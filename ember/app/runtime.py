@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ember.app.database import store_database
-from ember.app.models import configured_approval_model, configured_background_model
+from ember.app.models import configured_approval_model, configured_background_model, configured_simple_model
 from ember.app.tools import browser, default_tools
 from ember.bus.base import Bus
 from ember.bus.memory import InProcessBus
@@ -108,10 +108,8 @@ class Runtime:
     tasks: SqlTaskStore
     skills: SkillLibrary
     tools: Toolset  # what the model may call, behind the approval gate
+    models: Models  # every model the runtime calls; closed with it
     telemetry: Telemetry | None = None  # OpenTelemetry, when otel_endpoint is set
-    model: ModelClient | None = None  # closed with the runtime
-    background_model: ModelClient | None = None  # consolidation and reviews, when not `model`; closed too
-    approval_model: ModelClient | None = None  # the explanations of approval requests, when not `model`; closed too
     lease_table: LeaseTable | None = None  # on a store several processes share
     browser: BrowserPool | None = None  # the browser tool's Chromium, when [browser] is enabled; closed too
 
@@ -177,31 +175,35 @@ def memory_service(settings: Settings, db: Database, embedder: Embedder | None =
 
 
 @dataclass(frozen=True, slots=True)
-class _Models:
-    """The models a runtime calls, each metered into `usage`: the turns', the background work's, and
-    the one that explains approval requests (None: they go out unexplained)."""
+class Models:
+    """The models a runtime calls, each metered into `usage`: the turns', the background work's,
+    the one that explains approval requests (None: they go out unexplained) and the simple chain
+    (None: off). `owned`: the clients the runtime closes when it stops, each once."""
 
     turns: MeteredModel
     background: MeteredModel
-    explainer: ApprovalExplainer | None
     usage: UsageRecorder
+    explainer: ApprovalExplainer | None = None
+    simple: MeteredModel | None = None
+    owned: tuple[ModelClient, ...] = ()
 
 
 def _metered(settings: Settings, usage: UsageRecorder, spans: Telemetry | None, model: ModelClient,
-             background_model: ModelClient | None, approval_model: ModelClient | None) -> _Models:
+             roles: dict[str, ModelClient | None]) -> Models:
+    """`roles`: the background, approval and simple models given, by role (None: the role has none)."""
     prices = {name: spec.price() for name, spec in settings.models.items()}
     tracer = spans.tracer if spans is not None else None
+    metered = {id(model): MeteredModel(model, prices, usage.record, tracer)}
+    for given in filter(None, roles.values()):
+        metered.setdefault(id(given), MeteredModel(given, prices, usage.record, tracer))
 
-    def meter(inner: ModelClient) -> MeteredModel:
-        return MeteredModel(inner, prices, usage.record, tracer)
+    def of(role: str) -> MeteredModel | None:
+        given = roles.get(role)
+        return metered[id(given)] if given is not None else None
 
-    turns = meter(model)
-    background = meter(background_model) if background_model else turns
-    explainer = None
-    if approval_model is not None:
-        explainer = ApprovalExplainer(turns if approval_model is model else meter(approval_model),
-                                      settings.approval_explain_timeout_s)
-    return _Models(turns, background, explainer, usage)
+    turns, approval = metered[id(model)], of("approval")
+    explainer = ApprovalExplainer(approval, settings.approval_explain_timeout_s) if approval else None
+    return Models(turns, of("background") or turns, usage, explainer, of("simple"), tuple(metered.values()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +228,7 @@ def _sharing(settings: Settings, db: Database, process: str) -> _Sharing:
 
 
 def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryService, skills: SkillLibrary,
-              tools: Toolset, models: _Models, runner: BackgroundRunner) -> Pipeline:
+              tools: Toolset, models: Models, runner: BackgroundRunner) -> Pipeline:
     persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template, settings.intro_templates)
     recall = RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens)
     # The index tells the model to call skill_view: only where it can.
@@ -239,24 +241,26 @@ def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryServi
     limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
     return Pipeline(context=ContextStage(sessions, memory, persona, Identities(settings.identities), recall,
                                          index, marks),
-                    inference=InferenceStage(models.turns, tools, sessions, limits, models.usage),
+                    inference=InferenceStage(models.turns, tools, sessions, limits, models.usage, models.simple),
                     response=ResponseStage(sessions, runner, memory, derived))
 
 
 async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
                         embedder: Embedder | None = None, background_model: ModelClient | None = None,
-                        approval_model: ModelClient | None = None) -> Runtime:
-    """`tools` replaces the built-in tools (tests); `embedder` the configured one;
-    `background_model` does the background work (default: `model`); `approval_model`
-    explains approval requests (None: they go out unexplained). Every model call is
-    counted (and priced, from `[models]`) in `Runtime.usage`."""
+                        approval_model: ModelClient | None = None, simple_model: ModelClient | None = None,
+                        ) -> Runtime:
+    """`tools` replaces the built-in tools (tests); `embedder` the configured one; `background_model`
+    does the background work (default: `model`); `approval_model` explains approval requests (None:
+    unexplained); `simple_model` tries simple turns first. Every model call is counted (and priced,
+    from `[models]`) in `Runtime.usage`."""
     settings.home_dir.mkdir(parents=True, exist_ok=True)
     identities = Identities(settings.identities)  # checked before anything is opened
     db = store_database(settings)
     await db.open()
     spans = telemetry(settings)
     usage = UsageRecorder(SqlUsageStore(db), budgets_usd_per_day=settings.budget_usd_per_day)
-    models = _metered(settings, usage, spans, model, background_model, approval_model)
+    models = _metered(settings, usage, spans, model, {"background": background_model, "approval": approval_model,
+                                                      "simple": simple_model})
     sessions = SqlSessionStore(db)
     memory = memory_service(settings, db, embedder)
     await memory.open()
@@ -289,9 +293,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
         db=db, sessions=sessions, jobs=sharing.jobs, traces=traces, memory=memory, bus=bus,
         approvals=approvals, runner=runner, loop=loop, consolidation=consolidation, mcp=mcp,
         deliveries=deliveries, identities=identities, usage=usage, channels=ChannelHub(bus, deliveries),
-        tasks=tasks, skills=skills, tools=gated, telemetry=spans, model=models.turns,
-        background_model=models.background if background_model else None,
-        approval_model=models.explainer.model if models.explainer and approval_model is not model else None,
+        tasks=tasks, skills=skills, tools=gated, telemetry=spans, models=models,
         lease_table=sharing.lease_table, browser=browsing[1] if browsing else None)
 
 
@@ -302,7 +304,8 @@ async def configured_runtime(settings: Settings, model: ModelClient, *, own_role
     roles = own_roles and settings.model_configured
     return await build_runtime(settings, model,
                                background_model=configured_background_model(settings) if roles else None,
-                               approval_model=configured_approval_model(settings, model) if roles else None)
+                               approval_model=configured_approval_model(settings, model) if roles else None,
+                               simple_model=configured_simple_model(settings) if roles else None)
 
 
 def require_shared_bus(settings: Settings, command: str) -> None:
@@ -346,16 +349,15 @@ async def running(runtime: Runtime, *, channels: Iterable[str] = (), recover: bo
             stack.callback(runtime.telemetry.shutdown)
         stack.push_async_callback(runtime.memory.close)
         stack.push_async_callback(runtime.skills.close)
-        for model in (runtime.model, runtime.background_model, runtime.approval_model):
-            if model is not None:
-                stack.push_async_callback(model.aclose)
+        for model in runtime.models.owned:
+            stack.push_async_callback(model.aclose)
         stack.push_async_callback(runtime.mcp.close)
         if runtime.browser is not None:
             stack.push_async_callback(runtime.browser.close)
         await runtime.bus.start()
         stack.push_async_callback(runtime.bus.close)  # after the loop and the channels
         await runtime.approvals.recover()
-        if runtime.model.name != DEMO_NAME:
+        if runtime.models.turns.name != DEMO_NAME:
             await forget_demo_memories(runtime)
         await runtime.usage.start()
         stack.push_async_callback(runtime.usage.stop)  # after the turns and jobs: their last counts

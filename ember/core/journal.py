@@ -63,7 +63,15 @@ class ToolProgress:
     note: str
 
 
-TurnEvent = ModelCalled | ToolCalled | ApprovalEvent | ToolProgress
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Which chain answers the turn ("simple" or "main", with `[model_roles] simple` set), and why."""
+
+    chain: str
+    why: str
+
+
+TurnEvent = ModelCalled | ToolCalled | ApprovalEvent | ToolProgress | Routed
 
 
 class TurnObserver(Protocol):
@@ -122,6 +130,7 @@ class TurnJournal:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     approvals: list[dict[str, Any]] = field(default_factory=list)
     progress: list[dict[str, Any]] = field(default_factory=list)
+    routing: list[dict[str, str]] = field(default_factory=list)
     _started: float = field(default_factory=time.perf_counter)
 
     @contextmanager
@@ -157,12 +166,15 @@ class TurnJournal:
             case ToolProgress():
                 self.progress.append({"tool": event.tool, "at_ms": _ms_since(self._started),
                                       "note": redact(event.note)})
+            case Routed():
+                self.routing.append({"chain": event.chain, "why": event.why})
             case _:
                 assert_never(event)
 
     def as_dict(self) -> dict[str, Any]:
         return {"stages": self.stages, "model_calls": self.model_calls, "tool_calls": self.tool_calls,
-                "approvals": self.approvals, **({"progress": self.progress} if self.progress else {})}
+                "approvals": self.approvals, **({"progress": self.progress} if self.progress else {}),
+                **({"routing": self.routing} if self.routing else {})}
 
 
 def _ms_since(started: float) -> float:

@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from ember.core.usage import Price
 
 ROLES = ("main", "background", "approval")
-ModelRole = Literal["main", "background", "approval"]
+# Roles that exist only when configured: "simple", the cheap chain for simple turns (pipeline/inference.py).
+OPTIONAL_ROLES = ("simple",)
+ModelRole = Literal["main", "background", "approval", "simple"]
 ToolCallFormat = Literal["native", "text", "auto"]
 
 
@@ -95,6 +97,7 @@ def role_chains(models: dict[str, ModelSpec], roles: dict[str, list[str]]) -> di
     chains = {"main": roles.get("main") or list(models)}
     for role in ROLES[1:]:
         chains[role] = roles.get(role) or chains["main"]
+    chains |= {role: roles[role] for role in OPTIONAL_ROLES if role in roles}
     for role, chain in chains.items():
         unknown = [name for name in chain if name not in models]
         if unknown:

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 
 from ember.core.errors import ModelError
-from ember.core.journal import ModelCalled, ToolCalled
-from ember.core.messages import Message, ToolCall
+from ember.core.journal import ModelCalled, Routed, ToolCalled
+from ember.core.messages import Message, Role, ToolCall
 from ember.core.thinking import ThinkFilter
 from ember.core.tools import ToolRun
 from ember.core.turn import InferenceResult, PipelineContext
@@ -56,14 +56,35 @@ def iteration_cap_text(limit: int) -> str:
     )
 
 
+# A turn is simple, and `[model_roles] simple` answers it, when its message is short, its prompt
+# small and it has made no model call yet; the simple chain's reply stands only if it calls no tool.
+SIMPLE_MAX_MESSAGE_CHARS = 400
+SIMPLE_MAX_PROMPT_CHARS = 24_000  # about 6,000 tokens
+
+
+def simple_turn(ctx: PipelineContext, prompt: list[Message]) -> tuple[bool, str]:
+    """Whether the turn may go to the simple chain, and why (the trace keeps it)."""
+    size = sum(len(message.content) for message in prompt)
+    if len(ctx.event.text) > SIMPLE_MAX_MESSAGE_CHARS:
+        return False, f"a message of {len(ctx.event.text)} characters (simple: at most {SIMPLE_MAX_MESSAGE_CHARS})"
+    if size > SIMPLE_MAX_PROMPT_CHARS:
+        return False, f"a prompt of {size} characters (simple: at most {SIMPLE_MAX_PROMPT_CHARS})"
+    if any(m.turn_id == ctx.turn_id and m.role is not Role.USER for m in ctx.session.messages):
+        return False, "a resumed turn that had made calls"
+    return True, f"a message of {len(ctx.event.text)} characters and a prompt of {size}"
+
+
 class InferenceStage:
+    """`simple`: the chain of `[model_roles] simple`, tried first on a simple turn (None: off)."""
+
     def __init__(self, model: ModelClient, tools: Toolset, sessions: SessionStore,
-                 limits: InferenceLimits, budget: Budget | None = None) -> None:
+                 limits: InferenceLimits, budget: Budget | None = None, simple: ModelClient | None = None) -> None:
         self._model = model
         self._tools = tools
         self._sessions = sessions
         self._limits = limits
         self._budget = budget
+        self._simple = simple
 
     async def run(self, ctx: PipelineContext, tools: ToolRun) -> InferenceResult:
         """`tools` carries the turn's approver and observer to the tool calls."""
@@ -81,12 +102,24 @@ class InferenceStage:
         # A resumed turn counts the calls it made before the crash too: they ask for the reviews alike.
         tool_names = [call.name for m in ctx.session.messages if m.turn_id == ctx.turn_id for call in m.tool_calls]
         usage = _Usage()
+        model, trying_simple = self._model, False
+        if self._simple is not None:
+            trying_simple, why = simple_turn(ctx, messages)
+            model = self._simple if trying_simple else model
+            tools.observer.event(Routed("simple" if trying_simple else "main", why))
         for _ in range(self._limits.max_iterations):
             started = time.perf_counter()
-            reply = await self._model_step(ctx, messages)
-            tools.observer.event(ModelCalled(reply.model or self._model.name, started, reply.input_tokens,
+            # The simple chain's answer is held back until it is known to call no tool.
+            reply = await self._model_step(ctx, messages, model, live=not trying_simple)
+            tools.observer.event(ModelCalled(reply.model or model.name, started, reply.input_tokens,
                                              reply.output_tokens, len(reply.tool_calls), reply.passed_over))
             usage.add(reply)
+            if trying_simple:
+                model, trying_simple = self._model, False
+                if reply.tool_calls:
+                    tools.observer.event(Routed("main", "the simple chain asked for a tool"))
+                    continue
+                await self._show(ctx, reply.text)
             if not reply.tool_calls:
                 text = f"{reply.text}\n\n{TRUNCATED_NOTE}" if reply.truncated else reply.text
                 return self._result(text, tool_names, usage)
@@ -99,15 +132,24 @@ class InferenceStage:
             tool_names += [call.name for call in reply.tool_calls]
         return self._result(iteration_cap_text(self._limits.max_iterations), tool_names, usage)
 
-    async def _model_step(self, ctx: PipelineContext, messages: list[Message]) -> ModelReply:
+    async def _model_step(self, ctx: PipelineContext, messages: list[Message], model: ModelClient, *,
+                          live: bool = True) -> ModelReply:
         visible = ThinkFilter()
-        async for event in self._model.stream(messages, self._tools.specs(), sampling=ctx.event.sampling):
+        async for event in model.stream(messages, self._tools.specs(), sampling=ctx.event.sampling):
             if isinstance(event, ModelReply):
-                await ctx.stream.delta(visible.flush())
+                if live:
+                    await ctx.stream.delta(visible.flush())
                 return event
-            if isinstance(event, TextDelta):
+            if live and isinstance(event, TextDelta):
                 await ctx.stream.delta(visible.feed(event.text))
-        raise ModelError(f"model {self._model.name} ended its stream without a reply")
+        raise ModelError(f"model {model.name} ended its stream without a reply")
+
+    @staticmethod
+    async def _show(ctx: PipelineContext, text: str) -> None:
+        """A reply held back, streamed whole: what a live step would have shown of it."""
+        visible = ThinkFilter()
+        await ctx.stream.delta(visible.feed(text))
+        await ctx.stream.delta(visible.flush())
 
     async def _run_tools(self, ctx: PipelineContext, tools: ToolRun, calls: tuple[ToolCall, ...]) -> list[Message]:
         for call in calls:

@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from ember.core.journal import ApprovalEvent, ToolCalled, ToolProgress, TurnEvent
+from ember.core.journal import ApprovalEvent, Routed, ToolCalled, ToolProgress, TurnEvent
 from ember.core.redact import redact
 
 if TYPE_CHECKING:
@@ -99,6 +99,8 @@ class SpanObserver:
                     "ember.approval.explained": event.explanation is not None})
             case ToolProgress():
                 trace.get_current_span().add_event("tool_progress", {"gen_ai.tool.name": event.tool})
+            case Routed():
+                trace.get_current_span().add_event("routed", {"ember.route.chain": event.chain})
 
     def _tool_span(self, call: ToolCalled) -> None:
         span = self._tracer.start_span(
