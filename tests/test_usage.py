@@ -3,6 +3,7 @@ session and identity, summed by `ember usage`, refused past a daily budget."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 
@@ -89,6 +90,28 @@ async def test_a_spent_daily_budget_refuses_the_turn_clearly(start, settings) ->
         refused = await h.turn("second")
     assert "daily model budget" in refused.text and "$1.50" in refused.text and "$2.00" in refused.text
     assert len(expensive.requests) == 1
+
+
+async def test_fifty_calls_at_once_never_spend_past_the_daily_budget(start, settings) -> None:  # type: ignore[no-untyped-def]
+    """Each call reserves what it may cost before it is made: the day's total stays under the budget,
+    however many calls a person has in flight."""
+    async def slow(messages: list[Message], tools: object) -> ModelReply:
+        await asyncio.sleep(0.05)  # every turn's call is in flight together
+        return ModelReply(text="answered", input_tokens=1_000, output_tokens=100)  # $0.003 at PRICED
+
+    budget = 0.1
+    config = settings.model_copy(update={"models": {"priced": PRICED}, "budget_usd_per_day": {IDENTITY: budget}})
+    async with start(FunctionModel(slow, name="priced"), config=config) as h:
+        for n in range(50):
+            await h.publish(f"question {n}", chat=f"c{n}")
+        finals = [await h.next_closing(f"c{n}") for n in range(50)]
+        await h.runtime.usage.flush()
+        spent = await h.runtime.usage.store.spent(IDENTITY, 0.0)
+
+    answered = [final for final in finals if final.text == "answered"]
+    refused = [final for final in finals if "daily model budget" in final.text]
+    assert len(answered) + len(refused) == 50 and answered and refused
+    assert spent == pytest.approx(0.003 * len(answered)) and spent <= budget
 
 
 def test_since_takes_spans_and_dates() -> None:

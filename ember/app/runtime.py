@@ -193,9 +193,9 @@ def _metered(settings: Settings, usage: UsageRecorder, spans: Telemetry | None, 
     """`roles`: the background, approval and simple models given, by role (None: the role has none)."""
     prices = {name: spec.price() for name, spec in settings.models.items()}
     tracer = spans.tracer if spans is not None else None
-    metered = {id(model): MeteredModel(model, prices, usage.record, tracer)}
+    metered = {id(model): MeteredModel(model, prices, usage.record, tracer, usage)}
     for given in filter(None, roles.values()):
-        metered.setdefault(id(given), MeteredModel(given, prices, usage.record, tracer))
+        metered.setdefault(id(given), MeteredModel(given, prices, usage.record, tracer, usage))
 
     def of(role: str) -> MeteredModel | None:
         given = roles.get(role)

@@ -18,6 +18,10 @@ class ModelError(EmberError):
     caller (a router, a fallback) what to do about it."""
 
 
+class BudgetSpent(EmberError):
+    """A person's daily model budget has no room for this call: the text says whose, how much, and when it renews."""
+
+
 class ModelUnavailable(ModelError):
     """The endpoint could not be reached, timed out or answered 5xx: another model may answer."""
 

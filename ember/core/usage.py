@@ -9,6 +9,7 @@ cost at all (never a guess), its tokens are still counted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
@@ -77,7 +78,27 @@ def cost_usd(price: Price | None, *, input_tokens: int, output_tokens: int, cach
     return total
 
 
+# What a call is reserved as before it is made, so concurrent calls cannot all spend the same
+# room in a budget: its prompt at 3 characters a token (more tokens than providers count), and its
+# whole output limit.
+RESERVED_CHARS_PER_TOKEN = 3
+RESERVED_OUTPUT_TOKENS = 4096  # when the call sets no max_tokens
+
+
+def reservation_usd(price: Price | None, prompt_chars: int, max_output_tokens: int | None) -> float | None:
+    """The most a call may cost, at `price`; None when it has no price (it is then never budgeted)."""
+    return cost_usd(price, input_tokens=-(-prompt_chars // RESERVED_CHARS_PER_TOKEN),
+                    output_tokens=max_output_tokens or RESERVED_OUTPUT_TOKENS)
+
+
 class Budget(Protocol):
     async def refusal(self, identity: str) -> str | None:
         """Why the identity may not start a turn now, or None."""
+        ...
+
+
+class CallBudget(Protocol):
+    async def reserve(self, identity: str | None, usd: float) -> Callable[[], None]:
+        """Hold `usd` of the identity's day for one call; the release to call once the call is over
+        (its cost counted by then). BudgetSpent when the day has no room for it."""
         ...

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ember.core.messages import Message
 from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
-from ember.core.usage import Price, UsageRow, cost_usd, current_scope
+from ember.core.usage import CallBudget, Price, UsageRow, cost_usd, current_scope, reservation_usd
 from ember.models.base import ModelClient, ModelEvent, ModelReply
 
 if TYPE_CHECKING:
@@ -21,16 +21,40 @@ class MeteredModel:
     current scope, priced by the model that answered (a router's reply names it). With a
     `tracer`, each call is also an OpenTelemetry span under the current one."""
 
-    def __init__(self, inner: ModelClient, prices: Mapping[str, Price],
-                 record: Callable[[UsageRow], None], tracer: Tracer | None = None) -> None:
+    def __init__(self, inner: ModelClient, prices: Mapping[str, Price], record: Callable[[UsageRow], None],
+                 tracer: Tracer | None = None, budget: CallBudget | None = None) -> None:
         self.inner = inner
         self.name = inner.name
         self._prices = prices
         self._record = record
         self._tracer = tracer
+        self._budget = budget
 
     async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
                      sampling: Sampling | None = None) -> AsyncIterator[ModelEvent]:
+        release = await self._reserve(messages, tools, sampling)
+        try:
+            async for event in self._metered(messages, tools, sampling):
+                yield event
+        finally:
+            release()  # after the reply's row was counted: the two never both miss
+
+    async def _reserve(self, messages: Sequence[Message], tools: Sequence[ToolSpec],
+                       sampling: Sampling | None) -> Callable[[], None]:
+        """The call's reservation in its person's budget, at the dearest configured price: a chain may
+        fall over to any of its models."""
+        if self._budget is None:
+            return lambda: None
+        chars = sum(len(m.content) for m in messages) + sum(len(t.description) + len(str(t.parameters))
+                                                            for t in tools)
+        output = sampling.max_tokens if sampling else None
+        usd = max(filter(None, (reservation_usd(price, chars, output) for price in self._prices.values())), default=0)
+        if not usd:
+            return lambda: None
+        return await self._budget.reserve(current_scope.get().identity, usd)
+
+    async def _metered(self, messages: Sequence[Message], tools: Sequence[ToolSpec],
+                       sampling: Sampling | None) -> AsyncIterator[ModelEvent]:
         span = None
         if self._tracer is not None:
             from opentelemetry.trace import SpanKind  # only when traces are on: the import costs a CLI start

@@ -3,6 +3,12 @@
 Rows are kept in memory and written in one transaction every `flush_s`, and
 at stop: a turn never waits for its count, and a crash loses at most the last
 second of counts (the turn itself is committed as ever).
+
+A budgeted person's call reserves the most it may cost before it is made, and
+its count replaces the reservation after: however many calls run at once, a
+day is overspent by at most what one call cost beyond its reservation. The
+reservations are this process's: several workers may each make one call past
+the budget's end.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 
+from ember.core.errors import BudgetSpent
 from ember.core.usage import UsageRow
 from ember.runtime.tasks import cancel_task
 from ember.store.protocols import UsageLedger
@@ -35,6 +42,10 @@ class UsageRecorder:
         self._pending: list[UsageRow] = []
         self._observers: list[UsageObserver] = []
         self._task: asyncio.Task[None] | None = None
+        self._reserved: dict[str, float] = {}  # by identity, for calls in flight
+        # Held while rows move to the store, and while a reservation reads what was spent: no row is
+        # then in neither place.
+        self._ledger = asyncio.Lock()
 
     def observe(self, observer: UsageObserver) -> None:
         """`observer` sees every row as it is counted (the gateway's /metrics)."""
@@ -54,12 +65,13 @@ class UsageRecorder:
         await self.flush()
 
     async def flush(self) -> None:
-        rows, self._pending = self._pending, []
-        try:
-            await self.store.record(rows)
-        except BaseException:
-            self._pending[:0] = rows  # written by the next flush
-            raise
+        async with self._ledger:
+            rows, self._pending = self._pending, []
+            try:
+                await self.store.record(rows)
+            except BaseException:
+                self._pending[:0] = rows  # written by the next flush
+                raise
 
     async def _flushing(self) -> None:
         while True:
@@ -74,10 +86,36 @@ class UsageRecorder:
         budget = self._budgets.get(identity)
         if budget is None:
             return None
+        spent = await self._spent(identity)
+        return None if spent < budget else _spent_text(identity, budget, spent)
+
+    async def reserve(self, identity: str | None, usd: float) -> Callable[[], None]:
+        budget = self._budgets.get(identity or "")
+        if identity is None or budget is None:
+            return _nothing
+        async with self._ledger:
+            spent = await self._spent(identity)
+            if spent + usd > budget:
+                raise BudgetSpent(_spent_text(identity, budget, spent, needing=usd))
+            self._reserved[identity] = self._reserved.get(identity, 0.0) + usd
+
+        def release() -> None:
+            self._reserved[identity] -= usd
+
+        return release
+
+    async def _spent(self, identity: str) -> float:
+        """Today's cost (UTC), counted or still reserved by calls in flight."""
         since = utc_midnight()
-        spent = await self.store.spent(identity, since) + sum(
+        return await self.store.spent(identity, since) + self._reserved.get(identity, 0.0) + sum(
             row.cost_usd or 0.0 for row in self._pending if row.scope.identity == identity and row.at >= since)
-        if spent < budget:
-            return None
-        return (f"The daily model budget for {identity} (${budget:.2f}) is used up: ${spent:.2f} spent since "
-                "00:00 UTC. It renews at midnight UTC; `ember usage --by identity` shows where it went.")
+
+
+def _spent_text(identity: str, budget: float, spent: float, *, needing: float = 0.0) -> str:
+    room = f" (the next call may cost up to ${needing:.4f})" if needing else ""
+    return (f"The daily model budget for {identity} (${budget:.2f}) is used up: ${spent:.2f} spent since "
+            f"00:00 UTC{room}. It renews at midnight UTC; `ember usage --by identity` shows where it went.")
+
+
+def _nothing() -> None:
+    """The release of a call no budget holds back."""
