@@ -463,8 +463,18 @@ def test_a_session_can_be_found_renamed_and_put_away(page: Page, model: ModelSer
     expect(item.locator("a")).to_have_text("plans for the garden")
     expect(page.locator("#session-title")).to_have_text("plans for the garden")
 
-    page.once("dialog", lambda dialog: dialog.accept("Garden 2027"))
+    browser_dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (browser_dialogs.append(dialog.message), dialog.dismiss()))
+    page.locator("#rename-session").click()  # the page's own dialog, its text chosen to be replaced
+    expect(page.locator("#rename-dialog")).to_be_visible()
+    expect(page.locator("#rename-input")).to_be_focused()
+    page.keyboard.press("Escape")  # Escape cancels: nothing changes
+    expect(page.locator("#rename-dialog")).to_be_hidden()
+    expect(item.locator("a")).to_have_text("plans for the garden")
     page.locator("#rename-session").click()
+    page.screenshot(path=str(gateway.home.parent / "rename-dialog.png"))  # for a person to look at
+    page.keyboard.type("Garden 2027")  # replaces the selected name
+    page.keyboard.press("Enter")
     expect(item.locator("a")).to_have_text("Garden 2027")
     expect(page.locator("#session-title")).to_have_text("Garden 2027")
 
@@ -474,9 +484,14 @@ def test_a_session_can_be_found_renamed_and_put_away(page: Page, model: ModelSer
     expect(item).to_be_hidden()
     page.locator("#session-filter").fill("")
 
-    page.once("dialog", lambda dialog: dialog.accept())
     page.locator("#archive-session").click()
+    expect(page.locator("#delete-dialog")).to_be_visible()
+    page.get_by_role("button", name="Cancel").click()
+    expect(item).to_be_visible()
+    page.locator("#archive-session").click()
+    page.locator("#delete-confirm").click()
     expect(page.locator(f'#sessions li[data-key="{session}"]')).to_have_count(0)
+    assert browser_dialogs == []  # the browser's own prompt and confirm never showed
     assert page.url.split("#", 1)[1] != session  # a new session is open
     headers = {"Authorization": f"Bearer {ALICE_KEY}"}
     listed = httpx.get(gateway.url("/api/sessions"), params={"archived": "true"}, headers=headers).json()

@@ -210,17 +210,27 @@ function filterSessions() {
   }
 }
 
+/** Shows one of the page's own dialogs; resolves with the value of the button that closed it ("" for Escape). */
+function ask(dialog) {
+  dialog.returnValue = "";
+  dialog.showModal();
+  return new Promise((resolve) => dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true }));
+}
+
 async function renameSession() {
-  const title = prompt("A name for this session (empty: its first message)", $("session-title").textContent);
-  if (title === null) return;
+  const input = $("rename-input");
+  input.value = $("session-title").textContent;
+  const asked = ask($("rename-dialog"));
+  input.select();
+  if (await asked !== "save") return;
   await api(`/api/sessions/${encodeURIComponent(state.session)}`, {
-    method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ title }),
+    method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ title: input.value }),
   });
   await refreshSessions();
 }
 
 async function archiveSession() {
-  if (!confirm("Delete this session from the list? Its history is kept, and what Ember learned stays.")) return;
+  if (await ask($("delete-dialog")) !== "delete") return;
   await api(`/api/sessions/${encodeURIComponent(state.session)}`, { method: "DELETE" });
   location.hash = encodeURIComponent(newSessionKey());
 }
@@ -616,6 +626,10 @@ $("message-input").addEventListener("keydown", (event) => {
   $("composer").requestSubmit();
 });
 $("session-filter").addEventListener("input", filterSessions);
+// Not a submit button: Enter in a dialog's field submits with its first one, which must be the answer.
+for (const cancel of document.querySelectorAll("dialog.ask [data-cancel]")) {
+  cancel.addEventListener("click", () => cancel.closest("dialog").close("cancel"));
+}
 $("rename-session").addEventListener("click", () => renameSession().catch(showFailure));
 $("archive-session").addEventListener("click", () => archiveSession().catch(showFailure));
 $("new-session").addEventListener("click", () => {
