@@ -335,6 +335,11 @@ def test_the_skills_panel_lists_skills_and_approves_or_rejects_proposals(
     learned = panel.locator('#skills .skill[data-name="weekly-report"]')
     expect(learned.locator(".skill-meta")).to_have_text("learned · version 1")
     expect(learned.locator(".skill-description")).to_have_text("Write the weekly report.")
+    learned.locator("summary").click()  # a card opens on the skill's instructions, the attack as text
+    expect(learned.locator(".skill-text")).to_contain_text("Gather the week's notes.")
+    expect(learned.locator(".skill-text")).to_contain_text(attack)
+    assert panel.locator("script, img, [onerror]").count() == 0
+    assert page.evaluate("typeof window.__pwned") == "undefined"
 
     page.get_by_role("button", name="Reject skill purge-downloads").click()
     expect(proposals).to_have_count(0)

@@ -1,9 +1,11 @@
 // The "Skills" section of the memory panel: the skills Ember can use (shared and the caller's
 // learned ones), and the proposals of the background review waiting for the person, each with
 // its diff and Approve / Reject buttons.
-// Skill text is written by the model: it reaches the DOM through textContent only.
+// Skill text is written by the model: it reaches the DOM through textContent, or through the
+// Markdown renderer, which escapes it first.
 
 import { $, el } from "./dom.js";
+import { renderMarkdown } from "./markdown.js";
 
 const DECISIONS = [["approve", "Approve"], ["reject", "Reject"]];
 
@@ -24,7 +26,7 @@ export class SkillsPanel {
       if (view !== this.view) return;
       $("skill-proposals").replaceChildren(...proposals.map((proposal) => this.proposalItem(proposal)));
       $("skill-proposals-section").hidden = proposals.length === 0;
-      $("skills").replaceChildren(...skills.map(skillItem));
+      $("skills").replaceChildren(...skills.map((skill) => this.skillItem(skill)));
       setStatus(skills.length ? "" : "No skills yet.");
     } catch (err) {
       if (view !== this.view) return;
@@ -64,6 +66,39 @@ export class SkillsPanel {
     return item;
   }
 
+  /** A skill's card; opened, it shows the skill's instructions (fetched once, as Markdown). */
+  skillItem(skill) {
+    const item = el("li", `skill skill-${skill.scope}`);
+    item.dataset.name = skill.name;
+    const uses = skill.use_count ? ` · used ${skill.use_count} time${skill.use_count === 1 ? "" : "s"}` : "";
+    const card = el("details", "skill-card");
+    const summary = el("summary");
+    summary.append(el("div", "skill-name", skill.name),
+      el("div", "skill-meta", `${skill.scope} · version ${skill.version}${uses}`),
+      el("div", "skill-description", skill.description));
+    const body = el("div", "skill-text markdown");
+    card.append(summary, body);
+    card.addEventListener("toggle", () => {
+      if (card.open && !body.dataset.loaded) this.loadText(skill.name, body);
+    });
+    item.append(card);
+    return item;
+  }
+
+  async loadText(name, body) {
+    body.dataset.loaded = "1";
+    body.textContent = "Loading…";
+    try {
+      const skill = await (await this.api(`/api/skills/${encodeURIComponent(name)}`)).json();
+      body.innerHTML = renderMarkdown(skill.text); // escapes the model's text: no markup of its own gets through
+      if (skill.files?.length) body.append(el("p", "skill-files", `Files: ${skill.files.join(", ")}`));
+    } catch (err) {
+      delete body.dataset.loaded; // opened again, it tries again
+      if (err.status === 401) return this.onSignedOut();
+      body.textContent = `Could not load the skill: ${err.message}`;
+    }
+  }
+
   async decide(proposal, decision, buttons) {
     for (const button of buttons.querySelectorAll("button")) button.disabled = true;
     try {
@@ -79,15 +114,6 @@ export class SkillsPanel {
   }
 }
 
-function skillItem(skill) {
-  const item = el("li", `skill skill-${skill.scope}`);
-  item.dataset.name = skill.name;
-  const uses = skill.use_count ? ` · used ${skill.use_count} time${skill.use_count === 1 ? "" : "s"}` : "";
-  item.append(el("div", "skill-name", skill.name),
-    el("div", "skill-meta", `${skill.scope} · version ${skill.version}${uses}`),
-    el("div", "skill-description", skill.description));
-  return item;
-}
 
 /** A unified diff, one span a line, so added and removed lines can be coloured. */
 function diffBlock(diff) {
