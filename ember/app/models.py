@@ -1,15 +1,24 @@
-"""The model clients the settings name: one per configured model, and the chain each role
-(main, background, approval) calls, under a router when `[models]` names several."""
+"""The model clients the settings name: one per configured model, the chain each role (main,
+background, approval, simple) and each named agent calls, under a router when `[models]` names
+several; and those a runtime calls, each metered into its usage (`Models`)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ember.config.settings import CONFIGURE_MODEL_HINT, Settings
 from ember.core.errors import ModelNotConfigured
 from ember.models.base import ModelClient, ModelEndpoint
+from ember.models.metered import MeteredModel
 from ember.models.router import ModelRouter, Route
 from ember.models.spec import ANTHROPIC_PREFIX, ModelRole, ModelSpec, role_chains
+from ember.runtime.usage import UsageRecorder
+from ember.tools.explain import ApprovalExplainer
+
+if TYPE_CHECKING:
+    from ember.runtime.telemetry import Telemetry
 
 
 def model_specs(settings: Settings) -> dict[str, ModelSpec]:
@@ -82,3 +91,53 @@ def configured_background_model(settings: Settings) -> ModelClient | None:
 def configured_simple_model(settings: Settings) -> ModelClient | None:
     """The chain `[model_roles] simple` names for simple turns; None: every turn goes to main."""
     return configured_model(settings, "simple") if "simple" in settings.model_roles else None
+
+
+def configured_agent_models(settings: Settings) -> dict[str, ModelClient]:
+    """Each named agent's chain, for those whose `models` name one (the others call the main chain)."""
+    chains = {name: spec.models for name, spec in settings.agents.items() if spec.models}
+    if not chains:
+        return {}
+    endpoints = model_endpoints(settings, names={model for chain in chains.values() for model in chain})
+    return {name: ModelRouter(f"agent {name}", [Route(model, endpoints[model], settings.models[model].context_window)
+                                                 for model in chain]) for name, chain in chains.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Models:
+    """The models a runtime calls, each metered into `usage`: the turns', the background work's,
+    the one that explains approval requests (None: they go out unexplained) and the simple chain
+    (None: off). `owned`: the clients the runtime closes when it stops, each once."""
+
+    turns: MeteredModel
+    background: MeteredModel
+    usage: UsageRecorder
+    explainer: ApprovalExplainer | None = None
+    simple: MeteredModel | None = None
+    agents: Mapping[str, MeteredModel] = field(default_factory=dict)  # a named agent's chain, when it has one
+    owned: tuple[ModelClient, ...] = ()
+
+
+def metered_models(settings: Settings, usage: UsageRecorder, spans: Telemetry | None, model: ModelClient,
+             roles: dict[str, ModelClient | None]) -> Models:
+    """`roles`: the background, approval and simple models given, by role (None: the role has none);
+    each named agent's chain is made from the settings."""
+    from ember.models.metered import MeteredModel
+    from ember.tools.explain import ApprovalExplainer
+
+    prices = {name: spec.price() for name, spec in settings.models.items()}
+    tracer = spans.tracer if spans is not None else None
+    roles = {**roles, **{f"agent:{name}": chain for name, chain in configured_agent_models(settings).items()}}
+    metered = {id(model): MeteredModel(model, prices, usage.record, tracer, usage)}
+    for given in filter(None, roles.values()):
+        metered.setdefault(id(given), MeteredModel(given, prices, usage.record, tracer, usage))
+
+    def of(role: str) -> MeteredModel | None:
+        given = roles.get(role)
+        return metered[id(given)] if given is not None else None
+
+    turns, approval = metered[id(model)], of("approval")
+    explainer = ApprovalExplainer(approval, settings.approval_explain_timeout_s) if approval else None
+    agents = {role.removeprefix("agent:"): chain for role in roles if role.startswith("agent:")
+              if (chain := of(role)) is not None}
+    return Models(turns, of("background") or turns, usage, explainer, of("simple"), agents, tuple(metered.values()))

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ember.app.database import store_database
-from ember.app.models import configured_approval_model, configured_background_model, configured_simple_model
+from ember.app.models import (
+    Models,
+    configured_approval_model,
+    configured_background_model,
+    configured_simple_model,
+    metered_models,
+)
 from ember.app.tools import browser, default_tools
 from ember.bus.base import Bus
 from ember.bus.memory import InProcessBus
@@ -35,6 +41,7 @@ from ember.memory.service import MemoryService, RecallBudget
 from ember.models.base import ModelClient
 from ember.models.demo import DEMO_NAME
 from ember.models.metered import MeteredModel
+from ember.pipeline.agents import AgentTools
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
@@ -62,7 +69,6 @@ from ember.store.usage import SqlUsageStore
 from ember.tools.approval import ApprovalGate
 from ember.tools.base import Toolset
 from ember.tools.browser import BrowserPool
-from ember.tools.explain import ApprovalExplainer
 from ember.tools.mcp import McpHub, start_mcp
 
 if TYPE_CHECKING:
@@ -175,38 +181,6 @@ def memory_service(settings: Settings, db: Database, embedder: Embedder | None =
 
 
 @dataclass(frozen=True, slots=True)
-class Models:
-    """The models a runtime calls, each metered into `usage`: the turns', the background work's,
-    the one that explains approval requests (None: they go out unexplained) and the simple chain
-    (None: off). `owned`: the clients the runtime closes when it stops, each once."""
-
-    turns: MeteredModel
-    background: MeteredModel
-    usage: UsageRecorder
-    explainer: ApprovalExplainer | None = None
-    simple: MeteredModel | None = None
-    owned: tuple[ModelClient, ...] = ()
-
-
-def _metered(settings: Settings, usage: UsageRecorder, spans: Telemetry | None, model: ModelClient,
-             roles: dict[str, ModelClient | None]) -> Models:
-    """`roles`: the background, approval and simple models given, by role (None: the role has none)."""
-    prices = {name: spec.price() for name, spec in settings.models.items()}
-    tracer = spans.tracer if spans is not None else None
-    metered = {id(model): MeteredModel(model, prices, usage.record, tracer, usage)}
-    for given in filter(None, roles.values()):
-        metered.setdefault(id(given), MeteredModel(given, prices, usage.record, tracer, usage))
-
-    def of(role: str) -> MeteredModel | None:
-        given = roles.get(role)
-        return metered[id(given)] if given is not None else None
-
-    turns, approval = metered[id(model)], of("approval")
-    explainer = ApprovalExplainer(approval, settings.approval_explain_timeout_s) if approval else None
-    return Models(turns, of("background") or turns, usage, explainer, of("simple"), tuple(metered.values()))
-
-
-@dataclass(frozen=True, slots=True)
 class _Sharing:
     """How this process shares sessions and jobs: with processes on other machines through a shared
     store (fencing lease rows, claimed jobs), or with those of its own home through file locks."""
@@ -229,7 +203,8 @@ def _sharing(settings: Settings, db: Database, process: str) -> _Sharing:
 
 def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryService, skills: SkillLibrary,
               tools: Toolset, models: Models, runner: BackgroundRunner) -> Pipeline:
-    persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template, settings.intro_templates)
+    persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template, settings.intro_templates,
+                      settings.agents)
     recall = RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens)
     # The index tells the model to call skill_view: only where it can.
     index = skills if any(spec.name == "skill_view" for spec in tools.specs()) else None
@@ -239,10 +214,13 @@ def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryServi
     derived = DerivedWorkPolicy(settings.consolidation_threshold,
                                 frozenset({GATEWAY_CHANNEL}) if titled else frozenset())
     limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
+    agents = {name: InferenceStage(models.agents.get(name, models.turns),
+                                   AgentTools(tools, spec.tools, name) if spec.tools is not None else tools,
+                                   sessions, limits, models.usage) for name, spec in settings.agents.items()}
     return Pipeline(context=ContextStage(sessions, memory, persona, Identities(settings.identities), recall,
                                          index, marks),
                     inference=InferenceStage(models.turns, tools, sessions, limits, models.usage, models.simple),
-                    response=ResponseStage(sessions, runner, memory, derived))
+                    response=ResponseStage(sessions, runner, memory, derived), agents=agents)
 
 
 async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
@@ -259,8 +237,8 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     await db.open()
     spans = telemetry(settings)
     usage = UsageRecorder(SqlUsageStore(db), budgets_usd_per_day=settings.budget_usd_per_day)
-    models = _metered(settings, usage, spans, model, {"background": background_model, "approval": approval_model,
-                                                      "simple": simple_model})
+    models = metered_models(settings, usage, spans, model, {"background": background_model,
+                                                            "approval": approval_model, "simple": simple_model})
     sessions = SqlSessionStore(db)
     memory = memory_service(settings, db, embedder)
     await memory.open()

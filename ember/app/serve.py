@@ -213,9 +213,10 @@ def gateway_options(settings: Settings, model: ModelClient, model_problem: str,
 
 def turn_router(settings: Settings, runtime: Runtime, channel: str) -> TurnRouter:
     """Gateways sharing a bus (Redis) look up in the store an answer whose event went astray."""
+    agents = frozenset(settings.agents)
     if settings.redis_url is None:
-        return TurnRouter(runtime.bus, channel)
-    return SharedTurnRouter(runtime.bus, runtime.deliveries.store, channel)
+        return TurnRouter(runtime.bus, channel, agents=agents)
+    return SharedTurnRouter(runtime.bus, runtime.deliveries.store, channel, agents=agents)
 
 
 def shared_rate_limiter(settings: Settings) -> RedisRateLimiter | None:

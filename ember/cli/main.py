@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ember.cli.agents import agents_app
 from ember.cli.channels import channels
 from ember.cli.common import err, out, run_command, settings_or_exit, setup_logging
 from ember.cli.cron import cron_app
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Ember: a self-hosted AI agent runtime.", no_args_is_help=True, add_completion=False,
                   rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(sessions_app, name="sessions")
+app.add_typer(agents_app, name="agents")
 app.add_typer(trace_app, name="trace")
 app.add_typer(memory_app, name="memory")
 app.add_typer(skills_app, name="skills")

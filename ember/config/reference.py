@@ -24,6 +24,7 @@ from ember.channels.webhooks.config import OutboundSpec, WebhookSpec
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComSpec
 from ember.config.settings import Settings
 from ember.models.spec import ModelSpec
+from ember.pipeline.agents import AgentSpec
 from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import Rule, ToolPolicy
 from ember.tools.browser import BrowserSpec
@@ -38,6 +39,7 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
     ("[webhooks.NAME]", WebhookSpec, "A signed webhook: `POST /webhooks/NAME`."),
     ("[outbound.NAME]", OutboundSpec, "A URL that answers are POSTed to, signed."),
     ("[a2a_agents.NAME]", A2AAgentSpec, "Another agent the `call_agent` tool may hand work to."),
+    ("[agents.NAME]", AgentSpec, "A named agent: its own prompt, models, tools, skills and memory scope."),
     ("[browser]", BrowserSpec, "The `browser` tool: a real Chromium, off unless enabled (docs/tools.md)."),
     ("[telegram]", TelegramSpec, "A Telegram bot `ember serve` runs (also on when only EMBER_TELEGRAM_TOKEN is set)."),
     ("[wecom]", WeComSpec, "A WeCom (企业微信) self-built app, called back at `/channels/wecom`."),
@@ -81,7 +83,8 @@ def _type(annotation: Any) -> str:
     text = text or str(annotation).replace("typing.", "").replace("pathlib.", "")
     for long, short in (("pydantic.types.SecretStr", "secret"), ("SecretStr", "secret"),
                         ("ember.models.spec.", ""), ("ember.channels.webhooks.config.", ""),
-                        ("ember.tools.a2a.", ""), ("ember.tools.approval.", ""), ("NoneType", "None")):
+                        ("ember.tools.a2a.", ""), ("ember.tools.approval.", ""), ("ember.pipeline.agents.", ""),
+                        ("NoneType", "None")):
         text = text.replace(long, short)
     return text
 

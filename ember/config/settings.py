@@ -26,6 +26,7 @@ from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComSpec
+from ember.config.paths import HomePaths
 from ember.config.sources import ProviderFallback, config_file
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
@@ -39,6 +40,7 @@ from ember.models.spec import (
     check_thinking,
     role_chains,
 )
+from ember.pipeline.agents import AgentSpec, check_agents
 from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import ToolPolicy
 from ember.tools.browser import BrowserSpec
@@ -53,7 +55,7 @@ CONFIGURE_MODEL_HINT = (
 )
 
 
-class Settings(BaseSettings):
+class Settings(HomePaths, BaseSettings):
     # env_ignore_empty: an empty EMBER_MODEL_API_KEY= line in an env file means "not set".
     # Nested tables from the environment: EMBER_TOOL_POLICY__EXECUTE=allow.
     model_config = SettingsConfigDict(env_prefix="EMBER_", extra="forbid", env_ignore_empty=True,
@@ -101,7 +103,7 @@ class Settings(BaseSettings):
     # Named models and the chain each role tries in order (models/router.py); the single-model
     # settings above are the shorthand for one model in every role.
     models: dict[str, ModelSpec] = Field(default_factory=dict)
-    # Per role (main, background, approval): the [models] names tried in order.
+    # Per role (main, background, approval, and simple if set): the [models] names tried in order.
     model_roles: dict[ModelRole, list[str]] = Field(default_factory=dict)
 
     # How long the approval model may take to explain a request before it goes out without.
@@ -151,6 +153,8 @@ class Settings(BaseSettings):
     qq: QQSpec | None = None
     # Other agents the call_agent tool may hand work to over A2A.
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
+    # Named agents in this Ember: system_prompt, models, tools, skills, memory (docs/models-and-settings.md).
+    agents: dict[str, AgentSpec] = Field(default_factory=dict)
     # The browser tool (docs/tools.md): enabled, executable, idle_s, timeout_s, snapshot_chars.
     browser: BrowserSpec = Field(default_factory=BrowserSpec)
     # A turn with at least this many tool calls triggers the background reviews.
@@ -293,6 +297,7 @@ class Settings(BaseSettings):
     def _roles_name_configured_models(self) -> Settings:
         if self.models or self.model_roles:
             role_chains(self.models, dict(self.model_roles))
+        check_agents(self.agents, list(self.models))
         check_thinking(self.model_max_tokens, self.model_thinking_budget)
         return self
 
@@ -308,27 +313,11 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def home_dir(self) -> Path:
-        return self.home.expanduser()
-
-    @property
-    def workspace_dir(self) -> Path:
-        return (self.workspace or self.home_dir / "workspace").expanduser()
-
-    @property
-    def workspaces_dir(self) -> Path:
-        return self.home_dir / "workspaces"
-
-    @property
     def telegram_bot(self) -> TelegramSpec | None:
         """The Telegram bot to run: `[telegram]`, or the defaults when only EMBER_TELEGRAM_TOKEN is set."""
         if self.telegram is not None:
             return self.telegram
         return TelegramSpec() if os.environ.get(TELEGRAM_TOKEN_ENV) and not self._from_code_only else None
-
-    @property
-    def skills_path(self) -> Path:
-        return (self.skills_dir or self.home_dir / "skills").expanduser()
 
     @field_validator("database_url")
     @classmethod
@@ -336,10 +325,6 @@ class Settings(BaseSettings):
         if url is not None and not url.get_secret_value().startswith(("postgresql://", "postgres://")):
             raise ValueError("database_url must be a postgresql:// URL (unset: the SQLite file in the home)")
         return url
-
-    @property
-    def database_path(self) -> Path:
-        return self.home_dir / "ember.db"
 
     def missing_model_setting(self) -> str:
         """What a half-made model configuration lacks, in a sentence ("" when nothing is set at all)."""

@@ -49,6 +49,8 @@ class InboundEvent:
     # The conversation before this message, as the client supplied it (user and assistant text):
     # a session this message starts begins with it. Ignored by a session that has messages.
     history: tuple[Message, ...] = ()
+    # The named agent asked for (`[agents.NAME]`); None: the session's, else the default agent.
+    agent: str | None = None
 
     @property
     def session_key(self) -> str:

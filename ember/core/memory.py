@@ -10,6 +10,7 @@ import enum
 import hashlib
 import re
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -204,6 +205,13 @@ def session_identity(session_key: str, metadata: dict[str, object]) -> str:
     if isinstance(channel, str) and isinstance(sender, str):
         return default_identity(f"{channel}:{sender}")
     return default_identity(session_key)
+
+
+def memory_identity(identity: str, metadata: Mapping[str, object]) -> str:
+    """Whose memory the words of a session go to: the person's, or, in a session of a named agent
+    with a memory of its own (`[agents.NAME] memory = "own"`), that agent's with the person."""
+    agent = metadata.get("agent")
+    return f"{identity}@{agent}" if agent and metadata.get("memory") == "own" else identity
 
 
 def shared_identity(session_key: str) -> str:

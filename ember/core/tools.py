@@ -104,4 +104,10 @@ class ToolRun:
     turn_id: str
     approver: Approver
     observer: TurnObserver  # the turn's journal, and OpenTelemetry when it is on
-    identity: str  # the person the turn is for: memory tools act on theirs only
+    identity: str  # the person the turn is for: their workspace, their approvals
+    # Whose memory the memory tools act on: the person's, or a named agent's own with them (None: the person's).
+    memory_identity: str | None = None
+
+    @property
+    def memory_owner(self) -> str:
+        return self.memory_identity or self.identity

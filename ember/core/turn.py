@@ -66,11 +66,13 @@ class PipelineContext:
 
     event: InboundEvent
     turn_id: str
-    identity: str  # whose memory the turn reads and writes
+    identity: str  # the person the turn is for
     session: Session
     prompt: list[Message]
     intro_text: str = ""
     stream: StreamSink = NO_STREAM
+    agent: str | None = None  # the named agent it runs as (None: the default agent)
+    memory_identity: str = ""  # whose memory it reads and writes: the person's, or its agent's own with them
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

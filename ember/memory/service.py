@@ -30,6 +30,7 @@ from ember.core.memory import (
     NewMemory,
     Recalled,
     WriteOutcome,
+    memory_identity,
     session_identity,
     shared_identity,
 )
@@ -298,13 +299,13 @@ class MemoryService:
 
     async def turn_owners(self, session: Session) -> dict[str, str]:
         """turn id -> the identity of the person who sent that turn's message."""
-        return {turn: self._identities.resolve(channel, sender)
+        return {turn: memory_identity(self._identities.resolve(channel, sender), session.metadata)
                 for turn, (channel, sender) in (await self._store.senders(session.key)).items()}
 
     async def turn_owner(self, session: Session, turn_id: str | None) -> str:
         """The identity of the person who sent a turn's message."""
         found = (await self.turn_owners(session)).get(turn_id or "")
-        return found or session_identity(session.key, session.metadata)
+        return found or memory_identity(session_identity(session.key, session.metadata), session.metadata)
 
     async def owner(self, session: Session) -> str:
         """Whose memory a session's summary joins: its one participant's, or, when
@@ -312,8 +313,9 @@ class MemoryService:
         identity, so no member's personal memory takes in another's words."""
         people = set((await self.turn_owners(session)).values())
         if len(people) > 1:
-            return shared_identity(session.key)
-        return people.pop() if people else session_identity(session.key, session.metadata)
+            return memory_identity(shared_identity(session.key), session.metadata)
+        return people.pop() if people else memory_identity(session_identity(session.key, session.metadata),
+                                                            session.metadata)
 
     async def workspace_owner(self, session_key: str, identity: str) -> str:
         """Whose workspace a turn of `identity` works in: theirs, or, once someone else

@@ -12,11 +12,13 @@ from ember.core.delivery import Receipt
 from ember.core.events import InboundEvent
 from ember.core.language import language_of
 from ember.core.memory import PROFILE_HEADING, ROLE_SUBJECTS, MemoryKind, MemoryRecord
+from ember.core.memory import memory_identity as scoped
 from ember.core.messages import Message, Role, Session
 from ember.core.turn import NO_STREAM, PipelineContext, StreamSink
 from ember.memory.identity import Identities
 from ember.memory.protocols import PromptRecall
 from ember.memory.service import PromptMemory, RecallBudget
+from ember.pipeline.agents import AgentSpec, agent_of
 from ember.skills.library import SkillLibrary
 from ember.store.protocols import SessionStore
 
@@ -33,6 +35,8 @@ class Persona:
     intro_template: str = ""
     # By "channel:language", "channel" or "language" (the first message's), the most specific first.
     intro_templates: Mapping[str, str] = field(default_factory=dict)
+    # The named agents, each presenting itself its own way.
+    agents: Mapping[str, AgentSpec] = field(default_factory=dict)
 
     def intro_for(self, channel: str, language: str) -> str:
         templates = self.intro_templates
@@ -129,15 +133,20 @@ class ContextStage:
             m.role is Role.ASSISTANT for m in session.messages)
         # The sender's memory, not the session's: in a group chat each member recalls only their own.
         identity = self._identities.resolve(event.channel, event.sender_id)
+        agent = agent_of(event.agent, session.metadata)
+        spec = self._persona.agents.get(agent or "")
         if session.next_seq == 0:
             session.metadata = {"channel": event.channel, "chat_id": event.chat_id, "sender_id": event.sender_id,
                                 "identity": identity, **self._marks}
             if event.metadata.get("evaluation") == "true":
                 # An evaluation run: nothing of it may become anyone's memory.
                 session.metadata["evaluation"] = True
+            if spec is not None:  # the session keeps its agent, and that agent's memory scope, for good
+                session.metadata |= {"agent": agent, "memory": spec.memory}
+        memory_identity = scoped(identity, session.metadata)
         # The commit goes to the writer and the prompt's reads to the reader: they overlap. The
         # inference after this stage still starts only once the message is durable (I1).
-        reads = self._sections(session, identity, event.text)
+        reads = self._sections(session, memory_identity, event.text, spec)
         if resume:
             memory, system = await reads
         else:
@@ -151,6 +160,8 @@ class ContextStage:
             prompt=_assembled(system, session, memory),
             intro_text=intro,
             stream=open_stream(merge_intro(intro, "")) if open_stream is not None else NO_STREAM,
+            agent=agent if spec is not None else None,
+            memory_identity=memory_identity,
         )
 
     async def _commit_question(self, session: Session, event: InboundEvent, turn_id: str,
@@ -167,13 +178,16 @@ class ContextStage:
         return fill(self._persona.intro_for(event.channel, language), agent_name=self._persona.agent_name,
                     channel=event.channel, language=language)
 
-    async def _sections(self, session: Session, identity: str, text: str) -> tuple[PromptMemory, str]:
+    async def _sections(self, session: Session, identity: str, text: str,
+                        agent: AgentSpec | None) -> tuple[PromptMemory, str]:
         """The memory the prompt carries and its system text, their reads at once."""
+        skills = agent.skills if agent is not None else None
         memory, index = await _together(
             self._memory.for_prompt(identity, text, budget=self._budget, session_key=session.key,
                                     episodes=EPISODES_IN_PROMPT, exclude=_in_window(session)),
-            self._skills.index(identity) if self._skills is not None else _nothing())
-        parts = [fill(self._persona.system_prompt, agent_name=self._persona.agent_name)]
+            self._skills.index(identity, skills) if self._skills is not None else _nothing())
+        system = agent.system_prompt if agent is not None and agent.system_prompt else self._persona.system_prompt
+        parts = [fill(system, agent_name=self._persona.agent_name)]
         if index:
             parts.append(index)
         if memory.profile:

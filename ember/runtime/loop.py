@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
@@ -75,8 +75,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Pipeline:
     context: ContextStage
-    inference: InferenceStage
+    inference: InferenceStage  # the default agent's
     response: ResponseStage
+    agents: Mapping[str, InferenceStage] = field(default_factory=dict)  # each named agent's model and tools
 
 
 class AgentLoop:
@@ -370,9 +371,9 @@ class AgentLoop:
         with observer.stage("context"):
             ctx = turn.ctx = await self._pipeline.context.prepare(event, turn.turn_id, stream, resume=turn.resume)
         approver = self._approvals.for_turn(event, turn.turn_id, ctx.identity, resumed=turn.resume)
-        tools = ToolRun(event.session_key, turn.turn_id, approver, observer, ctx.identity)
+        tools = ToolRun(event.session_key, turn.turn_id, approver, observer, ctx.identity, ctx.memory_identity or None)
         with observer.stage("inference"):
-            result = await self._pipeline.inference.run(ctx, tools)
+            result = await self._pipeline.agents.get(ctx.agent or "", self._pipeline.inference).run(ctx, tools)
         if turn.resume:  # what it asked before it was cut off and did not ask again is moot now
             await self._approvals.turn_ended(turn.turn_id, "restart")
         with observer.stage("response"):

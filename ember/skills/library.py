@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Literal
 
@@ -92,7 +93,8 @@ class SkillLibrary:
         self._checked_at = 0.0
         self._refresh: asyncio.Task[None] | None = None
         self._sync_lock = asyncio.Lock()
-        self._indexes: dict[str, tuple[object, str]] = {}  # identity -> (freshness, text)
+        # (identity, the index's patterns) -> (freshness, text)
+        self._indexes: dict[tuple[str, tuple[str, ...] | None], tuple[object, str]] = {}
 
     # Folders
 
@@ -179,16 +181,20 @@ class SkillLibrary:
 
     # What the model sees
 
-    async def index(self, identity: str) -> str:
-        """The prompt's section: name and description of each active skill, by name, within the budget."""
+    async def index(self, identity: str, only: Sequence[str] | None = None) -> str:
+        """The prompt's section: name and description of each active skill, by name, within the
+        budget; `only`: the names or patterns a named agent's index keeps (None: every skill)."""
         self._look_at_folders_now_and_then()
         freshness = await self.store.freshness(identity)
-        cached = self._indexes.get(identity)
+        key = (identity, tuple(only) if only is not None else None)
+        cached = self._indexes.get(key)
         if cached is not None and cached[0] == freshness:
             return cached[1]
         skills = await self.store.visible(identity)
+        if only is not None:
+            skills = [skill for skill in skills if any(fnmatchcase(skill.name, pattern) for pattern in only)]
         text = self._render_index(skills)
-        self._indexes[identity] = (freshness, text)
+        self._indexes[key] = (freshness, text)
         return text
 
     def _render_index(self, skills: Sequence[Skill]) -> str:

@@ -33,6 +33,7 @@ from ember.core.memory import (
     WriteOutcome,
     check_content,
     content_hash,
+    memory_identity,
     normalized_key,
     session_identity,
 )
@@ -358,7 +359,7 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
     metadata = json.loads(head.metadata_json) if head is not None else {}
     if head is None or metadata.get("evaluation"):  # nothing said, or nothing of it may become a memory
         return 0
-    fallback = session_identity(session_key, metadata)  # for a message without a receipt
+    fallback = memory_identity(session_identity(session_key, metadata), metadata)  # a message without a receipt
     mark = tx.execute(_ARCHIVE_MARK, {"key": session_key}).fetchone()
     start = mark[0] if mark else 0
     high = tx.execute(_LAST_SEQ, {"key": session_key}).fetchone()[0]
@@ -379,7 +380,7 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
         if tx.execute(_ARCHIVED, {"key": session_key, "seq": seq}).fetchone():
             continue
         insert_memory(tx, NewMemory(
-            identity=resolve(channel, sender) if channel is not None else fallback,
+            identity=memory_identity(resolve(channel, sender), metadata) if channel is not None else fallback,
             content=texts[index][:MAX_CONTENT_CHARS], kind=MemoryKind.ARCHIVAL, subject=name or role,
             source=f"session {session_key}",
             source_rank=SourceRank.USER_STATED if role == "user" else SourceRank.INFERRED,

@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from ember.core.delivery import Delivery, Receipt
 from ember.core.errors import StoreConflict
 from ember.core.jobs import JobRequest
-from ember.core.memory import MemoryKind, NewMemory, SourceRank, session_identity
+from ember.core.memory import MemoryKind, NewMemory, SourceRank, memory_identity, session_identity
 from ember.core.messages import Message, Role, Session
 from ember.store import schema
 from ember.store.deliveries import record_delivery, record_receipt
@@ -267,7 +267,8 @@ class SqlSessionStore:
                 return False
             hold_memory_writes(tx)
             first, _last = tx.execute(SPAN, {"key": key, "start": expected, "end": new}).fetchone()
-            owner = identity or session_identity(key, json.loads(head.metadata_json))
+            metadata = json.loads(head.metadata_json)
+            owner = identity or memory_identity(session_identity(key, metadata), metadata)
             span = f"session {key}, messages {expected}–{new - 1}"
             write_memory(tx, NewMemory(identity=owner, content=summary, kind=MemoryKind.EPISODIC,
                                        source=span, source_rank=SourceRank.CONSOLIDATED, session_key=key,

@@ -1,5 +1,5 @@
 """The model's memory tools: remember, memory_search, forget. Each acts on the
-memory of the turn's identity only; forget archives, it never deletes."""
+memory of the turn's person only (or the named agent's own with them); forget archives, it never deletes."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _line(record: MemoryRecord) -> str:
 def memory_tools(memory: PersonalMemory) -> list[Tool]:
     async def remember(args: RememberArgs, run: ToolRun) -> str:
         try:
-            outcome = await memory.remember(run.identity, args.content, subject=args.subject, key=args.key,
+            outcome = await memory.remember(run.memory_owner, args.content, subject=args.subject, key=args.key,
                                             source=remembered_in(run.session_key),
                                             source_rank=SourceRank.INFERRED)
         except MemoryInputError as exc:
@@ -61,14 +61,14 @@ def memory_tools(memory: PersonalMemory) -> list[Tool]:
 
     async def search(args: SearchArgs, run: ToolRun) -> str:
         try:
-            hits = await memory.search(run.identity, args.query, limit=args.limit)
+            hits = await memory.search(run.memory_owner, args.query, limit=args.limit)
         except MemoryInputError as exc:
             raise ToolFailure(str(exc)) from exc
         return "\n".join(_line(hit.record) for hit in hits) or "Nothing found."
 
     async def forget(args: ForgetArgs, run: ToolRun) -> str:
         try:
-            record = await memory.forget(run.identity, args.id)
+            record = await memory.forget(run.memory_owner, args.id)
         except MemoryInputError as exc:
             raise ToolFailure(str(exc)) from exc
         return f"Forgotten: {record.id} is archived and will not be recalled again."

@@ -36,6 +36,7 @@ from ember.channels.gateway.turns import (
     InFlight,
     TurnRequest,
     TurnRouter,
+    UnknownAgent,
     namespace,
     session_key,
 )
@@ -194,6 +195,8 @@ class NativeApi:
             raise ApiError(422, "the message is empty", code="empty_message", param="text")
         if body.message_id is not None:
             checked_client_id(body.message_id, "message_id")
+        if body.agent is not None and body.agent not in self._router.agents:
+            raise ApiError(400, str(UnknownAgent(body.agent, self._router.agents)), code="unknown_agent", param="agent")
         evaluation = evaluation_requested(request)
         identity = request.state.identity
         if self._router.in_flight(identity, body.message_id):
@@ -205,7 +208,8 @@ class NativeApi:
                       evaluation: bool) -> AsyncIterator[bytes]:
         try:
             async with self._router.turn(TurnRequest(identity, key, body.text, stream=True, can_approve=True,
-                                                     client_id=body.message_id, evaluation=evaluation)) as queue:
+                                                     client_id=body.message_id, evaluation=evaluation,
+                                                     agent=body.agent)) as queue:
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
                     if event is None:

@@ -71,14 +71,16 @@ class OpenAIApi:
         ]
 
     async def models(self, request: Request) -> Response:
-        card = {"id": self._agent_id, "object": "model", "created": self._created, "owned_by": "ember"}
-        return JSONResponse({"object": "list", "data": [card]})
+        """The default agent, then each named agent: a client picks one as its model."""
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": self._created, "owned_by": "ember"}
+            for name in (self._agent_id, *sorted(self._router.agents))]})
 
     async def chat_completions(self, request: Request) -> Response:
         body = await read_json(request, ChatCompletionRequest, self._max_body_bytes)
         message = await self._message(request, body)
         headers = {SESSION_HEADER: message.key}
-        completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self._agent_id)
+        completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), message.agent or self._agent_id)
         clock = self._metrics.clock("openai")
         if body.stream:
             completion.include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -118,7 +120,9 @@ class OpenAIApi:
             key = thread.key
         else:
             thread, key = None, named
-        return _Message(identity, key, question.text(), client_id, question.name, evaluation, sampling, thread)
+        # A model id that names an agent picks it; any other (clients send their own) is the default agent.
+        agent = body.model if body.model in self._router.agents else None
+        return _Message(identity, key, question.text(), client_id, question.name, evaluation, sampling, thread, agent)
 
     def _named_session(self, request: Request, body: ChatCompletionRequest) -> str | None:
         # The user field is checked even when the header names the session: the document says what it may be.
@@ -132,7 +136,7 @@ class OpenAIApi:
         return self._router.turn(TurnRequest(
             message.identity, message.key, message.text, stream=stream, can_approve=False,
             client_id=message.client_id, sender_name=message.name, evaluation=message.evaluation,
-            sampling=message.sampling, history=message.thread.seed if message.thread else ()))
+            sampling=message.sampling, history=message.thread.seed if message.thread else (), agent=message.agent))
 
     async def _answered(self, message: _Message, shown: str) -> None:
         """Before the client has the answer: its next request, with the answer, finds the session."""
@@ -205,6 +209,7 @@ class _Message:
     evaluation: bool
     sampling: Sampling | None
     thread: Thread | None  # where a request that names no session goes
+    agent: str | None = None  # the named agent the request's model names (None: the default agent)
 
 
 class _Completion:

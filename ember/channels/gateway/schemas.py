@@ -81,6 +81,8 @@ class SessionChange(BaseModel):
 class MessageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(min_length=1, description="The user's message.")
+    agent: str | None = Field(default=None, description="The named agent ([agents.NAME]) to answer; unset: the "
+                                                        "session's, else the default agent")
     # The pattern is documented, not enforced here: the route says what is wrong with the id (400).
     message_id: str | None = Field(
         default=None, json_schema_extra={"pattern": CLIENT_ID_PATTERN},

@@ -80,6 +80,12 @@ class TurnRequest:
     sampling: Sampling | None = None  # the client's options for the model calls answering it
     # The conversation before it, as the client has it, which a new session begins with.
     history: tuple[Message, ...] = ()
+    agent: str | None = None  # the named agent asked for (None: the session's, else the default)
+
+
+class UnknownAgent(ValueError):
+    def __init__(self, agent: str, known: frozenset[str]) -> None:
+        super().__init__(f"there is no agent named {agent!r} (agents: {', '.join(sorted(known)) or 'none'})")
 
 
 class TurnRouter:
@@ -87,9 +93,11 @@ class TurnRouter:
 
     capabilities = ChannelCapabilities(streams=True)
 
-    def __init__(self, bus: InboundPublisher, name: str = CHANNEL) -> None:
-        """`name`: the channel (http; a2a routes its requests the same way)."""
+    def __init__(self, bus: InboundPublisher, name: str = CHANNEL, *, agents: frozenset[str] = frozenset()) -> None:
+        """`name`: the channel (http; a2a routes its requests the same way); `agents`: the named
+        agents a request may ask for."""
         self.name = name
+        self.agents = agents
         self._bus = bus
         self._waiting: dict[str, asyncio.Queue[OutboundEvent]] = {}
         # Messages whose turn has streamed something and not ended yet, and the requests that joined
@@ -112,6 +120,8 @@ class TurnRouter:
     @asynccontextmanager
     async def turn(self, request: TurnRequest) -> AsyncIterator[asyncio.Queue[OutboundEvent]]:
         """Send the message to the agent; yield the queue its answer arrives on."""
+        if request.agent is not None and request.agent not in self.agents:
+            raise UnknownAgent(request.agent, self.agents)
         client_id = request.client_id
         message_id = f"{request.identity}:{client_id}" if client_id else uuid.uuid4().hex
         if message_id in self._waiting:
@@ -120,7 +130,7 @@ class TurnRouter:
                              sender_id=request.identity, text=request.text, message_id=message_id,
                              sender_name=request.sender_name, stream=request.stream, can_approve=request.can_approve,
                              metadata={"evaluation": "true"} if request.evaluation else {},
-                             sampling=request.sampling, history=request.history)
+                             sampling=request.sampling, history=request.history, agent=request.agent)
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
         self._waiting[message_id] = queue
         self._next_index[message_id] = 0
@@ -175,8 +185,8 @@ class SharedTurnRouter(TurnRouter):
     has heard nothing for `look_after_s` looks for its message's answer in `answers`."""
 
     def __init__(self, bus: InboundPublisher, answers: Inbox, name: str = CHANNEL, *,
-                 look_after_s: float = ANSWER_LOOK_S) -> None:
-        super().__init__(bus, name)
+                 agents: frozenset[str] = frozenset(), look_after_s: float = ANSWER_LOOK_S) -> None:
+        super().__init__(bus, name, agents=agents)
         self._answers = answers
         self._look_after_s = look_after_s
 
