@@ -114,11 +114,27 @@ async def test_an_agent_with_its_own_memory_keeps_it_apart_from_the_persons(star
     assert any("orchid" in content for content in kept) and persons == []
 
 
+async def test_a_channel_or_one_chat_can_be_bound_to_an_agent(start, settings) -> None:  # type: ignore[no-untyped-def]
+    main = FunctionModel(lambda messages, tools: ModelReply(text=messages[0].content.split(",")[0]), name="main")
+    with serving() as small:
+        small.push(Reply(text="coder here"), Reply(text="coder asked for"))
+        config = agents_settings(settings, small, coder=CODER, writer=WRITER).model_copy(update={
+            "channel_agents": {CHANNEL: "writer", f"{CHANNEL}:special": "coder"}})
+        async with start(main, config=config) as h:
+            by_channel = await ask(h, "hello", chat="any")
+            by_chat = await ask(h, "hello", chat="special")
+            asked_for = await ask(h, "hello", chat="any-other", agent="coder")
+    assert by_channel.text == "You are Writer" and by_chat.text == "coder here"
+    assert asked_for.text == "coder asked for"  # a message that names its agent overrides the binding
+
+
 def test_an_agent_must_name_configured_models_and_a_plain_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"agents\.coder\.models names 'big', not under \[models\]"):
         Settings(home=tmp_path, agents={"coder": AgentSpec(models=["big"])})
     with pytest.raises(ValueError, match="an agent's name is lower-case"):
         Settings(home=tmp_path, agents={"My Agent": AgentSpec()})
+    with pytest.raises(ValueError, match=r"channel_agents\.telegram names agent 'nobody', not under \[agents\]"):
+        Settings(home=tmp_path, channel_agents={"telegram": "nobody"})
 
 
 def test_the_gateway_lists_agents_and_a_client_picks_one(model_server: ModelServer,

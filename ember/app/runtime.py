@@ -204,7 +204,7 @@ def _sharing(settings: Settings, db: Database, process: str) -> _Sharing:
 def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryService, skills: SkillLibrary,
               tools: Toolset, models: Models, runner: BackgroundRunner) -> Pipeline:
     persona = Persona(settings.agent_name, settings.system_prompt, settings.intro_template, settings.intro_templates,
-                      settings.agents)
+                      settings.agents, settings.channel_agents)
     recall = RecallBudget(settings.memory_profile_facts, settings.memory_recall_tokens)
     # The index tells the model to call skill_view: only where it can.
     index = skills if any(spec.name == "skill_view" for spec in tools.specs()) else None

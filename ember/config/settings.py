@@ -155,6 +155,8 @@ class Settings(HomePaths, BaseSettings):
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
     # Named agents in this Ember: system_prompt, models, tools, skills, memory (docs/models-and-settings.md).
     agents: dict[str, AgentSpec] = Field(default_factory=dict)
+    # The agent that answers a channel's messages ("telegram") or one chat's ("telegram:123456") naming none.
+    channel_agents: dict[str, str] = Field(default_factory=dict)
     # The browser tool (docs/tools.md): enabled, executable, idle_s, timeout_s, snapshot_chars.
     browser: BrowserSpec = Field(default_factory=BrowserSpec)
     # A turn with at least this many tool calls triggers the background reviews.
@@ -297,7 +299,7 @@ class Settings(HomePaths, BaseSettings):
     def _roles_name_configured_models(self) -> Settings:
         if self.models or self.model_roles:
             role_chains(self.models, dict(self.model_roles))
-        check_agents(self.agents, list(self.models))
+        check_agents(self.agents, list(self.models), self.channel_agents)
         check_thinking(self.model_max_tokens, self.model_thinking_budget)
         return self
 

@@ -2,7 +2,8 @@
 model chain, tools, skills and memory scope.
 
 A turn runs as the agent its message names (the OpenAI route's `model`, the native API's
-`agent`), else as the one its session began with, else as the default agent: Ember as
+`agent`), else as the one its session began with, else as the one its chat or channel is bound
+to (`channel_agents`: "telegram", "telegram:123456"), else as the default agent: Ember as
 configured, every tool and skill, the main chain, the person's memory. A session records the
 agent it began with; its memory scope is that agent's for the session's whole life, so what was
 said in it always joins the same memory:
@@ -43,14 +44,17 @@ class AgentSpec(BaseModel):
     memory: MemoryScope = "shared"
 
 
-def check_agents(agents: Mapping[str, AgentSpec], models: Sequence[str]) -> None:
-    """ValueError for an agent whose name is not a plain lower-case name, or whose chain names a
-    model not under [models]."""
+def check_agents(agents: Mapping[str, AgentSpec], models: Sequence[str], bindings: Mapping[str, str]) -> None:
+    """ValueError for an agent whose name is not a plain lower-case name, whose chain names a model
+    not under [models], or a channel bound to an agent that is not configured."""
     for name, spec in agents.items():
         if not AGENT_NAME.fullmatch(name):
             raise ValueError(f"agents.{name}: an agent's name is lower-case letters, digits, '-' and '_'")
         if unknown := [model for model in spec.models if model not in models]:
             raise ValueError(f"agents.{name}.models names {', '.join(map(repr, unknown))}, not under [models]")
+    for where, agent in bindings.items():
+        if agent not in agents:
+            raise ValueError(f"channel_agents.{where} names agent {agent!r}, not under [agents]")
 
 
 def matches(name: str, patterns: Sequence[str] | None) -> bool:
@@ -58,9 +62,12 @@ def matches(name: str, patterns: Sequence[str] | None) -> bool:
     return patterns is None or any(fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def agent_of(requested: str | None, metadata: Mapping[str, Any]) -> str | None:
-    """The agent a turn runs as: the one asked for, else its session's (None: the default)."""
-    return requested or metadata.get("agent") or None
+def agent_of(requested: str | None, metadata: Mapping[str, Any], bindings: Mapping[str, str],
+             channel: str, chat_id: str) -> str | None:
+    """The agent a turn runs as: the one asked for, else its session's, else the one its chat or its
+    channel is bound to (`channel_agents`); None: the default."""
+    return (requested or metadata.get("agent") or bindings.get(f"{channel}:{chat_id}") or bindings.get(channel)
+            or None)
 
 
 class AgentTools:

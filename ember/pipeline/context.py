@@ -35,8 +35,9 @@ class Persona:
     intro_template: str = ""
     # By "channel:language", "channel" or "language" (the first message's), the most specific first.
     intro_templates: Mapping[str, str] = field(default_factory=dict)
-    # The named agents, each presenting itself its own way.
+    # The named agents, each presenting itself its own way, and the channels and chats bound to one.
     agents: Mapping[str, AgentSpec] = field(default_factory=dict)
+    bindings: Mapping[str, str] = field(default_factory=dict)
 
     def intro_for(self, channel: str, language: str) -> str:
         templates = self.intro_templates
@@ -133,7 +134,7 @@ class ContextStage:
             m.role is Role.ASSISTANT for m in session.messages)
         # The sender's memory, not the session's: in a group chat each member recalls only their own.
         identity = self._identities.resolve(event.channel, event.sender_id)
-        agent = agent_of(event.agent, session.metadata)
+        agent = agent_of(event.agent, session.metadata, self._persona.bindings, event.channel, event.chat_id)
         spec = self._persona.agents.get(agent or "")
         if session.next_seq == 0:
             session.metadata = {"channel": event.channel, "chat_id": event.chat_id, "sender_id": event.sender_id,
