@@ -139,11 +139,11 @@ def test_an_agent_must_name_configured_models_and_a_plain_name(tmp_path) -> None
 
 def test_the_gateway_lists_agents_and_a_client_picks_one(model_server: ModelServer,
                                                          launch_gateway: LaunchGateway) -> None:
-    agents = json.dumps({"coder": {"system_prompt": "You are Coder."}})
+    agents = json.dumps({"coder": {"system_prompt": "You are Coder."}, "diary": {"memory": "own"}})
     gateway = launch_gateway(model_server, keys={"alice": ALICE_KEY}, EMBER_AGENTS=agents)
     headers = {"Authorization": f"Bearer {ALICE_KEY}"}
     listed = httpx.get(gateway.url("/v1/models"), headers=headers, timeout=10).json()
-    assert [model["id"] for model in listed["data"]][1:] == ["coder"]
+    assert [model["id"] for model in listed["data"]][1:] == ["coder", "diary"]
 
     model_server.push(Reply(text="from coder"))
     body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}]}
@@ -159,3 +159,14 @@ def test_the_gateway_lists_agents_and_a_client_picks_one(model_server: ModelServ
                       headers=headers, timeout=30) as response:
         final = [event for event in events(response.iter_lines()) if event.name == "final"]
     assert final[0].json()["text"] == "native coder"
+
+    # What an agent with a memory of its own keeps is the person's to see, with ?agent=.
+    made = httpx.post(gateway.url("/api/memory"), params={"agent": "diary"}, json={"content": "Alice dreams of Oslo"},
+                      headers=headers, timeout=10)
+    assert made.status_code == 201, made.text
+    theirs = httpx.get(gateway.url("/api/memory"), params={"agent": "diary"}, headers=headers, timeout=10).json()
+    assert [record["content"] for record in theirs] == ["Alice dreams of Oslo"]
+    own = httpx.get(gateway.url("/api/memory"), headers=headers, timeout=10).json()
+    assert all("Oslo" not in record["content"] for record in own)
+    shared = httpx.get(gateway.url("/api/memory"), params={"agent": "coder"}, headers=headers, timeout=10)
+    assert shared.status_code == 400 and shared.json()["error"]["code"] == "unknown_agent"

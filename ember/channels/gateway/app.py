@@ -105,6 +105,7 @@ class GatewayOptions:
     sampling_limits: SamplingLimits = DEFAULT_LIMITS  # the most an OpenAI-route request may ask for
     model_problem: str = ""  # why that model did not answer when the gateway started ("": it did)
     settings_view: Mapping[str, Any] = field(default_factory=dict)  # /api/settings: read-only, never a secret
+    own_memory_agents: frozenset[str] = frozenset()  # named agents whose own memory `?agent=` reaches
 
 
 class IdentityGate:
@@ -207,7 +208,8 @@ def _api_routes(router: TurnRouter, services: GatewayServices, options: GatewayO
                    max_body_bytes=body, limits=options.sampling_limits).routes(),
         *NativeApi(router, services.sessions, services.approvals, metrics, max_body_bytes=body,
                    approvers=options.approvers, deliveries=services.deliveries, turns=services.turns).routes(),
-        *MemoryApi(services.memory, services.identities, max_body_bytes=body).routes(),
+        *MemoryApi(services.memory, services.identities, max_body_bytes=body,
+                   own_memory_agents=options.own_memory_agents).routes(),
     ]
     if services.tasks is not None:
         tasks = TasksApi(services.tasks, services.identities, max_body_bytes=body, default_tz=options.timezone)

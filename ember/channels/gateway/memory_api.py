@@ -25,13 +25,13 @@ from ember.channels.gateway.schemas import (
 )
 from ember.channels.gateway.turns import CHANNEL
 from ember.core.errors import MemoryInputError, MemoryNotFound
-from ember.core.memory import MemoryKind
+from ember.core.memory import MemoryKind, memory_identity
 from ember.memory.identity import Identities
 from ember.memory.service import MAX_LIMIT as MAX_SEARCH_LIMIT
 from ember.memory.service import MemoryService
 
 _FLAGS = {"true": True, "false": False}
-_LIST_PARAMS = ("kind", "all", "limit")
+_LIST_PARAMS = ("kind", "all", "limit", "agent")
 _SEARCH_PARAMS = ("q", *_LIST_PARAMS)
 
 
@@ -65,10 +65,15 @@ def _query(params: QueryParams) -> str:
 
 
 class MemoryApi:
-    def __init__(self, memory: MemoryService, identities: Identities, *, max_body_bytes: int) -> None:
+    """`own_memory_agents`: the named agents that keep a memory of their own with each person, which
+    `?agent=NAME` reaches (the caller's with that agent) on every route."""
+
+    def __init__(self, memory: MemoryService, identities: Identities, *, max_body_bytes: int,
+                 own_memory_agents: frozenset[str] = frozenset()) -> None:
         self._memory = memory
         self._identities = identities
         self._max_body_bytes = max_body_bytes
+        self._own_memory_agents = own_memory_agents
 
     def routes(self) -> list[Route]:
         return [
@@ -78,8 +83,16 @@ class MemoryApi:
         ]
 
     def _person(self, request: Request) -> str:
-        """The identity whose memory the caller's key reaches."""
-        return self._identities.resolve(CHANNEL, request.state.identity)
+        """The identity whose memory the caller's key reaches: theirs, or theirs with `?agent=`."""
+        person = self._identities.resolve(CHANNEL, request.state.identity)
+        agent = request.query_params.get("agent")
+        if agent is None:
+            return person
+        if agent not in self._own_memory_agents:
+            known = ", ".join(sorted(self._own_memory_agents)) or "none"
+            raise ApiError(400, f"no agent {agent[:40]!r} keeps a memory of its own (those that do: {known})",
+                           code="unknown_agent", param="agent")
+        return memory_identity(person, {"agent": agent, "memory": "own"})
 
     async def memories(self, request: Request) -> Response:
         # One route for both methods, so a 405 on it names both in its Allow header.
