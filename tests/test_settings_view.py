@@ -19,7 +19,9 @@ from tests.modelserver import ModelServer, serving
 ALICE = "alice-secret-0123456789"
 MODEL_KEY = "sk-" + "settings0view" * 3  # the model's API key: never shown
 POLICY = ('[tool_policy]\nwrite = "deny"\ntools = { web_fetch = "allow" }\n'
-          '[[tool_policy.rules]]\ntool = "shell"\nsubject = "pytest*"\ndecision = "allow"\n')
+          '[[tool_policy.rules]]\ntool = "shell"\nsubject = "pytest*"\ndecision = "allow"\n'
+          '[agents.coder]\nsystem_prompt = "You are Coder."\ntools = ["read_file", "memory_*"]\nmemory = "own"\n'
+          '[channel_agents]\ntelegram = "coder"\n')
 
 
 @pytest.mark.parametrize(("url", "shown"), [
@@ -60,6 +62,9 @@ def test_the_settings_route_shows_models_channels_tools_and_policy_and_no_secret
     assert (policy["read"], policy["write"], policy["tools"]) == ("allow", "deny", {"web_fetch": "allow"})
     assert policy["rules"] == [{"tool": "shell", "subject": "pytest*", "decision": "allow"}]
     assert (view["store"], view["bus"]) == ("sqlite", "in-process")
+    assert view["agents"] == [{"name": "coder", "models": [], "tools": ["read_file", "memory_*"], "skills": None,
+                               "memory": "own", "own_prompt": True}]
+    assert view["channel_agents"] == {"telegram": "coder"}
     assert MODEL_KEY not in response.text and ALICE not in response.text
 
 
@@ -77,6 +82,8 @@ def test_the_settings_panel_reads_as_a_page_and_fits_a_phone(page: Page, gateway
     expect(panel).to_contain_text(f"Model: {model.model}")
     expect(panel).to_contain_text("Writing")
     expect(panel.locator("dd", has_text="pytest*")).to_have_text("shell on pytest*: allow")
+    expect(panel).to_contain_text("Agent: coder")
+    expect(panel).to_contain_text("its own with each person")
     assert MODEL_KEY not in page.content()
     page.screenshot(path=str(gateway.home.parent / f"settings-{width}.png"))  # for a person to look at
     edge = panel.bounding_box()

@@ -1,5 +1,5 @@
-"""What the page's read-only Settings view shows: the models and their roles, the channels that are
-on, the tools and the policy that judges their calls, and where the store and the bus are.
+"""What the page's read-only Settings view shows: the models and their roles, the named agents, the
+channels that are on, the tools and the policy that judges their calls, and where the store and the bus are.
 
 Written here, where the settings are read, as plain values: never a key, a token or a password. A
 URL keeps its scheme, host, port and path; credentials in it, its query and fragment are left out.
@@ -31,6 +31,10 @@ def settings_view(settings: Settings, runtime: Runtime) -> dict[str, Any]:
             "tools": dict(policy.tools), "timeout_s": policy.timeout_s,
             "rules": [{"tool": rule.tool, "subject": rule.subject, "decision": rule.decision} for rule in policy.rules],
         },
+        "agents": [{"name": name, "models": spec.models, "tools": spec.tools, "skills": spec.skills,
+                    "memory": spec.memory, "own_prompt": spec.system_prompt is not None}
+                   for name, spec in sorted(settings.agents.items())],
+        "channel_agents": dict(settings.channel_agents),
         "store": "postgresql" if settings.database_url is not None else "sqlite",
         "bus": "redis" if settings.redis_url is not None else "in-process",
         "timezone": settings.timezone,

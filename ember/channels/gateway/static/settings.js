@@ -26,6 +26,15 @@ function render(view) {
     ...(m.context_window ? [["Context", `${m.context_window.toLocaleString()} tokens`]] : []),
     ["Priced", m.priced ? "yes: costs show in Usage" : "no: tokens counted, no cost"],
   ])));
+  const agents = view.agents.map((a) => section(`Agent: ${a.name}`, list([
+    ["Models", a.models.join(", ") || "the main chain"],
+    ["Tools", a.tools === null ? "every tool" : a.tools.join(", ") || "none"],
+    ["Skills", a.skills === null ? "every skill" : a.skills.join(", ") || "none"],
+    ["Memory", a.memory === "own" ? "its own with each person" : "the person's"],
+    ["System prompt", a.own_prompt ? "its own" : "the default"],
+    ...Object.entries(view.channel_agents).filter(([, agent]) => agent === a.name)
+      .map(([where]) => ["Answers", where]),
+  ])));
   const policy = view.tool_policy;
   const overrides = Object.entries(policy.tools).map(([tool, choice]) => `${tool}: ${choice}`);
   const rules = policy.rules.map((r) => `${r.tool} on ${r.subject}: ${r.decision}`);
@@ -33,6 +42,7 @@ function render(view) {
     section("Agent", list([["Name", view.agent_name], ["Time zone", view.timezone],
       ["Memory embeddings", view.embedding_model], ["Store", view.store], ["Bus", view.bus]])),
     ...models,
+    ...agents,
     section("Channels", list([["On", view.channels.join(", ")]])),
     section("Tools", list([["Available", view.tools.join(", ") || "none"]])),
     section("Tool policy", list([
