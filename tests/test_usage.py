@@ -11,12 +11,14 @@ import pytest
 
 from ember.cli.usage import since_timestamp
 from ember.config.settings import Settings
+from ember.core.events import InboundEvent
 from ember.core.messages import Message, ToolCall
 from ember.core.usage import Price, cost_usd
 from ember.memory.consolidation import SUMMARY_INSTRUCTION
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.models.spec import ModelSpec
+from ember.pipeline.agents import AgentSpec
 from tests.conftest import IDENTITY, session_key
 from tests.pgserver import RUNTIMES, engine_settings
 from tests.test_cli_e2e import EMBER, TIMEOUT_S
@@ -112,6 +114,29 @@ async def test_fifty_calls_at_once_never_spend_past_the_daily_budget(start, sett
     refused = [final for final in finals if "daily model budget" in final.text]
     assert len(answered) + len(refused) == 50 and answered and refused
     assert spent == pytest.approx(0.003 * len(answered)) and spent <= budget
+
+
+async def test_an_agents_daily_budget_holds_whoever_its_turns_are_for(start, settings) -> None:  # type: ignore[no-untyped-def]
+    async def slow(messages: list[Message], tools: object) -> ModelReply:
+        await asyncio.sleep(0.05)
+        return ModelReply(text="answered", input_tokens=1_000, output_tokens=100)  # $0.003 at PRICED
+
+    budget = 0.05
+    config = settings.model_copy(update={"models": {"priced": PRICED}, "agents": {
+        "coder": AgentSpec(budget_usd_per_day=budget)}})
+    async with start(FunctionModel(slow, name="priced"), config=config) as h:
+        for n in range(30):  # thirty people at once, each asking the coder
+            await h.runtime.bus.publish_inbound(InboundEvent(
+                channel="test", chat_id=f"c{n}", sender_id=f"person{n}", text="code", message_id=f"m{n}",
+                agent="coder"))
+        finals = [await h.next_closing(f"c{n}") for n in range(30)]
+        plain = await h.turn("and without the agent?", chat="plain")  # the default agent has no budget
+        await h.runtime.usage.flush()
+        by_agent = {row["key"]: row["cost_usd"] for row in await h.runtime.usage.store.totals("agent")}
+
+    refused = [final for final in finals if "daily model budget for agent coder" in final.text]
+    assert refused and len(refused) < 30 and plain.text == "answered"
+    assert by_agent["coder"] <= budget and by_agent["coder"] == pytest.approx(0.003 * (30 - len(refused)))
 
 
 def test_since_takes_spans_and_dates() -> None:

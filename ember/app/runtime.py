@@ -223,6 +223,14 @@ def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryServi
                     response=ResponseStage(sessions, runner, memory, derived), agents=agents)
 
 
+def usage_recorder(settings: Settings, db: Database) -> UsageRecorder:
+    """What model calls cost, held to each person's and each named agent's daily budget."""
+    agents = {name: spec.budget_usd_per_day for name, spec in settings.agents.items()
+              if spec.budget_usd_per_day is not None}
+    return UsageRecorder(SqlUsageStore(db), budgets_usd_per_day=settings.budget_usd_per_day,
+                         agent_budgets_usd_per_day=agents)
+
+
 async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolset | None = None,
                         embedder: Embedder | None = None, background_model: ModelClient | None = None,
                         approval_model: ModelClient | None = None, simple_model: ModelClient | None = None,
@@ -236,7 +244,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     db = store_database(settings)
     await db.open()
     spans = telemetry(settings)
-    usage = UsageRecorder(SqlUsageStore(db), budgets_usd_per_day=settings.budget_usd_per_day)
+    usage = usage_recorder(settings, db)
     models = metered_models(settings, usage, spans, model, {"background": background_model,
                                                             "approval": approval_model, "simple": simple_model})
     sessions = SqlSessionStore(db)

@@ -23,6 +23,7 @@ class By(enum.StrEnum):
     identity = "identity"
     job = "job"
     model = "model"
+    agent = "agent"
 
 
 def since_timestamp(text: str | None, now: float | None = None) -> float:
@@ -41,7 +42,7 @@ def since_timestamp(text: str | None, now: float | None = None) -> float:
 
 def usage(
     since: Annotated[str | None, typer.Option("--since", help="Only calls since: 24h, 7d, 2w or a date.")] = None,
-    by: Annotated[By, typer.Option("--by", help="Group by session, identity, job (kind) or model.")] = By.session,
+    by: Annotated[By, typer.Option("--by", help="Group by session, identity, job, model or agent.")] = By.session,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Tokens and cost of the model calls: turns and background jobs, charged to their session and identity."""

@@ -21,6 +21,7 @@ class UsageScope:
     identity: str | None = None
     turn_id: str | None = None
     job_kind: str | None = None  # None: the turn's own calls
+    agent: str | None = None  # the named agent the turn runs as (None: the default agent)
 
 
 NO_SCOPE = UsageScope()  # frozen: safe as the default of every context
@@ -92,13 +93,14 @@ def reservation_usd(price: Price | None, prompt_chars: int, max_output_tokens: i
 
 
 class Budget(Protocol):
-    async def refusal(self, identity: str) -> str | None:
-        """Why the identity may not start a turn now, or None."""
+    async def refusal(self, identity: str, agent: str | None = None) -> str | None:
+        """Why the identity (or the named agent) may not start a turn now, or None."""
         ...
 
 
 class CallBudget(Protocol):
-    async def reserve(self, identity: str | None, usd: float) -> Callable[[], None]:
-        """Hold `usd` of the identity's day for one call; the release to call once the call is over
-        (its cost counted by then). BudgetSpent when the day has no room for it."""
+    async def reserve(self, scope: UsageScope, usd: float) -> Callable[[], None]:
+        """Hold `usd` of the day of the scope's identity, and of its agent, for one call; the
+        release to call once the call is over (its cost counted by then). BudgetSpent when a day
+        has no room for it."""
         ...

@@ -51,7 +51,7 @@ class MeteredModel:
         usd = max(filter(None, (reservation_usd(price, chars, output) for price in self._prices.values())), default=0)
         if not usd:
             return lambda: None
-        return await self._budget.reserve(current_scope.get().identity, usd)
+        return await self._budget.reserve(current_scope.get(), usd)
 
     async def _metered(self, messages: Sequence[Message], tools: Sequence[ToolSpec],
                        sampling: Sampling | None) -> AsyncIterator[ModelEvent]:

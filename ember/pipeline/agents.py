@@ -42,6 +42,8 @@ class AgentSpec(BaseModel):
     skills: list[str] | None = None
     # "shared": the person's own memory; "own": a memory of its own with each person.
     memory: MemoryScope = "shared"
+    # USD a day (UTC) its turns may spend on priced models, whoever they are for; past it, they are refused.
+    budget_usd_per_day: float | None = Field(default=None, ge=0)
 
 
 def check_agents(agents: Mapping[str, AgentSpec], models: Sequence[str], bindings: Mapping[str, str]) -> None:

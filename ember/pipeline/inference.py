@@ -88,10 +88,10 @@ class InferenceStage:
 
     async def run(self, ctx: PipelineContext, tools: ToolRun) -> InferenceResult:
         """`tools` carries the turn's approver and observer to the tool calls."""
-        if self._budget is not None and (refusal := await self._budget.refusal(ctx.identity)):
+        if self._budget is not None and (refusal := await self._budget.refusal(ctx.identity, ctx.agent)):
             return InferenceResult(response_text=refusal)
         scope = current_scope.set(UsageScope(session_key=ctx.session.key, identity=ctx.identity,
-                                             turn_id=ctx.turn_id))
+                                             turn_id=ctx.turn_id, agent=ctx.agent))
         try:
             return await self._loop(ctx, tools)
         finally:

@@ -48,3 +48,11 @@ CONVERSATION_DIGESTS: tuple[Step, ...] = (
             updated_at DOUBLE PRECISION NOT NULL)""",
     "CREATE INDEX conversation_digests_by_digest ON conversation_digests (owner, digest)",
 )
+
+
+# Each model call names the named agent whose turn made it: a day's budget per agent ([agents.NAME]
+# budget_usd_per_day) is summed from these.
+USAGE_BY_AGENT: tuple[Step, ...] = (
+    "ALTER TABLE model_usage ADD COLUMN agent TEXT",
+    "CREATE INDEX model_usage_by_agent ON model_usage (agent, at)",
+)

@@ -239,6 +239,8 @@ class UsageLedger(Protocol):
 
     async def spent(self, identity: str, since: float) -> float: ...
 
+    async def spent_by_agent(self, agent: str, since: float) -> float: ...
+
 
 class UsageReport(Protocol):
     """A person's model usage, by day and session, for the page's Usage view."""

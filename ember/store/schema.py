@@ -213,6 +213,7 @@ model_usage = Table(
     Column("cache_read_tokens", BigInteger, nullable=False),
     Column("cache_write_tokens", BigInteger, nullable=False),
     Column("cost_usd", Float),
+    Column("agent", Text),  # the named agent whose turn made the call (None: the default agent, or background)
 )
 
 approvals = Table(

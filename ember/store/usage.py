@@ -14,9 +14,9 @@ from ember.store import schema
 from ember.store.engine import Database
 from ember.store.tx import Statement, Tx
 
-UsageGrouping = Literal["session", "identity", "job", "model"]
+UsageGrouping = Literal["session", "identity", "job", "model", "agent"]
 _GROUP_COLUMN = {"session": "COALESCE(session_key, '-')", "identity": "COALESCE(identity, '-')",
-                 "job": "COALESCE(job_kind, 'turn')", "model": "model"}
+                 "job": "COALESCE(job_kind, 'turn')", "model": "model", "agent": "COALESCE(agent, '-')"}
 
 _u, _s = schema.model_usage, schema.sessions
 _OWNER = Statement(select(_s.c.metadata_json).where(_s.c.key == bindparam("key")))
@@ -34,6 +34,8 @@ _BY_DAY_AND_SESSION = Statement(  # CAST truncates, a floor for the times after 
     postgresql=f"SELECT CAST(FLOOR((at + :shift) / 86400) AS BIGINT), session_key, {_SUMS} {_WHERE_OWN}")
 _SPENT = Statement(select(func.coalesce(func.sum(_u.c.cost_usd), 0))
                    .where(_u.c.identity == bindparam("identity"), _u.c.at >= bindparam("since")))
+_SPENT_BY_AGENT = Statement(select(func.coalesce(func.sum(_u.c.cost_usd), 0))
+                            .where(_u.c.agent == bindparam("agent"), _u.c.at >= bindparam("since")))
 
 
 class SqlUsageStore:
@@ -58,7 +60,7 @@ class SqlUsageStore:
                     "at": row.at, "model": row.model, "session_key": scope.session_key, "identity": identity,
                     "turn_id": scope.turn_id, "job_kind": scope.job_kind, "input_tokens": row.input_tokens,
                     "output_tokens": row.output_tokens, "cache_read_tokens": row.cache_read_tokens,
-                    "cache_write_tokens": row.cache_write_tokens, "cost_usd": row.cost_usd})
+                    "cache_write_tokens": row.cache_write_tokens, "cost_usd": row.cost_usd, "agent": scope.agent})
 
         if rows:
             await self._db.run_write(write)
@@ -86,3 +88,8 @@ class SqlUsageStore:
         """USD the identity's priced calls cost since `since`."""
         return await self._db.run_read(lambda tx: tx.execute(
             _SPENT, {"identity": identity, "since": since}).fetchone()[0])
+
+    async def spent_by_agent(self, agent: str, since: float) -> float:
+        """USD the named agent's priced calls cost since `since`, whoever they were for."""
+        return await self._db.run_read(lambda tx: tx.execute(
+            _SPENT_BY_AGENT, {"agent": agent, "since": since}).fetchone()[0])
