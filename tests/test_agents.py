@@ -23,6 +23,7 @@ from tests.conftest import CHANNEL, IDENTITY, SENDER, note_tool
 from tests.gatewayproc import LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
 from tests.sse import events
+from tests.test_cli_e2e import ember, ember_env
 
 ALICE_KEY = "alice-secret-0123456789"
 CODER = AgentSpec(system_prompt="You are Coder, who writes code.", models=["small"], tools=["note"])
@@ -170,3 +171,20 @@ def test_the_gateway_lists_agents_and_a_client_picks_one(model_server: ModelServ
     assert all("Oslo" not in record["content"] for record in own)
     shared = httpx.get(gateway.url("/api/memory"), params={"agent": "coder"}, headers=headers, timeout=10)
     assert shared.status_code == 400 and shared.json()["error"]["code"] == "unknown_agent"
+
+
+def test_the_terminal_chat_asks_for_an_agent_and_agents_list_shows_them(model_server: ModelServer,
+                                                                       tmp_path) -> None:  # type: ignore[no-untyped-def]
+    agents = json.dumps({"writer": {"system_prompt": "You are Writer.", "tools": [], "memory": "own"}})
+    env = ember_env(tmp_path / "home", model_server, EMBER_AGENTS=agents)
+    model_server.push(Reply(text="a poem"))
+    done = ember(env, "chat", "--agent", "writer", "-m", "write a poem")
+    assert done.returncode == 0 and done.stdout.strip() == "a poem", done.stderr
+    asked = model_server.requests[-1]
+    assert asked["messages"][0]["content"].startswith("You are Writer.") and "tools" not in asked
+
+    unknown = ember(env, "chat", "--agent", "nobody", "-m", "hi")
+    assert unknown.returncode == 2 and "there is no agent named 'nobody' (agents: writer)" in unknown.stderr
+    listed = json.loads(ember(env, "agents", "list", "--json").stdout)
+    assert listed == [{"name": "writer", "models": [], "tools": [], "skills": None, "memory": "own",
+                       "system_prompt": True}]

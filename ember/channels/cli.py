@@ -16,6 +16,7 @@ from ember.core.tools import decision_from_reply
 from ember.runtime.approvals import ApprovalBroker, Resolution
 
 CHANNEL = "cli"
+SENDER = "local-user"  # the terminal's one person
 TOOL_PREVIEW_CHARS = 200
 
 async def read_line(prompt: str) -> str:
@@ -40,13 +41,15 @@ class CliChannel:
     capabilities = ChannelCapabilities(streams=True)
 
     def __init__(self, bus: InboundPublisher, approvals: ApprovalBroker, console: Console, prompts: Console, *,
-                 chat_id: str, sender_id: str = "local-user", ask: Callable[[str], Awaitable[str]] = read_line) -> None:
+                 chat_id: str, ask: Callable[[str], Awaitable[str]] = read_line, agent: str | None = None) -> None:
+        """`agent`: the named agent its messages ask for (None: the session's, else the default)."""
         self._bus = bus
+        self._agent = agent
         self._approvals = approvals
         self._console = console
         self._prompts = prompts
         self._chat_id = chat_id
-        self._sender_id = sender_id
+        self._sender_id = SENDER
         self._ask = ask
         self._waiting: dict[str, asyncio.Queue[OutboundEvent]] = {}
 
@@ -69,7 +72,7 @@ class CliChannel:
         try:
             await self._bus.publish_inbound(
                 InboundEvent(channel=CHANNEL, chat_id=self._chat_id, sender_id=self._sender_id, text=text,
-                             message_id=message_id, stream=stream, can_approve=True)
+                             message_id=message_id, stream=stream, can_approve=True, agent=self._agent)
             )
             return await self._show(queue, stream)
         finally:

@@ -39,11 +39,11 @@ def chosen_model(settings: Settings, *, demo: bool, fallback: bool) -> tuple[Mod
 
 
 async def chat_on(settings: Settings, model: ModelClient, session: str, message: str | None, *,
-                  demo: bool = False) -> int:
+                  demo: bool = False, agent: str | None = None) -> int:
     """One answer to `message`, printed; or, without one, the interactive chat."""
     # The demo model does the background work too; a configured chain may name its own for it.
     runtime = await configured_runtime(settings, model, own_roles=not demo)
-    channel = CliChannel(runtime.bus, runtime.approvals, out, err, chat_id=session)
+    channel = CliChannel(runtime.bus, runtime.approvals, out, err, chat_id=session, agent=agent)
     runtime.channels.register(channel)
     async with running(runtime):
         if message is not None:

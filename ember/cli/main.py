@@ -69,6 +69,7 @@ def chat(
     ] = None,
     session: SessionOption = "default",
     demo: Annotated[bool, typer.Option("--demo", help="Use the offline scripted demo model.")] = False,
+    agent: Annotated[str | None, typer.Option("--agent", help="A named agent ([agents.NAME]) to answer.")] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Chat with the agent: interactive and streaming, or one shot with -m. With no model
@@ -80,9 +81,13 @@ def chat(
     if message is not None and not message.strip():
         err.print("[red]error:[/red] the message is empty: give -m some text to send")
         raise typer.Exit(2)
+    if agent is not None and agent not in settings.agents:
+        known = ", ".join(sorted(settings.agents)) or "none is configured"
+        err.print(f"error: there is no agent named {agent!r} (agents: {known})", markup=False)
+        raise typer.Exit(2)
     # A one-shot answer feeds a script: canned text must be asked for (--demo), never a fallback.
     model, demo = chosen_model(settings, demo=demo, fallback=message is None)
-    run_command(chat_on(settings, model, session, message, demo=demo))
+    run_command(chat_on(settings, model, session, message, demo=demo, agent=agent))
 
 
 app.command("chat")(chat)
