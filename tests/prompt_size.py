@@ -17,7 +17,7 @@ from ember.core.tools import ToolSpec
 from ember.models.base import ModelReply
 from ember.models.openai_compat import to_openai_tool
 from ember.models.scripted import FunctionModel
-from ember.tools.browser import BrowserSpec
+from ember.tools.browser_config import BrowserSpec
 from tests.conftest import Harness
 
 # Characters a token stands for, the low end of what OpenAI's tokenizers give English prose and

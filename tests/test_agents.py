@@ -17,7 +17,7 @@ from ember.core.tools import ToolSpec
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.models.spec import ModelSpec
-from ember.pipeline.agents import AgentSpec
+from ember.pipeline.agent_spec import AgentSpec
 from ember.tools.base import ToolRegistry
 from tests.conftest import CHANNEL, IDENTITY, SENDER, note_tool
 from tests.gatewayproc import LaunchGateway

@@ -24,7 +24,8 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.tools.approval import ApprovalGate, ToolPolicy
 from ember.tools.base import ToolFailure, ToolRegistry
-from ember.tools.browser import BrowserPool, BrowserSpec, BrowserTool, browser_tool
+from ember.tools.browser import BrowserPool, BrowserTool, browser_tool
+from ember.tools.browser_config import BrowserSpec
 from ember.tools.workspace import Workspaces
 from tests.browser import CHROMIUM, needs_chromium
 from tests.conftest import FixedApprover

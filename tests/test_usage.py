@@ -18,7 +18,7 @@ from ember.memory.consolidation import SUMMARY_INSTRUCTION
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.models.spec import ModelSpec
-from ember.pipeline.agents import AgentSpec
+from ember.pipeline.agent_spec import AgentSpec
 from tests.conftest import IDENTITY, session_key
 from tests.pgserver import RUNTIMES, engine_settings
 from tests.test_cli_e2e import EMBER, TIMEOUT_S

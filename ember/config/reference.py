@@ -24,10 +24,10 @@ from ember.channels.webhooks.config import OutboundSpec, WebhookSpec
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComSpec
 from ember.config.settings import Settings
 from ember.models.spec import ModelSpec
-from ember.pipeline.agents import AgentSpec
+from ember.pipeline.agent_spec import AgentSpec
 from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import Rule, ToolPolicy
-from ember.tools.browser import BrowserSpec
+from ember.tools.browser_config import BrowserSpec
 from ember.tools.mcp.config import McpServerConfig
 
 TABLES: list[tuple[str, type[BaseModel], str]] = [
@@ -83,7 +83,7 @@ def _type(annotation: Any) -> str:
     text = text or str(annotation).replace("typing.", "").replace("pathlib.", "")
     for long, short in (("pydantic.types.SecretStr", "secret"), ("SecretStr", "secret"),
                         ("ember.models.spec.", ""), ("ember.channels.webhooks.config.", ""),
-                        ("ember.tools.a2a.", ""), ("ember.tools.approval.", ""), ("ember.pipeline.agents.", ""),
+                        ("ember.tools.a2a.", ""), ("ember.tools.approval.", ""), ("ember.pipeline.agent_spec.", ""),
                         ("NoneType", "None")):
         text = text.replace(long, short)
     return text

@@ -40,10 +40,10 @@ from ember.models.spec import (
     check_thinking,
     role_chains,
 )
-from ember.pipeline.agents import AgentSpec, check_agents
+from ember.pipeline.agent_spec import AgentSpec, check_agents
 from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import ToolPolicy
-from ember.tools.browser import BrowserSpec
+from ember.tools.browser_config import BrowserSpec
 from ember.tools.mcp.config import McpServers
 from ember.tools.sandbox import SandboxMode
 

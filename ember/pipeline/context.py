@@ -18,7 +18,8 @@ from ember.core.turn import NO_STREAM, PipelineContext, StreamSink
 from ember.memory.identity import Identities
 from ember.memory.protocols import PromptRecall
 from ember.memory.service import PromptMemory, RecallBudget
-from ember.pipeline.agents import AgentSpec, agent_of
+from ember.pipeline.agent_spec import AgentSpec
+from ember.pipeline.agents import agent_of
 from ember.skills.library import SkillLibrary
 from ember.store.protocols import SessionStore
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ember.core.errors import ConfigError
 from ember.core.tools import Risk, ToolAction, ToolRun, ToolSpec
 from ember.tools.base import ToolFailure
+from ember.tools.browser_config import BrowserSpec
 from ember.tools.browser_proxy import REFUSED_HEADER, CheckingProxy
 from ember.tools.workspace import Workspace, Workspaces
 
@@ -41,20 +42,6 @@ FOLDER = "browser"  # in the person's workspace: downloads and screenshots
 _SNAPSHOT = (Path(__file__).parent / "browser_snapshot.js").read_text(encoding="utf-8")
 _ARGS = ["--headless", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--disable-sync",
          "--disable-background-networking", "--disable-component-update"]
-
-
-class BrowserSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    # Offer the browser tool (needs Playwright, `pip install 'ember[browser]'`, and Chromium).
-    enabled: bool = False
-    # The Chromium to drive (Debian's package; never a downloaded one).
-    executable: Path = Path("/usr/bin/chromium")
-    # A person's browser context is closed after this long unused (its cookies go with it).
-    idle_s: float = Field(default=300.0, gt=0)
-    # Longest wait for one action (a page load, a click's navigation).
-    timeout_s: float = Field(default=20.0, gt=0)
-    # Most characters of page text a snapshot gives the model.
-    snapshot_chars: int = Field(default=12_000, ge=500)
 
 
 class BrowserArgs(BaseModel):
