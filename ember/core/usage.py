@@ -99,6 +99,10 @@ class Budget(Protocol):
 
 
 class CallBudget(Protocol):
+    def holds(self, scope: UsageScope) -> bool:
+        """Whether a budget holds calls of `scope` back (else there is nothing to reserve)."""
+        ...
+
     async def reserve(self, scope: UsageScope, usd: float) -> Callable[[], None]:
         """Hold `usd` of the day of the scope's identity, and of its agent, for one call; the
         release to call once the call is over (its cost counted by then). BudgetSpent when a day

@@ -43,7 +43,8 @@ class MeteredModel:
                        sampling: Sampling | None) -> Callable[[], None]:
         """The call's reservation in its person's budget, at the dearest configured price: a chain may
         fall over to any of its models."""
-        if self._budget is None:
+        scope = current_scope.get()
+        if self._budget is None or not self._budget.holds(scope):
             return lambda: None
         chars = sum(len(m.content) for m in messages) + sum(len(t.description) + len(str(t.parameters))
                                                             for t in tools)
@@ -51,7 +52,7 @@ class MeteredModel:
         usd = max(filter(None, (reservation_usd(price, chars, output) for price in self._prices.values())), default=0)
         if not usd:
             return lambda: None
-        return await self._budget.reserve(current_scope.get(), usd)
+        return await self._budget.reserve(scope, usd)
 
     async def _metered(self, messages: Sequence[Message], tools: Sequence[ToolSpec],
                        sampling: Sampling | None) -> AsyncIterator[ModelEvent]:

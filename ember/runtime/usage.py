@@ -98,6 +98,9 @@ class UsageRecorder:
                 return _spent_text(holder, budget, spent)
         return None
 
+    def holds(self, scope: UsageScope) -> bool:
+        return bool(self._holders(scope.identity, scope.agent))
+
     async def reserve(self, scope: UsageScope, usd: float) -> Callable[[], None]:
         holders = self._holders(scope.identity, scope.agent)
         if not holders:
