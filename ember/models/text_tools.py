@@ -140,7 +140,8 @@ class TextCallStream:
         while True:
             if self._in_plain_fence:
                 close = text.find(_FENCE, self._scan)
-                if close < 0:
+                if close < 0:  # code shows as it comes; its closing fence may still be arriving
+                    self._scan = max(self._scan, len(text) - len(_FENCE) + 1)
                     return len(text)
                 self._scan, self._in_plain_fence = close + len(_FENCE), False
             tag, fence = text.find(TAG, self._scan), text.find(_FENCE, self._scan)

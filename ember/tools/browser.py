@@ -82,6 +82,7 @@ class BrowserPool:
         self._browser: Browser | None = None
         self._tabs: dict[str, _Tab] = {}
         self._lock = asyncio.Lock()
+        self._closing: set[asyncio.Task[bool]] = set()  # idle contexts being closed (kept: tasks are weakly held)
 
     def check(self) -> None:
         """ConfigError, saying what to install, unless both Playwright and the Chromium are there."""
@@ -104,9 +105,14 @@ class BrowserPool:
             if tab.closer is not None:
                 tab.closer.cancel()
             loop = asyncio.get_running_loop()
-            tab.closer = loop.call_later(self._spec.idle_s, lambda: loop.create_task(self.close_tab(run.identity)))
+            tab.closer = loop.call_later(self._spec.idle_s, self._close_idle, run.identity)
             tab.refused.clear()
             return tab
+
+    def _close_idle(self, identity: str) -> None:
+        task = asyncio.get_running_loop().create_task(self.close_tab(identity), name="ember-browser-idle")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def close_tab(self, identity: str) -> bool:
         tab = self._tabs.pop(identity, None)
