@@ -23,7 +23,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 
 from ember.app.database import open_database
-from ember.app.models import configured_model
+from ember.app.models import Models, configured_model
 from ember.app.runtime import (
     Runtime,
     _job_handlers,
@@ -147,7 +147,8 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
     skills = skill_library(settings, db)
     consolidation = ConsolidationWorker(sessions, leases, model, memory, keep_recent=settings.consolidation_keep_recent)
     usage = UsageRecorder(SqlUsageStore(db))
-    handlers = _job_handlers(sessions, leases, MeteredModel(model, {}, usage.record), memory, skills, consolidation)
+    metered = MeteredModel(model, {}, usage.record)
+    handlers = _job_handlers(sessions, leases, metered, memory, skills, consolidation)
     if embed is not None:
         handlers[JobKind.EMBED] = embed(memory)
     runner = BackgroundRunner(jobs, handlers, HostRunner(HostLock(home / "locks" / "background-runner"), jobs),
@@ -167,7 +168,7 @@ async def assemble(settings: Settings, model: ModelClient, *, bus: InProcessBus 
                    runner=runner, loop=loop, consolidation=consolidation, mcp=await start_mcp({}),
                    deliveries=deliveries, identities=identities, usage=usage,
                    channels=ChannelHub(bus, deliveries), tasks=SqlTaskStore(db), skills=skills,
-                   tools=ToolRegistry(), model=model)
+                   tools=ToolRegistry(), models=Models(metered, metered, usage, owned=(metered,)))
 
 
 @asynccontextmanager
