@@ -9,6 +9,7 @@ import uuid
 
 import httpx
 import pytest
+from playwright.sync_api import Page, expect
 
 from ember.config.settings import Settings
 from ember.core.events import InboundEvent
@@ -19,6 +20,7 @@ from ember.models.scripted import FunctionModel
 from ember.models.spec import ModelSpec
 from ember.pipeline.agent_spec import AgentSpec
 from ember.tools.base import ToolRegistry
+from tests.browser import answer, box, needs_chromium, send, sign_in
 from tests.conftest import CHANNEL, IDENTITY, SENDER, note_tool
 from tests.gatewayproc import LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
@@ -188,3 +190,22 @@ def test_the_terminal_chat_asks_for_an_agent_and_agents_list_shows_them(model_se
     listed = json.loads(ember(env, "agents", "list", "--json").stdout)
     assert listed == [{"name": "writer", "models": [], "tools": [], "skills": None, "memory": "own",
                        "system_prompt": True}]
+
+
+@needs_chromium
+def test_the_page_offers_the_agents_and_sends_the_one_picked(page: Page, model_server: ModelServer,
+                                                             launch_gateway: LaunchGateway) -> None:
+    agents = json.dumps({"coder": {"system_prompt": "You are Coder."}})
+    gateway = launch_gateway(model_server, keys={"alice": ALICE_KEY}, EMBER_AGENTS=agents)
+    page.set_viewport_size({"width": 390, "height": 800})  # a phone: the picker fits beside the box
+    sign_in(page, gateway, ALICE_KEY)
+    picker = page.locator("#agent-select")
+    expect(picker).to_be_visible()
+    expect(picker.locator("option")).to_have_text(["Default agent", "coder"])
+    found = box(page, "#agent-select")
+    assert found["x"] >= 0 and found["x"] + found["width"] <= 390, found
+    picker.select_option("coder")
+    model_server.push(Reply(text="Coder here."))
+    send(page, "who are you?")
+    expect(answer(page)).to_have_text("Coder here.")
+    assert model_server.requests[-1]["messages"][0]["content"].startswith("You are Coder.")

@@ -209,6 +209,7 @@ def gateway_options(settings: Settings, model: ModelClient, model_problem: str,
         sampling_limits=SamplingLimits(settings.gateway_max_tokens, settings.gateway_max_temperature),
         settings_view=view or {},
         own_memory_agents=frozenset(name for name, spec in settings.agents.items() if spec.memory == "own"),
+        agents=tuple(sorted(settings.agents)),
     )
 
 

@@ -105,6 +105,7 @@ class GatewayOptions:
     sampling_limits: SamplingLimits = DEFAULT_LIMITS  # the most an OpenAI-route request may ask for
     model_problem: str = ""  # why that model did not answer when the gateway started ("": it did)
     settings_view: Mapping[str, Any] = field(default_factory=dict)  # /api/settings: read-only, never a secret
+    agents: tuple[str, ...] = ()  # the named agents a caller may ask for (the page's picker)
     own_memory_agents: frozenset[str] = frozenset()  # named agents whose own memory `?agent=` reaches
 
 
@@ -226,14 +227,14 @@ def _api_routes(router: TurnRouter, services: GatewayServices, options: GatewayO
 def _own_routes(services: GatewayServices, keys: ApiKeys, options: GatewayOptions,
                 metrics: GatewayMetrics) -> list[BaseRoute]:
     """The page, and what describes the gateway: health, metrics, the OpenAPI document, the caller."""
-    document = openapi_document("Ember gateway", __version__)
+    document = openapi_document("Ember gateway", __version__, options.agents)
 
     async def me(request: Request) -> Response:
         """Who the caller is and what answers them, for the page's header."""
         identity = request.state.identity
         return JSONResponse({"identity": identity, "person": services.identities.resolve("http", identity),
                              "agent": options.agent_name, "model": options.model_label, "keys": not keys.open,
-                             "model_problem": options.model_problem or None})
+                             "model_problem": options.model_problem or None, "agents": list(options.agents)})
 
     async def settings_view(request: Request) -> Response:
         """The models, channels, tools and policy this gateway runs with, for the page's Settings view."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -105,12 +106,15 @@ def _operation(summary: str, responses: dict[str, Any], *, body: type[BaseModel]
     return op
 
 
-def openapi_document(title: str, version: str) -> dict[str, Any]:
+def openapi_document(title: str, version: str, agents: Sequence[str] = ()) -> dict[str, Any]:
+    """`agents`: the named agents a message may ask for, which the document lists as the only values."""
     schemas: dict[str, Any] = {}
     for model in _SCHEMAS:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
+    agent = schemas["MessageRequest"]["properties"]["agent"]
+    agent["anyOf"] = [{"enum": list(agents)}, {"type": "null"}] if agents else [{"type": "null"}]
     paths = {**_conversation_paths(), **_memory_paths(), **{
         "/healthz": {"get": _operation("Liveness", {"200": _json(Health, "Alive")}, public=True)},
         "/metrics": {"get": _operation("Prometheus metrics", {"200": {

@@ -163,9 +163,20 @@ async function showWhoami() {
   const who = me.keys ? `Signed in as ${me.identity}` : "Open gateway (no keys)";
   $("whoami").textContent = `${who} · model: ${me.model}`;
   $("whoami").hidden = false;
+  showAgents(me.agents ?? []);
   // What `ember serve` found when it asked the model at start: turns fail until it answers.
   $("model-banner").textContent = me.model_problem ? `The model did not answer when Ember started: ${me.model_problem}` : "";
   $("model-banner").hidden = !me.model_problem;
+}
+
+/** The named agents, when there are any: the message names the one picked ("" is the session's, else the default). */
+function showAgents(agents) {
+  const select = $("agent-select");
+  const picked = select.value;
+  select.replaceChildren(el("option", "", "Default agent"), ...agents.map((name) => el("option", "", name)));
+  select.firstChild.value = "";
+  select.value = agents.includes(picked) ? picked : "";
+  select.hidden = agents.length === 0;
 }
 
 // ---- sessions ----
@@ -597,7 +608,7 @@ async function sendText(text, messageId = randomId("msg")) {
     const response = await api(sessionPath(state.session), {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ text, message_id: messageId }),
+      body: JSON.stringify({ text, message_id: messageId, ...($("agent-select").value ? { agent: $("agent-select").value } : {}) }),
       signal: abort.signal,
     });
     await readEvents(response, (name, data) => turn.on(name, data));
