@@ -5,6 +5,7 @@ tool policy."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -168,8 +169,6 @@ async def test_each_person_has_their_own_cookies_downloads_and_screenshots(brows
 
 async def _downloaded(path: Path) -> None:
     """A download is saved as it completes, after the click that started it has returned."""
-    import asyncio
-
     for _ in range(200):
         if path.exists():
             return
@@ -198,3 +197,23 @@ async def test_the_runtime_offers_the_browser_when_enabled_and_closes_it_at_stop
     unused = settings.model_copy(update={"home": settings.home / "off"})
     async with start(FunctionModel(answer), config=unused) as h:
         assert "browser" not in [spec.name for spec in h.runtime.tools.specs()] and h.runtime.browser is None
+
+
+async def test_a_context_left_unused_is_closed_with_its_cookies(tmp_path: Path, web: str) -> None:
+    folders = Workspaces(tmp_path / "local", tmp_path / "workspaces")
+    tool, pool = browser_tool(BrowserSpec(enabled=True, executable=Path(CHROMIUM), idle_s=0.3), folders,
+                              allowed_hosts=frozenset({"127.0.0.1"}))
+    alice = run_of("alice")
+    try:
+        assert "cookie: none" in await tool.run({"action": "open", "url": f"{web}/cookie?set=alice"}, alice)
+        assert pool.people == 1
+        for _ in range(200):  # its idle timer closes it a moment after 0.3 s (a look would keep it open)
+            if pool.people == 0:
+                break
+            await asyncio.sleep(0.05)
+        with pytest.raises(ToolFailure, match="no page is open"):
+            await tool.run({"action": "snapshot"}, alice)
+        assert "cookie: none" in await tool.run({"action": "open", "url": f"{web}/cookie"}, alice)
+    finally:
+        await pool.close()
+    assert pool.closed

@@ -125,6 +125,11 @@ class BrowserPool:
         return True
 
     @property
+    def people(self) -> int:
+        """How many people have a browser context open now."""
+        return len(self._tabs)
+
+    @property
     def closed(self) -> bool:
         """No Chromium runs for this pool (none started yet, or stopped)."""
         return self._browser is None
