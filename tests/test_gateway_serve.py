@@ -170,7 +170,8 @@ def test_a_store_locked_past_its_busy_timeout_is_a_503_to_retry(launch_gateway: 
     write is refused with 503 and Retry-After, never a 500; once the lock goes, the retry works."""
     gateway = launch_gateway(None)
     path = gateway.home / "ember.db"
-    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    # Waits for a write the gateway may be making at that moment (its start-up jobs), then holds the lock.
+    other = sqlite3.connect(path, isolation_level=None, timeout=10)
     try:
         other.execute("BEGIN IMMEDIATE")
         refused = httpx.post(gateway.url("/api/memory"), json={"content": "I like green tea."}, timeout=60)
