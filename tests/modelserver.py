@@ -184,6 +184,7 @@ class ModelServer:
         self.refused: list[dict[str, Any]] = []  # requests refused for their tools
         self.requests: list[dict[str, Any]] = []
         self.chunks_sent = 0
+        self.chunks_by_reply: dict[int, int] = {}  # id(reply) -> its chunks sent: one answer's, whatever else streams
         # Answers requests when no scripted reply is queued (for many concurrent clients).
         self.responder: Callable[[dict[str, Any]], Reply] | None = None
         # Answers the approval model's requests, kept out of `requests` and the script (None: scripted too).
@@ -258,6 +259,7 @@ class ModelServer:
                 raise _ConnectionCut(f"scripted cut after {sent} chunks")
             yield f"data: {json.dumps(chunk)}\n\n"
             self.chunks_sent += 1
+            self.chunks_by_reply[id(reply)] = self.chunks_by_reply.get(id(reply), 0) + 1
             if reply.chunk_delay_s:
                 await asyncio.sleep(reply.chunk_delay_s)
         yield "data: [DONE]\n\n"
