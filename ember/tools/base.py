@@ -70,11 +70,16 @@ class FunctionTool(Generic[Args]):
         return await self._fn(self._parse(arguments))
 
     def _parse(self, arguments: dict[str, Any]) -> Args:
-        try:
-            return self._args.model_validate(arguments)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
-            raise ToolFailure(f"invalid arguments for {self._spec.name}: {problems}") from exc
+        return parsed_arguments(self._args, arguments, self._spec.name)
+
+
+def parsed_arguments(model: type[Args], arguments: dict[str, Any], tool: str) -> Args:
+    """`arguments` as `model`; ToolFailure naming every problem, for the model to correct."""
+    try:
+        return model.model_validate(arguments)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+        raise ToolFailure(f"invalid arguments for {tool}: {problems}") from exc
 
 
 class TurnTool(FunctionTool[Args]):

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ember.core.errors import ConfigError
 from ember.core.tools import Risk, ToolAction, ToolRun, ToolSpec
-from ember.tools.base import ToolFailure
+from ember.tools.base import ToolFailure, parsed_arguments
 from ember.tools.browser_config import BrowserSpec
 from ember.tools.browser_proxy import REFUSED_HEADER, CheckingProxy
 from ember.tools.workspace import Workspace, Workspaces
@@ -228,11 +228,7 @@ class BrowserTool:
 
 
 def _parse(arguments: dict[str, Any]) -> BrowserArgs:
-    try:
-        return BrowserArgs.model_validate(arguments)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
-        raise ToolFailure(f"invalid arguments for {TOOL}: {problems}") from exc
+    return parsed_arguments(BrowserArgs, arguments, TOOL)
 
 
 async def _open(tab: _Tab, args: BrowserArgs) -> str:
