@@ -215,7 +215,7 @@ def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryServi
                                 frozenset({GATEWAY_CHANNEL}) if titled else frozenset())
     limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
     agents = {name: InferenceStage(models.agents.get(name, models.turns),
-                                   AgentTools(tools, spec.tools, name) if spec.tools is not None else tools,
+                                   AgentTools(tools, spec.tools, f"agent {name}") if spec.tools is not None else tools,
                                    sessions, limits, models.usage) for name, spec in settings.agents.items()}
     return Pipeline(context=ContextStage(sessions, memory, persona, Identities(settings.identities), recall,
                                          index, marks),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ember.core.journal import TurnObserver
+from ember.core.usage import TurnTally
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,9 @@ class ToolRun:
     identity: str  # the person the turn is for: their workspace, their approvals
     # Whose memory the memory tools act on: the person's, or a named agent's own with them (None: the person's).
     memory_identity: str | None = None
+    depth: int = 0  # how many delegations deep the turn is (0: a person's own turn)
+    offered: frozenset[str] = frozenset()  # the tools the turn's model is offered (set by the inference stage)
+    spent: TurnTally = field(default_factory=TurnTally)  # what its model calls used, its delegated turns' too
 
     @property
     def memory_owner(self) -> str:

@@ -24,6 +24,26 @@ class UsageScope:
     agent: str | None = None  # the named agent the turn runs as (None: the default agent)
 
 
+@dataclass(slots=True)
+class TurnTally:
+    """What a turn's model calls used so far, its delegated turns' included."""
+
+    model_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens read from (or written to) a provider's cache
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, other: TurnTally) -> None:
+        self.model_calls += other.model_calls
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cached_tokens += other.cached_tokens
+
+
 NO_SCOPE = UsageScope()  # frozen: safe as the default of every context
 current_scope: ContextVar[UsageScope] = ContextVar("ember_usage_scope", default=NO_SCOPE)
 

@@ -35,10 +35,11 @@ def agent_of(requested: str | None, metadata: Mapping[str, Any], bindings: Mappi
 class AgentTools:
     """The tools an agent is offered; another tool is neither offered nor run, whatever is asked."""
 
-    def __init__(self, inner: Toolset, patterns: Sequence[str], agent: str) -> None:
+    def __init__(self, inner: Toolset, patterns: Sequence[str], whom: str) -> None:
+        """`whom`: who is offered them, as a refusal names them ("agent coder")."""
         self._inner = inner
         self._patterns = list(patterns)
-        self._agent = agent
+        self._whom = whom
 
     def specs(self) -> list[ToolSpec]:
         return [spec for spec in self._inner.specs() if matches(spec.name, self._patterns)]
@@ -57,4 +58,4 @@ class AgentTools:
     def _offered(self, call: ToolCall) -> None:
         if not matches(call.name, self._patterns):
             offered = ", ".join(spec.name for spec in self.specs()) or "none"
-            raise ToolFailure(f"there is no tool named {call.name!r} for agent {self._agent}. Available: {offered}.")
+            raise ToolFailure(f"there is no tool named {call.name!r} for {self._whom}. Available: {offered}.")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 
 from ember.core.errors import ModelError
 from ember.core.journal import ModelCalled, Routed, ToolCalled
@@ -18,8 +19,9 @@ from ember.core.messages import Message, Role, ToolCall
 from ember.core.thinking import ThinkFilter
 from ember.core.tools import ToolRun
 from ember.core.turn import InferenceResult, PipelineContext
-from ember.core.usage import Budget, UsageScope, current_scope
+from ember.core.usage import Budget, TurnTally, UsageScope, current_scope
 from ember.models.base import ModelClient, ModelReply, TextDelta
+from ember.pipeline.agents import AgentTools
 from ember.pipeline.context import shown_to_model
 from ember.store.protocols import SessionStore
 from ember.tools.base import Toolset
@@ -30,20 +32,6 @@ class InferenceLimits:
     max_iterations: int = 12
     # A turn with at least this many tool calls asks for skill and memory reviews.
     review_tool_call_threshold: int = 3
-
-
-@dataclass(slots=True)
-class _Usage:
-    model_calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-
-    def add(self, reply: ModelReply) -> None:
-        self.model_calls += 1
-        self.input_tokens += reply.input_tokens
-        self.output_tokens += reply.output_tokens
-        self.cached_tokens += reply.cache_read_tokens + reply.cache_write_tokens
 
 
 TRUNCATED_NOTE = "(The answer was cut off at the model's output limit: ask me to go on.)"
@@ -60,6 +48,11 @@ def iteration_cap_text(limit: int) -> str:
 # small and it has made no model call yet; the simple chain's reply stands only if it calls no tool.
 SIMPLE_MAX_MESSAGE_CHARS = 400
 SIMPLE_MAX_PROMPT_CHARS = 24_000  # about 6,000 tokens
+
+
+def token_budget_text(used: int, budget: int) -> str:
+    return (f"I stopped after using {used:,} tokens, over this task's budget of {budget:,}, "
+            "before reaching an answer.")
 
 
 def simple_turn(ctx: PipelineContext, prompt: list[Message]) -> tuple[bool, str]:
@@ -86,22 +79,29 @@ class InferenceStage:
         self._budget = budget
         self._simple = simple
 
-    async def run(self, ctx: PipelineContext, tools: ToolRun) -> InferenceResult:
-        """`tools` carries the turn's approver and observer to the tool calls."""
+    def narrowed(self, names: Collection[str], why: str) -> InferenceStage:
+        """The same stage, offering only the tools in `names` (`why`: whom for, as a refusal names them)."""
+        return InferenceStage(self._model, AgentTools(self._tools, sorted(names), why), self._sessions,
+                              self._limits, self._budget, self._simple)
+
+    async def run(self, ctx: PipelineContext, tools: ToolRun, *, token_budget: int | None = None) -> InferenceResult:
+        """`tools` carries the turn's approver and observer to the tool calls, and tallies its use;
+        past `token_budget` tokens (its delegated turns' included), no further step is taken."""
         if self._budget is not None and (refusal := await self._budget.refusal(ctx.identity, ctx.agent)):
             return InferenceResult(response_text=refusal)
         scope = current_scope.set(UsageScope(session_key=ctx.session.key, identity=ctx.identity,
                                              turn_id=ctx.turn_id, agent=ctx.agent))
+        tools = replace(tools, offered=frozenset(spec.name for spec in self._tools.specs()))
         try:
-            return await self._loop(ctx, tools)
+            return await self._loop(ctx, tools, token_budget)
         finally:
             current_scope.reset(scope)
 
-    async def _loop(self, ctx: PipelineContext, tools: ToolRun) -> InferenceResult:
+    async def _loop(self, ctx: PipelineContext, tools: ToolRun, token_budget: int | None) -> InferenceResult:
         messages = list(ctx.prompt)
         # A resumed turn counts the calls it made before the crash too: they ask for the reviews alike.
         tool_names = [call.name for m in ctx.session.messages if m.turn_id == ctx.turn_id for call in m.tool_calls]
-        usage = _Usage()
+        usage = tools.spent
         model, trying_simple = self._model, False
         if self._simple is not None:
             trying_simple, why = simple_turn(ctx, messages)
@@ -113,7 +113,8 @@ class InferenceStage:
             reply = await self._model_step(ctx, messages, model, live=not trying_simple)
             tools.observer.event(ModelCalled(reply.model or model.name, started, reply.input_tokens,
                                              reply.output_tokens, len(reply.tool_calls), reply.passed_over))
-            usage.add(reply)
+            usage.add(TurnTally(1, reply.input_tokens, reply.output_tokens,
+                                reply.cache_read_tokens + reply.cache_write_tokens))
             if trying_simple:
                 model, trying_simple = self._model, False
                 if reply.tool_calls:
@@ -130,6 +131,8 @@ class InferenceStage:
             # The stored copies: the store strips reasoning tags from assistant text (I4).
             messages += [shown_to_model(m) for m in ctx.session.messages[-len(step):]]
             tool_names += [call.name for call in reply.tool_calls]
+            if token_budget is not None and usage.tokens > token_budget:
+                return self._result(token_budget_text(usage.tokens, token_budget), tool_names, usage)
         return self._result(iteration_cap_text(self._limits.max_iterations), tool_names, usage)
 
     async def _model_step(self, ctx: PipelineContext, messages: list[Message], model: ModelClient, *,
@@ -165,7 +168,7 @@ class InferenceStage:
         tools.observer.event(ToolCalled(call.id, call.name, call.arguments, started, output))
         return output
 
-    def _result(self, text: str, tool_names: list[str], usage: _Usage) -> InferenceResult:
+    def _result(self, text: str, tool_names: list[str], usage: TurnTally) -> InferenceResult:
         review = len(tool_names) >= self._limits.review_tool_call_threshold
         return InferenceResult(
             response_text=text,
