@@ -26,6 +26,7 @@ from ember.models.base import ModelClient
 from ember.store import schema
 from ember.store.sqlite.database import SqliteDatabase
 from ember.tools.base import FunctionTool, ToolRegistry, Toolset
+from ember.tools.delegate import DelegationSpec
 
 CHANNEL = "test"
 SENDER = "tester"  # who sends every message of the test channel
@@ -59,8 +60,9 @@ async def db(tmp_path: Path) -> AsyncIterator[SqliteDatabase]:
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
+    # The delegate tool is left out of the tools a test gives its model (tests/test_delegation.py adds it).
     return Settings(home=tmp_path / "home", consolidation_threshold=1_000, consolidation_keep_recent=2,
-                    job_backoff_base_s=0.01)
+                    job_backoff_base_s=0.01, delegation=DelegationSpec(enabled=False))
 
 
 @dataclass

@@ -177,7 +177,8 @@ def test_the_gateway_lists_agents_and_a_client_picks_one(model_server: ModelServ
 
 def test_the_terminal_chat_asks_for_an_agent_and_agents_list_shows_them(model_server: ModelServer,
                                                                        tmp_path) -> None:  # type: ignore[no-untyped-def]
-    agents = json.dumps({"writer": {"system_prompt": "You are Writer.", "tools": [], "memory": "own"}})
+    agents = json.dumps({"writer": {"description": "writes poems", "system_prompt": "You are Writer.",
+                                    "tools": [], "memory": "own"}})
     env = ember_env(tmp_path / "home", model_server, EMBER_AGENTS=agents)
     model_server.push(Reply(text="a poem"))
     done = ember(env, "chat", "--agent", "writer", "-m", "write a poem")
@@ -188,8 +189,9 @@ def test_the_terminal_chat_asks_for_an_agent_and_agents_list_shows_them(model_se
     unknown = ember(env, "chat", "--agent", "nobody", "-m", "hi")
     assert unknown.returncode == 2 and "there is no agent named 'nobody' (agents: writer)" in unknown.stderr
     listed = json.loads(ember(env, "agents", "list", "--json").stdout)
-    assert listed == [{"name": "writer", "models": [], "tools": [], "skills": None, "memory": "own",
-                       "system_prompt": True}]
+    assert listed == [{"name": "writer", "description": "writes poems", "models": [], "tools": [], "skills": None,
+                       "memory": "own", "system_prompt": True}]
+    assert "writer — writes poems" in ember(env, "agents", "list").stdout
 
 
 @needs_chromium

@@ -48,6 +48,7 @@ from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
 from ember.runtime.approvals import ApprovalBroker, SharedApprovalBroker
 from ember.runtime.background import BackgroundRunner, HostRunner, JobHandler, RetryPolicy, RunnerRight, SharedClaims
 from ember.runtime.channels import ChannelHub
+from ember.runtime.delegation import Delegations
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.leases import HostLock, LocalLeases, process_name
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
@@ -67,8 +68,9 @@ from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
 from ember.tools.approval import ApprovalGate
-from ember.tools.base import Toolset
+from ember.tools.base import ToolRegistry, Toolset, Toolsets
 from ember.tools.browser import BrowserPool
+from ember.tools.delegate import delegate_tool
 from ember.tools.mcp import McpHub, start_mcp
 
 if TYPE_CHECKING:
@@ -223,6 +225,22 @@ def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryServi
                     response=ResponseStage(sessions, runner, memory, derived), agents=agents)
 
 
+def approval_broker(settings: Settings, bus: Bus, models: Models, rows: SqlApprovalStore, *,
+                    shared: bool) -> ApprovalBroker:
+    """The broker of approval requests; `shared`: the store is shared with other processes."""
+    if settings.redis_url is not None or shared:  # turns and answers in other processes
+        return SharedApprovalBroker(bus, settings.tool_policy.timeout_s, models.explainer, rows)
+    return ApprovalBroker(bus, settings.tool_policy.timeout_s, models.explainer, rows)
+
+
+def with_delegation(settings: Settings, tools: Toolset, delegations: Delegations) -> Toolset:
+    """`tools` and, when `[delegation] enabled`, the `delegate` tool that hands tasks to `delegations`."""
+    if not settings.delegation.enabled:
+        return tools
+    agents = {name: spec.description for name, spec in settings.agents.items()}
+    return Toolsets(tools, ToolRegistry([delegate_tool(delegations, agents)]))
+
+
 def usage_recorder(settings: Settings, db: Database) -> UsageRecorder:
     """What model calls cost, held to each person's and each named agent's daily budget."""
     agents = {name: spec.budget_usd_per_day for name, spec in settings.agents.items()
@@ -253,25 +271,25 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     process = process_name()
     sharing = _sharing(settings, db, process)
     bus = message_bus(settings, process)
-    approval_rows = SqlApprovalStore(db)
-    shared = settings.redis_url is not None or sharing.lease_table is not None  # turns and answers in other processes
-    approvals = (SharedApprovalBroker if shared else ApprovalBroker)(bus, settings.tool_policy.timeout_s,
-                                                                     models.explainer, approval_rows)
+    approvals = approval_broker(settings, bus, models, approval_rows := SqlApprovalStore(db),
+                                shared=sharing.lease_table is not None)
     # Servers that fail to start are logged and left out; given tools (tests) use no server.
     mcp = await start_mcp(settings.mcp_servers if tools is None else {})
-    tasks = SqlTaskStore(db)
-    skills = skill_library(settings, db)
+    tasks, skills = SqlTaskStore(db), skill_library(settings, db)
     await skills.sync()
     browsing = browser(settings, memory) if tools is None else None
-    gated = ApprovalGate(tools if tools is not None else default_tools(
-        settings, mcp, memory, tasks, skills, browsing[0] if browsing else None), settings.tool_policy, approval_rows)
+    deliveries, traces = DeliveryWorker(SqlDeliveryStore(db), bus), SqlTraceStore(db)
+    delegations = Delegations(sharing.leases, deliveries, traces, settings.delegation)
+    given = tools if tools is not None else default_tools(settings, mcp, memory, tasks, skills,
+                                                          browsing[0] if browsing else None)
+    gated = ApprovalGate(with_delegation(settings, given, delegations), settings.tool_policy, approval_rows)
     consolidation = ConsolidationWorker(sessions, sharing.leases, models.background, memory,
                                         keep_recent=settings.consolidation_keep_recent)
     handlers = _job_handlers(sessions, sharing.leases, models.background, memory, skills, consolidation)
     runner = BackgroundRunner(sharing.jobs, handlers, sharing.runner_right, spans=spans, retry=RetryPolicy(
         max_attempts=settings.job_max_attempts, backoff_base_s=settings.job_backoff_base_s))
-    deliveries, traces = DeliveryWorker(SqlDeliveryStore(db), bus), SqlTraceStore(db)
     pipeline = _pipeline(settings, sessions, memory, skills, gated, models, runner)
+    delegations.bind(pipeline)
     loop = AgentLoop(bus, sharing.leases, sessions, pipeline, traces, approvals, deliveries,
                      RecoveryPolicy(settings.interrupted_turns, settings.resume_window_s), spans,
                      max_turns=settings.max_concurrent_turns)

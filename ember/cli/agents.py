@@ -18,7 +18,7 @@ def list_agents(as_json: Annotated[bool, typer.Option("--json", help="Print JSON
     """Each agent: the model chain it calls ([] in JSON: the main chain), the tools and skills it is
     given (null: all), and its memory scope. The default agent answers a turn that names none."""
     settings = settings_or_exit()
-    rows = [{"name": name, "models": spec.models, "tools": spec.tools,
+    rows = [{"name": name, "description": spec.description, "models": spec.models, "tools": spec.tools,
              "skills": spec.skills, "memory": spec.memory, "system_prompt": spec.system_prompt is not None}
             for name, spec in sorted(settings.agents.items())]
     if as_json:
@@ -30,7 +30,8 @@ def list_agents(as_json: Annotated[bool, typer.Option("--json", help="Print JSON
         return
     for row in rows:
         chain = ", ".join(row["models"]) or "the main chain"
-        out.print(f"[bold]{escape(row['name'])}[/bold]  models: {escape(chain)}  "
+        about = f" — {escape(row['description'])}" if row["description"] else ""
+        out.print(f"[bold]{escape(row['name'])}[/bold]{about}  models: {escape(chain)}  "
                   f"memory: {row['memory']}", highlight=False)
         tools = "every tool" if row["tools"] is None else ", ".join(row["tools"]) or "no tools"
         skills = "every skill" if row["skills"] is None else ", ".join(row["skills"]) or "no skills"

@@ -142,7 +142,7 @@ def trace_show(turn_id: Annotated[str, typer.Argument(
         help="A turn id, or its start as `ember trace list` shows it.")],
         as_json: Annotated[bool, typer.Option("--json", help="Print the trace as JSON.")] = False) -> None:
     """A turn's stages, model calls, tool calls and approval decisions."""
-    from ember.cli.trace_view import show_trace
+    from ember.cli.trace_view import delegated_traces, show_trace, trace_json
 
     settings = settings_or_exit()
 
@@ -155,15 +155,14 @@ def trace_show(turn_id: Annotated[str, typer.Argument(
                           markup=False)
                 return 1
             trace = await traces.get(turn_id if turn_id in matches else matches[0]) if matches else None
+            children = await delegated_traces(trace, traces.get) if trace is not None else {}
         if trace is None:
             err.print(f"no turn {turn_id!r}; `ember trace list` shows recent ones", markup=False)
             return 1
         if as_json:
-            print_json({"turn_id": trace.turn_id, "session": trace.session_key, "status": trace.status,
-                        "error": trace.error, "started_at": trace.started_at, "finished_at": trace.finished_at,
-                        **trace.detail})
+            print_json(trace_json(trace, children))
             return 0
-        show_trace(trace, out)
+        show_trace(trace, out, children)
         return 0
 
     run_command(main())

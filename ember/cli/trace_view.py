@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from ember.core.traces import TurnTrace
 
@@ -20,24 +23,55 @@ def _ms(value: float) -> str:
     return f"{value:,.1f} ms"
 
 
-def show_trace(trace: TurnTrace, out: Console) -> None:
+async def delegated_traces(trace: TurnTrace, get: Callable[[str], Awaitable[TurnTrace | None]],
+                           ) -> dict[str, TurnTrace]:
+    """The traces of the turns `trace` delegated to, and of theirs, by turn id."""
+    found: dict[str, TurnTrace] = {}
+    waiting = [trace]
+    while waiting:
+        for delegation in waiting.pop().detail.get("delegations", []):
+            child = await get(delegation["turn_id"]) if delegation["turn_id"] not in found else None
+            if child is not None:
+                found[child.turn_id] = child
+                waiting.append(child)
+    return found
+
+
+def trace_json(trace: TurnTrace, children: Mapping[str, TurnTrace]) -> dict[str, Any]:
+    """The trace as `--json` prints it: each delegation with its turn's own trace, where it was kept."""
+    detail = dict(trace.detail)
+    if "delegations" in detail:
+        detail["delegations"] = [{**d, "trace": trace_json(children[d["turn_id"]], children)}
+                                 if d["turn_id"] in children else d for d in detail["delegations"]]
+    return {"turn_id": trace.turn_id, "session": trace.session_key, "status": trace.status, "error": trace.error,
+            "started_at": trace.started_at, "finished_at": trace.finished_at, **detail}
+
+
+def show_trace(trace: TurnTrace, out: Console, children: Mapping[str, TurnTrace] | None = None) -> None:
+    """`children`: the delegated turns' traces (delegated_traces), shown under the turn that asked."""
+    out.print(Group(*_parts(trace, children or {})))
+
+
+def _parts(trace: TurnTrace, children: Mapping[str, TurnTrace]) -> list[RenderableType]:
     took = (trace.finished_at - trace.started_at) * 1000 if trace.finished_at else 0.0
-    out.print(f"[bold]turn {trace.turn_id}[/bold]  session {trace.session_key}  status [bold]{trace.status}[/bold]  "
-              f"started {_clock(trace.started_at)}  took {_ms(took)}", markup=True, highlight=False)
+    parts: list[RenderableType] = [Text.from_markup(
+        f"[bold]turn {trace.turn_id}[/bold]  session {trace.session_key}  status [bold]{trace.status}[/bold]  "
+        f"started {_clock(trace.started_at)}  took {_ms(took)}")]
     if trace.error:
-        out.print(f"error: {trace.error}", style="red", markup=False)
+        parts.append(Text(f"error: {trace.error}", style="red"))
     detail = trace.detail
+    if asked := detail.get("delegated_by"):
+        parts.append(Text(f"delegated by turn {asked['turn_id']}: {asked['task']}"))
     if stages := detail.get("stages"):
-        out.print("stages: " + " · ".join(f"{s['stage']} {_ms(s['duration_ms'])}" for s in stages), markup=False)
+        parts.append(Text("stages: " + " · ".join(f"{s['stage']} {_ms(s['duration_ms'])}" for s in stages)))
     if calls := detail.get("model_calls"):
         table = Table("model call", "model", "duration", "tokens in / out", "tool calls", title=None)
         for n, call in enumerate(calls, 1):
             table.add_row(str(n), call["model"], _ms(call["duration_ms"]),
                           f"{call['input_tokens']} / {call['output_tokens']}", str(call["tool_calls"]))
-        out.print(table)
-        for n, call in enumerate(calls, 1):
-            for reason in call.get("passed_over", ()):
-                out.print(f"  model call {n} passed over {reason}", markup=False, highlight=False)
+        parts.append(table)
+        parts += [Text(f"  model call {n} passed over {reason}")
+                  for n, call in enumerate(calls, 1) for reason in call.get("passed_over", ())]
     approvals = {a["call_id"]: a for a in detail.get("approvals", [])}
     if tools := detail.get("tool_calls"):
         table = Table("tool", "arguments", "duration", "result", "approval")
@@ -45,9 +79,17 @@ def show_trace(trace: TurnTrace, out: Console) -> None:
             table.add_row(call["name"], _compact(call["arguments"]), _ms(call["duration_ms"]),
                           f"{call['result_chars']} chars" + (" (error)" if call["error"] else ""),
                           _approval(approvals.pop(call["call_id"], None)))
-        out.print(table)
-    for approval in approvals.values():  # decided, but the call never ran (e.g. the turn was stopped)
-        out.print(f"approval for {approval['tool']}: {_approval(approval)}", markup=False)
+        parts.append(table)
+    # Decided, but the call never ran (e.g. the turn was stopped).
+    parts += [Text(f"approval for {a['tool']}: {_approval(a)}") for a in approvals.values()]
+    for delegation in detail.get("delegations", []):
+        parts.append(Text(f"delegated to {delegation['agent'] or 'an agent'}: {delegation['status']}, "
+                          f"{delegation['model_calls']} model calls, {delegation['input_tokens']} / "
+                          f"{delegation['output_tokens']} tokens in / out (its own delegations' included)"))
+        child = children.get(delegation["turn_id"])
+        if child is not None:
+            parts.append(Padding(Group(*_parts(child, children)), (0, 0, 0, 4)))
+    return parts
 
 
 def _approval(approval: dict[str, Any] | None) -> str:

@@ -28,6 +28,7 @@ from ember.pipeline.agent_spec import AgentSpec
 from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import Rule, ToolPolicy
 from ember.tools.browser_config import BrowserSpec
+from ember.tools.delegate import DelegationSpec
 from ember.tools.mcp.config import McpServerConfig
 
 TABLES: list[tuple[str, type[BaseModel], str]] = [
@@ -41,6 +42,8 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
     ("[a2a_agents.NAME]", A2AAgentSpec, "Another agent the `call_agent` tool may hand work to."),
     ("[agents.NAME]", AgentSpec, "A named agent: its own prompt, models, tools, skills and memory scope."),
     ("[browser]", BrowserSpec, "The `browser` tool: a real Chromium, off unless enabled (docs/tools.md)."),
+    ("[delegation]", DelegationSpec, "The `delegate` tool: tasks handed to child turns, and their bounds "
+                                     "(docs/tools.md)."),
     ("[telegram]", TelegramSpec, "A Telegram bot `ember serve` runs (also on when only EMBER_TELEGRAM_TOKEN is set)."),
     ("[wecom]", WeComSpec, "A WeCom (企业微信) self-built app, called back at `/channels/wecom`."),
     ("[qq]", QQSpec, "A QQ official bot in webhook mode, called back at `/channels/qq`."),

@@ -44,6 +44,7 @@ from ember.pipeline.agent_spec import AgentSpec, check_agents
 from ember.tools.a2a import A2AAgentSpec
 from ember.tools.approval import ToolPolicy
 from ember.tools.browser_config import BrowserSpec
+from ember.tools.delegate import DelegationSpec
 from ember.tools.mcp.config import McpServers
 from ember.tools.sandbox import SandboxMode
 
@@ -153,12 +154,15 @@ class Settings(HomePaths, BaseSettings):
     qq: QQSpec | None = None
     # Other agents the call_agent tool may hand work to over A2A.
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
-    # Named agents in this Ember: system_prompt, models, tools, skills, memory (docs/models-and-settings.md).
+    # Named agents in this Ember: description, system_prompt, models, tools, skills, memory
+    # (docs/models-and-settings.md).
     agents: dict[str, AgentSpec] = Field(default_factory=dict)
     # The agent that answers a channel's messages ("telegram") or one chat's ("telegram:123456") naming none.
     channel_agents: dict[str, str] = Field(default_factory=dict)
     # The browser tool (docs/tools.md): enabled, executable, idle_s, timeout_s, snapshot_chars.
     browser: BrowserSpec = Field(default_factory=BrowserSpec)
+    # The delegate tool (docs/tools.md): enabled, max_depth, max_concurrent, token_budget, timeout_s.
+    delegation: DelegationSpec = Field(default_factory=DelegationSpec)
     # A turn with at least this many tool calls triggers the background reviews.
     review_tool_call_threshold: int = Field(default=3, ge=1)
     # The background model names a gateway session after its first exchange (one short call); False: its first words.

@@ -71,7 +71,21 @@ class Routed:
     why: str
 
 
-TurnEvent = ModelCalled | ToolCalled | ApprovalEvent | ToolProgress | Routed
+@dataclass(frozen=True, slots=True)
+class Delegated:
+    """A delegated task's turn ended: its own trace holds its steps; here, what it cost (its own
+    delegations' included) and how it ended ("ok", "failed", "answered before": a resumed parent
+    asked again for a task already done)."""
+
+    turn_id: str
+    agent: str | None
+    status: str
+    model_calls: int
+    input_tokens: int
+    output_tokens: int
+
+
+TurnEvent = ModelCalled | ToolCalled | ApprovalEvent | ToolProgress | Routed | Delegated
 
 
 class TurnObserver(Protocol):
@@ -131,6 +145,7 @@ class TurnJournal:
     approvals: list[dict[str, Any]] = field(default_factory=list)
     progress: list[dict[str, Any]] = field(default_factory=list)
     routing: list[dict[str, str]] = field(default_factory=list)
+    delegations: list[dict[str, Any]] = field(default_factory=list)
     _started: float = field(default_factory=time.perf_counter)
 
     @contextmanager
@@ -168,13 +183,19 @@ class TurnJournal:
                                       "note": redact(event.note)})
             case Routed():
                 self.routing.append({"chain": event.chain, "why": event.why})
+            case Delegated():
+                self.delegations.append({
+                    "turn_id": event.turn_id, "agent": event.agent, "status": event.status,
+                    "model_calls": event.model_calls, "input_tokens": event.input_tokens,
+                    "output_tokens": event.output_tokens})
             case _:
                 assert_never(event)
 
     def as_dict(self) -> dict[str, Any]:
         return {"stages": self.stages, "model_calls": self.model_calls, "tool_calls": self.tool_calls,
                 "approvals": self.approvals, **({"progress": self.progress} if self.progress else {}),
-                **({"routing": self.routing} if self.routing else {})}
+                **({"routing": self.routing} if self.routing else {}),
+                **({"delegations": self.delegations} if self.delegations else {})}
 
 
 def _ms_since(started: float) -> float:

@@ -179,8 +179,8 @@ def check_content(content: str) -> str:
 
 # Channels whose senders are the gateway's key names, each its own identity by default.
 KEYED_CHANNELS = frozenset({"http", "a2a"})
-# Channels that act for a person (a scheduled task runs as its owner): their sender is the identity.
-ACTING_CHANNELS = frozenset({"cron"})
+# Channels that act for a person (a scheduled task, a delegated task): their sender is the identity.
+ACTING_CHANNELS = frozenset({"cron", "delegate"})
 
 
 def default_identity(principal_or_session: str) -> str:

@@ -16,6 +16,8 @@ MemoryScope = Literal["shared", "own"]
 
 class AgentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # What it is for, in a few words: the delegate tool tells other agents, so they know when to ask it.
+    description: str = ""
     # Its system prompt, in place of the default one ({agent_name} is filled in).
     system_prompt: str | None = None
     # The [models] it calls, tried in order; empty: the main chain.

@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from ember.core.journal import ApprovalEvent, Routed, ToolCalled, ToolProgress, TurnEvent
+from ember.core.journal import ApprovalEvent, Delegated, Routed, ToolCalled, ToolProgress, TurnEvent
 from ember.core.redact import redact
 
 if TYPE_CHECKING:
@@ -101,6 +101,11 @@ class SpanObserver:
                 trace.get_current_span().add_event("tool_progress", {"gen_ai.tool.name": event.tool})
             case Routed():
                 trace.get_current_span().add_event("routed", {"ember.route.chain": event.chain})
+            case Delegated():
+                trace.get_current_span().add_event("delegated", {
+                    "ember.delegate.turn_id": event.turn_id, "ember.delegate.status": event.status,
+                    "gen_ai.usage.input_tokens": event.input_tokens,
+                    "gen_ai.usage.output_tokens": event.output_tokens})
 
     def _tool_span(self, call: ToolCalled) -> None:
         span = self._tracer.start_span(

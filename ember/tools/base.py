@@ -158,3 +158,26 @@ class ToolRegistry:
         if not isinstance(arguments, dict):
             raise ToolFailure(f"the arguments for {call.name} must be a JSON object.")
         return tool, arguments
+
+
+class Toolsets:
+    """Several toolsets offered as one (the given tools, and the runtime's own `delegate`); a call
+    goes to the first that offers its name."""
+
+    def __init__(self, *toolsets: Toolset) -> None:
+        self._toolsets = toolsets
+
+    def specs(self) -> list[ToolSpec]:
+        return [spec for toolset in self._toolsets for spec in toolset.specs()]
+
+    def describe(self, call: ToolCall) -> ToolAction:
+        return self._owner(call).describe(call)
+
+    async def call(self, call: ToolCall, run: ToolRun) -> str:
+        return await self._owner(call).call(call, run)
+
+    def _owner(self, call: ToolCall) -> Toolset:
+        for toolset in self._toolsets:
+            if any(spec.name == call.name for spec in toolset.specs()):
+                return toolset
+        return self._toolsets[0]  # which says the tool does not exist, naming its own
