@@ -102,7 +102,7 @@ def test_a_turn_with_a_tool_call_is_listed_with_its_counts_and_opens_to_its_trac
     assert newest["duration_ms"] == pytest.approx((newest["finished_at"] - newest["started_at"]) * 1000, abs=0.1)
     assert newest["summary"] == {
         "model_calls": 2, "tool_calls": 1, "tool_errors": 0, "approvals": 1,  # allowed by the tool policy
-        "input_tokens": sum(prompt_words(body) for body in asked),
+        "delegations": 0, "input_tokens": sum(prompt_words(body) for body in asked),
         "output_tokens": 1 + len(FILES_ANSWER.split()),  # a tool call counts one
     }
 
@@ -125,6 +125,33 @@ def test_a_turn_with_a_tool_call_is_listed_with_its_counts_and_opens_to_its_trac
     assert [t["turn_id"] for t in listed(alice, session=key)] == [turn_id]
     assert listed(alice, session=fresh("never-used")) == []
     assert len(listed(alice, limit="1")) == 1
+
+
+DELEGATED = (Reply(tool_calls=(tool_call("delegate", task="List the files in the workspace."),)),
+             Reply(tool_calls=(tool_call("list_dir", path="."),)), Reply(text="The child saw notes.txt"),
+             Reply(text="You have notes.txt"))
+
+
+def test_a_delegated_task_is_shown_inside_the_turn_that_asked_with_its_cost_rolled_up(
+        clients: Clients, model: ModelServer) -> None:
+    alice, key = clients["alice"], fresh("delegating")
+    model.push(*DELEGATED)
+    turn_id = ask(alice, key, "Have a helper look at my files.")
+    parent_asked, child_asked = [model.requests[-4], model.requests[-1]], model.requests[-3:-1]
+
+    [turn] = listed(alice, session=key)  # the child's turn is its asker's: not listed on its own
+    assert turn["turn_id"] == turn_id and turn["summary"]["delegations"] == 1
+    every = [*parent_asked, *child_asked]
+    assert turn["summary"]["input_tokens"] == sum(prompt_words(body) for body in every)
+    answers = [reply.text for reply in DELEGATED if reply.text]
+    assert turn["summary"]["output_tokens"] == 2 + sum(len(text.split()) for text in answers)  # a call counts one
+    [delegated] = alice.get(f"/api/activity/{turn_id}").json()["delegations"]
+    assert (delegated["status"], delegated["agent"], delegated["model_calls"]) == ("ok", None, 2)
+    assert delegated["input_tokens"] == sum(prompt_words(body) for body in child_asked)
+    child = delegated["turn"]
+    assert child["session"].startswith("delegate:") and [c["name"] for c in child["tool_calls"]] == ["list_dir"]
+    assert alice.get(f"/api/activity/{child['turn_id']}").status_code == 404  # seen only through its asker
+    assert all(t["turn_id"] != child["turn_id"] for t in listed(alice))
 
 
 def test_a_failed_tool_call_is_counted_and_a_secret_argument_never_shows(
@@ -303,3 +330,27 @@ def test_each_outcome_has_a_colour_of_its_own_in_either_theme(page: Page, gatewa
     backgrounds = [background for background, _ in faces]
     assert len(set(backgrounds)) == 4, dict(zip(["ok", "failed", "cancelled", "stopped"], faces))
     assert all(background != text for background, text in faces)
+
+
+@needs_chromium
+def test_the_activity_panel_shows_a_delegated_task_under_its_turn(page: Page, model: ModelServer,
+                                                                  gateway: GatewayProcess, clients: Clients) -> None:
+    page.goto(gateway.url("/"))
+    sign_in(page, gateway, SECRETS["alice"])
+    model.push(*DELEGATED)
+    send(page, "Have a helper look at my files.")
+    expect(answer(page)).to_have_text("You have notes.txt")
+    session = page.url.split("#", 1)[1]
+    wait_until(lambda: bool(listed(clients["alice"], session=session)), timeout_s=10, what="the turn's trace")
+    page.get_by_role("button", name="Activity", exact=True).click()
+    panel = page.get_by_role("dialog", name="Activity")
+    panel.locator(".activity-item").first.get_by_role("button").click()
+    turn = panel.locator("#activity-turn")
+    expect(turn.get_by_role("heading", name="Delegated tasks")).to_be_visible()
+    task = turn.locator(".activity-delegation > details > summary")
+    expect(task).to_contain_text("An agent · Done")
+    child_tool = turn.locator(".activity-delegation .activity-tool summary")
+    expect(child_tool).to_be_hidden()  # inside the collapsed task
+    task.click()
+    expect(child_tool).to_contain_text("list_dir")
+    expect(child_tool).to_be_visible()

@@ -25,6 +25,7 @@ from ember.store.protocols import TraceReader
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
 _LIST_PARAMS = ("limit", "session")
+MAX_DELEGATION_DEPTH = 5  # [delegation] max_depth's own limit
 
 
 class ActivityApi:
@@ -52,8 +53,18 @@ class ActivityApi:
         trace = await self._traces.get(turn_id)
         if trace is None or not trace.session_key.startswith(prefix):
             raise ApiError(404, f"no turn {turn_id[:64]!r}; `GET /api/activity` lists yours", code="turn_not_found")
+        return JSONResponse(await self._detail(trace, prefix))
+
+    async def _detail(self, trace: TurnTrace, prefix: str, depth: int = 0) -> dict[str, Any]:
+        """The turn as its page shows it; each task it delegated with that turn's own detail (a
+        delegated turn is its asker's: it is seen only through it)."""
         detail = trace.detail
-        return JSONResponse({
+        delegations = []
+        for delegation in detail.get("delegations", []):
+            child = await self._traces.get(delegation["turn_id"]) if depth < MAX_DELEGATION_DEPTH else None
+            delegations.append({**_delegation(delegation),
+                                "turn": await self._detail(child, prefix, depth + 1) if child else None})
+        return {
             **_item(trace, prefix),
             "stages": [{"stage": s["stage"], "duration_ms": s["duration_ms"]} for s in detail.get("stages", [])],
             "model_calls": [_model_call(call) for call in detail.get("model_calls", [])],
@@ -61,13 +72,15 @@ class ActivityApi:
             "approvals": [_approval(approval) for approval in detail.get("approvals", [])],
             "progress": [{"tool": p["tool"], "at_ms": p["at_ms"], "note": p["note"]}
                          for p in detail.get("progress", [])],
-        })
+            "delegations": delegations,
+        }
 
 
 def _item(trace: TurnTrace, prefix: str) -> dict[str, Any]:
     """A turn as the list shows it: how it ended, how long it took, and what it did, counted."""
     detail = trace.detail
     model_calls, tool_calls = detail.get("model_calls", []), detail.get("tool_calls", [])
+    delegated = detail.get("delegations", [])  # their tokens count: the turn's cost rolls theirs up
     took = round((trace.finished_at - trace.started_at) * 1000, 1) if trace.finished_at else None
     return {
         "turn_id": trace.turn_id, "session": trace.session_key.removeprefix(prefix), "status": trace.status,
@@ -76,8 +89,9 @@ def _item(trace: TurnTrace, prefix: str) -> dict[str, Any]:
         "summary": {
             "model_calls": len(model_calls), "tool_calls": len(tool_calls),
             "tool_errors": sum(1 for call in tool_calls if call["error"]),
-            "input_tokens": sum(call["input_tokens"] for call in model_calls),
-            "output_tokens": sum(call["output_tokens"] for call in model_calls),
+            "input_tokens": sum(entry["input_tokens"] for entry in [*model_calls, *delegated]),
+            "output_tokens": sum(entry["output_tokens"] for entry in [*model_calls, *delegated]),
+            "delegations": len(delegated),
             "approvals": len(detail.get("approvals", [])),
         },
     }
@@ -95,6 +109,12 @@ def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
     return {"call_id": call["call_id"], "name": call["name"], "arguments": call["arguments"],
             "duration_ms": call["duration_ms"], "result_chars": call["result_chars"],
             "status": "error" if call["error"] else "ok"}
+
+
+def _delegation(delegation: dict[str, Any]) -> dict[str, Any]:
+    """What a delegated task cost (its own delegations' included), and how it ended."""
+    return {key: delegation[key] for key in ("turn_id", "agent", "status", "model_calls", "input_tokens",
+                                             "output_tokens")}
 
 
 def _approval(approval: dict[str, Any]) -> dict[str, Any]:

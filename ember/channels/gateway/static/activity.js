@@ -1,5 +1,6 @@
 // The "Activity" panel: the caller's recent turns, newest first, and on a click one turn's trace —
-// its stages, model calls, tool calls and approvals, as `ember trace show` prints them.
+// its stages, model calls, tool calls and approvals, and the tasks it delegated (each with its own
+// turn's detail inside), as `ember trace show` prints them.
 //
 // app.js starts it with its API call (`startActivity`); it shows its header button while the page
 // is signed in (#app-view shown).
@@ -8,7 +9,8 @@
 import { $, el, hashKey, headerPanel, listEntry, relativeTime } from "./dom.js";
 
 const LIMIT = 50;
-const STATUS_TEXT = { ok: "Done", failed: "Failed", stopped: "Stopped", cancelled: "Interrupted", running: "Running" };
+const STATUS_TEXT = { ok: "Done", failed: "Failed", stopped: "Stopped", cancelled: "Interrupted", running: "Running",
+  "answered before": "Answered before" };
 
 let view = 0; // bumped by every load, so a slow answer never replaces a newer one
 let opener = null; // the list entry whose turn is shown, focused again on Back
@@ -103,7 +105,19 @@ function turnDetail(turn) {
   parts.push(...section("Approvals of calls that never ran", turn.approvals.filter((a) => !ran.has(a.call_id)),
     (a) => el("li", "activity-approval", approvalText(a))));
   parts.push(...section("Progress", turn.progress, (p) => el("li", "", `${p.tool} at ${duration(p.at_ms)}: ${p.note}`)));
+  parts.push(...section("Delegated tasks", turn.delegations, delegation));
   return parts;
+}
+
+/** A task the turn delegated: how it ended and what it cost, and inside, its own turn's detail. */
+function delegation(task) {
+  const item = el("li", "activity-delegation");
+  const details = el("details");
+  const cost = `${task.input_tokens} in / ${task.output_tokens} out tokens`;
+  details.append(el("summary", "", `${task.agent ?? "An agent"} · ${STATUS_TEXT[task.status] ?? task.status} · ${cost}`));
+  details.append(...(task.turn ? turnDetail(task.turn) : [el("p", "activity-result", "Its trace was not kept.")]));
+  item.append(details);
+  return item;
 }
 
 /** A heading and its list, or nothing when the turn has none of these. */
