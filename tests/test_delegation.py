@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from ember.config.settings import Settings
-from ember.core.events import OutboundKind
+from ember.core.events import InboundEvent, OutboundKind
+from ember.core.memory import shared_identity
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.tools import Decision, Risk, ToolSpec
 from ember.models.base import ModelReply
@@ -26,7 +27,8 @@ from ember.pipeline.agent_spec import AgentSpec
 from ember.tools.approval import ToolPolicy
 from ember.tools.base import FunctionTool, ToolRegistry
 from ember.tools.delegate import DelegationSpec
-from tests.conftest import NoteArgs, note_tool, session_key
+from ember.tools.workspace import folder_name
+from tests.conftest import CHANNEL, IDENTITY, NoteArgs, note_tool, session_key
 from tests.gatewayproc import EMBER, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, tool_call
@@ -93,6 +95,8 @@ async def test_a_child_works_in_a_session_of_its_own_with_no_more_tools_than_ask
         [delegated] = parent.detail["delegations"]
         child = await h.runtime.traces.get(delegated["turn_id"])
         parent_history = (await h.runtime.sessions.load(session_key())).messages
+        await h.runtime.usage.flush()
+        charged = await h.runtime.usage.store.totals("session")
 
     assert final.kind is OutboundKind.FINAL
     assert final.text == "parent says: child found: noted from the child" and noted == ["from the child"]
@@ -108,6 +112,34 @@ async def test_a_child_works_in_a_session_of_its_own_with_no_more_tools_than_ask
     # Its cost rolls up: two calls of its own, in the parent's trace and in the parent's usage.
     assert (delegated["model_calls"], delegated["input_tokens"], delegated["output_tokens"]) == (2, 200, 20)
     assert final.usage is not None and (final.usage.input_tokens, final.usage.output_tokens) == (400, 40)
+    # And the person's conversation is charged for it (`ember usage --by session`, the page's usage panel).
+    assert [(row["key"], row["calls"], row["input_tokens"]) for row in charged] == [(session_key(), 4, 400)]
+
+
+async def test_a_child_of_a_group_chats_turn_works_in_the_groups_folder_not_the_askers_own(start, settings) -> None:  # type: ignore[no-untyped-def]
+    def reply(messages: list[Message], tools: list[ToolSpec]) -> ModelReply:
+        last = messages[-1]
+        if is_child(messages):
+            if last.role is Role.USER:
+                return ModelReply(tool_calls=(call("list_dir", "l1", path="."),))
+            return ModelReply(text=f"child found: {last.content}")
+        if last.role is Role.USER:
+            return ModelReply(text="hi") if last.content == "hello all" else ModelReply(
+                tool_calls=(call("delegate", "d1", task=TASK),))
+        return ModelReply(text=f"parent says: {last.content}")
+
+    group, own = (settings.workspaces_dir / folder_name(identity)
+                  for identity in (shared_identity(session_key("group")), IDENTITY))
+    for folder, name in ((group, "group-plan.txt"), (own, "private-diary.txt")):
+        folder.mkdir(parents=True)
+        (folder / name).write_text("x")
+    async with start(FunctionModel(reply), config=delegating(settings)) as h:
+        await h.runtime.bus.publish_inbound(InboundEvent(channel=CHANNEL, chat_id="group", sender_id="ann",
+                                                         text="hello all", message_id="m1"))
+        await h.next_closing("group")
+        await h.publish(ASK, chat="group")
+        final = await h.next_closing("group")
+    assert "group-plan.txt" in final.text and "private-diary.txt" not in final.text
 
 
 async def test_the_person_who_asked_answers_the_childs_approval(start, settings) -> None:  # type: ignore[no-untyped-def]

@@ -109,8 +109,15 @@ class ToolRun:
     # Whose memory the memory tools act on: the person's, or a named agent's own with them (None: the person's).
     memory_identity: str | None = None
     depth: int = 0  # how many delegations deep the turn is (0: a person's own turn)
+    # A delegated turn's: the session of the person's conversation it works for (None: its own session).
+    asked_in: str | None = None
     offered: frozenset[str] = frozenset()  # the tools the turn's model is offered (set by the inference stage)
     spent: TurnTally = field(default_factory=TurnTally)  # what its model calls used, its delegated turns' too
+
+    @property
+    def conversation(self) -> str:
+        """The session of the person's conversation: whose workspace, grants and usage a turn's calls share."""
+        return self.asked_in or self.session_key
 
     @property
     def memory_owner(self) -> str:

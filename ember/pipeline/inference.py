@@ -89,7 +89,7 @@ class InferenceStage:
         past `token_budget` tokens (its delegated turns' included), no further step is taken."""
         if self._budget is not None and (refusal := await self._budget.refusal(ctx.identity, ctx.agent)):
             return InferenceResult(response_text=refusal)
-        scope = current_scope.set(UsageScope(session_key=ctx.session.key, identity=ctx.identity,
+        scope = current_scope.set(UsageScope(session_key=tools.conversation, identity=ctx.identity,
                                              turn_id=ctx.turn_id, agent=ctx.agent))
         tools = replace(tools, offered=frozenset(spec.name for spec in self._tools.specs()))
         try:

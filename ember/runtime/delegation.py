@@ -111,7 +111,7 @@ class Delegations:
         child = _Child(event, uuid.uuid4().hex, TurnJournal())
         trace = TurnTrace(turn_id=child.turn_id, session_key=event.session_key, started_at=time.time())
         run = ToolRun(event.session_key, child.turn_id, ForTheAsker(parent.approver, whose_task(task)), child.journal,
-                      parent.identity, depth=parent.depth + 1)
+                      parent.identity, depth=parent.depth + 1, asked_in=parent.conversation)
         try:
             async with self._leases.hold(event.session_key):
                 answer = await self._bounded(child, run, allowed)

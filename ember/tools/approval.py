@@ -174,7 +174,7 @@ class ApprovalGate:
         if not verdict.allowed:
             return denial_text(action, verdict)
         if verdict.decision is Decision.APPROVE_SESSION:
-            await self._grants.grant(run.session_key, action.tool)
+            await self._grants.grant(run.conversation, action.tool)
         return await self._inner.call(call, run)
 
     async def _verdict(self, action: ToolAction, run: ToolRun) -> Verdict:
@@ -183,6 +183,6 @@ class ApprovalGate:
             return Verdict(Decision.APPROVE_ONCE, "policy", time.time())
         if choice == "deny":
             return Verdict(Decision.DENY, "policy", time.time(), "the tool policy denies it")
-        if await self._grants.granted(run.session_key, action.tool):
+        if await self._grants.granted(run.conversation, action.tool):
             return Verdict(Decision.APPROVE_ONCE, "session-grant", time.time())
         return await run.approver.approve(action)

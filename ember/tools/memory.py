@@ -43,7 +43,7 @@ def memory_tools(memory: PersonalMemory) -> list[Tool]:
     async def remember(args: RememberArgs, run: ToolRun) -> str:
         try:
             outcome = await memory.remember(run.memory_owner, args.content, subject=args.subject, key=args.key,
-                                            source=remembered_in(run.session_key),
+                                            source=remembered_in(run.conversation),
                                             source_rank=SourceRank.INFERRED)
         except MemoryInputError as exc:
             raise ToolFailure(str(exc)) from exc

@@ -66,7 +66,7 @@ def task_tools(tasks: TaskBook, *, default_tz: str = "UTC") -> list[Tool]:
             schedule = schedule_of(cron=args.cron, every=args.every, at=args.at, tz=args.tz or default_tz,
                                    now=tasks.clock())
             task = await tasks.add(Task(id=new_task_id(), identity=run.identity, prompt=args.prompt,
-                                        schedule=schedule, reply=creating_chat(run.session_key)))
+                                        schedule=schedule, reply=creating_chat(run.conversation)))
         except ScheduleError as exc:
             raise ToolFailure(str(exc)) from exc
         return (f"Scheduled {task_line(task)}. Tell the user the next run times. "

@@ -189,7 +189,7 @@ class Workspaces:
     async def for_run(self, run: ToolRun) -> Workspace:
         identity = run.identity
         if self._root is not None and self._owners is not None:
-            identity = await self._owners.workspace_owner(run.session_key, identity)
+            identity = await self._owners.workspace_owner(run.conversation, identity)
         return self.for_identity(identity)
 
 
