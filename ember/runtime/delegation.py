@@ -107,7 +107,7 @@ class Delegations:
                 del self._running[parent.turn_id], self._places[parent.turn_id]
 
     async def _run_child(self, event: InboundEvent, task: ChildTask, parent: ToolRun,
-                           allowed: frozenset[str]) -> ChildAnswer:
+                         allowed: frozenset[str]) -> ChildAnswer:
         child = _Child(event, uuid.uuid4().hex, TurnJournal())
         trace = TurnTrace(turn_id=child.turn_id, session_key=event.session_key, started_at=time.time())
         run = ToolRun(event.session_key, child.turn_id, ForTheAsker(parent.approver, whose_task(task)), child.journal,
