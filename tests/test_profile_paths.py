@@ -61,8 +61,11 @@ def chat(gateway: GatewayProcess, key: str, text: str) -> None:
 
 def profile_seen(gateway: GatewayProcess, model: ModelServer, key: str) -> str:
     """The profile section of the system prompt the model is sent for a question in a new session."""
-    chat(gateway, key, "what do you know about me?")
-    system = str(model.requests[-1]["messages"][0]["content"])
+    question = f"what do you know about me? ({uuid.uuid4().hex[:8]})"
+    chat(gateway, key, question)
+    # Found by its question: a background call (a fact's reconciliation) may have come after it.
+    [asked] = [body for body in model.requests if body["messages"][-1].get("content") == question]
+    system = str(asked["messages"][0]["content"])
     return system.split(PROFILE_HEADING, 1)[1] if PROFILE_HEADING in system else ""
 
 
