@@ -8,7 +8,7 @@ refused by the fence, not even its draft shown, and its message left to the othe
 the taker die too), the scheduler's leader killed (another fires the runs, none twice), a
 gateway killed mid-stream (the resend, through the other gateway, answered once, its OpenAI
 stream adding up to the answer), Redis restarted (the answers whose route it lost found in the
-store); and an approval asked in a worker is answered on a gateway.
+store); an approval asked in a worker is answered on a gateway, a delegated task's too.
 
 The module's tests share one topology (2 gateways, 2 workers; a member a test kills is
 restarted after it); the scheduler's test has one of its own (2 workers, no gateway).
@@ -736,3 +736,34 @@ def test_an_approval_asked_in_a_worker_is_answered_on_a_gateway(cluster: Cluster
     assert (written[0].home / "workspaces" / IDENTITY / f"{session}-0.txt").read_text() == "approved"
     results, written = outcomes["deny"]
     assert written == [] and "not permitted" in results[0]
+
+
+def test_a_task_delegated_in_a_worker_asks_the_person_on_a_gateway(cluster: Cluster, script: Script) -> None:
+    g1, g2 = cluster.gateways
+    session = fresh("d")
+    text, task, path = f"{session} hand it over", f"{session} write the file", f"{session}.txt"
+    script.plans[text] = lambda n: Reply(tool_calls=(tool_call("delegate", task=task),))
+    script.plans[task] = lambda n: Reply(tool_calls=(tool_call("write_file", path=path, content="by the child"),))
+    answered: list[httpx.Response] = []
+
+    def answer(event: Event) -> None:
+        if event.name == "approval_request":
+            answered.append(httpx.post(g2.url(f"/api/approvals/{event.data['id']}"),
+                                       json={"decision": "approve_once"}, headers=AUTH, timeout=TIMEOUT))
+
+    events = native(g1, session, text, on_event=answer)
+    [asked] = [e.data for e in events if e.name == "approval_request"]
+    assert asked["tool"] == "write_file" and "delegated task" in asked["summary"], asked
+    assert [r.status_code for r in answered] == [200], [r.text for r in answered]
+    assert the_final(events)["text"] == f"done: {text}"
+    [result] = [e.data["text"] for e in events if e.name == "tool_result"]
+    assert result == f"done: {task}"  # the child's answer, as the delegate call's result
+    written = [w for w in cluster.workers if (w.home / "workspaces" / IDENTITY / path).exists()]
+    assert len(written) == 1 and (written[0].home / "workspaces" / IDENTITY / path).read_text() == "by the child"
+
+    def child_traces() -> list[dict[str, Any]]:
+        return query(cluster.database_url, "SELECT status FROM traces WHERE session_key LIKE 'delegate:%' "
+                     "AND detail LIKE $1", f"%{task}%")
+
+    wait_until(lambda: bool(child_traces()), timeout_s=30, what="the child's trace")
+    assert child_traces() == [{"status": "ok"}]
