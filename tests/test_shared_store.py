@@ -41,6 +41,19 @@ from tests.test_approval import note_call, notebook
 _HOLD = Statement("SELECT pg_sleep(:s)")
 
 
+class LeaseTime:
+    """The clock lease tables read in a test, moved on by the test instead of waited for."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @pytest.fixture
 async def processes(pg_store_database: str) -> AsyncIterator[Callable[[], PostgresDatabase]]:
     """Opens one more connection pool to the same database per call: one per process."""
@@ -90,7 +103,8 @@ async def test_a_holder_paused_past_its_lease_has_its_late_commit_refused_and_no
         processes: Callable[[], PostgresDatabase]) -> None:
     paused_db, taker_db = processes(), processes()
     key = "http:alice:s1"
-    paused = LeaseTable(paused_db, "paused", ttl_s=1)  # takes the lease, then never renews it: SIGSTOP
+    clock = LeaseTime()
+    paused = LeaseTable(paused_db, "paused", ttl_s=1, clock=clock)  # takes the lease, then never renews it: SIGSTOP
     token = await paused.take(SESSION_PREFIX + key)
     fence = Fence(SESSION_PREFIX + key, "paused", token)
     store = SqlSessionStore(paused_db)
@@ -102,8 +116,8 @@ async def test_a_holder_paused_past_its_lease_has_its_late_commit_refused_and_no
     finally:
         current_fence.reset(reset)
 
-    await asyncio.sleep(1.2)  # the lease expires unrenewed
-    taker = SqlSessionLeases(LeaseTable(taker_db, "taker", ttl_s=30))
+    clock.advance(1.2)  # the lease expires unrenewed
+    taker = SqlSessionLeases(LeaseTable(taker_db, "taker", ttl_s=30, clock=clock))
     async with taker.hold(key):
         taker_store = SqlSessionStore(taker_db)
         taken = await taker_store.load(key)
@@ -123,9 +137,10 @@ async def test_a_commit_under_the_lease_finishes_before_another_process_can_take
         processes: Callable[[], PostgresDatabase]) -> None:
     slow_db, taker_db = processes(), processes()
     name = SESSION_PREFIX + "http:alice:s1"
-    slow = LeaseTable(slow_db, "slow", ttl_s=0.2)
+    clock = LeaseTime()
+    slow = LeaseTable(slow_db, "slow", ttl_s=0.2, clock=clock)
     fence = Fence(name, "slow", await slow.take(name))
-    await asyncio.sleep(0.3)  # expired, not yet taken: the holder may still commit
+    clock.advance(0.3)  # expired, not yet taken: the holder may still commit
     events: list[str] = []
 
     def long_commit(tx: Tx) -> None:
@@ -143,7 +158,7 @@ async def test_a_commit_under_the_lease_finishes_before_another_process_can_take
     committing = asyncio.create_task(commit())
     while not events:
         await asyncio.sleep(0.01)
-    token = await LeaseTable(taker_db, "taker", ttl_s=30).take(name)
+    token = await LeaseTable(taker_db, "taker", ttl_s=30, clock=clock).take(name)
     events.append("taken")
     await committing
     assert events == ["inside", "slept", "taken"], "the takeover waited for the commit"
@@ -190,12 +205,13 @@ async def test_a_dead_claimers_job_is_taken_over_and_a_renewed_claim_is_not(
 
 async def test_one_scheduler_leads_and_another_takes_over_when_it_stops_renewing(
         processes: Callable[[], PostgresDatabase]) -> None:
-    first = LeaderLease(LeaseTable(processes(), "w1", ttl_s=1), "scheduler")
-    second = LeaderLease(LeaseTable(processes(), "w2", ttl_s=1), "scheduler")
+    clock = LeaseTime()
+    first = LeaderLease(LeaseTable(processes(), "w1", ttl_s=1, clock=clock), "scheduler")
+    second = LeaderLease(LeaseTable(processes(), "w2", ttl_s=1, clock=clock), "scheduler")
     assert await first.held() and not await second.held()
     await first.release()
     assert await second.held() and not await first.held()
-    await asyncio.sleep(1.2)  # second stops renewing (paused): its lease runs out
+    clock.advance(1.2)  # second stops renewing (paused): its lease runs out
     assert await first.held(), "the other process took over"
     assert not await second.held(), "the paused leader finds it lost the lead"
 

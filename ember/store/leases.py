@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ember.core.errors import LeaseLost, StoreError
 from ember.core.leases import Fence, KeyedLocks, LeaseClock, current_fence, current_lease_clock
@@ -44,9 +44,11 @@ _NOW = {"sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
         "postgresql": "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"}
 
 
-def _by_clock(sql: str) -> Statement:
-    """`sql` with `{now}` as each engine's clock, in seconds since the epoch."""
-    return Statement(sql.format(now=_NOW["sqlite"]), sql.format(now=_NOW["postgresql"]))
+def _by_clock(sql: str) -> tuple[Statement, Statement]:
+    """`sql` with `{now}` as each engine's clock, in seconds since the epoch; and with `{now}` as
+    the `:now` parameter, for a table given a clock of its own."""
+    return (Statement(sql.format(now=_NOW["sqlite"]), sql.format(now=_NOW["postgresql"])),
+            Statement(sql.format(now="CAST(:now AS DOUBLE PRECISION)")))
 
 
 _TAKE = _by_clock("""INSERT INTO leases (name, holder, token, expires_at)
@@ -66,17 +68,31 @@ FENCE_CHECK = Statement(
 class LeaseTable:
     """The statements on the lease rows; none of them is itself fenced."""
 
-    def __init__(self, db: Database, holder: str, ttl_s: float) -> None:
+    def __init__(self, db: Database, holder: str, ttl_s: float, *, clock: Callable[[], float] | None = None) -> None:
+        """`clock`: what lease times are read by, in the rows and between renewals (a test's, to move
+        time on); None: the database's in the rows, since the processes' clocks may disagree, and
+        this process's monotonic clock between renewals."""
         if ttl_s <= 0:
             raise ValueError("a lease's ttl_s must be positive")
         self.db = db
         self.holder = holder
         self.ttl_s = ttl_s
+        self._clock = clock
+
+    def now(self) -> float:
+        """The time by which renewals are spaced."""
+        return self._clock() if self._clock is not None else time.monotonic()
+
+    def _timed(self, statements: tuple[Statement, Statement], params: dict[str, object]) -> Work[Any]:
+        clock = self._clock
+        if clock is None:
+            return lambda tx: tx.execute(statements[0], params)
+        return lambda tx: tx.execute(statements[1], {**params, "now": clock()})
 
     async def try_take(self, name: str) -> int | None:
         """The new token, or None while another holder's lease on `name` lasts."""
-        row = await self.db.run_write(lambda tx: tx.execute(
-            _TAKE, {"name": name, "holder": self.holder, "ttl": self.ttl_s}).fetchone())
+        take = self._timed(_TAKE, {"name": name, "holder": self.holder, "ttl": self.ttl_s})
+        row = await self.db.run_write(lambda tx: take(tx).fetchone())
         return None if row is None else int(row[0])
 
     async def take(self, name: str) -> int:
@@ -88,8 +104,8 @@ class LeaseTable:
 
     async def renew(self, name: str, token: int) -> bool:
         """False: the lease expired and another process took it."""
-        params = {"name": name, "holder": self.holder, "token": token, "ttl": self.ttl_s}
-        return await self.db.run_write(lambda tx: tx.execute(_RENEW, params).rowcount == 1)
+        renew = self._timed(_RENEW, {"name": name, "holder": self.holder, "token": token, "ttl": self.ttl_s})
+        return await self.db.run_write(lambda tx: renew(tx).rowcount == 1)
 
     async def release(self, name: str, token: int) -> None:
         """Free the lease at once; if this fails, it frees itself when it expires."""
@@ -161,7 +177,7 @@ class LeaderLease:
         self._renewed_at = 0.0
 
     async def held(self) -> bool:
-        now = time.monotonic()
+        now = self._table.now()
         if self._token is not None:
             if now - self._renewed_at < self._table.ttl_s / 3:
                 return True
