@@ -30,12 +30,13 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -44,6 +45,8 @@ from ember.tools.explain import EXPLAIN_INSTRUCTION
 from tests.loopback import LoopbackServer, started
 
 MODEL = "test-model"
+# Who made the request being answered, when it came under a caller's name (None: at /v1 itself).
+CALLER: ContextVar[str | None] = ContextVar("modelserver_caller", default=None)
 CANNED_EXPLANATION = json.dumps({"explanation": "It does what the request says, in the workspace.",
                                  "risk": "medium", "reason": "changes a file"})
 # Small enough that tags and words are cut across chunks, as real streams do.
@@ -77,6 +80,14 @@ class Reply:
     raw_events: tuple[str, ...] = ()
     hold: threading.Event | None = None
     hold_timeout_s: float = 60.0
+    # As the crash harness answers: the text streamed in these pieces (else CHUNK_CHARS each), the
+    # calls under these ids (else call_<request>_<index>), `pause()` seconds after each event that
+    # carries text or a call, and `watch` told ("chunk", n) once the n-th text piece is sent and
+    # ("done", 0) once the stream has ended.
+    pieces: tuple[str, ...] | None = None
+    call_ids: tuple[str, ...] = ()
+    pause: Callable[[], float] | None = None
+    watch: Callable[[str, int], None] | None = None
 
 
 def tool_call(name: str, **arguments: Any) -> tuple[str, str]:
@@ -96,8 +107,8 @@ def _split(text: str, parts: int) -> list[str]:
     return _pieces(text, size) or [""]
 
 
-def _call_id(request_number: int, index: int) -> str:
-    return f"call_{request_number}_{index}"
+def _call_id(reply: Reply, request_number: int, index: int) -> str:
+    return reply.call_ids[index] if index < len(reply.call_ids) else f"call_{request_number}_{index}"
 
 
 def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:
@@ -109,11 +120,11 @@ def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:
 def _deltas(reply: Reply, request_number: int) -> Iterator[dict[str, Any]]:
     for piece in _pieces(reply.reasoning or "", CHUNK_CHARS):
         yield {"reasoning_content": piece}
-    for piece in _pieces(reply.text, CHUNK_CHARS):
+    for piece in reply.pieces if reply.pieces is not None else _pieces(reply.text, CHUNK_CHARS):
         yield {"content": piece}
     for index, (name, arguments) in enumerate(reply.tool_calls):
         # The first fragment names the call; the arguments follow in pieces.
-        yield {"tool_calls": [{"index": index, "id": _call_id(request_number, index), "type": "function",
+        yield {"tool_calls": [{"index": index, "id": _call_id(reply, request_number, index), "type": "function",
                                "function": {"name": name, "arguments": ""}}]}
         for piece in _split(arguments, ARGUMENT_FRAGMENTS):
             yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
@@ -157,7 +168,8 @@ def completion(reply: Reply, body: dict[str, Any], request_number: int) -> dict[
         message["reasoning_content"] = reply.reasoning
     if reply.tool_calls:
         message["tool_calls"] = [
-            {"id": _call_id(request_number, i), "type": "function", "function": {"name": name, "arguments": args}}
+            {"id": _call_id(reply, request_number, i), "type": "function",
+             "function": {"name": name, "arguments": args}}
             for i, (name, args) in enumerate(reply.tool_calls)
         ]
     return {
@@ -199,7 +211,14 @@ class ModelServer:
         self._server = LoopbackServer(Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
+            # The same under a caller's name (`<origin>/<caller>/v1`): a responder reads it as CALLER.
+            Route("/{caller}/v1/chat/completions", self._named_chat, methods=["POST"]),
+            Route("/{caller}/v1/models", self._models, methods=["GET"]),
         ]), "model server")
+
+    @property
+    def origin(self) -> str:
+        return self._server.origin
 
     @property
     def base_url(self) -> str:
@@ -214,8 +233,15 @@ class ModelServer:
     def stop(self) -> None:
         self._server.stop()
 
+    async def _named_chat(self, request: Request) -> Response:
+        CALLER.set(request.path_params["caller"])
+        return await self._chat(request)
+
     async def _chat(self, request: Request) -> Response:
-        body = await request.json()
+        try:
+            body = await request.json()
+        except ClientDisconnect:  # the caller was killed while it sent its request
+            return Response(status_code=499)
         messages = body.get("messages") or [{}]
         if self.explainer is not None and EXPLAIN_INSTRUCTION in str(messages[0].get("content")):
             # An approval request being explained (tools/explain.py): answered apart from the script.
@@ -254,15 +280,24 @@ class ModelServer:
         return JSONResponse(completion(reply, body, number))
 
     async def _events(self, chunks: list[dict[str, Any]], reply: Reply) -> AsyncIterator[str]:
+        pieces = 0
         for sent, chunk in enumerate(chunks):
             if sent == reply.cut_after_chunks:
                 raise _ConnectionCut(f"scripted cut after {sent} chunks")
             yield f"data: {json.dumps(chunk)}\n\n"
             self.chunks_sent += 1
             self.chunks_by_reply[id(reply)] = self.chunks_by_reply.get(id(reply), 0) + 1
-            if reply.chunk_delay_s:
+            delta = chunk["choices"][0].get("delta", {}) if chunk["choices"] else {}
+            if delta.get("content") and reply.watch is not None:
+                pieces += 1
+                reply.watch("chunk", pieces)
+            if reply.pause is not None and (delta.get("content") or delta.get("tool_calls")):
+                await asyncio.sleep(reply.pause())
+            elif reply.chunk_delay_s:
                 await asyncio.sleep(reply.chunk_delay_s)
         yield "data: [DONE]\n\n"
+        if reply.watch is not None:
+            reply.watch("done", 0)
 
     async def _models(self, request: Request) -> Response:
         return JSONResponse({"object": "list",

@@ -25,15 +25,11 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from ember.runtime.loop import NOT_RESUMED_TEXT
 from tests.cluster import Cluster, Member, wait_all_ready
@@ -53,9 +49,7 @@ from tests.crash.harness import (
     read_histories,
     read_pg_store,
 )
-
-# The member whose model call the server is answering (its path names it).
-CALLER: ContextVar[str | None] = ContextVar("ember_crash_caller", default=None)
+from tests.modelserver import CALLER
 
 
 @dataclass(slots=True, kw_only=True)
@@ -137,25 +131,6 @@ class CallerSwitch:
             asyncio.get_running_loop().call_later(aim.delay_s, fire)
 
 
-class ClusterModelServer(CrashModelServer):
-    """The crash model server, also at `/<member>/v1/...`: each worker calls it under its own name."""
-
-    def __init__(self, seed: int, switch: CallerSwitch) -> None:
-        super().__init__(seed, switch)  # type: ignore[arg-type]
-        app = self._server.config.app
-        app.router.routes.extend([Route("/{caller}/v1/chat/completions", self._named_chat, methods=["POST"]),
-                                  Route("/{caller}/v1/models", self._models, methods=["GET"])])
-
-    @property
-    def origin(self) -> str:
-        host, port = self._socket.getsockname()
-        return f"http://{host}:{port}"
-
-    async def _named_chat(self, request: Request) -> Response:
-        CALLER.set(request.path_params["caller"])
-        return await self._chat(request)
-
-
 class GatewayPool:
     """What the harness's clients use as their HTTP client: each request to a gateway picked at
     random (a dead one refuses the connection, and the client sends again, maybe to the other)."""
@@ -189,7 +164,7 @@ class ClusterCrashRun:
                                   liveness_bound_s=config.liveness_bound_s)
         self.rng = random.Random(config.seed)
         self.switch = CallerSwitch(self)
-        self.model = ClusterModelServer(config.seed, self.switch)
+        self.model = CrashModelServer(config.seed, self.switch)  # type: ignore[arg-type]
         self.checker = Checker()
         self.counts: Counter[str] = Counter()
         self.stop_sending = asyncio.Event()

@@ -8,7 +8,7 @@ invariant of DESIGN.md §3 checked on the store and on what the clients got.
 
 Three parties, one of them killed over and over:
 
-- The model server (a thread of this process) answers every model call
+- The model server (tests/modelserver.py's, in a thread of this process) answers every model call
   slowly (5-15 chunks, 10-40 ms apart), deterministically per user message:
   each message has a plan (no tools, one tool step with one or two calls, or
   two steps with three calls in all: `list_dir` / `read_file`, read-risk, so
@@ -55,7 +55,6 @@ import json
 import random
 import re
 import signal
-import socket
 import sqlite3
 import statistics
 import threading
@@ -67,11 +66,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from ember.memory.consolidation import SUMMARY_INSTRUCTION
 from ember.memory.review import REVIEW_INSTRUCTION
@@ -79,6 +73,7 @@ from ember.runtime.loop import NOT_RESUMED_TEXT
 from ember.skills.review import REVIEW_INSTRUCTION as SKILL_REVIEW_INSTRUCTION
 from ember.store.sessions import INTERRUPTED_RESULT
 from tests.gatewayproc import GatewayProcess, free_port, gateway_env
+from tests.modelserver import ModelServer, Reply
 
 INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "liveness")
 DESCRIPTIONS = {
@@ -226,72 +221,32 @@ def _cut(text: str, pieces: int, rng: random.Random) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-class CrashModelServer:
-    """An OpenAI-compatible streaming model on 127.0.0.1, in a thread of this process."""
+class CrashModelServer(ModelServer):
+    """tests/modelserver.py's server, answering as the crash runs' model: each request by its
+    message's plan (below), the text streamed in 5-15 pieces cut at random places (2-4 for a tool
+    step's), 10-40 ms apart, telling `switch` where it is: the request, each piece, the end."""
 
     def __init__(self, seed: int, switch: KillSwitch, *, delay_s: tuple[float, float] = (0.010, 0.040)) -> None:
-        self.model = MODEL
+        super().__init__(MODEL)
         self.stats: Counter[str] = Counter()
         self._seed = seed
         self.switch = switch
         self._delay_s = delay_s
         self._numbers = itertools.count(1)
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY on accept
-        self._socket.bind(("127.0.0.1", 0))
-        app = Starlette(routes=[
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/v1/models", self._models, methods=["GET"]),
-        ])
-        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
-                                        name="crash-model-server", daemon=True)
+        self.responder = self._respond
 
-    @property
-    def base_url(self) -> str:
-        host, port = self._socket.getsockname()
-        return f"http://{host}:{port}/v1"
-
-    def start(self) -> None:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the crash model server did not start")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread.ident is not None:
-            self._thread.join(timeout=10)
-        self._socket.close()
-
-    async def _models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0,
-                                                         "owned_by": "crash"}]})
-
-    async def _chat(self, request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ClientDisconnect:  # Ember was killed while sending its request
-            return Response(status_code=499)
+    def _respond(self, body: dict[str, Any]) -> Reply:
         number = next(self._numbers)
         reply = self._reply(body.get("messages") or [], number)
         self.stats[f"model calls: {reply.kind}"] += 1
         self.switch.reached(reply.kind, "request")
-        if not body.get("stream"):
-            message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
-            if reply.calls:
-                message["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
-                                         for i, n, a in reply.calls]
-            finish = "tool_calls" if reply.calls else "stop"
-            return JSONResponse({"id": f"chatcmpl-{number}", "object": "chat.completion", "created": 0,
-                                 "model": MODEL, "choices": [{"index": 0, "message": message,
-                                                              "finish_reason": finish}],
-                                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-        usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(self._events(reply, number, usage), media_type="text/event-stream")
+        rng = random.Random(f"{self._seed}/{number}")
+        pieces = _cut(reply.content, rng.randint(2, 4) if reply.kind == "tool" else rng.randint(5, 15), rng)
+        return Reply(text=reply.content, pieces=tuple(pieces),
+                     tool_calls=tuple((name, arguments) for _, name, arguments in reply.calls),
+                     call_ids=tuple(call_id for call_id, _, _ in reply.calls),
+                     pause=lambda: rng.uniform(*self._delay_s),
+                     watch=lambda point, index: self.switch.reached(reply.kind, point, index))
 
     def _reply(self, messages: list[dict[str, Any]], number: int) -> _Reply:
         system = str(messages[0].get("content") or "") if messages and messages[0].get("role") == "system" else ""
@@ -328,34 +283,6 @@ class CrashModelServer:
             think = f"<think>SECRET planning step {done} of {mid}</think>" if plan.step_thinks[done] else ""
             return _Reply("tool", think, calls)
         return _Reply("final", plan.raw_answer(mid))
-
-    async def _events(self, reply: _Reply, number: int, usage: bool) -> AsyncIterator[str]:
-        rng = random.Random(f"{self._seed}/{number}")
-        head = {"id": f"chatcmpl-{number}", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
-
-        def frame(delta: dict[str, Any], finish: str | None = None) -> str:
-            return "data: " + json.dumps({**head, "choices": [{"index": 0, "delta": delta,
-                                                                "finish_reason": finish}]}) + "\n\n"
-
-        pieces = _cut(reply.content, rng.randint(2, 4) if reply.kind == "tool" else rng.randint(5, 15), rng)
-        yield frame({"role": "assistant", "content": ""})
-        for index, piece in enumerate(pieces, start=1):
-            yield frame({"content": piece})
-            self.switch.reached(reply.kind, "chunk", index)
-            await asyncio.sleep(rng.uniform(*self._delay_s))
-        for i, (call_id, name, arguments) in enumerate(reply.calls):
-            yield frame({"tool_calls": [{"index": i, "id": call_id, "type": "function",
-                                         "function": {"name": name, "arguments": ""}}]})
-            half = len(arguments) // 2
-            for part in (arguments[:half], arguments[half:]):
-                yield frame({"tool_calls": [{"index": i, "function": {"arguments": part}}]})
-            await asyncio.sleep(rng.uniform(*self._delay_s))
-        yield frame({}, "tool_calls" if reply.calls else "stop")
-        if usage:
-            yield "data: " + json.dumps({**head, "choices": [], "usage": {
-                "prompt_tokens": 10, "completion_tokens": len(pieces), "total_tokens": 10 + len(pieces)}}) + "\n\n"
-        yield "data: [DONE]\n\n"
-        self.switch.reached(reply.kind, "done")
 
 
 # --------------------------------------------------------------------------- the gateway
