@@ -9,12 +9,23 @@ from ember.core.events import OutboundKind
 from ember.core.messages import Message, Role
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
+from ember.runtime.leases import HostLock
 from tests.conftest import session_key
 
 
-async def test_two_runtimes_on_one_session_take_turns_and_lose_nothing(start) -> None:  # type: ignore[no-untyped-def]
+async def test_two_runtimes_on_one_session_take_turns_and_lose_nothing(start, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     first_in_model = asyncio.Event()
     release_first = asyncio.Event()
+    refused = asyncio.Event()  # a runtime asked for the session's lock while the other held it
+    try_acquire = HostLock.try_acquire
+
+    def noting_refusals(lock: HostLock) -> bool:
+        taken = try_acquire(lock)
+        if not taken:
+            refused.set()
+        return taken
+
+    monkeypatch.setattr(HostLock, "try_acquire", noting_refusals)
 
     async def slow(messages: list[Message], tools: object) -> ModelReply:
         first_in_model.set()
@@ -28,7 +39,7 @@ async def test_two_runtimes_on_one_session_take_turns_and_lose_nothing(start) ->
         await a.publish("question A")
         await first_in_model.wait()
         await b.publish("question B")  # same session, while A holds it mid-turn
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(refused.wait(), 10)  # B waits for the lock A holds
         assert not b.chats["c1"].events, "B ran while A held the session"
         release_first.set()
         assert (await a.next_closing()).text == "answer A"
