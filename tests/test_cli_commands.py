@@ -95,6 +95,20 @@ def test_the_demo_model_shows_an_approval_and_a_skill(tmp_path: Path) -> None:
     assert "# Skill reminders (version 1)" in out and "# Skill write-a-skill (version 1)" in out
 
 
+def test_the_demo_model_shows_a_task_delegated_to_a_helper(tmp_path: Path) -> None:
+    """Asked for a helper, the scripted model hands the listing of the workspace to a child turn,
+    whose own list_dir call answers it."""
+    env = ember_env(tmp_path, None)
+    (tmp_path / "workspace").mkdir()
+    (tmp_path / "workspace" / "plans.txt").write_text("x")
+    done = subprocess.run([EMBER, "chat", "--demo", "-m", "Ask a helper to look at my files."], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    assert "[scripted demo model] A helper worked on it in a session of its own" in out
+    assert "The tool answered:" in out and "plans.txt" in out  # the child's own list_dir, as its answer
+
+
 def test_doctor_reports_unreadable_rows_without_touching_the_store(tmp_path: Path, model_server: ModelServer) -> None:
     env = ember_env(tmp_path, model_server)
     model_server.push(Reply(text="first answer"))

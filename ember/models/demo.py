@@ -6,7 +6,8 @@ skills) without any model: "remember that …" is kept with the `remember` tool,
 and every later answer, in any session, says what the profile in its prompt
 holds; "write a note …" writes it with `write_file`, which asks the person's
 approval first; "which skills …" reads a skill of the prompt's index with
-`skill_view`, as a model does before following one.
+`skill_view`, as a model does before following one; "ask a helper …" hands the
+listing of the workspace to another agent with `delegate`.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ LABEL = "[scripted demo model]"
 _REMEMBER = re.compile(r"^\s*(?:please\s+)?remember(?:\s+that)?\s+(.+?)\s*$", re.IGNORECASE | re.DOTALL)
 _NOTE = re.compile(r"^\s*(?:please\s+)?(?:write|save|take)\s+(?:down\s+)?(?:a\s+|this\s+)?note\b[\s:,]*"
                    r"(?:(?:that\s+)?says?\s*:?\s*|saying\s*:?\s*)?(.*?)\s*$", re.IGNORECASE | re.DOTALL)
+_HELPER = re.compile(r"\b(?:helper|delegate)\b", re.IGNORECASE)
 NOTE_PATH = "notes/demo-note.md"
+HELPER_TASK = "List the files in the workspace and say what is there."
 HINTS = ("Ask me about the files in your workspace to see a tool call, to \"write a note …\" to see an approval, "
-         "or which skills I have to see one read.")
+         "which skills I have to see one read, or to ask a helper to see a task delegated.")
 
 
 def _profile(system: str) -> list[str]:
@@ -64,6 +67,9 @@ def _after_tool(messages: list[Message]) -> ModelReply:
         return ModelReply(text=f"{LABEL} You said no, so nothing was written. Ask again and answer y to see it done.")
     if call is not None and call.name == "write_file" and last.content.startswith(("created ", "overwrote ")):
         return ModelReply(text=f"{LABEL} You approved it, and the note is in {NOTE_PATH}: {last.content}")
+    if call is not None and call.name == "delegate":
+        return ModelReply(text=f"{LABEL} A helper worked on it in a session of its own (its steps are in this "
+                               f"turn's trace) and answered:\n{last.content}")
     return ModelReply(text=f"{LABEL} The tool answered:\n{last.content}")
 
 
@@ -90,6 +96,9 @@ def _demo_reply(messages: list[Message], tools: list[ToolSpec]) -> ModelReply:
                         arguments=json.dumps({"path": NOTE_PATH, "content": note + "\n"}))
         return ModelReply(text=f"I will write it to {NOTE_PATH}; writing a file asks for your approval first.",
                           tool_calls=(call,))
+    if "delegate" in tool_names and _HELPER.search(last.content):
+        call = ToolCall(id="demo_call_1", name="delegate", arguments=json.dumps({"task": HELPER_TASK}))
+        return ModelReply(text="I will hand that to a helper.", tool_calls=(call,))
     skills = _skills(system)
     if "skill_view" in tool_names and skills and "skill" in words:
         name = next((skill for skill in skills if skill.lower() in words), skills[0])
