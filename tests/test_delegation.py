@@ -209,9 +209,9 @@ async def test_a_child_past_its_time_is_stopped_and_reported_again_if_asked_agai
 
     tools = ToolRegistry([FunctionTool("stall", "Wait.", NoteArgs, stall, risk=Risk.READ)])
     family = Family([{"task": TASK}, {"task": TASK}], [call("stall", "s1", text="x")])
-    async with start(family.model, tools=tools, config=delegating(settings, timeout_s=0.5)) as h:
+    async with start(family.model, tools=tools, config=delegating(settings, timeout_s=2)) as h:
         final = await h.turn(ASK)
-    stopped = ("Error: the delegated task ran past its 0.5 s limit ([delegation] timeout_s) and was stopped")
+    stopped = "Error: the delegated task ran past its 2 s limit ([delegation] timeout_s) and was stopped"
     # The same task asked twice in one step is one child: stopped once, and both calls are told so.
     assert final.text == f"parent says: {stopped} | {stopped}"
     assert len(family.offered["child"]) == 1
@@ -219,6 +219,7 @@ async def test_a_child_past_its_time_is_stopped_and_reported_again_if_asked_agai
 
 async def test_several_children_run_at_once_within_the_limit(start, settings) -> None:  # type: ignore[no-untyped-def]
     running, most = 0, 0
+    two_running = asyncio.Event()
 
     async def reply(messages: list[Message], tools: list[ToolSpec]) -> ModelReply:
         nonlocal running, most
@@ -229,7 +230,10 @@ async def test_several_children_run_at_once_within_the_limit(start, settings) ->
             return ModelReply(text=" | ".join(m.content for m in messages if m.role is Role.TOOL))
         running += 1
         most = max(most, running)
-        await asyncio.sleep(0.2)
+        if running == 2:
+            two_running.set()
+        await asyncio.wait_for(two_running.wait(), 10)  # the first waits for a second beside it
+        await asyncio.sleep(0.05)  # time for a third to start, were the limit not kept
         running -= 1
         return ModelReply(text=f"done: {messages[-1].content[-7:]}")
 
