@@ -64,17 +64,21 @@ current_lease_clock: ContextVar[LeaseClock | None] = ContextVar("ember_lease_clo
 
 
 class KeyedLocks:
-    """An asyncio.Lock per key, created on demand and dropped when nobody holds or awaits it, so a
-    server with a million sessions keeps only the busy ones in memory. It wakes waiters in arrival
-    order, which keeps a session's turns in order within a process."""
+    """An asyncio.Lock per key (with `places` > 1, a semaphore letting that many in), created on
+    demand and dropped when nobody holds or awaits it, so a server with a million sessions keeps only
+    the busy ones in memory. It wakes waiters in arrival order, which keeps a session's turns in order
+    within a process."""
 
-    def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
+    def __init__(self, places: int = 1) -> None:
+        self._places = places
+        self._locks: dict[str, asyncio.Lock | asyncio.Semaphore] = {}
         self._users: dict[str, int] = {}
 
     @asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(key, asyncio.Lock())
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock() if self._places == 1 else asyncio.Semaphore(self._places)
         self._users[key] = self._users.get(key, 0) + 1
         try:
             async with lock:

@@ -24,7 +24,6 @@ import hashlib
 import logging
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from ember.core.delegation import CHANNEL, ChildAnswer, ChildTask
@@ -32,7 +31,7 @@ from ember.core.delivery import Delivery, DeliveryKind
 from ember.core.errors import DuplicateMessage, LeaseLost
 from ember.core.events import InboundEvent
 from ember.core.journal import Delegated, TurnJournal
-from ember.core.leases import SessionLeases
+from ember.core.leases import KeyedLocks, SessionLeases
 from ember.core.redact import redact_text
 from ember.core.tools import Approver, ToolAction, ToolRun, Verdict
 from ember.core.traces import TurnTrace
@@ -78,9 +77,7 @@ class Delegations:
         self._traces = traces
         self._limits = limits
         self._pipeline: Pipeline | None = None
-        self._places: defaultdict[str, asyncio.Semaphore] = defaultdict(
-            lambda: asyncio.Semaphore(limits.max_concurrent))
-        self._running: defaultdict[str, int] = defaultdict(int)  # children per parent turn, asked or running
+        self._places = KeyedLocks(limits.max_concurrent)  # per parent turn
 
     def bind(self, pipeline: Pipeline) -> None:
         """The stages children run through: built after the tools, which include `delegate`."""
@@ -96,15 +93,8 @@ class Delegations:
                               f"{', '.join(sorted(parent.offered)) or 'none'}")
         if parent.depth + 1 >= self._limits.max_depth:
             allowed = allowed - {NAME}
-        event = child_event(task, parent)
-        self._running[parent.turn_id] += 1
-        try:
-            async with self._places[parent.turn_id]:
-                return await self._run_child(event, task, parent, allowed)
-        finally:
-            self._running[parent.turn_id] -= 1
-            if not self._running[parent.turn_id]:
-                del self._running[parent.turn_id], self._places[parent.turn_id]
+        async with self._places.hold(parent.turn_id):
+            return await self._run_child(child_event(task, parent), task, parent, allowed)
 
     async def _run_child(self, event: InboundEvent, task: ChildTask, parent: ToolRun,
                          allowed: frozenset[str]) -> ChildAnswer:
