@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -68,6 +69,14 @@ class Delivery:
         return cls(delivery_id=delivery_id, turn_id=turn_id, channel=route.channel, chat_id=route.chat_id,
                    reply_to=event.message_id, kind=kind, text=text,
                    asked_in=None if route == event.origin else event.origin)
+
+
+    @classmethod
+    def failing(cls, event: InboundEvent, *, turn_id: str, text: str) -> Delivery:
+        """The record of the error that answers `event` in its turn's place: never a message, so its
+        id is the turn's and a suffix of its own."""
+        return cls.replying(event, delivery_id=f"{turn_id}:error:{uuid.uuid4().hex[:8]}", turn_id=turn_id,
+                            text=text, kind=DeliveryKind.ERROR)
 
 
 def delivery_id(turn_id: str, seq: int) -> str:

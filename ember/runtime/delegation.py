@@ -38,7 +38,7 @@ from ember.core.traces import TurnTrace
 from ember.core.turn import PipelineContext
 from ember.runtime.delivery import DeliveryWorker
 from ember.runtime.loop import Pipeline
-from ember.runtime.turn_state import error_text
+from ember.runtime.turn_state import error_text, record_trace
 from ember.store.protocols import TraceLog
 from ember.tools.base import ToolFailure
 from ember.tools.delegate import NAME, DelegationSpec
@@ -158,20 +158,16 @@ class Delegations:
     async def _failed(self, child: _Child, text: str) -> ChildAnswer:
         """The failure recorded as the child's answer, when its question was: a parent asking again is told it."""
         if child.ctx is not None:
-            delivery = Delivery.replying(child.event, delivery_id=f"{child.turn_id}:error:{uuid.uuid4().hex[:8]}",
-                                         turn_id=child.turn_id, text=text, kind=DeliveryKind.ERROR)
-            await self._deliveries.store.record(child.event.session_key, delivery)
+            await self._deliveries.store.record(child.event.session_key,
+                                                Delivery.failing(child.event, turn_id=child.turn_id, text=text))
         return ChildAnswer(text, child.turn_id, failed=True)
 
     async def _record(self, trace: TurnTrace, child: _Child, parent: ToolRun, task: ChildTask, status: str) -> None:
-        trace.turn_id, trace.status, trace.finished_at = child.turn_id, status, time.time()
+        trace.turn_id, trace.status = child.turn_id, status
         trace.detail.update(child.journal.as_dict())
         trace.detail["delegated_by"] = {"turn_id": parent.turn_id, "session": parent.session_key,
                                         "agent": task.agent, "task": redact_text(task.task[:500])}
-        try:
-            await self._traces.record(trace)
-        except Exception:  # a trace is not worth the answer
-            log.warning("could not record the trace of delegated turn %s", child.turn_id, exc_info=True)
+        await record_trace(self._traces, trace)
 
 
 def whose_task(task: ChildTask) -> str:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
-from ember.core.delivery import Delivery, DeliveryKind, Receipt, delivery_id
+from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import DuplicateMessage, LeaseLost, StoreError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
 from ember.core.journal import Spans, TurnJournal
@@ -66,6 +66,7 @@ from ember.runtime.turn_state import (
     RecoveryPolicy,
     TurnState,
     error_text,
+    record_trace,
 )
 from ember.store.protocols import SessionStore, TraceLog
 
@@ -346,8 +347,7 @@ class AgentLoop:
         Returns the error's delivery id, when it was recorded."""
         if turn.ctx is None:
             return None  # nothing was accepted
-        delivery = Delivery.replying(event, delivery_id=f"{turn.turn_id}:error:{uuid.uuid4().hex[:8]}",
-                                     turn_id=turn.turn_id, text=text, kind=DeliveryKind.ERROR)
+        delivery = Delivery.failing(event, turn_id=turn.turn_id, text=text)
         try:
             await self._deliveries.store.record(event.session_key, delivery)
         except StoreError:
@@ -356,11 +356,7 @@ class AgentLoop:
         return delivery.delivery_id
 
     async def _record(self, trace: TurnTrace) -> None:
-        trace.finished_at = time.time()
-        try:
-            await self._traces.record(trace)
-        except StoreError:
-            log.warning("could not record the trace of turn %s", trace.turn_id, exc_info=True)
+        await record_trace(self._traces, trace)
 
     async def _run_turn(self, event: InboundEvent, turn: TurnState) -> None:
         def open_stream(prefix: str) -> StreamPublisher:

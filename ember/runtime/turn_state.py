@@ -3,17 +3,21 @@ cannot end normally (ember/runtime/loop.py)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ember.core.delivery import Receipt
-from ember.core.errors import EmberError
+from ember.core.errors import EmberError, StoreError
 from ember.core.journal import Observers, TurnJournal, TurnObserver
 from ember.core.messages import Message, Role
 from ember.core.redact import redact_text
 from ember.core.traces import TurnTrace
 from ember.core.turn import PipelineContext
+from ember.store.protocols import TraceLog
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +70,12 @@ def error_text(exc: BaseException, turn_id: str) -> str:
         # A provider's error may quote the key it refused: the person is told why, not the key.
         return f"Sorry, I could not answer: {redact_text(str(exc))}"
     return f"Sorry, something went wrong inside Ember ({type(exc).__name__}). Turn id for the logs: {turn_id}"
+
+
+async def record_trace(traces: TraceLog, trace: TurnTrace) -> None:
+    """The turn's trace, finished now, kept for the next write; a store that fails costs the trace only."""
+    trace.finished_at = time.time()
+    try:
+        await traces.record(trace)
+    except StoreError:
+        log.warning("could not record the trace of turn %s", trace.turn_id, exc_info=True)
