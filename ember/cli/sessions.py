@@ -142,7 +142,8 @@ def trace_show(turn_id: Annotated[str, typer.Argument(
         help="A turn id, or its start as `ember trace list` shows it.")],
         as_json: Annotated[bool, typer.Option("--json", help="Print the trace as JSON.")] = False) -> None:
     """A turn's stages, model calls, tool calls and approval decisions."""
-    from ember.cli.trace_view import delegated_traces, show_trace, trace_json
+    from ember.cli.trace_view import show_trace, trace_json
+    from ember.core.traces import delegated_traces
 
     settings = settings_or_exit()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -21,20 +21,6 @@ def _clock(timestamp: float) -> str:
 
 def _ms(value: float) -> str:
     return f"{value:,.1f} ms"
-
-
-async def delegated_traces(trace: TurnTrace, get: Callable[[str], Awaitable[TurnTrace | None]],
-                           ) -> dict[str, TurnTrace]:
-    """The traces of the turns `trace` delegated to, and of theirs, by turn id."""
-    found: dict[str, TurnTrace] = {}
-    waiting = [trace]
-    while waiting:
-        for delegation in waiting.pop().detail.get("delegations", []):
-            child = await get(delegation["turn_id"]) if delegation["turn_id"] not in found else None
-            if child is not None:
-                found[child.turn_id] = child
-                waiting.append(child)
-    return found
 
 
 def trace_json(trace: TurnTrace, children: Mapping[str, TurnTrace]) -> dict[str, Any]:

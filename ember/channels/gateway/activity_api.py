@@ -10,6 +10,7 @@ error, kept as the exception said it, is redacted here); nothing else of the tur
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -19,13 +20,12 @@ from starlette.routing import Route
 from ember.channels.gateway.http import ApiError, checked_key, known_params, query_limit
 from ember.channels.gateway.turns import namespace, session_key
 from ember.core.redact import redact_text
-from ember.core.traces import TurnTrace
+from ember.core.traces import TurnTrace, delegated_traces
 from ember.store.protocols import TraceReader
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
 _LIST_PARAMS = ("limit", "session")
-MAX_DELEGATION_DEPTH = 5  # [delegation] max_depth's own limit
 
 
 class ActivityApi:
@@ -53,27 +53,25 @@ class ActivityApi:
         trace = await self._traces.get(turn_id)
         if trace is None or not trace.session_key.startswith(prefix):
             raise ApiError(404, f"no turn {turn_id[:64]!r}; `GET /api/activity` lists yours", code="turn_not_found")
-        return JSONResponse(await self._detail(trace, prefix))
+        return JSONResponse(_detail(trace, prefix, await delegated_traces(trace, self._traces.get)))
 
-    async def _detail(self, trace: TurnTrace, prefix: str, depth: int = 0) -> dict[str, Any]:
-        """The turn as its page shows it; each task it delegated with that turn's own detail (a
-        delegated turn is its asker's: it is seen only through it)."""
-        detail = trace.detail
-        delegations = []
-        for delegation in detail.get("delegations", []):
-            child = await self._traces.get(delegation["turn_id"]) if depth < MAX_DELEGATION_DEPTH else None
-            delegations.append({**_delegation(delegation),
-                                "turn": await self._detail(child, prefix, depth + 1) if child else None})
-        return {
-            **_item(trace, prefix),
-            "stages": [{"stage": s["stage"], "duration_ms": s["duration_ms"]} for s in detail.get("stages", [])],
-            "model_calls": [_model_call(call) for call in detail.get("model_calls", [])],
-            "tool_calls": [_tool_call(call) for call in detail.get("tool_calls", [])],
-            "approvals": [_approval(approval) for approval in detail.get("approvals", [])],
-            "progress": [{"tool": p["tool"], "at_ms": p["at_ms"], "note": p["note"]}
-                         for p in detail.get("progress", [])],
-            "delegations": delegations,
-        }
+
+def _detail(trace: TurnTrace, prefix: str, children: Mapping[str, TurnTrace]) -> dict[str, Any]:
+    """The turn as its page shows it; each task it delegated with that turn's own detail (a
+    delegated turn is its asker's: it is seen only through it)."""
+    detail = trace.detail
+    delegations = [{**_delegation(d), "turn": _detail(children[d["turn_id"]], prefix, children)
+                    if d["turn_id"] in children else None} for d in detail.get("delegations", [])]
+    return {
+        **_item(trace, prefix),
+        "stages": [{"stage": s["stage"], "duration_ms": s["duration_ms"]} for s in detail.get("stages", [])],
+        "model_calls": [_model_call(call) for call in detail.get("model_calls", [])],
+        "tool_calls": [_tool_call(call) for call in detail.get("tool_calls", [])],
+        "approvals": [_approval(approval) for approval in detail.get("approvals", [])],
+        "progress": [{"tool": p["tool"], "at_ms": p["at_ms"], "note": p["note"]}
+                     for p in detail.get("progress", [])],
+        "delegations": delegations,
+    }
 
 
 def _item(trace: TurnTrace, prefix: str) -> dict[str, Any]:
