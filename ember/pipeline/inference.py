@@ -17,7 +17,7 @@ from ember.core.errors import ModelError
 from ember.core.journal import ModelCalled, Routed, ToolCalled
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.thinking import ThinkFilter
-from ember.core.tools import ToolRun
+from ember.core.tools import ToolRun, ToolSpec
 from ember.core.turn import InferenceResult, PipelineContext
 from ember.core.usage import Budget, TurnTally, UsageScope, current_scope
 from ember.models.base import ModelClient, ModelReply, TextDelta
@@ -91,13 +91,15 @@ class InferenceStage:
             return InferenceResult(response_text=refusal)
         scope = current_scope.set(UsageScope(session_key=tools.conversation, identity=ctx.identity,
                                              turn_id=ctx.turn_id, agent=ctx.agent))
-        tools = replace(tools, offered=frozenset(spec.name for spec in self._tools.specs()))
+        specs = self._tools.specs()  # once a turn: every step offers the same
+        tools = replace(tools, offered=frozenset(spec.name for spec in specs))
         try:
-            return await self._loop(ctx, tools, token_budget)
+            return await self._loop(ctx, tools, specs, token_budget)
         finally:
             current_scope.reset(scope)
 
-    async def _loop(self, ctx: PipelineContext, tools: ToolRun, token_budget: int | None) -> InferenceResult:
+    async def _loop(self, ctx: PipelineContext, tools: ToolRun, specs: list[ToolSpec],
+                    token_budget: int | None) -> InferenceResult:
         messages = list(ctx.prompt)
         # A resumed turn counts the calls it made before the crash too: they ask for the reviews alike.
         tool_names = [call.name for m in ctx.session.messages if m.turn_id == ctx.turn_id for call in m.tool_calls]
@@ -110,7 +112,7 @@ class InferenceStage:
         for _ in range(self._limits.max_iterations):
             started = time.perf_counter()
             # The simple chain's answer is held back until it is known to call no tool.
-            reply = await self._model_step(ctx, messages, model, live=not trying_simple)
+            reply = await self._model_step(ctx, messages, specs, model, live=not trying_simple)
             tools.observer.event(ModelCalled(reply.model or model.name, started, reply.input_tokens,
                                              reply.output_tokens, len(reply.tool_calls), reply.passed_over))
             usage.add(TurnTally(1, reply.input_tokens, reply.output_tokens,
@@ -135,10 +137,10 @@ class InferenceStage:
                 return self._result(token_budget_text(usage.tokens, token_budget), tool_names, usage)
         return self._result(iteration_cap_text(self._limits.max_iterations), tool_names, usage)
 
-    async def _model_step(self, ctx: PipelineContext, messages: list[Message], model: ModelClient, *,
-                          live: bool = True) -> ModelReply:
+    async def _model_step(self, ctx: PipelineContext, messages: list[Message], specs: list[ToolSpec],
+                          model: ModelClient, *, live: bool = True) -> ModelReply:
         visible = ThinkFilter()
-        async for event in model.stream(messages, self._tools.specs(), sampling=ctx.event.sampling):
+        async for event in model.stream(messages, specs, sampling=ctx.event.sampling):
             if isinstance(event, ModelReply):
                 if live:
                     await ctx.stream.delta(visible.flush())
