@@ -339,7 +339,7 @@ def test_the_activity_panel_shows_a_delegated_task_under_its_turn(page: Page, mo
     sign_in(page, gateway, SECRETS["alice"])
     model.push(*DELEGATED)
     send(page, "Have a helper look at my files.")
-    expect(answer(page)).to_have_text("You have notes.txt")
+    expect(answer(page)).to_have_text("You have notes.txt", timeout=30_000)  # four model calls, two turns
     session = page.url.split("#", 1)[1]
     wait_until(lambda: bool(listed(clients["alice"], session=session)), timeout_s=10, what="the turn's trace")
     page.get_by_role("button", name="Activity", exact=True).click()
