@@ -342,9 +342,12 @@ def test_the_activity_panel_shows_a_delegated_task_under_its_turn(page: Page, mo
     expect(answer(page)).to_have_text("You have notes.txt", timeout=30_000)  # four model calls, two turns
     session = page.url.split("#", 1)[1]
     wait_until(lambda: bool(listed(clients["alice"], session=session)), timeout_s=10, what="the turn's trace")
+    [listed_turn] = listed(clients["alice"], session=session)
     page.get_by_role("button", name="Activity", exact=True).click()
     panel = page.get_by_role("dialog", name="Activity")
-    panel.locator(".activity-item").first.get_by_role("button").click()
+    # Loaded ("Loading…" gone), and not "Could not load the activity: …".
+    expect(panel.locator("#activity-status")).to_have_text("", timeout=30_000)
+    panel.locator(f'.activity-item[data-turn="{listed_turn["turn_id"]}"]').get_by_role("button").click()
     turn = panel.locator("#activity-turn")
     expect(turn.get_by_role("heading", name="Delegated tasks")).to_be_visible()
     task = turn.locator(".activity-delegation > details > summary")
