@@ -45,8 +45,9 @@ _STOP_WORDS_TEXT = (
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
 
-# A term in fewer rows than this is always searched for: it costs little.
-COMMON_ROWS = 2_000
+# A term in fewer rows than this is always searched for: it costs little. (A query whose terms
+# match 1,600 rows, each ranked, takes 4 ms of a turn's 8; its distinctive terms alone, 0.9 ms.)
+COMMON_ROWS = 200
 # ... and a term in more is left out when its idf is under this share of the query's highest.
 # On 100k synthetic memories: the FTS5 query's p95 falls by 60%, 94% of its top 16 unchanged.
 IDF_SHARE = 0.25
