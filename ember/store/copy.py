@@ -20,15 +20,17 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import make_url, text
 from sqlalchemy.exc import ArgumentError, DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ember.core.errors import StoreError
 from ember.store.engine import AdminDatabase
 from ember.store.postgres import PostgresDatabase, pg_store_error
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 BATCH = 1000
 MIGRATOR_TABLE = "schema_version"

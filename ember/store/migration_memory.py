@@ -4,10 +4,14 @@ version before moved into it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ember.store.migration_step import ByDialect, Step
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 async def _move_old_memories(conn: AsyncConnection) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,4 +30,4 @@ class ByDialect:
         return (sql,) if isinstance(sql, str) else sql
 
 
-Step = str | ByDialect | Callable[[AsyncConnection], Awaitable[None]]
+Step = str | ByDialect | Callable[["AsyncConnection"], Awaitable[None]]

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ember.core.errors import StoreError
 from ember.store.migration_step import ByDialect
 from ember.store.migration_steps import MIGRATIONS
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 MigrationProgress = Callable[[int, int], None]  # (migrations applied, migrations pending)
 DIALECTS = ("sqlite", "postgresql")

@@ -18,21 +18,27 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.exc import DatabaseError, InterfaceError, InternalError, OperationalError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ember.core.errors import StoreBusy, StoreError, StoreUnavailable
 from ember.store.batches import Outcome, ReadBatches
 from ember.store.engine import BUSY_TIMEOUT_MS, as_store_errors, complete_despite_cancel, migrate_or_close
-from ember.store.migrations import MigrationProgress
+from ember.store.migrations import SCHEMA_VERSION, MigrationProgress
 from ember.store.sqlite.direct import ThreadConnection
-from ember.store.tx import Work
+from ember.store.tx import Statement, Tx, Work
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 T = TypeVar("T")
+
+_HAS_VERSIONS = Statement("SELECT count(*) FROM sqlite_master WHERE name = 'schema_version'")
+_VERSION = Statement("SELECT MAX(version) FROM schema_version")
 
 
 def store_error(exc: SQLAlchemyError) -> StoreError | None:
@@ -48,6 +54,8 @@ def store_error(exc: SQLAlchemyError) -> StoreError | None:
 
 
 def _sqlite_engine(path: Path, *, synchronous: str, immediate: bool) -> AsyncEngine:
+    from sqlalchemy.ext.asyncio import create_async_engine  # with aiosqlite, a tenth of a second to import
+
     engine = create_async_engine(f"sqlite+aiosqlite:///{path}", pool_size=4, max_overflow=4)
 
     @event.listens_for(engine.sync_engine, "connect")
@@ -72,8 +80,7 @@ class SqliteDatabase:
 
     def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:
         self.path = path
-        self._writer = _sqlite_engine(path, synchronous=synchronous, immediate=True)
-        self._reader = _sqlite_engine(path, synchronous=synchronous, immediate=False)
+        self._synchronous = synchronous
         self._write_turn = asyncio.Lock()
         self._direct_writer = ThreadConnection(path, synchronous=synchronous, busy_timeout_ms=BUSY_TIMEOUT_MS,
                                                name="ember-db-writer")
@@ -94,15 +101,26 @@ class SqliteDatabase:
     async def open(self, progress: MigrationProgress | None = None) -> None:
         """Create or migrate the store; `progress` follows the migrations, if any are pending."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        await migrate_or_close(self, progress)
+        if await self.run_read(_schema_version) != SCHEMA_VERSION:
+            await migrate_or_close(self, progress)
+
+    # The SQLAlchemy engines serve migrations, copies and diagnostics; the stores run on the threads.
+    @cached_property
+    def _writer(self) -> AsyncEngine:
+        return _sqlite_engine(self.path, synchronous=self._synchronous, immediate=True)
+
+    @cached_property
+    def _reader(self) -> AsyncEngine:
+        return _sqlite_engine(self.path, synchronous=self._synchronous, immediate=False)
 
     async def close(self) -> None:
         if self._committer is not None:
             await asyncio.shield(self._committer)  # the writes already queued are committed first
         await self._direct_writer.close()
         await self._direct_reader.close()
-        await self._writer.dispose()
-        await self._reader.dispose()
+        for engine in ("_writer", "_reader"):
+            if engine in self.__dict__:
+                await self.__dict__[engine].dispose()
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncConnection]:
@@ -184,3 +202,10 @@ class _Queued:
             self.done.set_exception(outcome.error)
         else:
             self.done.set_result(outcome.value)
+
+
+def _schema_version(tx: Tx) -> int | None:
+    """The store's schema version, None before its first migration."""
+    if not tx.execute(_HAS_VERSIONS).fetchone()[0]:
+        return None
+    return tx.execute(_VERSION).fetchone()[0]
