@@ -101,7 +101,7 @@ from common import (
     without_user_config,
 )
 
-from ember.app.runtime import memory_service
+from ember.app.services import memory_service
 from ember.config.settings import Settings
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.events import InboundEvent

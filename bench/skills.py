@@ -29,7 +29,8 @@ from pathlib import Path
 
 from common import busy_warning, ms, print_header, quantile, rerun_command, store_versions, us, verdict
 
-from ember.app.runtime import build_runtime, running, skill_library
+from ember.app.runtime import build_runtime, running
+from ember.app.services import skill_library
 from ember.config.settings import Settings
 from ember.core.events import InboundEvent
 from ember.core.messages import ToolCall

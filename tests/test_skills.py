@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from ember.app.database import open_database
-from ember.app.runtime import build_runtime, skill_library
+from ember.app.runtime import build_runtime
+from ember.app.services import skill_library
 from ember.config.settings import Settings
 from ember.core.errors import SkillError, SkillNotFound
 from ember.core.events import InboundEvent, OutboundKind

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.app.runtime import build_runtime, running, skill_library
+from ember.app.runtime import build_runtime, running
+from ember.app.services import skill_library
 from ember.app.tools import workspaces
 from ember.config.settings import Settings
 from ember.core.errors import ConfigError

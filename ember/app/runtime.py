@@ -20,6 +20,7 @@ from ember.app.models import (
     configured_simple_model,
     metered_models,
 )
+from ember.app.services import memory_service, skill_library
 from ember.app.tools import browser, default_tools
 from ember.bus.base import Bus
 from ember.bus.memory import InProcessBus
@@ -33,7 +34,7 @@ from ember.core.jobs import Job, JobKind
 from ember.core.leases import SessionLeases
 from ember.core.tasks import CHANNEL as TASK_CHANNEL
 from ember.memory.consolidation import ConsolidationWorker
-from ember.memory.embeddings import Embedder, load_embedder
+from ember.memory.embeddings import Embedder
 from ember.memory.identity import Identities
 from ember.memory.reconcile import FactReconciler
 from ember.memory.review import MemoryReviewer
@@ -54,16 +55,14 @@ from ember.runtime.leases import HostLock, LocalLeases, process_name
 from ember.runtime.loop import AgentLoop, Pipeline, RecoveryPolicy
 from ember.runtime.titles import SessionTitler
 from ember.runtime.usage import UsageRecorder
-from ember.skills.library import SkillLibrary, SkillPolicy, default_folders
+from ember.skills.library import SkillLibrary
 from ember.skills.review import SkillReviewer
 from ember.store.approvals import SqlApprovalStore
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.engine import AdminDatabase, Database
 from ember.store.jobs import SharedJobStore, SqlJobStore
 from ember.store.leases import LeaderLease, LeaseTable, SqlSessionLeases
-from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
-from ember.store.skills import SqlSkillStore
 from ember.store.tasks import SqlTaskStore
 from ember.store.traces import SqlTraceStore
 from ember.store.usage import SqlUsageStore
@@ -163,23 +162,6 @@ def _job_handlers(sessions: SqlSessionStore, leases: SessionLeases, background: 
         JobKind.CURATE_SKILLS: whole(skills.curate),
         JobKind.TITLE_SESSION: of_session(titler.title),
     }
-
-
-def skill_library(settings: Settings, db: Database) -> SkillLibrary:
-    """The skills of `db`, with the bundled folders and the person's."""
-    policy = SkillPolicy(settings.skills_auto_admit, settings.skills_index_chars, settings.skills_archive_after_days)
-    return SkillLibrary(SqlSkillStore(db), default_folders(settings.skills_path), policy)
-
-
-
-def memory_service(settings: Settings, db: Database, embedder: Embedder | None = None) -> MemoryService:
-    """The memory of `db` with the configured embedder (loaded here unless given)."""
-    if embedder is None:
-        base_url, key = settings.embedding_endpoint()
-        embedder = load_embedder(settings.embedding_model, base_url=base_url, api_key=key,
-                                 relevance_floor=settings.embedding_relevance_floor)
-    return MemoryService(SqlMemoryStore(db, embeds=embedder is not None), embedder,
-                         identities=Identities(settings.identities))
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ async def _memory(settings: Settings, *, search: bool = True) -> AsyncIterator[M
 
     async with open_store(settings) as stores:
         if search:
-            from ember.app.runtime import memory_service  # the runtime's wiring: only where an embedder is needed
+            from ember.app.services import memory_service  # only where an embedder is needed
 
             service = memory_service(settings, stores.db)
         else:

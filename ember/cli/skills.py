@@ -37,7 +37,7 @@ ProposalArgument = Annotated[str, typer.Argument(help="The proposal's id (ember 
 
 @asynccontextmanager
 async def _library() -> AsyncIterator[SkillLibrary]:
-    from ember.app.runtime import skill_library
+    from ember.app.services import skill_library
 
     settings = settings_or_exit()
     setup_logging(settings, verbose=False)
