@@ -12,6 +12,8 @@ instead: "ollama" (a role in every delta, its `fp_ollama` fingerprint) or
 "llamacpp" (the usage and timings on the finish chunk). With `takes_tools`
 False, a request that carries `tools` is refused the way each refuses it: an
 Ollama model whose template has no tools (400), llama.cpp without `--jinja` (500).
+With an `Embedder`, `POST /v1/embeddings` answers too (floats, or base64 when asked).
+`serve_forever` serves it in a process of its own, as the benchmarks do.
 
     from tests.modelserver import Reply, model_server
 
@@ -24,21 +26,30 @@ Ollama model whose template has no tools (400), llama.cpp without `--jinja` (500
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import math
+import re
+import socket
+import struct
 import threading
 import time
-from collections import deque
+import zlib
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from ember.runtime.titles import TITLE_INSTRUCTION
 from ember.tools.explain import EXPLAIN_INSTRUCTION
@@ -80,6 +91,7 @@ class Reply:
     raw_events: tuple[str, ...] = ()
     hold: threading.Event | None = None
     hold_timeout_s: float = 60.0
+    delay_s: float = 0.0  # before the answer starts, as a model takes a while to read its prompt
     # As the crash harness answers: the text streamed in these pieces (else CHUNK_CHARS each), the
     # calls under these ids (else call_<request>_<index>), `pause()` seconds after each event that
     # carries text or a call, and `watch` told ("chunk", n) once the n-th text piece is sent and
@@ -88,6 +100,28 @@ class Reply:
     call_ids: tuple[str, ...] = ()
     pause: Callable[[], float] | None = None
     watch: Callable[[str, int], None] | None = None
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def hashed_vector(text: str, dims: int = 384) -> list[float]:
+    """Feature hashing: each word adds +-1 at a position its crc32 picks; unit length. Texts that share
+    words come out close, as a real embedding model's would."""
+    vector = [0.0] * dims
+    for word in _WORD.findall(text.lower()):
+        h = zlib.crc32(word.encode())
+        vector[h % dims] += 1.0 if h & 0x80000000 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]
+
+
+@dataclass(frozen=True, slots=True)
+class Embedder:
+    """What answers `POST /v1/embeddings`: `vector` for each input text; `model` is listed at /v1/models."""
+
+    model: str = "test-embed"
+    vector: Callable[[str], list[float]] = hashed_vector
 
 
 def tool_call(name: str, **arguments: Any) -> tuple[str, str]:
@@ -187,12 +221,22 @@ def _error(status: int, message: str, code: str | int | None = None,
 
 
 class ModelServer:
-    """Serves scripted replies on 127.0.0.1 from a background thread."""
+    """Serves scripted replies on 127.0.0.1 from a background thread.
 
-    def __init__(self, model: str = MODEL, *, dialect: str = "openai", takes_tools: bool = True) -> None:
+    `counts` tallies what was asked: "chat" (every chat completion request),
+    "embedding_requests", "embedded_texts" and "embedded_chars". With `record`
+    False, no request body and no per-reply chunk count is kept: a long benchmark
+    run would hold them all.
+    """
+
+    def __init__(self, model: str = MODEL, *, dialect: str = "openai", takes_tools: bool = True,
+                 embedder: Embedder | None = None, record: bool = True) -> None:
         self.model = model
         self.dialect = dialect
         self.takes_tools = takes_tools
+        self.embedder = embedder
+        self.record = record
+        self.counts: Counter[str] = Counter()
         self.refused: list[dict[str, Any]] = []  # requests refused for their tools
         self.requests: list[dict[str, Any]] = []
         self.chunks_sent = 0
@@ -208,13 +252,16 @@ class ModelServer:
         self.titler: Callable[[dict[str, Any]], Reply] | None = lambda body: Reply(text="")
         self.titled: list[dict[str, Any]] = []
         self._script: deque[Reply] = deque()
-        self._server = LoopbackServer(Starlette(routes=[
+        embeddings = [Route("/v1/embeddings", self._embeddings, methods=["POST"])] if embedder else []
+        self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
+            *embeddings,
             # The same under a caller's name (`<origin>/<caller>/v1`): a responder reads it as CALLER.
             Route("/{caller}/v1/chat/completions", self._named_chat, methods=["POST"]),
             Route("/{caller}/v1/models", self._models, methods=["GET"]),
-        ]), "model server")
+        ])
+        self._server = LoopbackServer(self.app, "model server")
 
     @property
     def origin(self) -> str:
@@ -242,6 +289,7 @@ class ModelServer:
             body = await request.json()
         except ClientDisconnect:  # the caller was killed while it sent its request
             return Response(status_code=499)
+        self.counts["chat"] += 1
         messages = body.get("messages") or [{}]
         if self.explainer is not None and EXPLAIN_INSTRUCTION in str(messages[0].get("content")):
             # An approval request being explained (tools/explain.py): answered apart from the script.
@@ -257,8 +305,9 @@ class ModelServer:
         if body.get("tools") and not self.takes_tools:
             self.refused.append(body)
             return tools_refused(self.dialect, self.model)
-        self.requests.append(body)
-        number = len(self.requests)
+        if self.record:
+            self.requests.append(body)
+        number = len(self.requests) if self.record else self.counts["chat"]
         if not self._script and self.responder is not None:
             self._script.append(self.responder(body))
         if not self._script:
@@ -269,6 +318,8 @@ class ModelServer:
             deadline = time.monotonic() + reply.hold_timeout_s
             while not reply.hold.is_set() and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
         if reply.status is not None:
             return _error(reply.status, reply.error_message or f"scripted HTTP {reply.status}", reply.error_code,
                           {"Retry-After": reply.retry_after} if reply.retry_after else None)
@@ -286,7 +337,8 @@ class ModelServer:
                 raise _ConnectionCut(f"scripted cut after {sent} chunks")
             yield f"data: {json.dumps(chunk)}\n\n"
             self.chunks_sent += 1
-            self.chunks_by_reply[id(reply)] = self.chunks_by_reply.get(id(reply), 0) + 1
+            if self.record:
+                self.chunks_by_reply[id(reply)] = self.chunks_by_reply.get(id(reply), 0) + 1
             delta = chunk["choices"][0].get("delta", {}) if chunk["choices"] else {}
             if delta.get("content") and reply.watch is not None:
                 pieces += 1
@@ -300,12 +352,46 @@ class ModelServer:
             reply.watch("done", 0)
 
     async def _models(self, request: Request) -> Response:
+        names = [self.model] + ([self.embedder.model] if self.embedder else [])
         return JSONResponse({"object": "list",
-                             "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "tests"}]})
+                             "data": [{"id": n, "object": "model", "created": 0, "owned_by": "tests"} for n in names]})
+
+    async def _embeddings(self, request: Request) -> Response:
+        assert self.embedder is not None  # the route exists only with one
+        body = await request.json()
+        given = body.get("input")
+        texts = [given] if isinstance(given, str) else list(given or [])
+        self.counts["embedding_requests"] += 1
+        self.counts["embedded_texts"] += len(texts)
+        self.counts["embedded_chars"] += sum(len(str(t)) for t in texts)
+        data = []
+        for index, text in enumerate(texts):
+            # A list of token ids stands for its text: hashed alike.
+            vector = self.embedder.vector(text if isinstance(text, str) else " ".join(map(str, text)))
+            encoded: Any = (base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+                            if body.get("encoding_format") == "base64" else vector)
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        tokens = sum(len(str(t).split()) for t in texts)
+        return JSONResponse({"object": "list", "data": data, "model": body.get("model") or self.embedder.model,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
 def serving(model: str = MODEL, **options: Any) -> AbstractContextManager[ModelServer]:
     return started(ModelServer(model, **options))
+
+
+def serve_forever(app: ASGIApp, port_file: Path, *, backlog: int = 2048, keep_alive_s: int = 60) -> None:
+    """Serves `app` (a ModelServer's, or one around it) on a free 127.0.0.1 port in this process until
+    SIGINT or SIGTERM; the port is written to `port_file` once the socket listens. Keep-alive outlasts
+    the clients' idle pools, so a bench's pause does not leave them a closed connection to trip on."""
+    # IPPROTO_TCP named: see LoopbackServer (TCP_NODELAY on accepted sockets).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(backlog)
+    port_file.write_text(str(sock.getsockname()[1]))
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", backlog=backlog,
+                            timeout_keep_alive=keep_alive_s)
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 @pytest.fixture
