@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 
 import pytest
@@ -46,9 +46,57 @@ def right(jobs: SqlJobStore) -> RunnerRight:
     return HostRunner(HostLock(Path(os.environ["EMBER_HOME"]) / "runner.lock"), jobs)
 
 
-def runner(jobs: SqlJobStore, handler, *, max_attempts: int = 5) -> BackgroundRunner:  # type: ignore[no-untyped-def]
-    return BackgroundRunner(jobs, {"work": handler}, right(jobs),
+def runner(jobs: SqlJobStore, handler, *, max_attempts: int = 5,  # type: ignore[no-untyped-def]
+           right_: RunnerRight | None = None) -> BackgroundRunner:
+    return BackgroundRunner(jobs, {"work": handler}, right_ or right(jobs),
                             retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.01), poll_s=0.05)
+
+
+class Tally:
+    """A count a test waits on, rather than on a guessed time."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._changed = asyncio.Event()
+
+    def add(self) -> None:
+        self.n += 1
+        self._changed.set()
+
+    async def reaching(self, n: int, timeout_s: float = 10) -> None:
+        async with asyncio.timeout(timeout_s):
+            while self.n < n:
+                self._changed.clear()
+                await self._changed.wait()
+
+
+class CountedPasses:
+    """A runner's right, counting its passes over the queue: each asks for the right (`asked`),
+    and one that has it keeps its claims (`kept`) just before it decides whether to look."""
+
+    def __init__(self, inner: RunnerRight) -> None:
+        self._inner = inner
+        self.longest_sleep_s = inner.longest_sleep_s
+        self.asked, self.kept = Tally(), Tally()
+
+    async def acquire(self) -> bool:
+        try:
+            return await self._inner.acquire()
+        finally:
+            self.asked.add()
+
+    async def keep(self, running: Collection[Job]) -> None:
+        await self._inner.keep(running)
+        self.kept.add()
+
+    def release(self) -> None:
+        self._inner.release()
+
+
+async def until_ran(runs: list[tuple[str, str]], run: tuple[str, str], timeout_s: float = 10) -> None:
+    async with asyncio.timeout(timeout_s):
+        while run not in runs:
+            await asyncio.sleep(0.01)
 
 
 async def test_one_pending_job_per_kind_and_key(db: Database) -> None:
@@ -171,14 +219,17 @@ async def test_only_one_runner_per_home_runs_jobs_and_none_steals_a_running_job(
         return run
 
     jobs = job_store(db)
-    first, second = runner(jobs, handler("first")), runner(jobs, handler("second"))
+    second_right = CountedPasses(right(jobs))
+    first, second = runner(jobs, handler("first")), runner(jobs, handler("second"), right_=second_right)
     await first.start()
     await first.schedule("work", "s1")
-    while not runs:
-        await asyncio.sleep(0.01)
+    await until_ran(runs, ("first", "s1"))
     await second.start()
     await second.schedule("work", "s2")
-    await asyncio.sleep(0.3)  # several polls of both runners
+    # The second asked to run jobs at its start and when s2 woke it (refused: its pass ends there),
+    # and the first, polling, took s2: neither moment let the second run or requeue a job.
+    await second_right.asked.reaching(2)
+    await until_ran(runs, ("first", "s2"))
     assert runs == [("first", "s1"), ("first", "s2")]
     release.set()
     await first.wait_idle()
@@ -201,18 +252,28 @@ async def test_stop_just_after_a_wake_up_returns(db: Database) -> None:
     for i in range(5):
         background = runner(jobs, nothing)
         await background.start()
-        await asyncio.sleep(0.1)  # the runner is idle, waiting to be woken
+        await jobs.looked.reaching(i + 1)  # its first look is over: the runner waits to be woken
         await background.schedule("work", f"s{i}")  # sets the wake-up event as it returns
         async with asyncio.timeout(15):  # stop() runs in this very step, as an app's shutdown would
             await background.stop()
 
 
 class CountedLooks(SqlJobStore):
+    """Counts the runner's looks for due jobs: as each begins (`looks`), and as each is over
+    (`looked`), after which the runner goes on to sleep without awaiting anything else."""
+
     looks = 0
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.looked = Tally()
 
     async def claim_due(self, limit: int) -> Claimed:
         self.looks += 1
-        return await super().claim_due(limit)
+        try:
+            return await super().claim_due(limit)
+        finally:
+            self.looked.add()
 
 
 class SharedCountedLooks(CountedLooks, SharedJobStore):
@@ -222,23 +283,29 @@ class SharedCountedLooks(CountedLooks, SharedJobStore):
 async def test_a_runner_that_ran_its_last_job_looks_no_more_until_something_is_queued(db: Database) -> None:
     """The claim says when the next job is due: no empty claim after a job, no separate read."""
     ran: list[int] = []
+    # When the job last ran: the runner's passes and looks so far. The job's end wakes it for one
+    # more pass, which must not look.
+    at_last_run: list[int] = []
 
     async def flaky(job: Job) -> None:
         ran.append(job.attempts)
+        at_last_run[:] = [passes.kept.n, jobs.looks]
         if len(ran) == 1:
             raise RuntimeError("first attempt fails")
 
     # A shared store is polled every third of a claim's time (other processes queue jobs too): long here.
     jobs = job_store(db, ttl_s=30)
-    background = BackgroundRunner(jobs, {"work": flaky}, right(jobs),
+    passes = CountedPasses(right(jobs))
+    background = BackgroundRunner(jobs, {"work": flaky}, passes,
                                   retry=RetryPolicy(backoff_base_s=0.05), poll_s=5.0)
     await background.start()
     await background.schedule("work", "once")
     async with asyncio.timeout(5):
         while (await jobs.counts()).get("done") != 1:
             await asyncio.sleep(0.02)
-    looks = jobs.looks
-    await asyncio.sleep(0.3)  # long enough for any needless look to happen
+    kept, looks = at_last_run
+    # That pass decides, without awaiting anything, whether to look (a look counts as it begins).
+    await passes.kept.reaching(kept + 1)
     assert ran == [0, 1] and jobs.looks == looks
     await background.schedule("work", "again")
     async with asyncio.timeout(5):
@@ -256,14 +323,16 @@ async def test_a_runner_with_every_slot_busy_waits_for_one_without_polling_the_s
         await release.wait()
 
     jobs = job_store(db)
-    background = BackgroundRunner(jobs, {"work": slow}, right(jobs), concurrency=1, poll_s=5.0)
+    passes = CountedPasses(right(jobs))
+    background = BackgroundRunner(jobs, {"work": slow}, passes, concurrency=1, poll_s=5.0)
     await background.start()
     await background.schedule("work", "first")
     await asyncio.wait_for(started.wait(), 5)
     await background.schedule("work", "second")  # due now, and no slot is free for it
-    before = jobs.looks
-    await asyncio.sleep(0.3)
-    assert jobs.looks - before <= 1  # one look after the wake-up, not one per turn of the event loop
+    before, kept = jobs.looks, passes.kept.n
+    # The pass the wake-up brings decides, without awaiting anything, whether to look: it must not.
+    await passes.kept.reaching(kept + 1)
+    assert jobs.looks == before
     release.set()
     await background.wait_idle()
     await background.stop()
