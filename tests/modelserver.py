@@ -63,6 +63,7 @@ CANNED_EXPLANATION = json.dumps({"explanation": "It does what the request says, 
 # Small enough that tags and words are cut across chunks, as real streams do.
 CHUNK_CHARS = 4
 ARGUMENT_FRAGMENTS = 3
+_WORD = re.compile(r"\w+", re.UNICODE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,9 +101,6 @@ class Reply:
     call_ids: tuple[str, ...] = ()
     pause: Callable[[], float] | None = None
     watch: Callable[[str, int], None] | None = None
-
-
-_WORD = re.compile(r"\w+", re.UNICODE)
 
 
 def hashed_vector(text: str, dims: int = 384) -> list[float]:
@@ -223,10 +221,9 @@ def _error(status: int, message: str, code: str | int | None = None,
 class ModelServer:
     """Serves scripted replies on 127.0.0.1 from a background thread.
 
-    `counts` tallies what was asked: "chat" (every chat completion request),
-    "embedding_requests", "embedded_texts" and "embedded_chars". With `record`
-    False, no request body and no per-reply chunk count is kept: a long benchmark
-    run would hold them all.
+    `counts` tallies what was asked: "chat" (every chat completion request), "embedding_requests",
+    "embedded_texts" and "embedded_chars". With `record` False, no request body and no per-reply
+    chunk count is kept: a long benchmark run would hold them all.
     """
 
     def __init__(self, model: str = MODEL, *, dialect: str = "openai", takes_tools: bool = True,
@@ -241,6 +238,7 @@ class ModelServer:
         self.requests: list[dict[str, Any]] = []
         self.chunks_sent = 0
         self.chunks_by_reply: dict[int, int] = {}  # id(reply) -> its chunks sent: one answer's, whatever else streams
+        self._counted: dict[int, Reply] = {}  # kept alive, so that no later reply takes a counted one's id
         # Answers requests when no scripted reply is queued (for many concurrent clients).
         self.responder: Callable[[dict[str, Any]], Reply] | None = None
         # Answers the approval model's requests, kept out of `requests` and the script (None: scripted too).
@@ -338,6 +336,7 @@ class ModelServer:
             yield f"data: {json.dumps(chunk)}\n\n"
             self.chunks_sent += 1
             if self.record:
+                self._counted[id(reply)] = reply
                 self.chunks_by_reply[id(reply)] = self.chunks_by_reply.get(id(reply), 0) + 1
             delta = chunk["choices"][0].get("delta", {}) if chunk["choices"] else {}
             if delta.get("content") and reply.watch is not None:
@@ -381,9 +380,9 @@ def serving(model: str = MODEL, **options: Any) -> AbstractContextManager[ModelS
 
 
 def serve_forever(app: ASGIApp, port_file: Path, *, backlog: int = 2048, keep_alive_s: int = 60) -> None:
-    """Serves `app` (a ModelServer's, or one around it) on a free 127.0.0.1 port in this process until
-    SIGINT or SIGTERM; the port is written to `port_file` once the socket listens. Keep-alive outlasts
-    the clients' idle pools, so a bench's pause does not leave them a closed connection to trip on."""
+    """Serves `app` (a ModelServer's, or one with its routes) on a free 127.0.0.1 port in this process
+    until SIGINT or SIGTERM, writing the port to `port_file` once the socket listens. Keep-alive outlasts
+    the clients' idle pools: after a pause they find no closed connection to trip on."""
     # IPPROTO_TCP named: see LoopbackServer (TCP_NODELAY on accepted sockets).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
