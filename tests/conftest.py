@@ -82,11 +82,15 @@ class Harness:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.chats: defaultdict[str, Conversation] = defaultdict(Conversation)
+        self._markers: dict[str, asyncio.Event] = {}
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         while True:
             event = await self.runtime.bus.next_outbound(CHANNEL)
+            if event.turn_id in self._markers:
+                self._markers[event.turn_id].set()
+                continue
             chat = self.chats[event.chat_id]
             chat.events.append(event)
             if event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
@@ -106,6 +110,30 @@ class Harness:
     async def turn(self, text: str, *, chat: str = "c1", stream: bool = False) -> OutboundEvent:
         await self.publish(text, chat=chat, stream=stream)
         return await self.next_closing(chat)
+
+    async def settled(self, chat: str = "c1", timeout: float = 20.0) -> None:
+        """Until the loop has handled everything queued for `chat`'s session and sent to the channel,
+        and the test channel has read it: what a test then finds missing was never sent.
+
+        A quiet message (recovery of one never accepted: nothing to do) goes behind what is queued
+        for the session, which a session's turns are in order with; once it ended and no turn runs,
+        a marker goes to the channel behind what the turns sent, addressed as their answers are (on
+        Redis, to this process's stream, by the quiet message's route), and is not recorded."""
+        loop = self.runtime.loop
+        ended, marker = loop.turns_ended, f"settled-{uuid.uuid4().hex}"
+        read = self._markers[marker] = asyncio.Event()
+        try:
+            async with asyncio.timeout(timeout):
+                await self.runtime.bus.publish_inbound(InboundEvent(
+                    channel=CHANNEL, chat_id=chat, sender_id=SENDER, text="", message_id=marker, recovery=True))
+                while not (loop.idle.is_set() and loop.turns_ended > ended):
+                    await asyncio.sleep(0.005)  # a positive wait: the quiet message's turn comes and goes
+                await self.runtime.bus.publish_outbound(OutboundEvent(
+                    channel=CHANNEL, chat_id=chat, kind=OutboundKind.DELTA, text="", turn_id=marker,
+                    reply_to=marker))
+                await read.wait()
+        finally:
+            del self._markers[marker]
 
     async def close(self) -> None:
         self._reader.cancel()

@@ -98,6 +98,11 @@ class AgentLoop:
         self._recovery = recovery
         self._turns: set[asyncio.Task[None]] = set()
         self._running: dict[str, tuple[TurnState, asyncio.Task[None]]] = {}  # by session key, under its lease
+        # What a drain or a test waits on rather than a guessed time: set while no turn runs here;
+        # how many turns have ended.
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.turns_ended = 0
         self._consumer: asyncio.Task[None] | None = None
         self._stop_listener: asyncio.Task[None] | None = None
         self._trace_writer: asyncio.Task[None] | None = None
@@ -192,11 +197,15 @@ class AgentLoop:
                 raise
             task = asyncio.create_task(self._handle(event), name=f"ember-turn-{event.session_key}")
             self._turns.add(task)
+            self.idle.clear()
             task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._turns.discard(task)
         self._slots.finished(task)
+        self.turns_ended += 1
+        if not self._turns:
+            self.idle.set()
 
     async def _handle(self, event: InboundEvent) -> None:
         """The event's turn, then its acknowledgement: a turn cut off (a shutdown, a crash) is
