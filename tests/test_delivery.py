@@ -93,11 +93,6 @@ def closings(h: Harness, chat: str = "c1") -> list[OutboundEvent]:
     return [e for e in h.chats[chat].events if e.kind in (OutboundKind.FINAL, OutboundKind.ERROR)]
 
 
-async def settle() -> None:
-    """Long enough for anything sent after the last awaited event to have arrived."""
-    await asyncio.sleep(0.1)
-
-
 def assert_delivery_id_names_the_answer(final: OutboundEvent, stored: list[Message]) -> None:
     """`<turn_id>:<seq>`, where seq is the committed answer's, of the same turn, with the same text."""
     assert final.delivery_id is not None
@@ -119,7 +114,7 @@ async def test_a_redelivered_message_gets_its_recorded_answer_again(settings: Se
         first = await h.next_closing()
         await h.publish("question", message_id="m1", stream=stream)
         again = await h.next_closing()
-        await settle()
+        await h.settled()
         sent = h.chats["c1"].events
     assert first.kind is again.kind is OutboundKind.FINAL
     assert again.text == first.text == "the one answer"
@@ -140,7 +135,7 @@ async def test_a_redelivery_while_the_first_turn_runs_gets_the_same_answer(setti
         await asyncio.sleep(0.05)
         blocking.release.set()
         first, second = await h.next_closing(), await h.next_closing()
-        await settle()
+        await h.settled()
         assert closings(h) == [first, second]
     assert first.kind is second.kind is OutboundKind.FINAL
     assert first.text == second.text == "answered once"
@@ -190,7 +185,7 @@ async def test_recovery_resumes_a_cut_off_turn_once(settings: Settings) -> None:
     model = ScriptedModel([ModelReply(text="resumed answer")])
     async with serving_runtime(settings, model, channels=[CHANNEL], recover=True) as h:
         final = await h.next_closing()
-        await settle()
+        await h.settled()
         assert closings(h) == [final]
     assert final.kind is OutboundKind.FINAL and final.text == "resumed answer"
     assert final.reply_to == "m1" and final.turn_id == accepted.turn_id
@@ -226,7 +221,7 @@ async def test_recovery_outside_the_window_answers_with_a_notice(settings: Setti
     model = ScriptedModel([])
     async with serving_runtime(settings.model_copy(update=policy), model, channels=[CHANNEL], recover=True) as h:
         final = await h.next_closing()
-        await settle()
+        await h.settled()
         assert closings(h) == [final]
     assert final.kind is OutboundKind.FINAL and final.text == NOT_RESUMED_TEXT
     assert final.reply_to == "m1" and final.delivery_id == delivery_id(accepted.turn_id or "", 1)
@@ -304,7 +299,7 @@ async def test_recovery_leaves_answered_messages_alone(settings: Settings) -> No
         await h.next_closing()
     model = ScriptedModel([])
     async with serving_runtime(settings, model, channels=[CHANNEL], recover=True) as h:
-        await settle()
+        await h.settled()
         assert h.chats["c1"].events == []
     assert model.requests == []
     assert shapes(await history(settings)) == [(Role.USER, "question"), (Role.ASSISTANT, "answered")]
@@ -319,12 +314,12 @@ async def test_recovery_is_idempotent(settings: Settings) -> None:
         await h.publish("question", message_id="m1")  # the channel redelivers it while it is being resumed
         blocking.release.set()
         final, resent = await h.next_closing(), await h.next_closing()
-        await settle()
+        await h.settled()
         assert closings(h) == [final, resent]
     assert (final.text, resent.text) == ("resumed once", "resumed once")
     assert final.delivery_id == resent.delivery_id is not None
     async with serving_runtime(settings, model, channels=[CHANNEL], recover=True) as h:
-        await settle()
+        await h.settled()
         assert h.chats["c1"].events == []  # recovered again: neither resumed nor re-sent
     assert len(model.requests) == 1
     assert shapes(await history(settings)) == [(Role.USER, "question"), (Role.ASSISTANT, "resumed once")]
@@ -365,14 +360,14 @@ async def test_an_unconfirmed_answer_is_resent_at_the_next_start_then_confirmed(
     model = ScriptedModel([])
     async with serving_runtime(settings, model, channels=[CHANNEL], recover=True) as h:
         final = await h.next_closing()
-        await settle()
+        await h.settled()
         assert closings(h) == [final]
     assert (final.kind, final.text, final.delivery_id, final.reply_to) == (
         OutboundKind.FINAL, owed.text, owed.delivery_id, "m1")
     assert final.stream_full_text
     assert await undelivered(settings) == []
     async with serving_runtime(settings, model, channels=[CHANNEL], recover=True) as h:
-        await settle()
+        await h.settled()
         assert h.chats["c1"].events == []  # confirmed: not sent a second time
     assert model.requests == []  # an answered message is neither resumed nor retried
 
@@ -380,7 +375,7 @@ async def test_an_unconfirmed_answer_is_resent_at_the_next_start_then_confirmed(
 async def test_answers_owed_to_channels_not_served_are_left_alone(settings: Settings) -> None:
     owed = await commit_unconfirmed_answer(settings, channel="other")
     async with serving_runtime(settings, ScriptedModel([]), channels=[CHANNEL]) as h:
-        await settle()
+        await h.settled()
         assert h.chats["c1"].events == []
     assert await undelivered(settings, ["other"]) == [owed]
     async with serving_runtime(settings, ScriptedModel([]), channels=["other"]) as h:
@@ -432,7 +427,7 @@ async def test_an_error_already_shown_is_not_sent_again_at_the_next_start(settin
         shown = await h.next_closing()
     assert shown.kind is OutboundKind.ERROR
     async with serving_runtime(settings, ScriptedModel([]), channels=[CHANNEL]) as h:
-        await settle()
+        await h.settled()
         assert closings(h) == []
 
 
@@ -444,8 +439,8 @@ async def test_recovery_does_not_mark_delivered_what_no_served_channel_received(
         receipt = Receipt(channel="other", message_id="m9", chat_id="c9", sender_id="u", turn_id="t9")
         await sessions.append(session, [Message.user("for the other channel", turn_id="t9")], receipt=receipt)
     model = ScriptedModel([ModelReply(text="answer for other"), ModelReply(text="answer for other")])
-    async with serving_runtime(settings, model, channels=[CHANNEL], recover=True):
-        await settle()
+    async with serving_runtime(settings, model, channels=[CHANNEL], recover=True) as h:
+        await h.settled()
     async with open_database(settings) as db:
         deliveries = SqlDeliveryStore(db)
         left_for_its_channel = await deliveries.unanswered() != [] or await deliveries.undelivered(["other"]) != []
@@ -625,7 +620,7 @@ async def test_an_answer_goes_to_the_events_reply_route_and_no_other_chat(settin
             channel=CHANNEL, chat_id="task-7", sender_id="tester", text="a scheduled run", message_id="run-1",
             reply=ReplyRoute(CHANNEL, "creator")))
         closing = await h.next_closing("creator")
-        await settle()
+        await h.settled("task-7")
     assert (closing.kind, closing.text, closing.reply_to) == (OutboundKind.FINAL, "for the creator", "run-1")
     assert h.chats["task-7"].events == []
     assert shapes(await history(settings, session_key("task-7"))) == [
@@ -652,7 +647,7 @@ async def test_a_message_accepted_before_its_turn_started_runs_once_after_a_cras
         closing = await h.next_closing()
     assert closing.text == "answered after the restart"
     async with serving_runtime(settings, FunctionModel(answer), channels=[CHANNEL], recover=True) as h:
-        await settle()
+        await h.settled()
     assert calls == ["accepted, then the crash"]
     assert shapes(await history(settings)) == [(Role.USER, "accepted, then the crash"),
                                                (Role.ASSISTANT, "answered after the restart")]

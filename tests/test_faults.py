@@ -187,10 +187,6 @@ def closings(h: Harness) -> list[OutboundEvent]:
     return [e for e in h.chats["c1"].events if e.kind in (OutboundKind.FINAL, OutboundKind.ERROR)]
 
 
-async def settle() -> None:
-    await asyncio.sleep(0.1)
-
-
 # --- the model fails -----------------------------------------------------------------------------
 
 
@@ -200,7 +196,7 @@ async def test_a_model_failing_on_every_attempt_is_one_error_and_the_session_goe
     model_server.push(Reply(status=500), Reply(status=503), Reply(text="back again"))
     async with serving_runtime(config, configured_model(config)) as h:
         failed = await h.turn("first", stream=True)
-        await settle()
+        await h.settled()
         assert closings(h) == [failed]
         later = await h.turn("second")
     assert failed.kind is OutboundKind.ERROR
@@ -217,7 +213,7 @@ async def test_a_5xx_then_success_is_retried_into_one_answer(settings: Settings,
     model_server.push(Reply(status=502), Reply(text="second time lucky"))
     async with serving_runtime(config, configured_model(config)) as h:
         final = await h.turn("question", stream=True)
-        await settle()
+        await h.settled()
         assert closings(h) == [final]
         deltas = "".join(e.text for e in h.chats["c1"].of(OutboundKind.DELTA))
     assert final.kind is OutboundKind.FINAL and final.text == "second time lucky"
@@ -235,7 +231,7 @@ async def test_a_model_that_never_answers_times_out_into_one_error(settings: Set
     try:
         async with serving_runtime(config, configured_model(config)) as h:
             failed = await h.turn("anyone there?")
-            await settle()
+            await h.settled()
             assert closings(h) == [failed]
     finally:
         silent.set()
@@ -250,7 +246,7 @@ async def test_a_stream_that_stalls_past_the_timeout_is_one_clear_error(settings
     model_server.push(Reply(text="a slow start and then nothing", chunk_delay_s=3.0))
     async with serving_runtime(config, configured_model(config)) as h:
         failed = await h.turn("question", stream=True)
-        await settle()
+        await h.settled()
         assert closings(h) == [failed]
     assert failed.kind is OutboundKind.ERROR
     assert failed.text.startswith("Sorry, I could not answer"), failed.text  # a model error, not an Ember bug
@@ -299,7 +295,7 @@ async def test_a_stream_cut_midway_is_one_error_and_no_partial_answer(settings: 
                       Reply(text="whole answer"))
     async with serving_runtime(config, configured_model(config)) as h:
         failed = await h.turn("question", stream=True)
-        await settle()
+        await h.settled()
         assert closings(h) == [failed]
         streamed = "".join(e.text for e in h.chats["c1"].of(OutboundKind.DELTA))
         later = await h.turn("again")
@@ -402,7 +398,7 @@ async def test_a_failed_send_keeps_the_answer_owed_and_the_next_start_resends_it
     async with wired(settings, ScriptedModel([ModelReply(text="committed answer")]), bus=bus) as h:
         await h.publish("question", message_id="m1")
         shown = await h.next_closing()
-        await settle()
+        await h.settled()
         assert closings(h) == [shown]
     assert shown.kind is OutboundKind.ERROR  # the user learns the send failed
     [refused] = bus.refused
@@ -544,7 +540,7 @@ async def test_a_briefly_locked_store_is_waited_for(settings: Settings, where: s
         started_at = time.monotonic()
         final = await lock_during(h, gated, where, hold_s=0.7)
         took = time.monotonic() - started_at
-        await settle()
+        await h.settled()
         assert closings(h) == [final]
     assert final.kind is OutboundKind.FINAL and final.text == "answered after the wait"
     assert took >= 0.6
@@ -570,7 +566,7 @@ async def test_a_store_locked_past_the_busy_timeout_is_one_error_and_never_half_
     gated = Gated("the answer")
     async with serving_runtime(settings, FunctionModel(gated)) as h:
         failed = await lock_during(h, gated, where, hold_s=1.5)
-        await settle()
+        await h.settled()
         assert closings(h) == [failed]
     assert failed.kind is OutboundKind.ERROR
     history = await stored(settings)

@@ -107,7 +107,7 @@ async def test_model_failure_gives_exactly_one_clear_error_and_keeps_the_user_me
     model = ScriptedModel([ModelError("model m at http://x failed after 4 attempts: HTTP 503")])
     async with start(model) as h:
         closing = await h.turn("hello", stream=True)
-        await asyncio.sleep(0.05)  # anything sent after the error would have arrived by now
+        await h.settled()  # anything sent after the error has arrived by now
         events = h.chats["c1"].events
         history = await h.runtime.sessions.history(session_key())
         traces = await h.runtime.traces.for_session(session_key())
@@ -139,20 +139,22 @@ async def test_the_session_goes_on_after_a_failed_turn(start) -> None:  # type: 
 
 
 async def test_stop_lets_a_turn_in_flight_finish(start) -> None:  # type: ignore[no-untyped-def]
-    release = asyncio.Event()
+    entered, release = asyncio.Event(), asyncio.Event()
 
     async def slow(messages: list[Message], tools: object) -> ModelReply:
+        entered.set()
         await release.wait()
         return ModelReply(text="finished")
 
     async with start(FunctionModel(slow)) as h:
         await h.publish("work")
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(entered.wait(), 10)
         stopping = asyncio.create_task(h.runtime.loop.stop(grace_s=5))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # stop's chance to return too early: nothing it awaits says it waits
         assert not stopping.done()
         release.set()
         await stopping
+        assert h.runtime.loop.idle.is_set()  # it returned once the turn had ended
         history = await h.runtime.sessions.history(session_key())
     assert history[-1].content == "finished"
 
