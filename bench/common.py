@@ -113,6 +113,13 @@ def without_user_config(env: MutableMapping[str, str], home: Path) -> MutableMap
     return env
 
 
+def checkout_on_path(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
+    """`env` (changed in place, and returned) with the checkout first on PYTHONPATH: a bench's model
+    server child imports `tests.modelserver` from it, which no install provides."""
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 def _interrupted(*_: object) -> None:
     raise KeyboardInterrupt
 

@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/gateway_load.py [--clients 100 500] [--duration S] [--runs N] [--quick]
 
-Three kinds of process share the machine: the model server (Starlette on
-uvicorn; every streamed chat completion is answered after a fixed 50 ms with a
+Three kinds of process share the machine: the model server (tests/modelserver.py
+on uvicorn; every streamed chat completion is answered after a fixed 50 ms with a
 short answer in a few chunks), a real `ember serve` child pointed at it, and a
 load generator: N clients, one keep-alive connection each, sending streamed
 turns back to back, on a new Ember session every 20 turns (the window the
@@ -53,7 +53,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, ms, print_header, quantile, rerun_command, unwind_on_signals, verdict, without_user_config
+from common import (
+    ROOT,
+    checkout_on_path,
+    ms,
+    print_header,
+    quantile,
+    rerun_command,
+    unwind_on_signals,
+    verdict,
+    without_user_config,
+)
 
 MODEL_DELAY_S = 0.050
 # A client moves to a new session every this many turns: the window the default consolidation
@@ -76,80 +86,52 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def model_server(port_file: Path, delay_s: float = MODEL_DELAY_S) -> None:
-    """OpenAI's streaming protocol after a fixed `delay_s` (50 ms); records each reply's times by tag."""
-    import uvicorn
+    """tests/modelserver.py answering ANSWER_CHUNKS after `delay_s`; /bench/stats: what it saw since last asked."""
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
+    from starlette.types import Receive, Scope, Send
 
-    head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": MODEL_NAME}
+    from tests.modelserver import ModelServer, Reply, serve_forever
 
-    def event(delta: dict[str, Any] | None, **extra: Any) -> bytes:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": extra.pop("finish", None)}]
-        return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n".encode()
-
-    opening = event({"role": "assistant", "content": ""})
-    pieces = [event({"content": piece}) for piece in ANSWER_CHUNKS]
-    finish = event({}, finish="stop")
-    usage = event(None, usage={"prompt_tokens": 10, "completion_tokens": 12, "total_tokens": 22})
-    done = b"data: [DONE]\n\n"
+    server = ModelServer(MODEL_NAME, record=False)
+    server.explainer = server.titler = None  # every request is the bench's, answered alike
     replies: dict[str, tuple[float, float, float]] = {}
     connections: set[tuple[str, int]] = set()
-    stats = {"untagged": 0, "requests": 0}
 
-    async def chat(request: Request) -> Response:
-        received = time.monotonic()
-        body = await request.json()
-        stats["requests"] += 1
-        client = request.scope.get("client")
-        if client:
-            connections.add(tuple(client))
+    def respond(body: dict[str, Any]) -> Reply:
+        received = first = time.monotonic()
         users = [m for m in body.get("messages", []) if m.get("role") == "user"]
         found = TAG.match(str(users[-1].get("content") or "")) if users else None
-        tag = found.group(1) if found else None
-        if tag is None:
-            stats["untagged"] += 1
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        await asyncio.sleep(delay_s)
-        if not body.get("stream"):
-            message = {"role": "assistant", "content": ANSWER}
-            return JSONResponse({**head, "object": "chat.completion",
-                                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+        server.counts["untagged"] += found is None
 
-        async def events() -> Any:
-            yield opening
-            first = time.monotonic()
-            for piece in pieces:
-                yield piece
-            yield finish
-            if include_usage:
-                yield usage
-            yield done
-            if tag is not None:  # resumed once [DONE] has gone to the transport
-                replies[tag] = (received, first, time.monotonic())
+        def watch(event: str, n: int) -> None:
+            nonlocal first
+            if event == "chunk" and n == 1:
+                first = time.monotonic()
+            elif event == "done" and found:  # once [DONE] has gone to the transport
+                replies[found.group(1)] = (received, first, time.monotonic())
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return Reply(text=ANSWER, pieces=ANSWER_CHUNKS, delay_s=delay_s, watch=watch)
 
     async def take_stats(request: Request) -> Response:
-        """Everything recorded since the last call, then forgotten."""
-        out = {"replies": dict(replies), "connections": len(connections), **stats}
+        out = {"replies": dict(replies), "connections": len(connections), "untagged": server.counts["untagged"],
+               "requests": server.counts["chat"]}
         replies.clear()
         connections.clear()
-        stats.update(untagged=0, requests=0)
+        server.counts.clear()
         return JSONResponse(out)
 
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                            Route("/bench/stats", take_stats, methods=["POST"])])
-    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP (with proto 0,
-    # Nagle holds each small SSE write until the client's delayed ACK, ~40 ms).
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(4096)
-    port_file.write_text(str(sock.getsockname()[1]))
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", backlog=4096,
-                            timeout_keep_alive=30)
-    uvicorn.Server(config).run(sockets=[sock])
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions" and scope.get("client"):
+            connections.add(tuple(scope["client"]))
+        await routes(scope, receive, send)
+
+    server.responder = respond
+    # The server's own routes beside the bench's, not mounted: one app, one middleware stack per request.
+    routes = Starlette(routes=[Route("/bench/stats", take_stats, methods=["POST"]), *server.app.routes])
+    serve_forever(app, port_file, backlog=4096, keep_alive_s=30)
 
 
 # --- the load generator (its own process) ------------------------------------------------
@@ -395,7 +377,7 @@ def free_port() -> int:
 def start_model(directory: Path) -> tuple[Child, str]:
     port_file = directory / "model.port"
     child = Child("model server", [sys.executable, __file__, "--role", "model", "--out", str(port_file)],
-                  dict(os.environ), directory / "model.log")
+                  checkout_on_path(dict(os.environ)), directory / "model.log")
     wait_for(lambda: port_file.exists() and port_file.read_text().isdigit(), "the model server", child)
     base = f"http://127.0.0.1:{port_file.read_text()}"
     wait_for(lambda: take_model_stats(base) is not None, "the model server", child)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/turn_cost.py [--runs 3] [--turns 60] [--quick] [--rival] [--big]
     .venv/bin/python bench/turn_cost.py --configs default none --runs 1
 
-A model server of its own (Starlette on uvicorn, own process, 127.0.0.1) answers
+A model server of its own (tests/modelserver.py in a process of its own, 127.0.0.1) answers
 at once: `POST /v1/chat/completions` (streamed or not) with a short answer that
 names the question ("noted: <its first words>"; a consolidation request gets the
 JSON summary it asks for), and `POST /v1/embeddings` in OpenAI's shape with
@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import itertools
 import json
@@ -80,16 +79,13 @@ import math
 import os
 import re
 import secrets
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-import zlib
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -99,6 +95,7 @@ from typing import Any
 from common import (
     ROOT,
     busy_warning,
+    checkout_on_path,
     ms,
     print_header,
     quantile,
@@ -111,7 +108,6 @@ from gateway_load import Child, RawHttp, free_port, http_ok, wait_for
 
 MODEL_NAME = "bench-model"
 EMBED_MODEL = "mock-embed"
-EMBED_DIMS = 384
 SESSION_TURNS = 20  # a new session every this many sequential turns
 CONCURRENT_SESSIONS, CONCURRENT_TURNS = 20, 10
 TURN_TIMEOUT_S = 120.0
@@ -137,7 +133,6 @@ TARGETS = {
     "default": {"faster": 4.0, "throughput": 5.0, "cpu": 1.5, "p90": 2.0},
     "none": {"faster": 15.0, "throughput": 20.0},
 }
-WORD = re.compile(r"\w+", re.UNICODE)
 
 
 # Every message of a bench run is new, and so is its answer: a tag unique in the run, after a nonce
@@ -161,111 +156,59 @@ def expected_answer(text: str) -> str:
 # --- the model server (its own process) -------------------------------------------------------
 
 
-def hashed_vector(text: str) -> list[float]:
-    """Feature hashing: each word adds +-1 at a position its crc32 picks; unit length."""
-    vector = [0.0] * EMBED_DIMS
-    for word in WORD.findall(text.lower()):
-        h = zlib.crc32(word.encode())
-        vector[h % EMBED_DIMS] += 1.0 if h & 0x80000000 else -1.0
-    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
-    return [x / norm for x in vector]
-
-
 def _text_of(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
     return str(content or "")
 
 
+def answer_to(messages: list[dict[str, Any]]) -> str:
+    """The mock's answer: the JSON summary a consolidation request asks for, else `expected_answer`."""
+    system = " ".join(_text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer"))
+    if '"summary"' in system and "JSON" in system:  # Ember's consolidation asks for this shape
+        return json.dumps({"summary": "The user asked a few short questions about their plans.", "facts": []})
+    users = [_text_of(m.get("content")) for m in messages if m.get("role") == "user"]
+    # The new message is the last paragraph of the last user message: echo-agent puts a runtime
+    # context block and recalled memories before it.
+    return expected_answer(users[-1].strip().split("\n\n")[-1]) if users else "noted."
+
+
 def model_server(port_file: Path, big_delay_s: float) -> None:
-    import uvicorn
+    """tests/modelserver.py answering with `answer_to` at once (one content chunk, as a fast model sends
+    a short answer), embedding by hashed words; `POST /bench/stats` hands over its counts since the
+    last call and `POST /bench/big-delay` sets how long a prompt over BIG_PROMPT_CHARS takes."""
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    stats = {"chat": 0, "embedding_requests": 0, "embedded_texts": 0, "embedded_chars": 0}
+    from tests.modelserver import Embedder, ModelServer, Reply, serve_forever
+
+    server = ModelServer(MODEL_NAME, embedder=Embedder(EMBED_MODEL), record=False)
+    server.explainer = server.titler = None  # titles and explanations are answered like any request
     delay = {"big": big_delay_s}
-    head = {"id": "chatcmpl-bench", "created": 0, "model": MODEL_NAME}
 
-    def answer_to(messages: list[dict[str, Any]]) -> str:
-        system = " ".join(_text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer"))
-        if '"summary"' in system and "JSON" in system:  # Ember's consolidation asks for this shape
-            return json.dumps({"summary": "The user asked a few short questions about their plans.", "facts": []})
-        users = [_text_of(m.get("content")) for m in messages if m.get("role") == "user"]
-        # The new message is the last paragraph of the last user message: echo-agent puts a runtime
-        # context block and recalled memories before it.
-        return expected_answer(users[-1].strip().split("\n\n")[-1]) if users else "noted."
-
-    async def chat(request: Request) -> Response:
-        body = await request.json()
-        stats["chat"] += 1
+    def respond(body: dict[str, Any]) -> Reply:
         messages = body.get("messages") or []
         users = [_text_of(m.get("content")) for m in messages if m.get("role") == "user"]
-        if users and len(users[-1]) > BIG_PROMPT_CHARS:
-            await asyncio.sleep(delay["big"])  # a real model takes a while to read ~250,000 tokens
+        # A real model takes a while to read ~250,000 tokens.
+        slow = bool(users) and len(users[-1]) > BIG_PROMPT_CHARS
         text = answer_to(messages)
-        usage = {"prompt_tokens": 20, "completion_tokens": 8, "total_tokens": 28}
-        if not body.get("stream"):
-            return JSONResponse({**head, "object": "chat.completion", "usage": usage, "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
-
-        def chunk(delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
-            choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-            payload = {**head, "object": "chat.completion.chunk", "choices": choices, **extra}
-            return f"data: {json.dumps(payload)}\n\n".encode()
-
-        async def events() -> Any:
-            yield chunk({"role": "assistant", "content": ""})
-            yield chunk({"content": text})
-            yield chunk({}, "stop")
-            if (body.get("stream_options") or {}).get("include_usage"):
-                yield chunk(None, usage=usage)
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    async def embeddings(request: Request) -> Response:
-        body = await request.json()
-        texts = body.get("input")
-        texts = [texts] if isinstance(texts, str) else list(texts or [])
-        stats["embedding_requests"] += 1
-        stats["embedded_texts"] += len(texts)
-        stats["embedded_chars"] += sum(len(str(t)) for t in texts)
-        as_base64 = body.get("encoding_format") == "base64"
-        data = []
-        for index, text in enumerate(texts):
-            vector = hashed_vector(text if isinstance(text, str) else " ".join(map(str, text)))
-            encoded: Any = base64.b64encode(struct.pack(f"<{EMBED_DIMS}f", *vector)).decode() if as_base64 else vector
-            data.append({"object": "embedding", "index": index, "embedding": encoded})
-        tokens = sum(len(str(t).split()) for t in texts)
-        return JSONResponse({"object": "list", "data": data, "model": body.get("model") or EMBED_MODEL,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
-
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "bench"},
-                                                         {"id": EMBED_MODEL, "object": "model", "owned_by": "bench"}]})
+        return Reply(text=text, pieces=(text,), delay_s=delay["big"] if slow else 0.0)
 
     async def set_delay(request: Request) -> Response:
         delay["big"] = float((await request.json())["seconds"])
         return JSONResponse(delay)
 
     async def take_stats(request: Request) -> Response:
-        out = dict(stats)
-        stats.update(dict.fromkeys(stats, 0))
+        out = {key: server.counts[key] for key in ("chat", "embedding_requests", "embedded_texts", "embedded_chars")}
+        server.counts.clear()
         return JSONResponse(out)
 
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                            Route("/v1/embeddings", embeddings, methods=["POST"]),
-                            Route("/v1/models", models, methods=["GET"]),
-                            Route("/bench/stats", take_stats, methods=["POST"]),
-                            Route("/bench/big-delay", set_delay, methods=["POST"])])
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY, see gateway_load
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    port_file.write_text(str(sock.getsockname()[1]))
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=60)
-    uvicorn.Server(config).run(sockets=[sock])
+    server.responder = respond
+    serve_forever(Starlette(routes=[Route("/bench/stats", take_stats, methods=["POST"]),
+                                    Route("/bench/big-delay", set_delay, methods=["POST"]),
+                                    *server.app.routes]), port_file)
 
 
 def set_big_delay(model_base: str, seconds: float) -> None:
@@ -387,7 +330,8 @@ def start_ember(directory: Path, model_base: str, config: str, children: list[Ch
 def start_model(directory: Path, big_delay_s: float, children: list[Child]) -> tuple[Child, str]:
     port_file = directory / "model.port"
     child = Child("model server", [sys.executable, __file__, "--role", "model", "--out", str(port_file),
-                                   "--big-model-s", str(big_delay_s)], dict(os.environ), directory / "model.log")
+                                   "--big-model-s", str(big_delay_s)], checkout_on_path(dict(os.environ)),
+                  directory / "model.log")
     children.append(child)
     wait_for(lambda: port_file.exists() and port_file.read_text().isdigit(), "the model server", child)
     base = f"http://127.0.0.1:{port_file.read_text()}"
