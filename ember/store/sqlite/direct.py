@@ -33,9 +33,13 @@ T = TypeVar("T")
 def connect(path: Path, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
     """A connection set up like the engines' (WAL, `synchronous`, busy timeout); no implicit transactions."""
     conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+    except sqlite3.Error:
+        conn.close()
+        raise
     return conn
 
 
@@ -127,8 +131,11 @@ class ThreadConnection:
     def _opened(self) -> SqliteTx:
         """The connection's `Tx`, the connection opened on first use."""
         if self._tx is None:
-            self._tx = SqliteTx(connect(self._path, synchronous=self._synchronous,
-                                        busy_timeout_ms=self._busy_timeout_ms))
+            try:
+                conn = connect(self._path, synchronous=self._synchronous, busy_timeout_ms=self._busy_timeout_ms)
+            except sqlite3.Error as exc:  # a file that is not a database fails here, on its first statement
+                raise translated(exc) from exc
+            self._tx = SqliteTx(conn)
         return self._tx
 
     def _read(self, works: Sequence[Work[Any]]) -> list[Outcome[Any]]:
