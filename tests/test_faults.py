@@ -491,8 +491,9 @@ async def test_a_resend_refused_by_the_channel_is_tried_again_at_the_next_sweep(
 
 @contextmanager
 def write_locked(path: Path) -> Iterator[sqlite3.Connection]:
-    """Another connection holds SQLite's write lock on the database until the block ends."""
-    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    """Another connection holds SQLite's write lock on the database until the block ends (taken once
+    a write of the runtime's own in flight, a job's or a trace's, has committed)."""
+    other = sqlite3.connect(path, isolation_level=None, timeout=10)
     try:
         other.execute("BEGIN IMMEDIATE")
         yield other
