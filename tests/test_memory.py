@@ -20,6 +20,7 @@ from ember.memory.embeddings import E5Embedder, Embedder, HashingEmbedder
 from ember.memory.forgetting import DAY_S
 from ember.memory.reconcile import FactReconciler
 from ember.memory.service import MemoryService, RecallBudget
+from ember.memory.vectors import THREAD_ROWS
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store import memories, memory_rows, schema
@@ -309,6 +310,24 @@ async def test_an_unreadable_vector_is_set_aside_and_embedded_again(memory: Memo
     assert await memory.flush_embeddings() == 1
     blob = await db.run_read(lambda tx: tx.execute(Statement(select(schema.memory_vectors.c.vector))).fetchone()[0])
     assert np.frombuffer(blob, dtype=np.float32).shape == (HashingEmbedder().dimensions,)
+
+
+async def test_a_whole_matrix_read_at_once_sets_its_unreadable_vectors_aside_too(db: Database) -> None:
+    # Enough memories that the first search decodes them on a thread (vectors.THREAD_ROWS).
+    memory = MemoryService(SqlMemoryStore(db), HashingEmbedder())
+    await memory.open()
+    outcomes = await memory.remember_many([NewMemory(identity="alice", content=f"note {i} about the garden shed")
+                                           for i in range(THREAD_ROWS + 100)])
+    mochi = await memory.remember("alice", "My cat is called Mochi.")
+    await memory.flush_embeddings()
+    nan = np.full(HashingEmbedder().dimensions, np.nan, dtype=np.float32).tobytes()
+    garble = Statement("UPDATE memory_vectors SET vector = :garbled "
+                       "WHERE num = (SELECT num FROM memory_items WHERE id = :id)")
+    await db.run_write(lambda tx: [tx.execute(garble, {"id": outcome.record.id, "garbled": blob})
+                                   for outcome, blob in zip(outcomes, (nan, b"\x00\xff"), strict=False)])
+    hits = await MemoryService(SqlMemoryStore(db), HashingEmbedder()).search("alice", "cat called Mochi")
+    assert hits[0].record.id == mochi.record.id
+    assert (await memory.store.consistency())["unembedded"] == 2
 
 
 async def test_a_new_embedding_model_re_embeds_everything(db: Database, memory: MemoryService) -> None:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 ANN_CANDIDATES = 100  # rows proposed per matrix
 SAMPLE_ROWS = 1_024
 MIN_ROOM = 256  # rows a matrix first has room for
+THREAD_ROWS = 512  # rows from which a top-up is decoded on a thread (a turn's adds a few)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,17 @@ class DenseScores:
     own: np.ndarray
     window: np.ndarray
     rows: dict[int, int]  # num -> position in the arrays
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """Vectors read from the store, decoded: row i of `own` and `window` is memory `nums[i]`'s."""
+
+    nums: list[int]
+    own: np.ndarray
+    window: np.ndarray
+    unreadable: list[int]
+    rev: int  # the highest revision read, the unreadable rows' included
 
 
 @dataclass(slots=True)
@@ -160,55 +172,63 @@ class VectorIndex:
         return matrix
 
     async def _top_up(self, matrix: _Matrix, written: Sequence[tuple[int, int, bytes, bytes | None]]) -> None:
-        own_rows, window_rows, nums = [], [], []
-        for num, rev, blob, window_blob in written:
-            matrix.rev = max(matrix.rev, rev)
-            own = self._read(blob)
-            window = self._read(window_blob) if window_blob is not None else own
-            if own is None or window is None:
-                log.warning("memory vector %d is unreadable; it is set aside and its memory re-embedded", num)
-                await self._store.quarantine_vector(num)
-                continue
+        # A whole matrix (a search after a restart) takes a tenth of a second to decode: off the event loop.
+        rows = (await asyncio.to_thread(self._decoded, written) if len(written) >= THREAD_ROWS
+                else self._decoded(written))
+        matrix.rev = max(matrix.rev, rows.rev)
+        for num in rows.unreadable:
+            log.warning("memory vector %d is unreadable; it is set aside and its memory re-embedded", num)
+            await self._store.quarantine_vector(num)
+        added: list[int] = []  # positions in `rows` of memories new to the matrix
+        for i, num in enumerate(rows.nums):
             row = matrix.rows.get(num)
-            if row is not None:
-                assert matrix.own is not None and matrix.window is not None
-                matrix.own[row], matrix.window[row] = own, window
-                if matrix.building is not None:
-                    matrix.rewritten.add(row)
-                for near, vector in ((matrix.near_own, own), (matrix.near_window, window)):
-                    if near is not None:
-                        near.replace(np.array([row]), vector.reshape(1, -1))
+            if row is None:
+                matrix.rows[num] = len(matrix.nums) + len(added)
+                added.append(i)
                 continue
-            matrix.rows[num] = len(matrix.nums) + len(nums)
-            nums.append(num)
-            own_rows.append(own)
-            window_rows.append(window)
-        if nums:
-            used = len(matrix.nums)
-            matrix.own_rows = _appended(matrix.own_rows, used, own_rows)
-            matrix.window_rows = _appended(matrix.window_rows, used, window_rows)
-            added = np.arange(used, used + len(nums))
-            for near, rows in ((matrix.near_own, own_rows), (matrix.near_window, window_rows)):
+            assert matrix.own is not None and matrix.window is not None
+            matrix.own[row], matrix.window[row] = rows.own[i], rows.window[i]
+            if matrix.building is not None:
+                matrix.rewritten.add(row)
+            for near, vectors in ((matrix.near_own, rows.own), (matrix.near_window, rows.window)):
                 if near is not None:
-                    near.add(added, np.vstack(rows))
-            matrix.nums += nums
+                    near.replace(np.array([row]), vectors[i:i + 1])
+        if added:
+            used = len(matrix.nums)
+            every = len(added) == len(rows.nums)  # a matrix's first load: no copy of what it adds
+            own, window = (rows.own, rows.window) if every else (rows.own[added], rows.window[added])
+            matrix.own_rows = _appended(matrix.own_rows, used, own)
+            matrix.window_rows = _appended(matrix.window_rows, used, window)
+            positions = np.arange(used, used + len(added))
+            for near, vectors in ((matrix.near_own, own), (matrix.near_window, window)):
+                if near is not None:
+                    near.add(positions, vectors)
+            matrix.nums += [rows.nums[i] for i in added]
             matrix.num_array = np.asarray(matrix.nums, dtype=np.int64)
         matrix.count = len(matrix.nums)
 
-    def _read(self, blob: bytes) -> np.ndarray | None:
-        if self._dimensions is None and blob and len(blob) % 4 == 0:
-            self._dimensions = len(blob) // 4
-        if len(blob) != 4 * (self._dimensions or 0):
-            return None
-        vector = np.frombuffer(blob, dtype=np.float32)
-        return vector if np.isfinite(vector).all() else None
+    def _decoded(self, written: Sequence[tuple[int, int, bytes, bytes | None]]) -> _Rows:
+        """The rows' vectors as two matrices (a window missing: the memory's own vector), and the
+        memories whose vectors cannot be read (the wrong size, or not finite)."""
+        if self._dimensions is None:
+            self._dimensions = next((len(blob) // 4 for _, _, blob, _ in written if blob and len(blob) % 4 == 0), None)
+        width = 4 * (self._dimensions or 0)
+        sized = [row for row in written if width and len(row[2]) == width and (row[3] is None or len(row[3]) == width)]
+        shape = (len(sized), width // 4)
+        own = np.frombuffer(b"".join(row[2] for row in sized), dtype=np.float32).reshape(shape)
+        window = np.frombuffer(b"".join(row[2] if row[3] is None else row[3] for row in sized),
+                               dtype=np.float32).reshape(shape)
+        finite = np.isfinite(own).all(axis=1) & np.isfinite(window).all(axis=1)
+        readable = {row[0] for row, ok in zip(sized, finite, strict=True) if ok}
+        return _Rows(nums=[row[0] for row in sized if row[0] in readable], own=own[finite], window=window[finite],
+                     unreadable=[num for num, _, _, _ in written if num not in readable],
+                     rev=max((rev for _, rev, _, _ in written), default=0))
 
 
-def _appended(buffer: np.ndarray | None, used: int, rows: list[np.ndarray]) -> np.ndarray:
-    """`rows` written after the first `used` rows of `buffer`, which grows by doubling: a top-up (a
+def _appended(buffer: np.ndarray | None, used: int, added: np.ndarray) -> np.ndarray:
+    """`added` written after the first `used` rows of `buffer`, which grows by doubling: a top-up (a
     search after a turn added its messages) copies what it adds, not every row before it. Spare rows
     cost no memory until written (the allocator leaves their pages untouched)."""
-    added = np.vstack(rows)
     end = used + len(added)
     if buffer is None or end > buffer.shape[0]:
         grown = np.empty((max(2 * end, MIN_ROOM), added.shape[1]), dtype=np.float32)
