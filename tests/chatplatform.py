@@ -1,16 +1,20 @@
 """What the chat platforms' tests share: a tool that needs approval, a model that calls it, and
-what a test reads back: the texts a chat shows, and what was kept of a sender."""
+what a test reads back: the texts a chat shows, and what was kept of a sender; and a channel
+registered so that a test can wait until everything a chat was sent has been delivered."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import BaseModel
 
 from ember.app.runtime import Runtime
+from ember.core.channels import Channel, ChannelCapabilities
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.tools import Risk
 from ember.models.base import ModelReply
@@ -41,12 +45,83 @@ def asking_model() -> FunctionModel:
     return FunctionModel(reply)
 
 
-async def texts_when(texts: Callable[[], list[str]], count: int, *, timeout_s: float = 30) -> list[str]:
-    """`texts()` once it has `count` of them, and a moment after (anything sent twice shows by then)."""
+class Settling:
+    """A platform's channel as the runtime is given it: what it is handed goes to the channel,
+    but for the markers `settled` sends, which it takes back (the channel never sees them)."""
+
+    def __init__(self, channel: Channel, runtime: Runtime) -> None:
+        self.channel = channel
+        self._runtime = runtime
+        self._markers: dict[str, asyncio.Event] = {}
+
+    @property
+    def name(self) -> str:
+        return self.channel.name
+
+    @property
+    def capabilities(self) -> ChannelCapabilities:
+        return self.channel.capabilities
+
+    async def start(self) -> None:
+        await self.channel.start()
+
+    async def stop(self) -> None:
+        await self.channel.stop()
+
+    async def deliver(self, event: OutboundEvent) -> None:
+        if event.turn_id in self._markers:
+            self._markers[event.turn_id].set()
+            return
+        await self.channel.deliver(event)
+
+    async def settled(self, chat_id: str, *, turn_waits: bool = False, timeout_s: float = 30) -> None:
+        """Until the loop has handled everything queued for the chat's session and the channel has
+        delivered what the turns sent the chat: what the platform then misses was never sent.
+        `turn_waits`: the session's turn waits for a person (an approval), so only what was sent
+        so far is waited for.
+
+        As tests/conftest.py's Harness.settled: a quiet message (recovery of one never accepted:
+        nothing to do) goes behind what is queued for the session; once it ended and no turn runs,
+        a marker goes to the chat behind what the turns sent it, in its delivery order."""
+        loop = self._runtime.loop
+        ended, marker = loop.turns_ended, f"settled-{uuid.uuid4().hex}"
+        read = self._markers[marker] = asyncio.Event()
+        try:
+            async with asyncio.timeout(timeout_s):
+                if not turn_waits:
+                    await self._runtime.bus.publish_inbound(InboundEvent(
+                        channel=self.name, chat_id=chat_id, sender_id="settled", text="", message_id=marker,
+                        recovery=True))
+                    while not (loop.idle.is_set() and loop.turns_ended > ended):
+                        await asyncio.sleep(0.005)  # a positive wait: the quiet message's turn comes and goes
+                await self._runtime.bus.publish_outbound(OutboundEvent(
+                    channel=self.name, chat_id=chat_id, kind=OutboundKind.TOOL_CALL, text="", turn_id=marker))
+                await read.wait()
+        finally:
+            del self._markers[marker]
+
+
+def settling(runtime: Runtime, channel: Channel) -> Settling:
+    """`channel` registered with `runtime`, as a Settling."""
+    registered = Settling(channel, runtime)
+    runtime.channels.register(registered)
+    return registered
+
+
+def settled_in(runtime: Runtime, name: str) -> Settling:
+    """The Settling registered as channel `name`."""
+    registered = runtime.channels.get(name)
+    assert isinstance(registered, Settling), f"{name} was registered without settling()"
+    return registered
+
+
+async def texts_when(texts: Callable[[], list[str]], count: int, settled: Callable[[], Awaitable[None]], *,
+                     timeout_s: float = 30) -> list[str]:
+    """`texts()` once it has `count` of them and `settled()` returned: anything sent twice shows by then."""
     async with asyncio.timeout(timeout_s):
         while len(texts()) < count:
             await asyncio.sleep(0.02)
-    await asyncio.sleep(0.3)
+    await settled()
     return texts()
 
 

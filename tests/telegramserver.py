@@ -141,6 +141,12 @@ class FakeTelegram:
         with self._lock:
             self.updates.append(update)
 
+    def unconfirmed(self) -> list[int]:
+        """The ids of the updates queued that no getUpdates offset has confirmed yet: the bot's
+        poller confirms an update once it has handled it."""
+        with self._lock:
+            return [u["update_id"] for u in self.updates]
+
     def visible(self, chat_id: int) -> list[Shown]:
         with self._lock:
             return [m for m in self.shown.values() if m.chat_id == chat_id and not m.deleted]

@@ -35,7 +35,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, kept, texts_when, writing_tool
+from tests.chatplatform import asking_model, kept, settled_in, settling, texts_when, writing_tool
 from tests.loopback import LoopbackServer
 from tests.qqserver import APP_ID, SECRET, FakeQQ, serving_qq
 
@@ -101,7 +101,7 @@ async def agent(settings: Settings, model: FunctionModel, fake: FakeQQ, *, tools
     runtime = await build_runtime(settings, model, tools=tools or ToolRegistry(), embedder=HashingEmbedder())
     channel = QQChannel(spec(fake, **fields), chat_services(runtime),
                         **({"clock": clock} if clock else {}))
-    runtime.channels.register(channel)
+    settling(runtime, channel)
     loop = asyncio.get_running_loop()
     routes = [Route(r.path, on_loop(r.endpoint, loop), methods=list(r.methods or ())) for r in channel.routes()]
     app = Starlette(routes=routes, exception_handlers={ApiError: lambda request, exc: exc.response()})
@@ -122,8 +122,14 @@ def answering(text: str | Callable[[str], str]) -> FunctionModel:
     return FunctionModel(reply, chunk_size=256)
 
 
-async def replies(fake: FakeQQ, chat: str, count: int = 1, *, timeout_s: float = 30) -> list[str]:
-    return await texts_when(lambda: fake.texts(chat), count, timeout_s=timeout_s)
+async def replies(bot: Agent, chat: str, count: int = 1, *, turn_waits: bool = False,
+                  timeout_s: float = 30) -> list[str]:
+    """The chat's replies once they are `count`, and nothing the agent would send it is under way
+    (`turn_waits`: but the turn waiting for a person's decision)."""
+    async def settled() -> None:
+        await bot.channel.replies_sent()  # an approval command's decision may let a turn go on
+        await settled_in(bot.runtime, bot.channel.name).settled(chat, turn_waits=turn_waits)
+    return await texts_when(lambda: bot.fake.texts(chat), count, settled, timeout_s=timeout_s)
 
 
 async def test_the_callback_url_check_is_answered_with_its_signature(settings: Settings, qq: FakeQQ) -> None:
@@ -148,7 +154,8 @@ async def test_only_calls_signed_by_qq_get_in_and_nothing_else_is_kept(settings:
         no_signature = await bot.post(event, headers={k: v for k, v in headers.items() if k != HEADER_SIGNATURE})
         no_timestamp = await bot.post(event, headers={k: v for k, v in headers.items() if k != HEADER_TIMESTAMP})
         not_json = await bot.post(b"{not json")
-        await asyncio.sleep(0.5)
+        await bot.channel.replies_sent()
+        await settled_in(bot.runtime, bot.channel.name).settled(f"c2c:{ANA}")  # a turn let in would be over
         stored = await kept(bot.runtime, ANA)
     statuses = [r.status_code for r in (other_secret, changed, no_signature, no_timestamp)]
     assert statuses == [401, 401, 401, 401]
@@ -161,7 +168,7 @@ async def test_a_direct_message_is_answered_as_reply_1_to_it(settings: Settings,
     async with agent(settings, answering(lambda q: f"You said: {q}"), qq) as bot:
         event = qq.direct(ANA, "  hello &amp; welcome ")
         acked = await bot.post(event)
-        texts = await replies(qq, f"c2c:{ANA}")
+        texts = await replies(bot, f"c2c:{ANA}")
         history = await bot.runtime.sessions.history(f"qq:c2c:{ANA}")
     assert acked.status_code == 200 and acked.json() == ACK
     assert texts == ["You said: hello & welcome"]
@@ -175,7 +182,7 @@ async def test_a_group_at_message_is_answered_in_the_group(settings: Settings, q
     async with agent(settings, model, qq) as bot:
         event = qq.group(GROUP, ANA_IN_GROUP, "what time is it?")
         await bot.post(event)
-        texts = await replies(qq, f"group:{GROUP}")
+        texts = await replies(bot, f"group:{GROUP}")
     assert texts == ["Re: what time is it?"]  # the @-mention is not part of the question
     [reply] = qq.replies
     assert (reply.msg_id, reply.msg_seq) == (event["d"]["id"], 1)
@@ -187,9 +194,9 @@ async def test_a_replayed_event_is_answered_once(settings: Settings, qq: FakeQQ)
     async with agent(settings, model, qq) as bot:
         event = qq.direct(ANA, "hello once")
         first = await bot.post(event)
-        await replies(qq, f"c2c:{ANA}")
+        await replies(bot, f"c2c:{ANA}")
         again = [await bot.post(event), await bot.post(event)]
-        texts = await replies(qq, f"c2c:{ANA}")
+        texts = await replies(bot, f"c2c:{ANA}")
     assert [r.json() for r in (first, *again)] == [ACK] * 3  # QQ is told each time that it arrived
     assert texts == ["You said: hello once"]
     assert len([r for r in model.requests if r[-1].content == "hello once"]) == 1
@@ -199,13 +206,13 @@ async def test_an_answer_sent_again_is_not_shown_twice(settings: Settings, qq: F
     async with agent(settings, answering("Only once."), qq) as bot:
         event = qq.direct(ANA, "hello")
         await bot.post(event)
-        await replies(qq, f"c2c:{ANA}")
+        await replies(bot, f"c2c:{ANA}")
         receipt = await bot.runtime.deliveries.store.receipt("qq", f"c2c:{ANA}", event["d"]["id"])
         assert receipt is not None
         answer = await bot.runtime.deliveries.store.answer_of(receipt.turn_id)
         assert answer is not None
         await bot.runtime.deliveries.send(answer)  # as a restart does with an answer it is not sure of
-        texts = await replies(qq, f"c2c:{ANA}")
+        texts = await replies(bot, f"c2c:{ANA}")
     assert texts == ["Only once."] and qq.refusals == []
 
 
@@ -214,12 +221,12 @@ async def test_msg_seq_continues_across_a_restart(settings: Settings, qq: FakeQQ
     message_id = event["d"]["id"]
     async with agent(settings, answering("The first answer."), qq) as bot:
         await bot.post(event)
-        await replies(qq, f"c2c:{ANA}")
+        await replies(bot, f"c2c:{ANA}")
     async with agent(settings, answering("unused"), qq) as bot:  # a new process on the same home
         await bot.runtime.bus.publish_outbound(OutboundEvent(
             channel="qq", chat_id=f"c2c:{ANA}", kind=OutboundKind.FINAL, text="Another reply to it.",
             turn_id="turn-after-restart", reply_to=message_id))
-        await replies(qq, f"c2c:{ANA}", 2)
+        await replies(bot, f"c2c:{ANA}", 2)
     assert [(r.content, r.msg_seq) for r in qq.replies_to(message_id)] == [
         ("The first answer.", 1), ("Another reply to it.", 2)]
     assert qq.refusals == []
@@ -243,8 +250,8 @@ async def test_an_answer_cut_off_by_failures_is_finished_after_a_restart(setting
             while len(qq.refusals) < 4:
                 await asyncio.sleep(0.05)
     assert qq.texts(f"c2c:{ANA}") == [paragraphs[0]]
-    async with agent(settings, answering("unused"), qq):  # sends what it owes, at start
-        texts = await replies(qq, f"c2c:{ANA}", 2)
+    async with agent(settings, answering("unused"), qq) as bot:  # sends what it owes, at start
+        texts = await replies(bot, f"c2c:{ANA}", 2)
     assert texts == paragraphs  # the first part is not sent again
     # Seq 2 was tried before the restart, and is not used again.
     assert [r.msg_seq for r in qq.replies_to(event["d"]["id"])] == [1, 3]
@@ -257,7 +264,7 @@ async def test_a_long_answer_is_split_into_replies_with_rising_msg_seq(settings:
     assert len(long_answer) > 2 * MAX_MESSAGE_CHARS
     async with agent(settings, answering(long_answer), qq) as bot:
         await bot.post(qq.direct(ANA, "write a lot"))
-        texts = await replies(qq, f"c2c:{ANA}", 3)
+        texts = await replies(bot, f"c2c:{ANA}", 3)
     assert len(texts) == 3 and all(len(text) <= MAX_MESSAGE_CHARS for text in texts)
     assert "\n\n".join(texts) == long_answer  # cut at paragraph breaks, nothing lost or repeated
     assert [r.msg_seq for r in qq.replies] == [1, 2, 3]
@@ -267,7 +274,7 @@ async def test_an_answer_longer_than_five_replies_says_where_it_is_cut(settings:
     paragraphs = [f"Paragraph {n}. " + " ".join(["All work and no play."] * 20) for n in range(30)]
     async with agent(settings, answering("\n\n".join(paragraphs)), qq) as bot:
         await bot.post(qq.direct(ANA, "write even more"))
-        texts = await replies(qq, f"c2c:{ANA}", 5)
+        texts = await replies(bot, f"c2c:{ANA}", 5)
     assert len(texts) == 5 and all(len(text) <= MAX_MESSAGE_CHARS for text in texts)
     assert texts[-1].endswith(CUT) and [r.msg_seq for r in qq.replies] == [1, 2, 3, 4, 5]
     assert qq.refusals == []
@@ -278,16 +285,16 @@ async def test_the_token_is_cached_and_fetched_again_once_after_a_401(settings: 
     async with agent(settings, answering(lambda q: f"Re: {q}"), qq, clock=clock) as bot:
         await bot.post(qq.direct(ANA, "one"))
         await bot.post(qq.direct(BEN, "two"))
-        await replies(qq, f"c2c:{ANA}")
-        await replies(qq, f"c2c:{BEN}")
+        await replies(bot, f"c2c:{ANA}")
+        await replies(bot, f"c2c:{BEN}")
         cached = qq.token_fetches
         qq.expire_tokens()  # QQ ended the token early
         await bot.post(qq.direct(ANA, "three"))
-        await replies(qq, f"c2c:{ANA}", 2)
+        await replies(bot, f"c2c:{ANA}", 2)
         after_401 = qq.token_fetches
         clock.now += 7_200 - 30  # within the last minute of the token's 7200 s
         await bot.post(qq.direct(ANA, "four"))
-        await replies(qq, f"c2c:{ANA}", 3)
+        await replies(bot, f"c2c:{ANA}", 3)
     assert cached == 1  # fetched at start, then reused
     assert after_401 == 2 and [r.status for r in qq.refusals] == [401]
     assert qq.token_fetches == 3
@@ -298,7 +305,7 @@ async def test_429s_are_waited_out_with_the_same_msg_seq(settings: Settings, qq:
     qq.failures = [429, 429]
     async with agent(settings, answering("Patience."), qq) as bot:
         await bot.post(qq.direct(ANA, "hello"))
-        texts = await replies(qq, f"c2c:{ANA}")
+        texts = await replies(bot, f"c2c:{ANA}")
     assert texts == ["Patience."]
     assert [(r.status, r.msg_seq) for r in qq.refusals] == [(429, 1), (429, 1)]
     assert [r.msg_seq for r in qq.replies] == [1]
@@ -316,15 +323,15 @@ async def test_only_the_turns_person_can_approve_its_request(settings: Settings,
     async with agent(settings, asking_model(), qq, tools=ToolRegistry([writing_tool(ran)])) as bot:
         asked = qq.group(GROUP, ANA_IN_GROUP, "write my note")
         await bot.post(asked)
-        [card] = await replies(qq, chat)
+        [card] = await replies(bot, chat, turn_waits=True)
         assert "write the file notes.txt" in card
         short = request_id(card)
         await bot.post(qq.group(GROUP, BEN_IN_GROUP, f"/approve {short}"))
-        refused = await replies(qq, chat, 2)
+        refused = await replies(bot, chat, 2, turn_waits=True)
         assert refused[-1] == "This request is not yours to answer."
         assert ran == []  # Ben's command changed nothing
         await bot.post(qq.group(GROUP, ANA_IN_GROUP, f"/approve {short}"))
-        texts = await replies(qq, chat, 4)
+        texts = await replies(bot, chat, 4)
         commands_kept = await kept(bot.runtime, BEN_IN_GROUP)
     assert ran == ["notes.txt"]
     assert sorted(texts[2:]) == ["Allowed once.", "Result: wrote notes.txt"]
@@ -337,9 +344,9 @@ async def test_an_expired_request_says_so(settings: Settings, qq: FakeQQ) -> Non
     config = settings.model_copy(update={"tool_policy": settings.tool_policy.model_copy(update={"timeout_s": 0.5})})
     async with agent(config, asking_model(), qq, tools=ToolRegistry([writing_tool(ran)])) as bot:
         await bot.post(qq.direct(ANA, "write my note"))
-        card, _denied = await replies(qq, f"c2c:{ANA}", 2)  # the request, then the answer without it
+        card, _denied = await replies(bot, f"c2c:{ANA}", 2)  # the request, then the answer without it
         await bot.post(qq.direct(ANA, f"/approve {request_id(card)}"))
-        texts = await replies(qq, f"c2c:{ANA}", 3)
+        texts = await replies(bot, f"c2c:{ANA}", 3)
     assert ran == []
     assert "expired" in texts[-1]
 
@@ -350,8 +357,8 @@ async def test_a_stranger_gets_one_refusal_and_nothing_is_kept(settings: Setting
         await bot.post(qq.direct(STRANGER, "let me in"))
         await bot.post(qq.direct(STRANGER, "please"))
         await bot.post(qq.direct(ANA, "hello"))
-        await replies(qq, f"c2c:{ANA}")
-        refusals = await replies(qq, f"c2c:{STRANGER}")
+        await replies(bot, f"c2c:{ANA}")
+        refusals = await replies(bot, f"c2c:{STRANGER}")
         stored = await kept(bot.runtime, STRANGER)
         history = await bot.runtime.sessions.history(f"qq:c2c:{STRANGER}")
         counters = await bot.runtime.db.run_read(lambda tx: tx.execute(Statement(

@@ -33,7 +33,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, writing_tool
+from tests.chatplatform import asking_model, settled_in, settling, writing_tool
 from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import LoopbackServer, wait_until
 from tests.telegramserver import BOT_USERNAME, TOKEN, FakeTelegram, Shown, render, serving_telegram
@@ -63,7 +63,7 @@ async def agent(settings: Settings, model: FunctionModel, base_url: str, *, tool
                 **fields: Any) -> AsyncIterator[tuple[Runtime, TelegramChannel]]:
     runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
     channel = telegram_channel(runtime, base_url, **fields)
-    runtime.channels.register(channel)
+    settling(runtime, channel)
     async with running(runtime, recover=True):
         yield runtime, channel
 
@@ -94,9 +94,15 @@ async def settled(fake: FakeTelegram, runtime: Runtime, chat_id: int, *, answers
             history = await runtime.sessions.history(f"telegram:{chat_id}")
             done = [m.content for m in history if m.role is Role.ASSISTANT]
             if len(done) >= answers and as_shown(done[-1]) in "\n\n".join(fake.texts(chat_id)):
-                await asyncio.sleep(0.3)  # anything sent twice would show by now
+                await settled_in(runtime, "telegram").settled(str(chat_id))  # anything sent twice shows by then
                 return fake.texts(chat_id)
             await asyncio.sleep(0.05)
+
+
+async def all_confirmed(fake: FakeTelegram, timeout_s: float = 30) -> None:
+    async with asyncio.timeout(timeout_s):
+        while fake.unconfirmed():
+            await asyncio.sleep(0.02)
 
 
 ANSWER = "Here is the plan.\n\n" + " ".join(f"Step {n} is **done**." for n in range(1, 40))
@@ -155,7 +161,8 @@ async def test_a_replayed_update_is_answered_once(settings: Settings, telegram: 
         await settled(fake, runtime, ANA)
         fake.replay(update)
         fake.replay(update)
-        await asyncio.sleep(1.5)
+        await all_confirmed(fake)  # the poller handled the replays, or never got them
+        await settled_in(runtime, "telegram").settled(str(ANA))
         texts = fake.texts(ANA)
     assert texts == ["You said: hello once"]
     assert len([r for r in model.requests if r[-1].content == "hello once"]) == 1
@@ -283,7 +290,7 @@ async def test_webhook_mode_checks_the_secret_and_answers(settings: Settings,
     runtime = await build_runtime(settings, answering(lambda q: f"Webhook answer to {q}"), tools=ToolRegistry())
     channel = telegram_channel(runtime, base_url, public_url="https://ember.example", mode="webhook",
                                webhook_secret="s3cret-token")
-    runtime.channels.register(channel)
+    settling(runtime, channel)
     app = Starlette(routes=channel.routes(), exception_handlers={ApiError: lambda request, exc: exc.response()})
     server = LoopbackServer(app, "telegram-webhook")
     async with running(runtime):

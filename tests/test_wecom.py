@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +32,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, kept, texts_when, writing_tool
+from tests.chatplatform import asking_model, kept, settled_in, settling, texts_when, writing_tool
 from tests.loopback import LoopbackServer
 from tests.wecomserver import (
     ACCOUNT,
@@ -126,7 +126,7 @@ async def serving(settings: Settings, model: FunctionModel, spec: WeComSpec | We
     args = (chat_services(runtime),)
     channel = WeComChannel(spec, *args, **extra) if isinstance(spec, WeComSpec) \
         else WeChatOfficialChannel(spec, *args, **extra)
-    runtime.channels.register(channel)
+    settling(runtime, channel)
     app = Starlette(routes=channel.routes(), exception_handlers={ApiError: lambda request, exc: exc.response()})
     server = LoopbackServer(OnLoop(app, asyncio.get_running_loop()), f"{channel.name}-callbacks")
     async with running(runtime, recover=True):
@@ -148,9 +148,12 @@ def answering(text: str | Callable[[str], str], *, gate: asyncio.Event | None = 
     return FunctionModel(reply)
 
 
-async def sent(fake: FakeWeixin, user: str, count: int = 1, *, timeout_s: float = 30) -> list[str]:
-    """What the API sent `user`, once it is `count` messages."""
-    return await texts_when(lambda: fake.texts(user), count, timeout_s=timeout_s)
+async def sent(served: Served, fake: FakeWeixin, user: str, count: int = 1, *,
+               timeout_s: float = 30) -> list[str]:
+    """What the API sent `user`, once it is `count` messages and nothing more is under way."""
+    def settled() -> Awaitable[None]:
+        return settled_in(served.runtime, served.channel.name).settled(user)
+    return await texts_when(lambda: fake.texts(user), count, settled, timeout_s=timeout_s)
 
 
 async def test_the_url_checks_answer_the_echo_and_refuse_a_bad_signature(
@@ -191,7 +194,7 @@ async def test_a_fast_answer_is_the_passive_reply_and_nothing_is_sent(
     model = answering(lambda question: f"You said: {question}")
     async with serving(settings, model, wecom_spec(base_url)) as served:
         reply = await served.reply(wecom_push(ANA, "hello there", "2001"))
-        await asyncio.sleep(0.3)  # a second copy through the API would show by now
+        await settled_in(served.runtime, served.channel.name).settled(ANA)  # a second copy via the API shows by then
     assert reply["Content"] == "You said: hello there"
     assert (reply["ToUserName"], reply["FromUserName"], reply["MsgType"]) == (ANA, CORP_ID, "text")
     assert fake.sent == []
@@ -205,7 +208,7 @@ async def test_a_slow_answer_goes_through_the_send_api_once(settings: Settings,
                        wecom_spec(base_url, passive_reply_s=0.5)) as served:
         response = await served.push(wecom_push(ANA, "the answer?", "3001"))
         gate.set()  # the model answers only after the POST gave up waiting
-        texts = await sent(fake, ANA)
+        texts = await sent(served, fake, ANA)
     assert (response.status_code, response.text) == (200, "")
     assert texts == ["Sorry for the wait: 42."]
     assert fake.sent[0].agent_id == AGENT_ID
@@ -225,7 +228,7 @@ async def test_a_retried_push_runs_one_turn_and_is_answered_once(
         retries = [await served.reply(push) for _ in range(3)]  # the platform's three retries
         gate.set()
         replies = [await first, *retries]
-        await asyncio.sleep(0.5)
+        await settled_in(served.runtime, served.channel.name).settled(ANA)
         late = await served.reply(push)
     passive = [r["Content"] for r in replies if r]
     assert retries == [{}, {}, {}] and late == {}
@@ -242,15 +245,15 @@ async def test_the_access_token_is_cached_and_fetched_again_once_after_42001(
                        wecom_spec(base_url, passive_reply_s=0), clock=lambda: now[0]) as served:
         for n in range(3):
             await served.push(wecom_push(ANA, f"question {n}", f"500{n}"))
-            await sent(fake, ANA, n + 1)
+            await sent(served, fake, ANA, n + 1)
         assert fake.token_calls == 1  # the start's check, and three sends
         fake.expire_tokens()
         await served.push(wecom_push(ANA, "after the expiry", "5010"))
-        texts = await sent(fake, ANA, 4)
+        texts = await sent(served, fake, ANA, 4)
         assert (fake.token_calls, fake.send_calls) == (2, 5)  # refused once with 42001, fetched once, sent
         now[0] += 7_200  # the token's expires_in has passed: fetched before it is used
         await served.push(wecom_push(ANA, "two hours later", "5020"))
-        texts = await sent(fake, ANA, 5)
+        texts = await sent(served, fake, ANA, 5)
     assert texts == ["Re: question 0", "Re: question 1", "Re: question 2", "Re: after the expiry",
                      "Re: two hours later"]
     assert (fake.token_calls, fake.send_calls) == (3, 6)
@@ -266,7 +269,7 @@ async def test_a_rate_limit_is_waited_out_and_a_refusal_is_given_up(
                        wecom_spec(base_url, passive_reply_s=0)) as served:
         fake.refuse_next(45009)
         await served.push(wecom_push(ANA, "busy?", "6001"))
-        assert await sent(fake, ANA) == ["Re: busy?"]
+        assert await sent(served, fake, ANA) == ["Re: busy?"]
         assert fake.send_calls == 2
         fake.refuse_next(81013)  # the person left the app's visibility: no retry helps
         await served.push(wecom_push(ANA, "still there?", "6002"))
@@ -291,11 +294,11 @@ async def test_a_long_answer_is_split_into_messages_that_join_back(
     assert len(answer.encode()) > 4 * MAX_MESSAGE_BYTES
     async with serving(settings, answering(answer), wecom_spec(base_url)) as served:
         response = await served.push(wecom_push(ANA, "write a lot", "7001"))
-        await sent(fake, ANA, 3)
+        await sent(served, fake, ANA, 3)
         async with asyncio.timeout(20):
             while "\n\n".join(fake.texts(ANA)) != answer:
                 await asyncio.sleep(0.05)
-        texts = await sent(fake, ANA)
+        texts = await sent(served, fake, ANA)
     assert response.text == ""  # several messages: none is the passive reply, all go in order through the API
     assert "\n\n".join(texts) == answer and len(texts) >= 5
     assert all(len(text.encode()) <= MAX_MESSAGE_BYTES for text in texts)
@@ -412,7 +415,7 @@ async def test_an_official_account_in_safe_mode_replies_sealed_or_sends_a_custom
     async with serving(settings, answering(lambda question: f"Later: {question}"),
                        wechat_spec(base_url, passive_reply_s=0)) as served:
         response = await served.push(wechat_push(FAN, "take your time", "12003"))
-        texts = await sent(fake, FAN)
+        texts = await sent(served, fake, FAN)
     assert response.text == "success"  # what the platform asks for when there is no passive reply
     assert texts == ["Later: take your time"]
     assert (fake.sent[0].platform, fake.sent[0].agent_id) == ("wechat", None)

@@ -26,7 +26,7 @@ from ember.config.settings import Settings
 from ember.models.scripted import FunctionModel
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, kept, writing_tool
+from tests.chatplatform import asking_model, kept, settled_in, settling, writing_tool
 from tests.loopback import LoopbackServer
 from tests.test_wecom import OnLoop, answering
 from tests.wecomserver import (
@@ -100,7 +100,7 @@ async def serving(settings: Settings, model: FunctionModel, spec: WeComBotSpec, 
     light = settings.model_copy(update={"embedding_model": "hashing"})
     runtime = await build_runtime(light, model, tools=tools or ToolRegistry())
     channel = WeComBotChannel(spec, chat_services(runtime))
-    runtime.channels.register(channel)
+    settling(runtime, channel)
     app = Starlette(routes=channel.routes(), exception_handlers={ApiError: lambda request, exc: exc.response()})
     server = LoopbackServer(OnLoop(app, asyncio.get_running_loop()), "wecom-bot-callbacks")
     async with running(runtime, recover=True):
@@ -246,7 +246,7 @@ async def test_an_answer_later_than_the_stream_goes_once_through_the_response_ur
         async with asyncio.timeout(20):
             while not fake.responses:
                 await asyncio.sleep(0.02)
-        await asyncio.sleep(0.3)  # a second send would show by now
+        await settled_in(served.runtime, served.channel.name).settled(ANA)  # a second send shows by then
     assert states[-1]["content"].endswith(LATER.strip())
     assert fake.responses == [{"response_code": "RC-7001", "msgtype": "markdown",
                                "markdown": {"content": "Sorry for the wait: 42."}}]

@@ -272,6 +272,12 @@ class QQChannel:
         except Exception:  # the channel's edge: logged here, once
             log.warning("qq: could not reply in %s", chat_id, exc_info=True)
 
+    async def replies_sent(self) -> None:
+        """Once the replies begun after their callbacks' ACKs (refusals, approval commands) are over:
+        what a drain or a test waits on, as they go out past the bus and its delivery order."""
+        while self._replies:
+            await asyncio.gather(*self._replies, return_exceptions=True)
+
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` after the callback is answered (QQ waits for the ACK); it is cancelled at stop."""
         task = asyncio.create_task(work, name="ember-qq-reply")
