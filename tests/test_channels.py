@@ -58,7 +58,6 @@ async def one_turn(settings: Settings, channel: PluginChannel) -> OutboundEvent:
         await runtime.bus.publish_inbound(InboundEvent(channel=channel.name, chat_id="c", sender_id="u",
                                                        text="hi", message_id="m1"))
         closing = await asyncio.wait_for(channel.closing.get(), 10)
-        await asyncio.sleep(0.1)
     assert channel.life == ["start", "stop"]
     return closing
 
