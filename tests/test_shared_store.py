@@ -86,8 +86,18 @@ async def test_a_second_process_waits_for_a_held_session_lease_and_takes_it_with
     first = asyncio.create_task(turn(SqlSessionLeases(a), first_done))
     while not seen:
         await asyncio.sleep(0.01)
+    refused = asyncio.Event()
+    try_take = b.try_take
+
+    async def counted(name: str) -> int | None:  # the second process's look at the lease, told to the test
+        token = await try_take(name)
+        if token is None:
+            refused.set()
+        return token
+
+    b.try_take = counted  # type: ignore[method-assign]
     second = asyncio.create_task(turn(SqlSessionLeases(b), second_done))
-    await asyncio.sleep(0.3)
+    await asyncio.wait_for(refused.wait(), 10)
     assert len(seen) == 1 and not second.done(), "the second process must wait while the first holds the lease"
     first_done.set()
     await first
