@@ -93,9 +93,9 @@ async def test_a_process_runs_at_most_max_concurrent_turns_and_leaves_the_rest_o
     async with start(FunctionModel(answer), config=config) as h:
         for chat in "abcd":
             await h.publish(f"to {chat}", chat=chat)
-        while len(in_flight) < 2:
+        slots = h.runtime.loop._slots
+        while len(in_flight) < 2 or not slots.waiting:  # two turns run, and the loop waits for a slot
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)
         assert len(in_flight) == 2, "two turns at once"
         assert await waiting_on_the_bus(h.runtime.bus) == 2, "the others wait on the bus, not in this process"
         release.set()

@@ -23,9 +23,14 @@ class TurnSlots:
         self._free = asyncio.Semaphore(max_turns)
         self._given_back: set[asyncio.Task[None]] = set()  # turns waiting in order, without their slot
         self._acked = asyncio.Event()  # set, and replaced, whenever this process acknowledges a message
+        self.waiting = 0  # takers waiting for a slot: the process takes no message from the bus meanwhile
 
     async def take(self) -> None:
-        await self._free.acquire()
+        self.waiting += 1
+        try:
+            await self._free.acquire()
+        finally:
+            self.waiting -= 1
 
     def give_back(self) -> None:
         self._free.release()
