@@ -4,7 +4,6 @@ and `/api/tasks` against a real `ember serve`, and kill -9 in the middle of a ru
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import sqlite3
@@ -198,7 +197,7 @@ async def test_runs_missed_while_down_are_recorded_and_follow_the_tasks_policy(
         await r.at(start + 5 * 3600 + 120)  # five runs fell due while Ember was down
         for _ in range(runs):
             await closing_text(r.harness, "c1")
-        await asyncio.sleep(0.2)
+        await r.harness.settled()  # every run fired has been answered
         recorded = await r.run_times(task.id)
         assert [outcome for _, outcome in recorded].count("missed") == 5 - runs
         assert [outcome for _, outcome in recorded].count("run") == runs
@@ -214,7 +213,7 @@ async def test_a_one_time_task_runs_once_and_is_done(settings: Settings) -> None
         await r.at(start + 600)
         await closing_text(r.harness, "c1")
         await r.at(start + 1200)
-        await asyncio.sleep(0.1)
+        await r.harness.settled()
         done = await r.harness.runtime.tasks.get(task.id)
         assert done is not None and (done.state, done.next_run_at, done.runs) == (TaskState.DONE, None, 1)
         assert r.asked == ["tick"]
@@ -228,7 +227,7 @@ async def test_paused_tasks_do_not_run_and_resume_from_now(settings: Settings) -
         await r.at(start + 600)
         resumed = await r.harness.runtime.tasks.set_state(task.id, TaskState.ACTIVE)
         assert resumed is not None and resumed.next_run_at == start + 660
-        await asyncio.sleep(0.1)
+        await r.harness.settled()
         assert r.asked == [] and await r.run_times(task.id) == []
 
 
