@@ -101,7 +101,12 @@ class SqliteDatabase:
     async def open(self, progress: MigrationProgress | None = None) -> None:
         """Create or migrate the store; `progress` follows the migrations, if any are pending."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if await self.run_read(_schema_version) != SCHEMA_VERSION:
+        try:
+            current = await self.run_read(_schema_version) == SCHEMA_VERSION
+        except BaseException:  # not a database, or unreadable: its threads go with it
+            await self.close()
+            raise
+        if not current:
             await migrate_or_close(self, progress)
 
     # The SQLAlchemy engines serve migrations, copies and diagnostics; the stores run on the threads.
