@@ -41,7 +41,10 @@ def model() -> Iterator[ModelServer]:
 
 @pytest.fixture(scope="module")
 def gateway(model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayProcess:
-    gateway = launch_module_gateway(model, keys=SECRETS, EMBER_MODEL_MAX_ATTEMPTS="1")
+    # Limits out of the way, as for the other page tests: a wait polling the API, and the page's own
+    # requests, would otherwise be refused 429 on a slow machine (the default burst is 60).
+    gateway = launch_module_gateway(model, keys=SECRETS, EMBER_MODEL_MAX_ATTEMPTS="1",
+                                    EMBER_GATEWAY_RATE_PER_MINUTE="100000", EMBER_GATEWAY_RATE_BURST="10000")
     workspace = gateway.home / "workspaces" / "alice"  # the workspace of the key whose turns run here
     workspace.mkdir(parents=True, exist_ok=True)
     (workspace / "notes.txt").write_text("buy milk\n")
