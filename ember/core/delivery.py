@@ -70,7 +70,6 @@ class Delivery:
                    reply_to=event.message_id, kind=kind, text=text,
                    asked_in=None if route == event.origin else event.origin)
 
-
     @classmethod
     def failing(cls, event: InboundEvent, *, turn_id: str, text: str) -> Delivery:
         """The record of the error that answers `event` in its turn's place: never a message, so its
