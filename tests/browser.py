@@ -43,10 +43,16 @@ def page(browser: Browser) -> Iterator[Page]:
     assert errors == [], f"the page threw: {errors}"
 
 
-def sign_in(page: Page, gateway: GatewayProcess, key: str) -> None:
+def offer_key(page: Page, gateway: GatewayProcess, key: str) -> None:
     page.goto(gateway.url("/"))
     page.locator("#key-input").fill(key)
     page.locator("#sign-in").click()
+
+
+def sign_in(page: Page, gateway: GatewayProcess, key: str) -> None:
+    """Signs in and waits for the signed-in view: a loaded machine shows it a while after the click."""
+    offer_key(page, gateway, key)
+    expect(page.locator("#app-view")).to_be_visible()
 
 
 def send(page: Page, text: str) -> None:
@@ -60,6 +66,7 @@ def answer(page: Page) -> Locator:
 
 
 def box(page: Page, selector: str) -> dict[str, float]:
+    expect(page.locator(selector)).to_be_visible()  # a box is measured once the page has shown it
     found = page.locator(selector).bounding_box()
     assert found is not None, f"{selector} has no box"
     return found

@@ -22,7 +22,7 @@ from ember.core.skills import Proposal, ProposalStatus, SkillRisk, new_proposal_
 from ember.skills.format import render_skill_md
 from ember.store.skills import SqlSkillStore
 from ember.store.sqlite.database import SqliteDatabase
-from tests.browser import answer, box, needs_chromium, send, sign_in
+from tests.browser import answer, box, needs_chromium, offer_key, send, sign_in
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.loopback import wait_until
 from tests.modelserver import CANNED_EXPLANATION, ModelServer, Reply, serving, tool_call
@@ -89,7 +89,7 @@ def test_a_wrong_key_shows_an_error_and_no_sessions(
                       headers={"Authorization": f"Bearer {ALICE_KEY}"}, timeout=20) as response:
         assert "event: final" in response.read().decode()
 
-    sign_in(page, gateway, "not-alices-key-at-all")
+    offer_key(page, gateway, "not-alices-key-at-all")
     expect(page.locator("#sign-in-error")).to_contain_text("not accepted")
     expect(page.locator("#app-view")).to_be_hidden()
     expect(page.locator("#sessions li")).to_have_count(0)

@@ -261,6 +261,7 @@ async function openSession(key) {
   state.abort?.abort();
   state.session = key;
   const view = ++state.view;
+  const focused = document.activeElement;
   $("session-title").textContent = key;
   $("session-actions").hidden = true;
   $("messages").replaceChildren();
@@ -273,7 +274,9 @@ async function openSession(key) {
     if (err.status === 404) showEmptyState(); // nothing said here yet
     else showFailure(err);
   }
-  if (view === state.view) $("message-input").focus();
+  // To the message box, unless the person put the keyboard elsewhere while the history loaded.
+  const moved = ![focused, document.body, null].includes(document.activeElement);
+  if (view === state.view && !moved) $("message-input").focus();
 }
 
 const FIRST_PROMPTS = [
