@@ -34,6 +34,8 @@ class Database(Protocol):
     """An open store, as the stores use it: `run_write(work)` / `run_read(work)` run a store's
     unit `work(tx)` as one whole transaction. Nothing else: a store never holds a raw connection."""
 
+    dialect: str  # "sqlite" or "postgresql": what a store may ask of the database besides its rows
+
     @property
     def write_epoch(self) -> int:
         """How many admin transactions (`AdminDatabase.write()`) this process ran. Their statements

@@ -157,6 +157,8 @@ class PgTx:
 class PostgresDatabase:
     """Ember's store in a PostgreSQL database, `url` as `postgresql://user@host:port/name`."""
 
+    dialect = "postgresql"
+
     def __init__(self, url: str, *, pool_size: int = 8, lock_timeout_ms: int = BUSY_TIMEOUT_MS,
                  idle_ping_s: float = IDLE_PING_S) -> None:
         self.url = url

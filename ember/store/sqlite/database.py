@@ -78,6 +78,8 @@ def _sqlite_engine(path: Path, *, synchronous: str, immediate: bool) -> AsyncEng
 class SqliteDatabase:
     """The embedded SQLite database in one file (WAL): a `Database` (store/engine.py)."""
 
+    dialect = "sqlite"
+
     def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:
         self.path = path
         self._synchronous = synchronous
