@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import select
 
 from ember.core.errors import MemoryInputError, MemoryNotFound
 from ember.core.memory import MAX_CONTENT_CHARS, MemoryKind, MemoryStatus, NewMemory, SourceRank
@@ -299,11 +299,26 @@ async def test_a_fact_the_person_stated_is_in_the_profile_without_a_subject_or_k
     assert (await memory.for_prompt("bob", "what do you know about me?", budget=RecallBudget())).profile == ()
 
 
+# Vectors an engine cannot read, and how to make one of a memory (`:id`): on SQLite, a blob its processes
+# decode (NaN, torn); on PostgreSQL, which scores vectors itself, pgvector's vector (none, another size).
+UNREADABLE = {
+    "sqlite": ("UPDATE memory_vectors SET vector = :garbled",
+               [np.full(HashingEmbedder().dimensions, np.nan, dtype=np.float32).tobytes(), b"\x00\xff"]),
+    "postgresql": ("UPDATE memory_vectors SET embedding = CAST(CAST(:garbled AS text) AS vector)", [None, "[1,2]"]),
+}
+
+
+async def garble(db: Database, memory_id: str | None, kind: int) -> None:
+    """Make the vector of memory `memory_id` (None: every memory's) unreadable, the `kind`th way."""
+    sql, values = UNREADABLE[db.dialect]
+    where = " WHERE num = (SELECT num FROM memory_items WHERE id = :id)" if memory_id else ""
+    await db.run_write(lambda tx: tx.execute(Statement(sql + where), {"garbled": values[kind], "id": memory_id}))
+
+
 async def test_an_unreadable_vector_is_set_aside_and_embedded_again(memory: MemoryService, db: Database) -> None:
     kept = await memory.remember("alice", "My cat is called Mochi.")
     await memory.flush_embeddings()
-    garble = Statement(update(schema.memory_vectors).values(vector=bindparam("garbled")))
-    await db.run_write(lambda tx: tx.execute(garble, {"garbled": b"\x00\xff"}))
+    await garble(db, None, 1)
     hits = await memory.search("alice", "cat")
     assert [h.record.id for h in hits] == [kept.record.id]  # found by its words meanwhile
     assert (await memory.store.consistency())["unembedded"] == 1
@@ -320,14 +335,56 @@ async def test_a_whole_matrix_read_at_once_sets_its_unreadable_vectors_aside_too
                                            for i in range(THREAD_ROWS + 100)])
     mochi = await memory.remember("alice", "My cat is called Mochi.")
     await memory.flush_embeddings()
-    nan = np.full(HashingEmbedder().dimensions, np.nan, dtype=np.float32).tobytes()
-    garble = Statement("UPDATE memory_vectors SET vector = :garbled "
-                       "WHERE num = (SELECT num FROM memory_items WHERE id = :id)")
-    await db.run_write(lambda tx: [tx.execute(garble, {"id": outcome.record.id, "garbled": blob})
-                                   for outcome, blob in zip(outcomes, (nan, b"\x00\xff"), strict=False)])
+    for kind, outcome in enumerate(outcomes[:2]):
+        await garble(db, outcome.record.id, kind)
     hits = await MemoryService(SqlMemoryStore(db), HashingEmbedder()).search("alice", "cat called Mochi")
     assert hits[0].record.id == mochi.record.id
     assert (await memory.store.consistency())["unembedded"] == 2
+
+
+# 120 vectors scored by the database; 2,400, past the index's threshold: the process's index on both engines.
+@pytest.mark.parametrize(("index_from", "days"), [(10_000, 5), (100, 100)])
+async def test_postgresql_scores_vectors_as_sqlites_processes_do(request: pytest.FixtureRequest, tmp_path: Path,
+                                                                index_from: int, days: int) -> None:
+    """PostgreSQL scores a person's vectors itself, so no process holds them: the scores are those of
+    SQLite's in-process matrices, for chat lines' windows too. A person with many memories is served by
+    a process's nearest-vector index on both."""
+    notes = [f"note {i}: the {word} was left by the {place} on day {day}" for i, (word, place, day) in enumerate(
+        (w, p, d) for w in ("key", "cup", "map", "pen", "hat", "box") for p in ("door", "shed", "lake", "desk")
+        for d in range(days))]
+    queries = HashingEmbedder().embed_queries(["where is the key", "the map by the lake", "a hat"])
+    found: dict[str, list[dict[int, tuple[float, float]]]] = {}
+    for engine in ("sqlite", "postgresql"):
+        db = await engine_database(engine, request, tmp_path)
+        try:
+            memory = MemoryService(SqlMemoryStore(db), HashingEmbedder(), index_min_rows=index_from)
+            # Half as chat lines, whose window vectors read them between their neighbours; half as facts.
+            await SqlSessionStore(db).append(Session(key="group:notes", metadata={"identity": "alice"}),
+                                             [Message.user(note, name="Sam") for note in notes[::2]])
+            await memory.archive_session("group:notes")
+            await memory.remember_many([NewMemory(identity="alice", content=note) for note in notes[1::2]])
+            await memory.remember("bob", "the key was left by the door")  # another's: never scored for alice
+            await memory.flush_embeddings()
+            dense = memory._vectors
+            assert dense is not None
+            await dense.prepare("alice")
+            found[engine] = []
+            for query in queries:
+                scores = await dense.scores("alice", query)
+                assert scores is not None
+                found[engine].append({int(num): (float(scores.own[i]), float(scores.window[i]))
+                                      for i, num in enumerate(scores.nums)})
+        finally:
+            await db.close()
+    for sqlite, postgresql in zip(found["sqlite"], found["postgresql"], strict=True):
+        if index_from > len(notes):
+            assert sqlite.keys() == postgresql.keys() and len(postgresql) == len(notes)
+        for side in (0, 1):  # the best five by each vector score alike (their order among ties aside)
+            best = [sorted((scores[side] for scores in found.values()), reverse=True)[:5]
+                    for found in (sqlite, postgresql)]
+            assert best[0] == pytest.approx(best[1], abs=1e-5)
+        for num in sqlite.keys() & postgresql.keys():
+            assert postgresql[num] == pytest.approx(sqlite[num], abs=1e-5)
 
 
 async def test_a_new_embedding_model_re_embeds_everything(db: Database, memory: MemoryService) -> None:

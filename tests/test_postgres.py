@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 # Columns PostgreSQL has beyond schema.py's: the vector as pgvector's, for a search by the database.
-PG_ONLY_COLUMNS = {"memory_vectors": ["embedding"]}
+PG_ONLY_COLUMNS = {"memory_vectors": ["embedding", "window_embedding"]}
 
 _BUMP = Statement("UPDATE counters SET n = n + 1 WHERE id = 1")
 _HOLD = Statement("SELECT pg_sleep(:s)")

@@ -34,6 +34,7 @@ from ember.core.tasks import Task, new_task_id
 from ember.core.usage import UsageRow, UsageScope
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.service import MemoryService
+from ember.memory.vectors import DatabaseVectors
 from ember.models.demo import demo_model
 from ember.skills.format import render_skill_md
 from ember.store import copy as store_copy
@@ -172,6 +173,13 @@ async def test_the_copied_home_runs_on_postgresql(home: Path, pg_store_database:
             found = await MemoryService(SqlMemoryStore(target), embedder).search(IDENTITY, "花生")
             assert found[0].record.content == PEANUTS
         assert await MemoryService(SqlMemoryStore(target), None).search("someone-else", "花生") == []
+        # Its vectors made pgvector's, which PostgreSQL scores: every one the source holds.
+        query = HashingEmbedder().embed_queries(["花生"])[0]
+        embedder = HashingEmbedder()
+        scored = await DatabaseVectors(SqlMemoryStore(target), embedder.name, embedder.dimensions,
+                                       ann_min_rows=1000).scores(IDENTITY, query)
+        held = await _rows(source, f"SELECT count(*) FROM memory_vectors WHERE identity = '{IDENTITY}'")
+        assert scored is not None and len(scored.nums) == held[0][0] > 0
         assert await SqlTaskStore(target).list() == await SqlTaskStore(source).list()
         skill = await SqlSkillStore(target).get(IDENTITY, "tidy")
         assert skill is not None and "先看，再动。" in (await SqlSkillStore(target).version(skill)).text

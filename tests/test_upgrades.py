@@ -9,6 +9,7 @@ tables, or where the migration that dropped a table moved them.
 from __future__ import annotations
 
 import warnings
+from array import array
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -95,6 +96,10 @@ def _read(conn: Connection, table: str, columns: list[str]) -> list[dict[str, An
     return [dict(row) for row in found]
 
 
+def floats(blob: bytes | None) -> list[float] | None:
+    return None if blob is None else array("f", blob).tolist()
+
+
 def _comparable(rows: list[dict[str, Any]]) -> list[tuple[tuple[str, Any], ...]]:
     def plain(value: Any) -> Any:
         return bytes(value) if isinstance(value, memoryview) else value
@@ -128,6 +133,12 @@ async def test_an_upgrade_from_an_earlier_version_keeps_every_row(
         kept = await _in_write(db, lambda conn, t=table, cols=list(rows[0]): conn.run_sync(_read, t, cols))
         lost = Counter(_comparable(rows)) - Counter(_comparable(kept))  # rows the migrations wrote may join them
         assert not lost, f"{table} lost or changed rows in the upgrade from {version}: {sorted(lost)}"
+    if "memory_vectors" in written and db.dialect == "postgresql":  # the blobs made pgvector's, to be scored
+        both = ('SELECT vector, CAST(embedding AS real[]), "window", CAST(window_embedding AS real[]) '
+                "FROM memory_vectors")
+        filled = (await _in_write(db, lambda conn: conn.execute(text(both)))).fetchall()
+        assert [(floats(own), floats(window)) for own, _, window, _ in filled] == [
+            (own, around) for _, own, _, around in filled]
     if "memories" in written:
         moved = await _in_write(db, lambda conn: conn.run_sync(_read, "memory_items", ["identity", "content"]))
         assert sorted((m["identity"], m["content"]) for m in moved) == sorted(

@@ -41,7 +41,7 @@ from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
 from ember.memory.identity import Identities
 from ember.memory.retrieval import FACT_BONUS, NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
 from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
-from ember.memory.vectors import VectorIndex
+from ember.memory.vectors import DatabaseVectors, DenseIndex, VectorIndex
 from ember.store.memory_rows import Unembedded
 from ember.store.protocols import MemoryStore
 from ember.store.segment import match_expression, query_terms
@@ -101,8 +101,10 @@ class MemoryService:
         self._forgetting = forgetting or ForgettingPolicy()
         self._reranker = reranker
         self._clock = clock
-        self._vectors = VectorIndex(store, embedder.name, embedder.dimensions,
-                                    ann_min_rows=index_min_rows) if embedder else None
+        self._vectors: DenseIndex | None = None
+        if embedder is not None:
+            dense = DatabaseVectors if store.scores_vectors else VectorIndex
+            self._vectors = dense(store, embedder.name, embedder.dimensions, ann_min_rows=index_min_rows)
         # Recalls not yet written: (identity, id) -> (times, last time). The upkeep job writes them,
         # off the commit path; a crash loses only these counts.
         self._recalls: dict[tuple[str, str], tuple[int, float]] = {}

@@ -15,6 +15,11 @@ the full scan goes on, proposes the rows near the query; those, the rows the
 text index found and a fixed sample are scored exactly. The sample keeps the
 lowest similarity, by which fusion scales the others, close to the true one.
 The index is trained again in the background when the rows have doubled.
+
+Where the database scores vectors itself (PostgreSQL with pgvector),
+DatabaseVectors asks it for the same rows, scored exactly, and the process
+holds none: a cluster's gateway and workers stay the same size however much
+their people remember.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -35,6 +41,7 @@ ANN_CANDIDATES = 100  # rows proposed per matrix
 SAMPLE_ROWS = 1_024
 MIN_ROOM = 256  # rows a matrix first has room for
 THREAD_ROWS = 512  # rows from which a top-up is decoded on a thread (a turn's adds a few)
+PAST_EVERY_REV = 2**31 - 1  # a revision no vector has yet: asked for the rows after it, the store sends none
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,27 @@ class _Rows:
     window: np.ndarray
     unreadable: list[int]
     rev: int  # the highest revision read, the unreadable rows' included
+
+
+class DenseIndex(Protocol):
+    """The dense half of recall for one embedding model: each identity's vectors scored against a query."""
+
+    async def scores(self, identity: str, query: np.ndarray, also: Collection[int] = ()) -> DenseScores | None:
+        """The identity's vectors near `query` and those of the memories `also` names, scored
+        against it (every vector, below `ann_min_rows`); None when it has none yet."""
+        ...
+
+    async def prepare(self, identity: str) -> None:
+        """Build what the identity's searches need now, rather than in the background."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+async def _set_aside(store: VectorRows, unreadable: Sequence[int]) -> None:
+    for num in unreadable:
+        log.warning("memory vector %d is unreadable; it is set aside and its memory re-embedded", num)
+        await store.quarantine_vector(num)
 
 
 @dataclass(slots=True)
@@ -83,6 +111,8 @@ class _Matrix:
 
 
 class VectorIndex:
+    """Each identity's vectors as matrices in this process (the module's docstring)."""
+
     def __init__(self, store: VectorRows, model: str, dimensions: int | None, *,
                  ann_min_rows: int) -> None:
         """`dimensions` None: those of the first vector read (a provider's model says them with its first)."""
@@ -93,8 +123,6 @@ class VectorIndex:
         self._matrices: dict[str, _Matrix] = {}
 
     async def scores(self, identity: str, query: np.ndarray, also: Collection[int] = ()) -> DenseScores | None:
-        """The identity's vectors near `query` and those of the memories `also` names, scored
-        against it (every vector, below `ann_min_rows`); None when it has none yet."""
         matrix = await self._current(identity)
         if matrix.own is None or matrix.window is None or not matrix.nums or query.shape[0] != matrix.own.shape[1]:
             return None
@@ -112,7 +140,6 @@ class VectorIndex:
                            {int(num): i for i, num in enumerate(nums)})
 
     async def prepare(self, identity: str) -> None:
-        """Build the identity's nearest-vector index now, when it is due, rather than in the background."""
         matrix = await self._current(identity)
         self._build_when_due(identity, matrix)
         if matrix.building is not None:
@@ -176,9 +203,7 @@ class VectorIndex:
         rows = (await asyncio.to_thread(self._decoded, written) if len(written) >= THREAD_ROWS
                 else self._decoded(written))
         matrix.rev = max(matrix.rev, rows.rev)
-        for num in rows.unreadable:
-            log.warning("memory vector %d is unreadable; it is set aside and its memory re-embedded", num)
-            await self._store.quarantine_vector(num)
+        await _set_aside(self._store, rows.unreadable)
         added: list[int] = []  # positions in `rows` of memories new to the matrix
         for i, num in enumerate(rows.nums):
             row = matrix.rows.get(num)
@@ -223,6 +248,38 @@ class VectorIndex:
         return _Rows(nums=[row[0] for row in sized if row[0] in readable], own=own[finite], window=window[finite],
                      unreadable=[num for num, _, _, _ in written if num not in readable],
                      rev=max((rev for _, rev, _, _ in written), default=0))
+
+
+class DatabaseVectors:
+    """Vectors the database scores (store.scores_vectors), nothing of them kept in the process, for
+    each person with fewer than `ann_min_rows`. From there on a scan of every vector costs more than
+    the process's nearest-vector index, which then serves them, as VectorIndex does on SQLite."""
+
+    def __init__(self, store: VectorRows, model: str, dimensions: int | None, *, ann_min_rows: int) -> None:
+        self._store = store
+        self._model = model
+        self._ann_min_rows = ann_min_rows
+        self._many = VectorIndex(store, model, dimensions, ann_min_rows=ann_min_rows)
+
+    async def scores(self, identity: str, query: np.ndarray, also: Collection[int] = ()) -> DenseScores | None:
+        scored = await self._store.vector_scores(identity, self._model, query.astype(np.float32).tolist(),
+                                                 most=self._ann_min_rows)
+        if scored is None:
+            return await self._many.scores(identity, query, also)
+        nums, own, window, unreadable = scored
+        await _set_aside(self._store, unreadable)
+        if not nums:
+            return None
+        return DenseScores(np.asarray(nums, dtype=np.int64), np.asarray(own, dtype=np.float32),
+                           np.asarray(window, dtype=np.float32), dict(zip(nums, range(len(nums)), strict=True)))
+
+    async def prepare(self, identity: str) -> None:
+        (count, _), _ = await self._store.vectors_since(identity, self._model, PAST_EVERY_REV)  # the count alone
+        if count >= self._ann_min_rows:
+            await self._many.prepare(identity)
+
+    async def close(self) -> None:
+        await self._many.close()
 
 
 def _appended(buffer: np.ndarray | None, used: int, added: np.ndarray) -> np.ndarray:

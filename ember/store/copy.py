@@ -4,7 +4,8 @@ The tables copied are those the two migrated stores hold, read from the database
 schema.py names only the tables queries are built from, and some are only ever written as SQL
 (channel_messages, memory_vector_rev). Left out are schema_version, which each side's migrator
 keeps; and SQLite's own machinery of its full-text index (FTS5's shadow tables, the vocabulary
-table memory_fts_terms), which PostgreSQL's GIN index replaces. memory_fts itself is copied by its
+table memory_fts_terms), which PostgreSQL's GIN index replaces. Vectors, blobs on SQLite, are also
+made pgvector's on PostgreSQL. memory_fts itself is copied by its
 key and text columns, from which PostgreSQL computes its tsvector. A table the target's triggers
 fill from another (DERIVED) is copied after that one, its rows replacing what the triggers made.
 
@@ -27,6 +28,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from ember.core.errors import StoreError
 from ember.store.engine import AdminDatabase
+from ember.store.pgvector import fill_embeddings
 from ember.store.postgres import PostgresDatabase, pg_store_error
 
 if TYPE_CHECKING:
@@ -156,6 +158,7 @@ async def copy_store(source: AdminDatabase, target: PostgresDatabase, *, batch: 
         for table in plans:
             if table.identity is not None:
                 await _advance_identity(src, dst, table)
+        await fill_embeddings(dst)  # SQLite keeps vectors only as blobs; PostgreSQL also scores them
         checks = [await _check(src, dst, table, batch, tick) for table in plans]
         if not all(check.ok for check in checks):
             raise CopyMismatch(checks)  # rolls the target back

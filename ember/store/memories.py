@@ -41,7 +41,9 @@ from ember.store.vector_rows import (
     UNEMBEDDED,
     VECTOR_STATE,
     VECTORS_AFTER,
+    ScoredVectors,
     VectorRow,
+    scored_vectors,
     store_vectors,
 )
 
@@ -263,6 +265,17 @@ class SqlMemoryStore:
             return (0, 0) if state is None else (state[0], state[1]), [tuple(row) for row in rows]
 
         return await self._db.run_read(read)
+
+    @property
+    def scores_vectors(self) -> bool:
+        """Whether the database scores vectors itself (PostgreSQL's pgvector), rather than a process."""
+        return self._db.dialect == "postgresql"
+
+    async def vector_scores(self, identity: str, model: str, query: Sequence[float], *,
+                            most: int) -> ScoredVectors | None:
+        """On PostgreSQL: each of the identity's vectors scored against `query`, unless it has `most`
+        or more (vector_rows.scored_vectors)."""
+        return await self._db.run_read(lambda tx: scored_vectors(tx, identity, model, query, most))
 
     async def quarantine_vector(self, num: int) -> None:
         """A vector that cannot be read is dropped and its memory queued for embedding again."""

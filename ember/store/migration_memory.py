@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import text
 
 from ember.store.migration_step import ByDialect, Step
+from ember.store.pgvector import fill_embeddings
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
@@ -141,4 +142,20 @@ MEMORY_TIERS: tuple[Step, ...] = (
     # Per session, the first message not yet copied into the archival tier.
     "CREATE TABLE memory_archive_marks (session_key TEXT PRIMARY KEY, next_seq BIGINT NOT NULL)",
     _move_old_memories,
+)
+
+
+async def _fill_embeddings(conn: AsyncConnection) -> None:
+    await fill_embeddings(conn)
+
+
+# PostgreSQL scores a query against a person's vectors itself (store/vector_rows.py), so each
+# vector's window is kept as pgvector's too, and the vectors kept only as blobs until now are copied.
+# Both are kept in the row (PLAIN), not in TOAST: a search reads every one of a person's, and
+# fetching each from the TOAST table made a search of 2,000 memories cost 30 ms instead of a few.
+VECTORS_IN_DATABASE: tuple[Step, ...] = (
+    ByDialect((), ("ALTER TABLE memory_vectors ADD COLUMN window_embedding VECTOR",
+                   "ALTER TABLE memory_vectors ALTER COLUMN embedding SET STORAGE PLAIN",
+                   "ALTER TABLE memory_vectors ALTER COLUMN window_embedding SET STORAGE PLAIN")),
+    _fill_embeddings,
 )

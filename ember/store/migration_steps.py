@@ -11,7 +11,7 @@ pgvector's; triggers call a PL/pgSQL function.
 from __future__ import annotations
 
 from ember.store.migration_gateway import A2A_TASKS, CONVERSATION_DIGESTS, USAGE_BY_AGENT
-from ember.store.migration_memory import MEMORY_TIERS
+from ember.store.migration_memory import MEMORY_TIERS, VECTORS_IN_DATABASE
 from ember.store.migration_step import ByDialect, Step
 
 MIGRATIONS: list[tuple[Step, ...]] = [
@@ -366,4 +366,5 @@ MIGRATIONS: list[tuple[Step, ...]] = [
     CONVERSATION_DIGESTS,
     A2A_TASKS,
     USAGE_BY_AGENT,
+    VECTORS_IN_DATABASE,
 ]

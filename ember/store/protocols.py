@@ -339,11 +339,23 @@ class TextRows(Protocol):
 
 
 class VectorRows(Protocol):
-    """What the in-process vector matrices catch up from: memories' vectors by revision."""
+    """Memories' vectors: by revision, for the matrices a process holds (SQLite), or scored by the
+    database itself (PostgreSQL)."""
 
     async def vectors_since(self, identity: str, model: str,
                             rev: int) -> tuple[tuple[int, int], list[tuple[int, int, bytes, bytes | None]]]:
         """(count, highest rev) of the identity's vectors, and those written after `rev`, in one read."""
+        ...
+
+    @property
+    def scores_vectors(self) -> bool:
+        """Whether `vector_scores` is the database's (PostgreSQL), so no process need hold the vectors."""
+        ...
+
+    async def vector_scores(self, identity: str, model: str, query: Sequence[float], *,
+                            most: int) -> tuple[list[int], list[float], list[float], list[int]] | None:
+        """The nums, own and window scores of each of the identity's vectors against `query`, and the
+        nums of those that cannot be read; None when it has `most` vectors or more."""
         ...
 
     async def quarantine_vector(self, num: int) -> None: ...

@@ -1,5 +1,11 @@
 """A memory's vectors in the caller's transaction: the statements that find what waits for
-one, and storing a batch of them (SqlMemoryStore's vector methods)."""
+one, storing a batch of them, and on PostgreSQL scoring them (SqlMemoryStore's vector methods).
+
+Both engines keep each vector as a float32 blob, which SQLite's processes read into matrices of
+their own (memory/vectors.py). PostgreSQL also keeps it as pgvector's, and scores a query against
+a person's vectors itself: no process of a cluster holds anyone's vectors, and a restarted worker
+has none to read again.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from sqlalchemy import bindparam, delete, null, select, update
 
 from ember.store import schema
 from ember.store.memory_rows import Unembedded
+from ember.store.pgvector import AS_VECTOR, PUT_EMBEDDINGS, embeddings_of
 from ember.store.tx import Statement, Tx, upsert_row
 
 _mi, _v = schema.memory_items, schema.memory_vectors
@@ -36,6 +43,37 @@ UNEMBED_OTHER_MODELS = Statement(update(_mi).where(_mi.c.embedding_model.is_not(
                                   .values(embedding_model=null()))
 DELETE_OTHER_MODELS = Statement(delete(_v).where(_v.c.model != bindparam("model")))
 
+# PostgreSQL only, from here on.
+_PUT_EMBEDDINGS = Statement(None, postgresql=PUT_EMBEDDINGS)
+# (nums, own scores, window scores) of the vectors read, and the nums of those that could not be.
+ScoredVectors = tuple[list[int], list[float], list[float], list[int]]
+# Each of an identity's vectors' inner product with the query (what a matrix product gives on
+# SQLite), or none where the database cannot read it (none kept, or another size than the query's),
+# as one row of arrays: far cheaper to read than a row each. The query is made a vector once
+# (MATERIALIZED), not again for each row, as a prepared statement's generic plan would.
+_SCORES = Statement(None, postgresql=f"""
+    WITH query AS MATERIALIZED (SELECT {AS_VECTOR.format("query")} AS v),
+    kept AS (SELECT num, embedding AS own, COALESCE(window_embedding, embedding) AS around
+             FROM memory_vectors WHERE identity = :identity AND model = :model),
+    scored AS (
+        SELECT num, CASE WHEN readable THEN -(own <#> v) END AS own, CASE WHEN readable THEN -(around <#> v) END
+            AS around
+        FROM (SELECT kept.*, query.v, vector_dims(own) = vector_dims(v) AND vector_dims(around) = vector_dims(v)
+                  AS readable FROM kept, query) AS each_row)
+    SELECT array_agg(num) FILTER (WHERE own IS NOT NULL), array_agg(own) FILTER (WHERE own IS NOT NULL),
+           array_agg(around) FILTER (WHERE own IS NOT NULL), array_agg(num) FILTER (WHERE own IS NULL)
+    FROM scored""")
+
+
+def scored_vectors(tx: Tx, identity: str, model: str, query: Sequence[float], most: int) -> ScoredVectors | None:
+    """PostgreSQL scores each of the identity's vectors against `query`; None when it has `most` or
+    more, whom a process's nearest-vector index serves faster than a scan (memory/vectors.py)."""
+    state = tx.execute(VECTOR_STATE, {"identity": identity, "model": model}).fetchone()
+    if state is not None and state[0] >= most:
+        return None
+    nums, own, around, unreadable = tx.execute(_SCORES, {"identity": identity, "model": model,
+                                                         "query": list(query)}).fetchone()
+    return nums or [], own or [], around or [], unreadable or []
 
 
 def store_vectors(tx: Tx, model: str, rows: Sequence[tuple[Unembedded, bytes, bytes | None]]) -> int:
@@ -49,4 +87,6 @@ def store_vectors(tx: Tx, model: str, rows: Sequence[tuple[Unembedded, bytes, by
     tx.executemany(_PUT_VECTOR, [
         {"num": item.num, "identity": item.identity, "model": model, "rev": rev, "vector": blob, "window": window}
         for rev, (item, blob, window) in enumerate(kept, start=last - len(kept) + 1)])
+    if tx.dialect == "postgresql":
+        tx.executemany(_PUT_EMBEDDINGS, [embeddings_of(item.num, blob, window) for item, blob, window in kept])
     return len(kept)
