@@ -17,9 +17,10 @@ lowest similarity, by which fusion scales the others, close to the true one.
 The index is trained again in the background when the rows have doubled.
 
 Where the database scores vectors itself (PostgreSQL with pgvector),
-DatabaseVectors asks it for the same rows, scored exactly, and the process
-holds none: a cluster's gateway and workers stay the same size however much
-their people remember.
+DatabaseVectors has it score each of a person's vectors, as the full scan
+above would, and the process holds none: a cluster's gateway and workers stay
+the same size however much their people remember. A person with
+`ann_min_rows` or more is served by a VectorIndex as here.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ The tables copied are those the two migrated stores hold, read from the database
 schema.py names only the tables queries are built from, and some are only ever written as SQL
 (channel_messages, memory_vector_rev). Left out are schema_version, which each side's migrator
 keeps; and SQLite's own machinery of its full-text index (FTS5's shadow tables, the vocabulary
-table memory_fts_terms), which PostgreSQL's GIN index replaces. Vectors, blobs on SQLite, are also
-made pgvector's on PostgreSQL. memory_fts itself is copied by its
+table memory_fts_terms), which PostgreSQL's GIN index replaces. memory_fts itself is copied by its
 key and text columns, from which PostgreSQL computes its tsvector. A table the target's triggers
 fill from another (DERIVED) is copied after that one, its rows replacing what the triggers made.
+Memory vectors, blobs on SQLite, are also given pgvector's form, which PostgreSQL scores.
 
 A copy is one transaction on each side: a snapshot of the source, and on the target all or
 nothing, checked before it commits. A check reads a table in key order on both sides and compares

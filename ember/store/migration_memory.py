@@ -1,6 +1,6 @@
-"""The migration step that gave Ember its long-term memory: memories owned by identities (people),
-in tiers (ember/core/memory.py), with their full-text index and vectors, and the memories of the
-version before moved into it."""
+"""The migration steps of long-term memory: the one that gave Ember its memories owned by identities
+(people), in tiers (ember/core/memory.py), with their full-text index and vectors, and the memories
+of the version before moved into it; and the one that has PostgreSQL score their vectors."""
 
 from __future__ import annotations
 
