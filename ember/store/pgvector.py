@@ -31,10 +31,13 @@ def _floats(blob: bytes | None) -> list[float] | None:
 
 
 def embeddings_of(num: int, blob: bytes, window: bytes | None) -> dict[str, object]:
-    """PUT_EMBEDDINGS's parameters for one memory's blobs: a vector it cannot read stays none, and so
-    is read as unreadable (store/vector_rows.py), set aside and embedded again."""
-    own = _floats(blob)
-    return {"num": num, "own": own, "around": _floats(window) if own is not None else None}
+    """PUT_EMBEDDINGS's parameters for one memory's blobs. A vector that cannot be read, or a window
+    of another size than it, leaves both none: read as unreadable (store/vector_rows.py), it is set
+    aside and embedded again."""
+    own, around = _floats(blob), _floats(window)
+    if own is None or (window is not None and (around is None or len(around) != len(own))):
+        return {"num": num, "own": None, "around": None}
+    return {"num": num, "own": own, "around": around}
 
 
 async def fill_embeddings(conn: AsyncConnection) -> int:

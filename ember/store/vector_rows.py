@@ -48,32 +48,32 @@ _PUT_EMBEDDINGS = Statement(None, postgresql=PUT_EMBEDDINGS)
 # (nums, own scores, window scores) of the vectors read, and the nums of those that could not be.
 ScoredVectors = tuple[list[int], list[float], list[float], list[int]]
 # Each of an identity's vectors' inner product with the query (what a matrix product gives on
-# SQLite), or none where the database cannot read it (none kept, or another size than the query's),
-# as one row of arrays: far cheaper to read than a row each. The query is made a vector once
-# (MATERIALIZED), not again for each row, as a prepared statement's generic plan would.
+# SQLite), as one row of arrays: far cheaper to read than a row each. The query is made a vector
+# once (MATERIALIZED), not again for each row as a prepared statement's generic plan would. A
+# vector of the query's size is read; its window has its size (pgvector.embeddings_of).
 _SCORES = Statement(None, postgresql=f"""
-    WITH query AS MATERIALIZED (SELECT {AS_VECTOR.format("query")} AS v),
-    kept AS (SELECT num, embedding AS own, COALESCE(window_embedding, embedding) AS around
-             FROM memory_vectors WHERE identity = :identity AND model = :model),
-    scored AS (
-        SELECT num, CASE WHEN readable THEN -(own <#> v) END AS own, CASE WHEN readable THEN -(around <#> v) END
-            AS around
-        FROM (SELECT kept.*, query.v, vector_dims(own) = vector_dims(v) AND vector_dims(around) = vector_dims(v)
-                  AS readable FROM kept, query) AS each_row)
-    SELECT array_agg(num) FILTER (WHERE own IS NOT NULL), array_agg(own) FILTER (WHERE own IS NOT NULL),
-           array_agg(around) FILTER (WHERE own IS NOT NULL), array_agg(num) FILTER (WHERE own IS NULL)
-    FROM scored""")
+    WITH query AS MATERIALIZED (SELECT {AS_VECTOR.format("query")} AS v)
+    SELECT array_agg(num), array_agg(-(embedding <#> v)), array_agg(-(COALESCE(window_embedding, embedding) <#> v))
+    FROM memory_vectors, query
+    WHERE identity = :identity AND model = :model AND vector_dims(embedding) = :dimensions""")
+# Those it could not read (none kept, or another size): asked only when some were not read.
+_UNREADABLE = Statement(None, postgresql="""
+    SELECT num FROM memory_vectors WHERE identity = :identity AND model = :model
+      AND (embedding IS NULL OR vector_dims(embedding) <> :dimensions)""")
 
 
 def scored_vectors(tx: Tx, identity: str, model: str, query: Sequence[float], most: int) -> ScoredVectors | None:
     """PostgreSQL scores each of the identity's vectors against `query`; None when it has `most` or
     more, whom a process's nearest-vector index serves faster than a scan (memory/vectors.py)."""
     state = tx.execute(VECTOR_STATE, {"identity": identity, "model": model}).fetchone()
-    if state is not None and state[0] >= most:
+    held = 0 if state is None else state[0]
+    if held >= most:
         return None
-    nums, own, around, unreadable = tx.execute(_SCORES, {"identity": identity, "model": model,
-                                                         "query": list(query)}).fetchone()
-    return nums or [], own or [], around or [], unreadable or []
+    params = {"identity": identity, "model": model, "query": list(query), "dimensions": len(query)}
+    nums, own, around = tx.execute(_SCORES, params).fetchone()
+    nums = nums or []
+    unreadable = [row[0] for row in tx.execute(_UNREADABLE, params).fetchall()] if len(nums) < held else []
+    return nums, own or [], around or [], unreadable
 
 
 def store_vectors(tx: Tx, model: str, rows: Sequence[tuple[Unembedded, bytes, bytes | None]]) -> int:
