@@ -380,8 +380,8 @@ async def test_postgresql_scores_vectors_as_sqlites_processes_do(request: pytest
         if index_from > len(notes):
             assert sqlite.keys() == postgresql.keys() and len(postgresql) == len(notes)
         for side in (0, 1):  # the best five by each vector score alike (their order among ties aside)
-            best = [sorted((scores[side] for scores in found.values()), reverse=True)[:5]
-                    for found in (sqlite, postgresql)]
+            best = [sorted((scores[side] for scores in by_num.values()), reverse=True)[:5]
+                    for by_num in (sqlite, postgresql)]
             assert best[0] == pytest.approx(best[1], abs=1e-5)
         for num in sqlite.keys() & postgresql.keys():
             assert postgresql[num] == pytest.approx(sqlite[num], abs=1e-5)
