@@ -338,6 +338,10 @@ class TextRows(Protocol):
     async def texts_after(self, identity: str, rev: int, limit: int) -> list[tuple[int, int, tuple[str, ...]]]: ...
 
 
+# (nums, own scores, window scores) of the vectors the database read, and the nums of those it could not.
+ScoredVectors = tuple[list[int], list[float], list[float], list[int]]
+
+
 class VectorRows(Protocol):
     """Memories' vectors: by revision, for the matrices a process holds (SQLite), or scored by the
     database itself (PostgreSQL)."""
@@ -353,9 +357,8 @@ class VectorRows(Protocol):
         ...
 
     async def vector_scores(self, identity: str, model: str, query: Sequence[float], *,
-                            most: int) -> tuple[list[int], list[float], list[float], list[int]] | None:
-        """The nums, own and window scores of each of the identity's vectors against `query`, and the
-        nums of those that cannot be read; None when it has `most` vectors or more."""
+                            most: int) -> ScoredVectors | None:
+        """Each of the identity's vectors scored against `query`; None when it has `most` or more."""
         ...
 
     async def quarantine_vector(self, num: int) -> None: ...

@@ -15,7 +15,8 @@ from sqlalchemy import bindparam, delete, null, select, update
 
 from ember.store import schema
 from ember.store.memory_rows import Unembedded
-from ember.store.pgvector import AS_VECTOR, PUT_EMBEDDINGS, embeddings_of
+from ember.store.pgvector import AS_VECTOR, embeddings_of
+from ember.store.protocols import ScoredVectors
 from ember.store.tx import Statement, Tx, upsert_row
 
 _mi, _v = schema.memory_items, schema.memory_vectors
@@ -44,9 +45,13 @@ UNEMBED_OTHER_MODELS = Statement(update(_mi).where(_mi.c.embedding_model.is_not(
 DELETE_OTHER_MODELS = Statement(delete(_v).where(_v.c.model != bindparam("model")))
 
 # PostgreSQL only, from here on.
-_PUT_EMBEDDINGS = Statement(None, postgresql=PUT_EMBEDDINGS)
-# (nums, own scores, window scores) of the vectors read, and the nums of those that could not be.
-ScoredVectors = tuple[list[int], list[float], list[float], list[int]]
+# _PUT_VECTOR with pgvector's form of the vectors, in the same statement.
+_PUT_VECTOR_AND_EMBEDDINGS = Statement(None, postgresql=(
+    'INSERT INTO memory_vectors (num, identity, model, rev, vector, "window", embedding, window_embedding) '
+    f"VALUES (:num, :identity, :model, :rev, :vector, :window, {AS_VECTOR.format('own')}, "
+    f"{AS_VECTOR.format('around')}) ON CONFLICT (num) DO UPDATE SET identity = excluded.identity, "
+    'model = excluded.model, rev = excluded.rev, vector = excluded.vector, "window" = excluded."window", '
+    "embedding = excluded.embedding, window_embedding = excluded.window_embedding"))
 # Each of an identity's vectors' inner product with the query (what a matrix product gives on
 # SQLite), as one row of arrays: far cheaper to read than a row each. The query is made a vector
 # once (MATERIALIZED), not again for each row as a prepared statement's generic plan would. A
@@ -84,9 +89,11 @@ def store_vectors(tx: Tx, model: str, rows: Sequence[tuple[Unembedded, bytes, by
     if not kept:
         return 0
     last = tx.execute(_NEXT_VECTOR_REVS, {"count": len(kept)}).fetchone()[0]
-    tx.executemany(_PUT_VECTOR, [
-        {"num": item.num, "identity": item.identity, "model": model, "rev": rev, "vector": blob, "window": window}
-        for rev, (item, blob, window) in enumerate(kept, start=last - len(kept) + 1)])
+    written = [{"num": item.num, "identity": item.identity, "model": model, "rev": rev, "vector": blob,
+                "window": window} for rev, (item, blob, window) in enumerate(kept, start=last - len(kept) + 1)]
     if tx.dialect == "postgresql":
-        tx.executemany(_PUT_EMBEDDINGS, [embeddings_of(item.num, blob, window) for item, blob, window in kept])
+        tx.executemany(_PUT_VECTOR_AND_EMBEDDINGS, [
+            row | embeddings_of(row["num"], row["vector"], row["window"]) for row in written])
+    else:
+        tx.executemany(_PUT_VECTOR, written)
     return len(kept)
