@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from ember.bus.codec import decode_inbound, decode_outbound, encode_inbound, encode_outbound
 from ember.bus.redis import RedisBus
 from ember.bus.redis_support import RedisBusConfig, redacted_url, shard_of
+from ember.core.attachments import Attachment
 from ember.core.errors import BusUnavailable, ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, ReplyRoute, TurnUsage
 from ember.core.messages import Message, Role, ToolCall
@@ -126,12 +127,14 @@ samplings = st.builds(Sampling, max_tokens=st.none() | st.integers(1, 10**6),
                       temperature=st.none() | st.floats(0, 2), top_p=st.none() | st.floats(0, 1))
 messages = st.builds(Message, role=st.sampled_from(Role), content=texts, name=optional_texts,
                      tool_calls=st.lists(st.builds(ToolCall, texts, texts, texts), max_size=2).map(tuple))
+attachments = st.lists(st.builds(Attachment, digest=texts, media_type=texts, size=st.integers(0, 2**40),
+                                  name=optional_texts), max_size=2).map(tuple)
 inbound_events = st.builds(
     InboundEvent, channel=texts, chat_id=texts, sender_id=texts, text=texts, message_id=optional_texts,
     sender_name=optional_texts, stream=st.booleans(), can_approve=st.booleans(), recovery=st.booleans(),
     metadata=st.dictionaries(texts, texts, max_size=4).map(MappingProxyType),
     reply=st.none() | st.builds(ReplyRoute, texts, texts), sampling=st.none() | samplings,
-    history=st.lists(messages, max_size=3).map(tuple))
+    history=st.lists(messages, max_size=3).map(tuple), attachments=attachments)
 approvals = st.builds(
     ApprovalRequest, id=texts, session_key=texts, turn_id=texts,
     action=st.builds(ToolAction, tool=texts, risk=st.sampled_from(Risk), subject=texts, summary=texts,
@@ -152,6 +155,7 @@ def test_inbound_events_round_trip_exactly(event: InboundEvent) -> None:
     assert decoded == event
     assert isinstance(decoded.metadata, MappingProxyType)
     assert type(decoded.history) is tuple and all(type(m.role) is Role for m in decoded.history)
+    assert all(type(a) is Attachment for a in decoded.attachments)
 
 
 @settings(max_examples=300, deadline=None)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from ember.core.attachments import Attachment
 from ember.core.messages import Message, ToolCall
 from ember.core.sampling import Sampling
 from ember.core.tools import ApprovalRequest
@@ -51,6 +52,8 @@ class InboundEvent:
     history: tuple[Message, ...] = ()
     # The named agent asked for (`[agents.NAME]`); None: the session's, else the default agent.
     agent: str | None = None
+    # The files it came with, already stored in its session (core/attachments.py).
+    attachments: tuple[Attachment, ...] = ()
 
     @property
     def session_key(self) -> str:

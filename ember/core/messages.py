@@ -6,6 +6,8 @@ import enum
 import json
 from dataclasses import dataclass, field, replace
 
+from ember.core.attachments import Attachment
+
 
 class Role(enum.StrEnum):
     SYSTEM = "system"
@@ -49,7 +51,8 @@ class Message:
     chat), as the `name` of the OpenAI chat format. `reasoning_blocks` is a
     provider's reasoning as it sent it (Anthropic's thinking blocks with their
     signatures, as JSON), which it wants back within the tool loop; it is
-    never stored.
+    never stored. `attachments` are the files a user message came with, by reference (a model
+    call's prompt carries their content: core/attachments.py).
     """
 
     role: Role
@@ -61,14 +64,16 @@ class Message:
     seq: int | None = None
     name: str | None = None
     reasoning_blocks: str | None = None
+    attachments: tuple[Attachment, ...] = ()
 
     @classmethod
     def system(cls, content: str) -> Message:
         return cls(role=Role.SYSTEM, content=content)
 
     @classmethod
-    def user(cls, content: str, *, turn_id: str | None = None, name: str | None = None) -> Message:
-        return cls(role=Role.USER, content=content, turn_id=turn_id, name=name)
+    def user(cls, content: str, *, turn_id: str | None = None, name: str | None = None,
+             attachments: tuple[Attachment, ...] = ()) -> Message:
+        return cls(role=Role.USER, content=content, turn_id=turn_id, name=name, attachments=attachments)
 
     @classmethod
     def assistant(
@@ -113,11 +118,25 @@ class Message:
             "tool_calls": [call.to_dict() for call in self.tool_calls],
             "tool_call_id": self.tool_call_id,
             "name": self.name,
+            "attachments": [attachment.to_dict() for attachment in self.attachments],
         }
 
 
 def encode_tool_calls(calls: tuple[ToolCall, ...]) -> str | None:
     return json.dumps([call.to_dict() for call in calls]) if calls else None
+
+
+def encode_attachments(attachments: tuple[Attachment, ...]) -> str | None:
+    return json.dumps([attachment.to_dict() for attachment in attachments]) if attachments else None
+
+
+def decode_attachments(raw: str | None) -> tuple[Attachment, ...]:
+    if not raw:
+        return ()
+    data = json.loads(raw)
+    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+        raise ValueError("attachments is not a list of objects")
+    return tuple(Attachment.from_dict(item) for item in data)
 
 
 def decode_tool_calls(raw: str | None) -> tuple[ToolCall, ...]:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ember.core.attachments import with_content
 from ember.core.delivery import Receipt
 from ember.core.events import InboundEvent
 from ember.core.language import language_of
@@ -159,7 +160,7 @@ class ContextStage:
             turn_id=turn_id,
             identity=identity,
             session=session,
-            prompt=_assembled(system, session, memory),
+            prompt=await self._with_files(session.key, _assembled(system, session, memory)),
             intro_text=intro,
             stream=open_stream(merge_intro(intro, "")) if open_stream is not None else NO_STREAM,
             agent=agent if spec is not None else None,
@@ -172,8 +173,17 @@ class ContextStage:
         assert event.message_id is not None
         receipt = Receipt(channel=event.channel, message_id=event.message_id, chat_id=event.chat_id,
                           sender_id=event.sender_id, turn_id=turn_id)
-        message = Message.user(event.text, turn_id=turn_id, name=event.sender_name)
+        message = Message.user(event.text, turn_id=turn_id, name=event.sender_name, attachments=event.attachments)
         await self._sessions.append(session, [*seed, message], receipt=receipt)
+
+    async def _with_files(self, key: str, prompt: list[Message]) -> list[Message]:
+        """The prompt with the content of the files its messages name (one read, only when they name any)."""
+        digests = sorted({a.digest for m in prompt for a in m.attachments})
+        if not digests:
+            return prompt
+        data = await self._sessions.attachments(key, digests)
+        return [replace(m, attachments=tuple(with_content(a, data.get(a.digest)) for a in m.attachments))
+                if m.attachments else m for m in prompt]
 
     def _intro(self, event: InboundEvent) -> str:
         language = language_of(event.text)

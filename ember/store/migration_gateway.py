@@ -56,3 +56,19 @@ USAGE_BY_AGENT: tuple[Step, ...] = (
     "ALTER TABLE model_usage ADD COLUMN agent TEXT",
     "CREATE INDEX model_usage_by_agent ON model_usage (agent, at)",
 )
+
+
+# Messages keep the files they came with by reference; each file's bytes are stored once in its
+# session (core/attachments.py), with a document's text.
+ATTACHMENTS: tuple[Step, ...] = (
+    "ALTER TABLE messages ADD COLUMN attachments TEXT",
+    ByDialect.edited("""CREATE TABLE attachments (
+            session_key TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            media_type TEXT NOT NULL,
+            size BIGINT NOT NULL,
+            data BLOB NOT NULL,
+            text TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (session_key, digest))""", "data BLOB", "data BYTEA"),
+)

@@ -10,7 +10,7 @@ pgvector's; triggers call a PL/pgSQL function.
 
 from __future__ import annotations
 
-from ember.store.migration_gateway import A2A_TASKS, CONVERSATION_DIGESTS, USAGE_BY_AGENT
+from ember.store.migration_gateway import A2A_TASKS, ATTACHMENTS, CONVERSATION_DIGESTS, USAGE_BY_AGENT
 from ember.store.migration_memory import MEMORY_TIERS, VECTORS_IN_DATABASE
 from ember.store.migration_step import ByDialect, Step
 
@@ -367,4 +367,5 @@ MIGRATIONS: list[tuple[Step, ...]] = [
     A2A_TASKS,
     USAGE_BY_AGENT,
     VECTORS_IN_DATABASE,
+    ATTACHMENTS,
 ]

@@ -1,15 +1,10 @@
 """What the runtime needs of each store: one narrow protocol per consumer, all in one place.
 
-The pipeline, the agent loop, the delivery worker, the background runner, the
-scheduler, approvals, usage, memory, skills and the channels are written against
-these, never against an engine: nothing here names SQLite or PostgreSQL. (The
-admin commands read through the `Sql…` classes' wider surface directly.) Each has one
-implementation, the `Sql…` class beside its tables (`ember/store/<store>.py`),
-written once over the `Tx` unit of work of either engine (`engine.Database`).
-The errors the runtime acts on are Ember's own (`ember.core.errors`:
-`StoreBusy`, `StoreUnavailable`, `LeaseLost`, ...), never a driver's.
-tests/test_store_protocols.py checks that each implementation's signatures are
-these.
+The pipeline, the loop, the workers, the channels and memory are written against these, never
+against an engine (the admin commands read the `Sql…` classes directly). Each has one
+implementation, the `Sql…` class beside its tables, written once over the `Tx` unit of work of
+either engine (`engine.Database`). Errors are Ember's own (`ember.core.errors`), never a driver's.
+tests/test_store_protocols.py checks that each implementation's signatures are these.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from ember.core.skills import ProposalStatus
 
 if TYPE_CHECKING:
     from ember.core.approvals import ApprovalRow, AskedBefore
+    from ember.core.attachments import AttachmentContent, StoredFile
     from ember.core.delivery import Delivery, Receipt
     from ember.core.events import InboundEvent
     from ember.core.jobs import Claimed, Job, JobRequest
@@ -35,9 +31,9 @@ if TYPE_CHECKING:
 
 
 class SessionStore(Protocol):
-    """Sessions, for the pipeline and the memory workers: a window loaded, a turn's messages
-    committed with what they answer and owe (the ResponseStage boundary), the consolidation
-    boundary moved (I5)."""
+    """Sessions, for the pipeline and the memory workers: a window loaded (and the files its
+    messages name), a turn's messages committed with what they answer and owe (the ResponseStage
+    boundary), the consolidation boundary moved (I5)."""
 
     async def load(self, key: str) -> Session: ...
 
@@ -49,15 +45,21 @@ class SessionStore(Protocol):
     async def advance_boundary(self, key: str, *, expected: int, new: int, summary: str,
                                facts: Sequence[NewMemory] = (), identity: str | None = None) -> bool: ...
 
+    async def attachments(self, key: str, digests: Sequence[str]) -> dict[str, StoredFile]: ...
+
 
 class SessionBrowser(Protocol):
-    """What the HTTP API shows of a person's sessions, and the names and archiving it sets."""
+    """What the HTTP API shows of a person's sessions and sets (names, archiving, files sent)."""
 
     async def list_sessions(self, prefix: str = "", *, archived: bool = True) -> list[SessionSummary]: ...
 
     async def history(self, key: str) -> list[Message]: ...
 
     async def label(self, key: str, *, title: str | None = None, archived: bool | None = None) -> bool: ...
+
+    async def keep_attachments(self, key: str, files: Sequence[AttachmentContent]) -> None: ...
+
+    async def attachments(self, key: str, digests: Sequence[str]) -> dict[str, StoredFile]: ...
 
 
 class SessionTitles(Protocol):
@@ -249,17 +251,15 @@ class UsageReport(Protocol):
 
 
 class MemoryRecall(Protocol):
-    """What recall reads: full-text hits, records by number, a prompt's profile and episodes; and
-    the recall counts it notes for the forgetting curve."""
+    """What recall reads (hits, records, a prompt's profile and episodes), and the recalls it notes."""
 
     async def lexical(self, identity: str, terms: Sequence[str], limit: int, *, records: int = 0) -> LexicalHits: ...
 
     async def by_nums(self, identity: str, nums: Sequence[int]) -> dict[int, MemoryRecord]: ...
 
+    # The profile facts and the session's episodes of each owner, in one read.
     async def prompt_records(self, identity: str, profile_limit: int, episode_owners: Sequence[str],
-                             session_key: str, episode_limit: int) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
-        """The profile facts and the session's episodes of each owner, in one read."""
-        ...
+                             session_key: str, episode_limit: int) -> tuple[list[MemoryRecord], list[MemoryRecord]]: ...
 
     async def note_recalls(self, recalls: dict[tuple[str, str], tuple[int, float]]) -> None: ...
 
@@ -346,20 +346,18 @@ class VectorRows(Protocol):
     """Memories' vectors: by revision, for the matrices a process holds (SQLite), or scored by the
     database itself (PostgreSQL)."""
 
+    # (count, highest rev) of the identity's vectors, and those written after `rev`, in one read.
     async def vectors_since(self, identity: str, model: str,
-                            rev: int) -> tuple[tuple[int, int], list[tuple[int, int, bytes, bytes | None]]]:
-        """(count, highest rev) of the identity's vectors, and those written after `rev`, in one read."""
-        ...
+                            rev: int) -> tuple[tuple[int, int], list[tuple[int, int, bytes, bytes | None]]]: ...
 
     @property
     def scores_vectors(self) -> bool:
         """Whether `vector_scores` is the database's (PostgreSQL), so no process need hold the vectors."""
         ...
 
+    # Each of the identity's vectors scored against `query`; None when it has `most` or more.
     async def vector_scores(self, identity: str, model: str, query: Sequence[float], *,
-                            most: int) -> ScoredVectors | None:
-        """Each of the identity's vectors scored against `query`; None when it has `most` or more."""
-        ...
+                            most: int) -> ScoredVectors | None: ...
 
     async def quarantine_vector(self, num: int) -> None: ...
 

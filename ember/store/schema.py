@@ -28,6 +28,20 @@ messages = Table(
     Column("turn_id", Text),
     Column("created_at", Float, nullable=False),
     Column("name", Text),
+    Column("attachments", Text),
+)
+
+# The files messages came with, each stored once in its session under its digest (core/attachments.py).
+attachments = Table(
+    "attachments",
+    metadata,
+    Column("session_key", Text, primary_key=True),
+    Column("digest", Text, primary_key=True),
+    Column("media_type", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    Column("text", Text),  # a document's text, read once when it arrived
+    Column("created_at", Float, nullable=False),
 )
 
 quarantine = Table(

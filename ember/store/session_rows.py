@@ -13,7 +13,14 @@ from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
 
-from ember.core.messages import Message, Role, decode_tool_calls, encode_tool_calls
+from ember.core.messages import (
+    Message,
+    Role,
+    decode_attachments,
+    decode_tool_calls,
+    encode_attachments,
+    encode_tool_calls,
+)
 from ember.core.thinking import strip_thinking
 from ember.store import schema
 from ember.store.tx import Statement, Tx, upsert
@@ -65,7 +72,7 @@ def row_to_message(row: StoredRow) -> Message:
     Called for every message of a window that is read, so it unpacks the row
     by position rather than looking fields up by name.
     """
-    _key, seq, role_name, content, raw_calls, tool_call_id, reasoning, turn_id, _created, name = row
+    _key, seq, role_name, content, raw_calls, tool_call_id, reasoning, turn_id, _created, name, files = row
     role = _ROLES.get(role_name)
     if role is None:
         raise ValueError(f"unknown role {role_name!r}")
@@ -76,8 +83,11 @@ def row_to_message(row: StoredRow) -> Message:
         raise ValueError("a tool message without tool_call_id")
     if not isinstance(content, str):
         raise ValueError("content is not text")
+    attachments = decode_attachments(files)
+    if attachments and role is not Role.USER:
+        raise ValueError(f"a {role.value} message cannot carry attachments")
     return Message(role=role, content=content, tool_calls=calls, tool_call_id=tool_call_id,
-                   reasoning=reasoning, turn_id=turn_id, seq=seq, name=name)
+                   reasoning=reasoning, turn_id=turn_id, seq=seq, name=name, attachments=attachments)
 
 
 def parse(row: StoredRow) -> Message | str:
@@ -109,6 +119,7 @@ def message_row(key: str, message: Message, now: float) -> dict[str, Any]:
         "turn_id": message.turn_id,
         "created_at": now,
         "name": message.name,
+        "attachments": encode_attachments(message.attachments),
     }
 
 

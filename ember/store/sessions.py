@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from sqlalchemy import Integer, bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from ember.core.attachments import AttachmentContent, StoredFile
 from ember.core.delivery import Delivery, Receipt
 from ember.core.errors import StoreConflict
 from ember.core.jobs import JobRequest
 from ember.core.memory import MemoryKind, NewMemory, SourceRank, memory_identity, session_identity
 from ember.core.messages import Message, Role, Session
 from ember.store import schema
+from ember.store.attachments import put_files, read_files
 from ember.store.deliveries import record_delivery, record_receipt
 from ember.store.engine import Database, complete_despite_cancel
 from ember.store.jobs import record_job
@@ -230,6 +232,14 @@ class SqlSessionStore:
             return True
 
         return await self._db.run_write(write)
+
+    async def keep_attachments(self, key: str, files: Sequence[AttachmentContent]) -> None:
+        """Store files a message of the session will name, before it is committed (store/attachments.py)."""
+        if files:
+            await self._db.run_write(lambda tx: put_files(tx, key, files))
+
+    async def attachments(self, key: str, digests: Sequence[str]) -> dict[str, StoredFile]:
+        return await self._db.run_read(lambda tx: read_files(tx, key, digests)) if digests else {}
 
     async def name_if_untitled(self, key: str, title: str) -> bool:
         """Give the session `title` unless it has one (a person's name for it, or an earlier
