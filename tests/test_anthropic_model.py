@@ -17,7 +17,7 @@ from ember.core.errors import (
 )
 from ember.core.messages import Message, ToolCall
 from ember.core.sampling import Sampling
-from ember.models.anthropic_messages import AnthropicModel
+from ember.models.anthropic_messages import AnthropicModel, TokenLimits
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta, complete
 from tests.anthropicserver import MODEL, AnthropicServer, Turn, signature
 from tests.modelserver import tool_call
@@ -29,7 +29,8 @@ HELLO = [Message.system("Be brief."), Message.user("hello")]
 
 def client(server: AnthropicServer, *, max_attempts: int = 1, thinking_budget: int | None = None) -> AnthropicModel:
     return AnthropicModel(model=f"anthropic:{MODEL}", api_key="sk-ant-test", base_url=server.base_url,
-                          timeout_s=10, max_attempts=max_attempts, max_tokens=4096, thinking_budget=thinking_budget)
+                          timeout_s=10, max_attempts=max_attempts,
+                          limits=TokenLimits(4096, thinking_budget))
 
 
 async def events_of(model: AnthropicModel, messages: list[Message] = HELLO) -> list[ModelEvent]:

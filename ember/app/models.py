@@ -37,7 +37,7 @@ def model_specs(settings: Settings) -> dict[str, ModelSpec]:
         model=settings.model.removeprefix(ANTHROPIC_PREFIX),
         api_key=settings.anthropic_api_key if anthropic else settings.model_api_key,
         max_tokens=settings.model_max_tokens if anthropic else None,
-        thinking_budget=settings.model_thinking_budget if anthropic else None)}
+        thinking_budget=settings.model_thinking_budget if anthropic else None, vision=settings.model_vision)}
 
 
 def model_endpoints(settings: Settings, *, names: Collection[str] | None = None,
@@ -46,7 +46,7 @@ def model_endpoints(settings: Settings, *, names: Collection[str] | None = None,
     one, named by its model); those `tried_once` make one attempt per call, not model_max_attempts."""
     # Imported here: the SDKs take most of a second to import, which
     # commands that never call a model (sessions, doctor without a model) skip.
-    from ember.models.anthropic_messages import AnthropicModel
+    from ember.models.anthropic_messages import AnthropicModel, TokenLimits
     from ember.models.openai_compat import OpenAICompatibleModel
 
     endpoints: dict[str, ModelEndpoint] = {}
@@ -58,12 +58,14 @@ def model_endpoints(settings: Settings, *, names: Collection[str] | None = None,
             endpoints[name] = AnthropicModel(
                 model=spec.model, api_key=spec.key() or settings.anthropic_api_key, base_url=spec.base_url,
                 timeout_s=settings.model_timeout_s, max_attempts=1 if name in tried_once else attempts,
-                max_tokens=spec.max_tokens or settings.model_max_tokens, thinking_budget=spec.thinking_budget)
+                limits=TokenLimits(spec.max_tokens or settings.model_max_tokens, spec.thinking_budget),
+                vision=spec.vision)
         else:
             assert spec.base_url is not None
             endpoints[name] = OpenAICompatibleModel(
                 model=spec.model, base_url=spec.base_url, api_key=spec.key(), timeout_s=settings.model_timeout_s,
-                max_attempts=1 if name in tried_once else attempts, tool_call_format=spec.tool_call_format)
+                max_attempts=1 if name in tried_once else attempts, tool_call_format=spec.tool_call_format,
+                vision=spec.vision)
     return endpoints
 
 

@@ -28,6 +28,7 @@ from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComSpec
 from ember.config.paths import HomePaths
 from ember.config.sources import ProviderFallback, config_file
+from ember.core.attachments import DEFAULT_MAX_BYTES as DEFAULT_ATTACHMENT_BYTES
 from ember.core.errors import ConfigError
 from ember.core.redact import secret_env_name
 from ember.core.schedule import zone
@@ -97,6 +98,8 @@ class Settings(HomePaths, BaseSettings):
     model_max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, gt=0)
     # Anthropic only: extended thinking's token budget (off when unset).
     model_thinking_budget: int | None = Field(default=None, ge=1024)
+    # The model reads images ([models.NAME] vision, for the single model).
+    model_vision: bool = False
     # Per model call, until its first token and between tokens.
     model_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     # Attempts per call of a model with no fallback after it (retried only before the first token).
@@ -244,6 +247,9 @@ class Settings(HomePaths, BaseSettings):
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     # Larger request bodies get 413.
     gateway_max_body_bytes: int = Field(default=1_048_576, ge=1_024)
+    # The most a message's attached files may weigh together (images, PDFs, text documents); the
+    # routes that take files accept bodies this much larger (base64 included).
+    attachment_max_bytes: int = Field(default=DEFAULT_ATTACHMENT_BYTES, ge=1_024, le=256 * 1024 * 1024)
     # The most output tokens an OpenAI-route request may ask for (max_tokens, max_completion_tokens)
     # per model call; more gets 400. Without one, the model's own limit holds.
     gateway_max_tokens: int = Field(default=32_768, ge=1, le=10_000_000)

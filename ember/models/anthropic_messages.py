@@ -38,6 +38,7 @@ from ember.core.errors import (
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
+from ember.models.attachments import anthropic_blocks, blind_notice
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
 from ember.models.retry import open_with_retries, retry_after_seconds
 from ember.models.spec import ANTHROPIC_BASE_URL, ANTHROPIC_PREFIX, DEFAULT_MAX_TOKENS
@@ -114,9 +115,10 @@ def _sent_back(block: dict[str, Any]) -> dict[str, Any]:
             "input": _tool_input(fragments) if fragments else block.get("input") or {}}
 
 
-def to_anthropic(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]]:
+def to_anthropic(messages: Sequence[Message], vision: bool = False) -> tuple[str, list[dict[str, Any]]]:
     """(system text, messages) as the Messages API takes them: system messages joined, tool
-    results as `tool_result` blocks of a user message, consecutive messages of one role merged."""
+    results as `tool_result` blocks of a user message, consecutive messages of one role merged,
+    a user's files after its text (models/attachments.py)."""
     system: list[str] = []
     turns: list[dict[str, Any]] = []
 
@@ -133,7 +135,8 @@ def to_anthropic(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]
             system.append(message.content)
         elif message.role is Role.USER:
             text = f"{message.name}: {message.content}" if message.name else message.content
-            add("user", [{"type": "text", "text": text or "(empty message)"}])
+            add("user", [{"type": "text", "text": text or "(empty message)"},
+                         *anthropic_blocks(message.attachments, vision)])
         elif message.role is Role.TOOL:
             add("user", [{"type": "tool_result", "tool_use_id": message.tool_call_id,
                           "content": message.content or "(no output)"}])
@@ -165,6 +168,7 @@ class _Answer:
     cache_write_tokens: int = 0
     stop_reason: str | None = None
     said: bool = False  # a delta reached the consumer
+    notice: str | None = None  # to say first: the model cannot see the message's images
 
     def reply(self) -> ModelReply:
         thinking = [b for b in self.blocks if b["type"] in ("thinking", "redacted_thinking")]
@@ -181,21 +185,29 @@ class _Answer:
             truncated=self.stop_reason in _TRUNCATED, provider="anthropic")
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLimits:
+    """An answer's token limit (the API requires one), and extended thinking's budget (None: off)."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    thinking_budget: int | None = None
+
+
 class AnthropicModel:
     def __init__(self, *, model: str, api_key: str | None, base_url: str | None = None, timeout_s: float = 60.0,
-                 max_attempts: int = 4, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 thinking_budget: int | None = None) -> None:
+                 max_attempts: int = 4, limits: TokenLimits = TokenLimits(), vision: bool = False) -> None:
         self.name = model.removeprefix(ANTHROPIC_PREFIX)
         self.base_url = base_url or ANTHROPIC_BASE_URL
         self._max_attempts = max_attempts
-        self._max_tokens = max_tokens
-        self._thinking_budget = thinking_budget
+        self._max_tokens = limits.max_tokens
+        self._thinking_budget = limits.thinking_budget
+        self._vision = vision
         self._client = AsyncAnthropic(api_key=api_key or "not-set", base_url=self.base_url, timeout=timeout_s,
                                       max_retries=0)
 
     async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
                      sampling: Sampling | None = None) -> AsyncIterator[ModelEvent]:
-        system, turns = to_anthropic(messages)
+        system, turns = to_anthropic(messages, self._vision)
         request: dict[str, Any] = {"model": self.name, "max_tokens": self._max_tokens, "messages": turns}
         if system:
             request["system"] = system
@@ -208,7 +220,7 @@ class AnthropicModel:
             # Not while thinking, whose budget must fit under it. The Messages API as the SDK
             # speaks it takes no temperature or top_p: those are not sent.
             request["max_tokens"] = sampling.max_tokens
-        answer = _Answer()
+        answer = _Answer(notice=blind_notice(messages, self._vision, self.name))
         for _ in range(MAX_CONTINUATIONS + 1):
             answer.blocks, answer.stop_reason = [], None
             async for event in self._response(request, answer):
@@ -229,6 +241,11 @@ class AnthropicModel:
                 raise typed(exc, f"model {self.name} at {self.base_url} failed", self.base_url) from exc
 
         events = await open_with_retries(open_stream, self._max_attempts)
+        if answer.notice:  # said once the model has taken the request: a fallback model says its own
+            answer.text.append(answer.notice)
+            answer.said = True
+            yield TextDelta(answer.notice)
+            answer.notice = None
         try:
             async with events:  # closes the connection even when the consumer stops early
                 async for event in events:

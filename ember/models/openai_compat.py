@@ -32,6 +32,7 @@ from ember.core.errors import (
 from ember.core.messages import Message, Role, ToolCall
 from ember.core.sampling import Sampling
 from ember.core.tools import ToolSpec
+from ember.models.attachments import blind_notice, openai_content
 from ember.models.base import ModelEvent, ModelReply, ReasoningDelta, TextDelta
 from ember.models.retry import open_with_retries, retry_after_seconds
 from ember.models.spec import ToolCallFormat
@@ -98,9 +99,11 @@ def _phrase(status: int) -> str:
         return "(no reason given)"
 
 
-def to_openai_message(message: Message) -> dict[str, Any]:
+def to_openai_message(message: Message, vision: bool = False) -> dict[str, Any]:
     if message.role is Role.TOOL:
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+    if message.role is Role.USER:
+        return {"role": "user", "content": openai_content(message, vision)}
     if message.role is not Role.ASSISTANT:
         return {"role": message.role.value, "content": message.content}
     payload: dict[str, Any] = {"role": "assistant", "content": message.content or None}
@@ -188,8 +191,9 @@ class OpenAICompatibleModel:
     with calls written as text read too, and text once the endpoint refuses the tools parameter."""
 
     def __init__(self, *, model: str, base_url: str, api_key: str | None, timeout_s: float = 60.0,
-                 max_attempts: int = 4, tool_call_format: ToolCallFormat = "auto") -> None:
+                 max_attempts: int = 4, tool_call_format: ToolCallFormat = "auto", vision: bool = False) -> None:
         self.name = model
+        self._vision = vision
         self.base_url = base_url
         self._max_attempts = max_attempts
         self._tool_call_format = tool_call_format
@@ -203,12 +207,14 @@ class OpenAICompatibleModel:
     async def stream(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
                      sampling: Sampling | None = None) -> AsyncIterator[ModelEvent]:
         chunks = await self._open_for_tools(messages, tools, sampling)
+        notice = blind_notice(messages, self._vision, self.name) or ""
+        if notice:
+            yield TextDelta(notice)
         text: list[str] = []
         reasoning: list[str] = []
         calls = _ToolCallBuffer()
         written = TextCallStream({t.name for t in tools}) if tools and self._tool_call_format != "native" else None
-        usage = None
-        finish = None
+        usage, finish = None, None
         try:
             async with chunks:  # closes the connection even when the consumer stops early
                 async for chunk in chunks:
@@ -237,12 +243,9 @@ class OpenAICompatibleModel:
             if tail:
                 yield TextDelta(tail)
             tool_calls += as_text
-        usage = usage or {}
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        cached = ((usage := usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         yield ModelReply(
-            text=answer,
-            tool_calls=tool_calls,
-            reasoning="".join(reasoning) or None,
+            text=notice + answer, tool_calls=tool_calls, reasoning="".join(reasoning) or None,
             input_tokens=max(0, (usage.get("prompt_tokens") or 0) - cached),  # as Anthropic counts: uncached only
             output_tokens=usage.get("completion_tokens") or 0,
             cache_read_tokens=cached,
@@ -279,7 +282,7 @@ class OpenAICompatibleModel:
         shown = _with_tools_told(as_text_history(messages), tools) if as_text else messages
         request: dict[str, Any] = {
             "model": self.name,
-            "messages": [to_openai_message(m) for m in shown],
+            "messages": [to_openai_message(m, self._vision) for m in shown],
             "stream": True,
             "stream_options": {"include_usage": True},
         }

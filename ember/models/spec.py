@@ -47,6 +47,9 @@ class ModelSpec(BaseModel):
     # (llama.cpp without --jinja); "auto", native, with calls a local model writes as text
     # (`<tool_call>…</tool_call>`, a fenced JSON call) read too, and text once the server refuses tools.
     tool_call_format: ToolCallFormat = "auto"
+    # It reads images (and, on Anthropic, PDFs as they look): sent as images, not as a note saying
+    # one was attached.
+    vision: bool = False
 
     @field_validator("base_url")
     @classmethod
