@@ -199,6 +199,7 @@ def gateway_options(settings: Settings, model: ModelClient, model_problem: str,
     return GatewayOptions(
         agent_id=settings.agent_name.lower().replace(" ", "-"),
         max_body_bytes=settings.gateway_max_body_bytes,
+        attachment_max_bytes=settings.attachment_max_bytes,
         rate_per_minute=settings.gateway_rate_per_minute,
         rate_burst=settings.gateway_rate_burst,
         approvers=frozenset(settings.gateway_approvers),

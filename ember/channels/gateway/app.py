@@ -36,7 +36,9 @@ from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits
 from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
 from ember.channels.gateway.turns import TurnRouter
+from ember.channels.gateway.uploads import AttachmentsApi, BodyLimits, Uploads
 from ember.channels.gateway.usage_api import UsageApi
+from ember.core.attachments import DEFAULT_MAX_BYTES as DEFAULT_ATTACHMENT_BYTES
 from ember.core.errors import BusUnavailable, StoreBusy, StoreUnavailable
 from ember.core.turn import TurnControl
 from ember.memory.identity import Identities
@@ -107,6 +109,7 @@ class GatewayOptions:
     settings_view: Mapping[str, Any] = field(default_factory=dict)  # /api/settings: read-only, never a secret
     agents: tuple[str, ...] = ()  # the named agents a caller may ask for (the page's picker)
     own_memory_agents: frozenset[str] = frozenset()  # named agents whose own memory `?agent=` reaches
+    attachment_max_bytes: int = DEFAULT_ATTACHMENT_BYTES  # a message's files together
 
 
 class IdentityGate:
@@ -204,11 +207,14 @@ def _api_routes(router: TurnRouter, services: GatewayServices, options: GatewayO
                 metrics: GatewayMetrics) -> list[BaseRoute]:
     """The OpenAI-compatible routes and Ember's own API; the optional parts where their stores are given."""
     body = options.max_body_bytes
+    limits = BodyLimits(body, options.attachment_max_bytes)
+    uploads = Uploads(services.sessions, options.attachment_max_bytes)
     routes: list[BaseRoute] = [
-        *OpenAIApi(router, metrics, Conversations(services.conversations), agent_id=options.agent_id,
-                   max_body_bytes=body, limits=options.sampling_limits).routes(),
-        *NativeApi(router, services.sessions, services.approvals, metrics, max_body_bytes=body,
+        *OpenAIApi(router, metrics, Conversations(services.conversations), uploads, agent_id=options.agent_id,
+                   body=limits, limits=options.sampling_limits).routes(),
+        *NativeApi(router, services.sessions, services.approvals, metrics, body=limits,
                    approvers=options.approvers, deliveries=services.deliveries, turns=services.turns).routes(),
+        *AttachmentsApi(services.sessions).routes(),
         *MemoryApi(services.memory, services.identities, max_body_bytes=body,
                    own_memory_agents=options.own_memory_agents).routes(),
     ]

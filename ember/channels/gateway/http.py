@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import QueryParams
@@ -62,16 +64,17 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-async def read_json(request: Request, model: type[T], limit: int) -> T:
-    """The request body as `model`: JSON only, at most `limit` bytes, validated."""
+async def read_json(request: Request, model: type[T], limit: int, files: FileAllowance[T] | None = None) -> T:
+    """The request body as `model`: JSON only, at most `limit` bytes, validated. With `files`, the
+    files it carries (their base64, as `files.weight` measures it) may add up to `files.allowance`."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         raise ApiError(415, f"send the body as application/json (got {content_type or 'no content type'})",
                        code="unsupported_media_type")
-    body = await read_body(request, limit)
+    body = await read_body(request, limit + (files.allowance if files else 0))
     try:
         # pydantic's own parser: deep nesting and lone surrogates are errors, not crashes.
-        return model.model_validate_json(body)
+        parsed = model.model_validate_json(body)
     except ValidationError as exc:
         errors = exc.errors()
         if errors and errors[0]["type"] == "json_invalid":
@@ -81,6 +84,17 @@ async def read_json(request: Request, model: type[T], limit: int) -> T:
         )
         first = ".".join(map(str, errors[0]["loc"])) if errors else ""
         raise ApiError(422, f"invalid request: {problems}", code="invalid_request", param=first or None) from exc
+    if files is not None and len(body) - files.weight(parsed) > limit:
+        raise ApiError(413, f"the body is over the limit of {limit} bytes, its files aside", code="body_too_large")
+    return parsed
+
+
+@dataclass(frozen=True, slots=True)
+class FileAllowance(Generic[T]):
+    """How much more than the limit a body may weigh for the files it carries."""
+
+    allowance: int
+    weight: Callable[[T], int]
 
 
 def sse(event: str | None, data: Any) -> bytes:

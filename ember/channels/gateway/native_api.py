@@ -40,6 +40,8 @@ from ember.channels.gateway.turns import (
     namespace,
     session_key,
 )
+from ember.channels.gateway.uploads import BodyLimits, Uploads, uploads_weight
+from ember.core.attachments import Attachment
 from ember.core.delivery import Delivery, interleaved
 from ember.core.errors import BusUnavailable
 from ember.core.events import OutboundEvent, OutboundKind
@@ -80,13 +82,13 @@ def failure_payload(failure: Delivery, identity: str) -> dict[str, Any]:
     """How a turn that never answered ended, in the place of its answer."""
     asked = failure.reply_to or ""
     return {"seq": None, "role": "assistant", "content": failure.text, "tool_calls": [], "tool_call_id": None,
-            "name": None, "turn_id": failure.turn_id, "kind": "error",
+            "name": None, "attachments": [], "turn_id": failure.turn_id, "kind": "error",
             "message_id": asked.removeprefix(f"{identity}:") if asked.startswith(f"{identity}:") else None}
 
 
 class NativeApi:
     def __init__(self, router: TurnRouter, sessions: SessionBrowser, approvals: ApprovalBroker,
-                 metrics: GatewayMetrics, *, max_body_bytes: int, approvers: frozenset[str] = frozenset(),
+                 metrics: GatewayMetrics, *, body: BodyLimits, approvers: frozenset[str] = frozenset(),
                  deliveries: Inbox | None = None, turns: TurnControl | None = None) -> None:
         self._router = router
         self._deliveries = deliveries
@@ -95,7 +97,9 @@ class NativeApi:
         self._sessions = sessions
         self._approvals = approvals
         self._metrics = metrics
-        self._max_body_bytes = max_body_bytes
+        self._max_body_bytes = body.max_body_bytes
+        self._files = body.files(uploads_weight)
+        self._uploads = Uploads(sessions, body.attachment_max_bytes)
 
     def routes(self) -> list[Route]:
         return [
@@ -190,9 +194,10 @@ class NativeApi:
 
     async def send(self, request: Request) -> Response:
         key = checked_key(request.path_params["key"], "session")
-        body = await read_json(request, MessageRequest, self._max_body_bytes)
-        if not body.text.strip():
+        body = await read_json(request, MessageRequest, self._max_body_bytes, self._files)
+        if not body.text.strip() and not body.attachments:
             raise ApiError(422, "the message is empty", code="empty_message", param="text")
+        files = self._uploads.uploaded(body.attachments)
         if body.message_id is not None:
             checked_client_id(body.message_id, "message_id")
         if body.agent is not None and body.agent not in self._router.agents:
@@ -201,15 +206,16 @@ class NativeApi:
         identity = request.state.identity
         if self._router.in_flight(identity, body.message_id):
             raise ApiError(409, IN_FLIGHT_TEXT, code="in_flight")
-        stream = self._stream(identity, key, body, self._metrics.clock("native"), evaluation)
+        attachments = await self._uploads.keep(session_key(identity, key), files)
+        stream = self._stream(identity, key, body, attachments, self._metrics.clock("native"), evaluation)
         return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, SESSION_HEADER: key})
 
-    async def _stream(self, identity: str, key: str, body: MessageRequest, clock: TurnClock,
-                      evaluation: bool) -> AsyncIterator[bytes]:
+    async def _stream(self, identity: str, key: str, body: MessageRequest, attachments: tuple[Attachment, ...],
+                      clock: TurnClock, evaluation: bool) -> AsyncIterator[bytes]:
         try:
             async with self._router.turn(TurnRequest(identity, key, body.text, stream=True, can_approve=True,
                                                      client_id=body.message_id, evaluation=evaluation,
-                                                     agent=body.agent)) as queue:
+                                                     agent=body.agent, attachments=attachments)) as queue:
                 while True:
                     event = await next_event(queue, KEEPALIVE_S)
                     if event is None:

@@ -46,7 +46,9 @@ from ember.channels.gateway.http import (
 from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits, requested_sampling
 from ember.channels.gateway.schemas import ChatCompletionRequest
-from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRequest, TurnRouter
+from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRequest, TurnRouter, session_key
+from ember.channels.gateway.uploads import BodyLimits, Uploads, parts_weight
+from ember.core.attachments import Attachment
 from ember.core.errors import BusUnavailable
 from ember.core.events import OutboundEvent, OutboundKind, TurnUsage
 from ember.core.messages import Message
@@ -54,13 +56,15 @@ from ember.core.sampling import Sampling
 
 
 class OpenAIApi:
-    def __init__(self, router: TurnRouter, metrics: GatewayMetrics, conversations: Conversations, *, agent_id: str,
-                 max_body_bytes: int, limits: SamplingLimits = DEFAULT_LIMITS) -> None:
+    def __init__(self, router: TurnRouter, metrics: GatewayMetrics, conversations: Conversations, uploads: Uploads, *,
+                 agent_id: str, body: BodyLimits, limits: SamplingLimits = DEFAULT_LIMITS) -> None:
         self._router = router
+        self._uploads = uploads
         self._conversations = conversations
         self._metrics = metrics
         self._agent_id = agent_id
-        self._max_body_bytes = max_body_bytes
+        self._max_body_bytes = body.max_body_bytes
+        self._files = body.files(parts_weight)
         self._limits = limits
         self._created = int(time.time())
 
@@ -77,7 +81,7 @@ class OpenAIApi:
             for name in (self._agent_id, *sorted(self._router.agents))]})
 
     async def chat_completions(self, request: Request) -> Response:
-        body = await read_json(request, ChatCompletionRequest, self._max_body_bytes)
+        body = await read_json(request, ChatCompletionRequest, self._max_body_bytes, self._files)
         message = await self._message(request, body)
         headers = {SESSION_HEADER: message.key}
         completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), message.agent or self._agent_id)
@@ -102,10 +106,12 @@ class OpenAIApi:
     async def _message(self, request: Request, body: ChatCompletionRequest) -> _Message:
         """The request's new message and where it goes; ApiError for what is wrong with it."""
         last = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=None)
-        if last is None or not body.messages[last].text().strip():
-            raise ApiError(400, "messages must end with a user message that has text", code="no_user_message",
+        question = body.messages[last] if last is not None else None
+        files = self._uploads.from_parts(question.content, f"messages[{last}]") \
+            if question is not None and isinstance(question.content, list) else []
+        if question is None or last is None or not (question.text().strip() or files):
+            raise ApiError(400, "messages must end with a user message that has text or files", code="no_user_message",
                            param="messages")
-        question = body.messages[last]
         sampling = requested_sampling(body, self._limits)
         identity: str = request.state.identity
         named = self._named_session(request, body)
@@ -122,7 +128,9 @@ class OpenAIApi:
             thread, key = None, named
         # A model id that names an agent picks it; any other (clients send their own) is the default agent.
         agent = body.model if body.model in self._router.agents else None
-        return _Message(identity, key, question.text(), client_id, question.name, evaluation, sampling, thread, agent)
+        attachments = await self._uploads.keep(session_key(identity, key), files)
+        return _Message(identity, key, question.text(), client_id, question.name, evaluation, sampling, thread, agent,
+                        attachments)
 
     def _named_session(self, request: Request, body: ChatCompletionRequest) -> str | None:
         # The user field is checked even when the header names the session: the document says what it may be.
@@ -136,7 +144,8 @@ class OpenAIApi:
         return self._router.turn(TurnRequest(
             message.identity, message.key, message.text, stream=stream, can_approve=False,
             client_id=message.client_id, sender_name=message.name, evaluation=message.evaluation,
-            sampling=message.sampling, history=message.thread.seed if message.thread else (), agent=message.agent))
+            sampling=message.sampling, history=message.thread.seed if message.thread else (), agent=message.agent,
+            attachments=message.attachments))
 
     async def _answered(self, message: _Message, shown: str) -> None:
         """Before the client has the answer: its next request, with the answer, finds the session."""
@@ -210,6 +219,7 @@ class _Message:
     sampling: Sampling | None
     thread: Thread | None  # where a request that names no session goes
     agent: str | None = None  # the named agent the request's model names (None: the default agent)
+    attachments: tuple[Attachment, ...] = ()  # stored in the session already
 
 
 class _Completion:

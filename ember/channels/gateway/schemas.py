@@ -11,6 +11,8 @@ from ember.core.memory import MAX_CONTENT_CHARS, MemoryKind, MemoryStatus
 SESSION_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$"
 # A person's name as a chat shows it: letters of any script, digits, spaces and a little punctuation.
 NAME_PATTERN = r"^[\p{L}\p{N}][\p{L}\p{N}_ .'-]{0,63}$"
+# Text that is not blank: a character that is not one of those `str.strip` removes.
+NOT_BLANK_PATTERN = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 
 
 class ContentPart(BaseModel):
@@ -78,9 +80,25 @@ class SessionChange(BaseModel):
     archived: bool | None = Field(default=None, description="Put the session away (true) or back (false)")
 
 
-class MessageRequest(BaseModel):
+class AttachmentUpload(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1, description="The user's message.")
+    data: str = Field(description="The file's bytes, base64")
+    name: str | None = Field(default=None, max_length=255, description="Its file name, shown with it")
+    media_type: str | None = Field(default=None, max_length=127, description="What it says it is (image/png, "
+                                   "application/pdf, text/markdown, ...); its bytes decide, and a file that is not "
+                                   "what it says is refused")
+
+
+class MessageRequest(BaseModel):
+    # Documents what the route checks (422 empty_message): text that is not blank, or files.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["text"], "properties": {"text": {"pattern": NOT_BLANK_PATTERN}}},
+        {"required": ["attachments"], "properties": {"attachments": {"minItems": 1}}}]})
+    text: str = Field(default="", description="The user's message; it may be empty when files come with it.")
+    attachments: list[AttachmentUpload] = Field(
+        default_factory=list, max_length=16,
+        description="Files sent with the message: images (PNG, JPEG, GIF, WebP), PDFs and UTF-8 text documents, "
+                    "at most attachment_max_bytes together")
     agent: str | None = Field(default=None, description="The named agent ([agents.NAME]) to answer; unset: the "
                                                         "session's, else the default agent")
     # The pattern is documented, not enforced here: the route says what is wrong with the id (400).
@@ -222,11 +240,10 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
-# Patterns that mean the same to Python and to JSON Schema's regex dialect (whose `\w` and `\s`
-# differ from Python's): a query needs a letter or a digit (the route checks the same, 400), and
-# content needs a character that is not one of those `str.strip` removes (the core's check, 422).
+# A pattern that means the same to Python and to JSON Schema's regex dialect (whose `\w` and `\s`
+# differ from Python's), as NOT_BLANK_PATTERN does: a query needs a letter or a digit (the route
+# checks the same, 400).
 MEMORY_QUERY_PATTERN = r"[\p{L}\p{N}]"
-NOT_BLANK_PATTERN = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 MAX_QUERY_CHARS = 1_000
 MAX_LABEL_CHARS = 200
 MAX_LIST_LIMIT = 1_000

@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from ember.bus.base import InboundPublisher
+from ember.core.attachments import Attachment
 from ember.core.channels import ChannelCapabilities
 from ember.core.delivery import Delivery, DeliveryKind
 from ember.core.errors import StoreError
@@ -81,6 +82,7 @@ class TurnRequest:
     # The conversation before it, as the client has it, which a new session begins with.
     history: tuple[Message, ...] = ()
     agent: str | None = None  # the named agent asked for (None: the session's, else the default)
+    attachments: tuple[Attachment, ...] = ()  # stored in the session already
 
 
 class UnknownAgent(ValueError):
@@ -130,7 +132,8 @@ class TurnRouter:
                              sender_id=request.identity, text=request.text, message_id=message_id,
                              sender_name=request.sender_name, stream=request.stream, can_approve=request.can_approve,
                              metadata={"evaluation": "true"} if request.evaluation else {},
-                             sampling=request.sampling, history=request.history, agent=request.agent)
+                             sampling=request.sampling, history=request.history, agent=request.agent,
+                             attachments=request.attachments)
         queue: asyncio.Queue[OutboundEvent] = asyncio.Queue()
         self._waiting[message_id] = queue
         self._next_index[message_id] = 0
