@@ -3,6 +3,7 @@
 
 import { startActivity } from "./activity.js";
 import { $, el, hashKey, relativeTime } from "./dom.js";
+import { PendingFiles, showFiles } from "./files.js";
 import { renderMarkdown } from "./markdown.js";
 import { MemoryPanel } from "./memory.js";
 import { SkillsPanel } from "./skills.js";
@@ -39,6 +40,13 @@ async function api(path, options = {}) {
 }
 
 const sessionPath = (key, action = "messages") => `/api/sessions/${encodeURIComponent(key)}/${action}`;
+const pendingFiles = new PendingFiles();
+
+/** A stored picture of a session, fetched with the key (an <img> cannot send it). */
+async function storedFile(key, attachment) {
+  const response = await api(sessionPath(key, `attachments/${attachment.digest}`));
+  return URL.createObjectURL(await response.blob());
+}
 const signedOut = () => showSignIn("Your key is no longer accepted. Sign in again.");
 const memoryPanel = new MemoryPanel(api, signedOut);
 const skillsPanel = new SkillsPanel(api, signedOut);
@@ -365,7 +373,9 @@ function renderHistory(messages) {
   let question = null;
   for (const m of messages) {
     if (m.role === "user") {
-      appendMessage("user", m.content);
+      const key = state.session;
+      const files = (m.attachments || []).map((a) => ({ ...a, url: () => storedFile(key, a) }));
+      showFiles(appendMessage("user", m.content), files);
       question = m.content;
       box = null;
     } else if (m.kind === "error") {
@@ -534,11 +544,11 @@ class LiveTurn {
   }
 
   /** Send the question again with its id: the gateway retries the turn it accepted. */
-  resend(text, messageId) {
+  resend(text, messageId, files = []) {
     if (state.busy) return;
     this.box.previousElementSibling?.remove(); // the question is shown again with its new attempt
     this.box.remove();
-    sendText(text, messageId);
+    sendText(text, messageId, files);
   }
 }
 
@@ -591,27 +601,31 @@ async function stopTurn() {
 async function send(event) {
   event.preventDefault();
   const text = $("message-input").value;
-  if (state.busy || !text.trim()) return;
+  if (state.busy || (!text.trim() && !pendingFiles.count)) return;
   $("message-input").value = "";
-  await sendText(text);
+  await sendText(text, randomId("msg"), await pendingFiles.take());
 }
 
-/** One turn of `text`: shown, streamed, and on failure offered again with Retry. The message keeps
- * its id across retries, so the gateway retries the turn it accepted instead of storing it twice. */
-async function sendText(text, messageId = randomId("msg")) {
+/** One turn of `text` (and `files`): shown, streamed, and on failure offered again with Retry. The
+ * message keeps its id across retries, so the gateway retries the turn it accepted instead of
+ * storing it twice. */
+async function sendText(text, messageId = randomId("msg"), files = []) {
   setBusy(true);
   $("messages").querySelector(".empty-state")?.remove();
   forgetAskAgain();
-  appendMessage("user", text);
+  showFiles(appendMessage("user", text), files.map((f) => f.shown));
   const turn = new LiveTurn(appendMessage("assistant running"));
   turn.question = text;
-  turn.retry = () => turn.resend(text, messageId);
+  turn.retry = () => turn.resend(text, messageId, files);
   const abort = (state.abort = new AbortController());
   try {
     const response = await api(sessionPath(state.session), {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ text, message_id: messageId, ...($("agent-select").value ? { agent: $("agent-select").value } : {}) }),
+      body: JSON.stringify({
+        text, message_id: messageId, ...($("agent-select").value ? { agent: $("agent-select").value } : {}),
+        ...(files.length ? { attachments: files.map((f) => f.upload) } : {}),
+      }),
       signal: abort.signal,
     });
     await readEvents(response, (name, data) => turn.on(name, data));

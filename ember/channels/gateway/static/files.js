@@ -1,0 +1,95 @@
+// Files sent with a message: picked with the Attach button or pasted into the message box, listed
+// under it until sent, and shown in the chat (images as pictures, other files by name).
+
+import { $, el } from "./dom.js";
+
+const ACCEPTED = "image/png,image/jpeg,image/gif,image/webp,application/pdf,text/plain,text/markdown,text/csv," +
+  "application/json,.md,.markdown,.csv,.json,.txt";
+
+/** The files waiting to go with the next message. */
+export class PendingFiles {
+  constructor() {
+    this.files = [];
+    $("attach-input").accept = ACCEPTED;
+    $("attach").addEventListener("click", () => $("attach-input").click());
+    $("attach-input").addEventListener("change", () => {
+      this.add($("attach-input").files);
+      $("attach-input").value = ""; // the same file may be picked again
+    });
+    $("message-input").addEventListener("paste", (event) => {
+      const pasted = [...(event.clipboardData?.files || [])];
+      if (!pasted.length) return;
+      event.preventDefault(); // a pasted picture is a file, not its name as text
+      this.add(pasted);
+    });
+  }
+
+  add(files) {
+    this.files.push(...files);
+    this.render();
+  }
+
+  /** The files, each read for the native API's `attachments` (`upload`) and to show (`shown`); the
+   * tray emptied. */
+  async take() {
+    const files = this.files;
+    this.files = [];
+    this.render();
+    return Promise.all(files.map(async (file) => ({
+      upload: { name: file.name || "pasted", media_type: file.type || undefined, data: await base64(file) },
+      shown: { name: file.name || "pasted", media_type: file.type, url: async () => URL.createObjectURL(file) },
+    })));
+  }
+
+  get count() {
+    return this.files.length;
+  }
+
+  render() {
+    const tray = $("attachments-tray");
+    tray.replaceChildren();
+    tray.hidden = !this.files.length;
+    this.files.forEach((file, index) => {
+      const chip = el("span", "file-chip", file.name || "pasted image");
+      const remove = el("button", "file-remove", "×");
+      remove.type = "button";
+      remove.setAttribute("aria-label", `Remove ${file.name || "the pasted image"}`);
+      remove.addEventListener("click", () => {
+        this.files.splice(index, 1);
+        this.render();
+        $("message-input").focus();
+      });
+      chip.append(remove);
+      tray.append(chip);
+    });
+  }
+}
+
+function base64(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(String(reader.result).split(",", 2)[1] || "");
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+/** Under a message: its files (`{name, media_type, url}`, `url()` a promise of a picture's address),
+ * pictures shown. */
+export function showFiles(box, files) {
+  if (!files.length) return;
+  const list = el("div", "files");
+  for (const file of files) {
+    const label = `${file.name || "file"} (${file.media_type || "a file"})`;
+    if (file.media_type?.startsWith("image/")) {
+      const image = el("img", "file-image");
+      image.alt = file.name || "an image";
+      image.title = label;
+      file.url().then((url) => { image.src = url; }).catch(() => { image.alt = `${label}: not available`; });
+      list.append(image);
+    } else {
+      list.append(el("span", "file-chip", label));
+    }
+  }
+  box.append(list);
+}

@@ -1,0 +1,65 @@
+"""Files on the web page, in Chromium: picked with Attach or pasted into the message box, sent with
+the message, shown with it, and shown again from the store after a reload."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser import answer, needs_chromium, sign_in
+from tests.gatewayproc import GatewayProcess, LaunchGateway
+from tests.modelserver import ModelServer, Reply, serving
+from tests.test_attachments import KEY, data_url, png
+
+pytestmark = needs_chromium
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ModelServer]:
+    with serving() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def seeing(model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayProcess:
+    return launch_module_gateway(model, keys={"tester": KEY}, EMBER_MODEL_VISION="true")
+
+
+@pytest.fixture
+def fresh(model: ModelServer) -> Iterator[ModelServer]:
+    model.requests.clear()
+    yield model
+    assert not model._script, "a test left scripted replies unused"
+
+
+def test_the_page_attaches_and_pastes_files_and_shows_them_again_after_a_reload(
+        page: Page, seeing: GatewayProcess, fresh: ModelServer) -> None:
+    fresh.push(Reply(text="Two files seen."))
+    sign_in(page, seeing, KEY)
+    page.goto(seeing.url("/#desk"))
+    page.locator("#attach-input").set_input_files([
+        {"name": "photo.png", "mimeType": "image/png", "buffer": png(40, 30)},
+        {"name": "drop.txt", "mimeType": "text/plain", "buffer": b"throw away"}])
+    page.get_by_role("button", name="Remove drop.txt").click()
+    # A picture pasted into the message box joins the files, as a file, not as text.
+    page.locator("#message-input").evaluate("""(box, bytes) => {
+        const data = new DataTransfer();
+        data.items.add(new File([new Uint8Array(bytes)], "notes.md", { type: "text/markdown" }));
+        box.dispatchEvent(new ClipboardEvent("paste", { clipboardData: data, bubbles: true, cancelable: true }));
+    }""", list(b"# pasted notes"))
+    expect(page.locator("#attachments-tray .file-chip")).to_have_count(2)
+    assert page.locator("#message-input").input_value() == ""
+    page.locator("#message-input").fill("Look at these")
+    page.locator("#send").click()
+    expect(answer(page)).to_have_text("Two files seen.")
+    expect(page.locator("#attachments-tray")).to_be_hidden()
+    parts = fresh.requests[-1]["messages"][-1]["content"]
+    assert [part["type"] for part in parts] == ["text", "image_url", "text"]
+    assert parts[1]["image_url"]["url"] == data_url(png(40, 30), "image/png") and "# pasted notes" in parts[2]["text"]
+    page.reload()
+    shown = page.locator(".message.user").last.locator("img.file-image")
+    expect(shown).to_have_attribute("alt", "photo.png")
+    page.wait_for_function("image => image.complete && image.naturalWidth === 40", arg=shown.element_handle())
+    expect(page.locator(".message.user").last.locator(".file-chip")).to_have_text("notes.md (text/markdown)")
