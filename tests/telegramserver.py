@@ -1,6 +1,7 @@
 """A Telegram Bot API server of the tests' own, on 127.0.0.1: the methods Ember's channel
 calls (getMe, getUpdates long polling, sendMessage, editMessageText, deleteMessage,
-sendChatAction, answerCallbackQuery, setWebhook, deleteWebhook), with Telegram's
+sendChatAction, answerCallbackQuery, setWebhook, deleteWebhook, getFile and the file
+download beside them), with Telegram's
 JSON envelopes and errors: 400 "message is not modified", "message to edit not
 found", "can't parse entities" for HTML it would refuse, and 429 with
 `parameters.retry_after` when a test asks for one.
@@ -101,6 +102,8 @@ class FakeTelegram:
     actions: list[tuple[int, str]] = field(default_factory=list)
     callback_answers: list[dict[str, Any]] = field(default_factory=list)
     webhook: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)  # by file_id
+    fetched: list[str] = field(default_factory=list)  # the file_ids whose bytes were downloaded
     # method -> retry_after seconds of the 429s to answer its next calls with
     rate_limits: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     _next_update: int = 1000
@@ -126,6 +129,32 @@ class FakeTelegram:
             if text.startswith("@") or f"@{BOT_USERNAME}" in text:
                 at = text.find(f"@{BOT_USERNAME}")
                 message["entities"] = [{"type": "mention", "offset": at, "length": len(BOT_USERNAME) + 1}]
+            return self._queue({"message": message})
+
+    def file_message(self, chat_id: int, user_id: int, data: bytes, *, photo: bool = False, caption: str = "",
+                     file_name: str = "file", mime_type: str | None = None, file_size: int | None = None
+                     ) -> dict[str, Any]:
+        """A person's photo (offered in two sizes, as Telegram does) or document, its bytes served
+        by getFile and the file route."""
+        with self._lock:
+            self._user_messages[chat_id] += 1
+            file_id = f"f{len(self.files) + 1}"
+            self.files[file_id] = data
+            described = {"file_id": file_id, "file_unique_id": f"u{file_id}",
+                         "file_size": len(data) if file_size is None else file_size}
+            message: dict[str, Any] = {
+                "message_id": self._user_messages[chat_id], "date": int(time.time()),
+                "chat": {"id": chat_id, "type": "private"},
+                "from": {"id": user_id, "is_bot": False, "first_name": "Ana"}}
+            if caption:
+                message["caption"] = caption
+            if photo:
+                self.files[f"{file_id}s"] = data[:64]  # the thumbnail: never the one to fetch
+                message["photo"] = [{"file_id": f"{file_id}s", "file_unique_id": f"u{file_id}s", "width": 8,
+                                     "height": 8, "file_size": 64}, {**described, "width": 40, "height": 30}]
+            else:
+                message["document"] = {**described, "file_name": file_name,
+                                       **({"mime_type": mime_type} if mime_type else {})}
             return self._queue({"message": message})
 
     def tap(self, user_id: int, shown: Shown, data: str, *, first_name: str = "Ana") -> dict[str, Any]:
@@ -201,6 +230,12 @@ class FakeTelegram:
             retry_after = self.rate_limits[method].pop(0)
             self.writes.append(Write(time.monotonic(), method, chat_id, False))
             return _error(429, f"Too Many Requests: retry after {retry_after}", retry_after=retry_after)
+        if method == "getFile":
+            file_id = str(params.get("file_id"))
+            if file_id not in self.files:
+                return _error(400, "Bad Request: invalid file_id")
+            return _ok({"file_id": file_id, "file_unique_id": f"u{file_id}", "file_size": len(self.files[file_id]),
+                        "file_path": f"documents/{file_id}"})
         if method == "getMe":
             return _ok({**self._bot(), "can_join_groups": True, "can_read_all_group_messages": False,
                         "supports_inline_queries": False})
@@ -258,8 +293,16 @@ class FakeTelegram:
             message["reply_markup"] = {"inline_keyboard": shown.buttons}
         return message
 
+    async def _file(self, request: Request) -> Response:
+        file_id = request.path_params["path"].rsplit("/", 1)[-1]
+        if request.path_params["token"] != self.token or file_id not in self.files:
+            return _error(404, "Not Found")
+        self.fetched.append(file_id)
+        return Response(self.files[file_id], media_type="application/octet-stream")
+
     def app(self) -> Starlette:
-        return Starlette(routes=[Route("/bot{token}/{method}", self._api, methods=["GET", "POST"])])
+        return Starlette(routes=[Route("/bot{token}/{method}", self._api, methods=["GET", "POST"]),
+                                 Route("/file/bot{token}/{path:path}", self._file, methods=["GET"])])
 
 
 def _maybe_json(value: str) -> Any:

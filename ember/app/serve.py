@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute
 
 from ember.app.runtime import Runtime, configured_runtime, require_shared_bus, running
 from ember.app.settings_view import DEMO_MODEL, settings_view
+from ember.channels.attachments import FileShelf
 from ember.channels.chat.services import ChatServices
 from ember.channels.gateway.app import GatewayOptions, GatewayServices, create_app
 from ember.channels.gateway.auth import ApiKeys
@@ -28,6 +29,7 @@ from ember.channels.gateway.turns import CHANNEL, SharedTurnRouter, TurnRouter
 from ember.channels.webhooks.inbound import WebhookChannel
 from ember.channels.webhooks.outbound import OutboundWebhooks
 from ember.config.settings import Settings
+from ember.core.attachments import DEFAULT_MAX_BYTES as DEFAULT_ATTACHMENT_BYTES
 from ember.core.errors import ConfigError, EmberError
 from ember.models.base import ModelClient
 from ember.store.conversations import SqlConversationIndex
@@ -132,18 +134,19 @@ def webhook_channels(settings: Settings, runtime: Runtime) -> list[BaseRoute]:
     return list(webhooks.routes())
 
 
-def chat_services(runtime: Runtime) -> ChatServices:
+def chat_services(runtime: Runtime, attachment_max_bytes: int = DEFAULT_ATTACHMENT_BYTES) -> ChatServices:
     """What every chat platform's channel is given of `runtime`."""
     from ember.store.approvals import SqlApprovalStore
     from ember.store.channel_messages import SqlChannelMessages
 
     return ChatServices(runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db), runtime.approvals,
-                        SqlApprovalStore(runtime.db), runtime.identities)
+                        SqlApprovalStore(runtime.db), runtime.identities,
+                        FileShelf(runtime.sessions, attachment_max_bytes))
 
 
 def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None) -> list[BaseRoute]:
     """Register the chat platforms `settings` configures; the routes of those called back."""
-    shared = chat_services(runtime)
+    shared = chat_services(runtime, settings.attachment_max_bytes)
     platforms = []
     if (telegram := settings.telegram_bot) is not None:
         from ember.channels.telegram.channel import TelegramChannel  # the SDK: only when configured

@@ -22,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ember import __version__
+from ember.channels.attachments import FileShelf
 from ember.channels.gateway.activity_api import ActivityApi
 from ember.channels.gateway.auth import ApiKeys
 from ember.channels.gateway.conversations import Conversations
@@ -209,7 +210,7 @@ def _api_routes(router: TurnRouter, services: GatewayServices, options: GatewayO
     """The OpenAI-compatible routes and Ember's own API; the optional parts where their stores are given."""
     body = options.max_body_bytes
     limits = BodyLimits(body, options.attachment_max_bytes)
-    uploads = Uploads(services.sessions, options.attachment_max_bytes)
+    uploads = Uploads(FileShelf(services.sessions, options.attachment_max_bytes))
     routes: list[BaseRoute] = [
         *OpenAIApi(router, metrics, Conversations(services.conversations), uploads, agent_id=options.agent_id,
                    body=limits, limits=options.sampling_limits).routes(),

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ember.channels.attachments import FileShelf
 from ember.channels.gateway.http import (
     KEEPALIVE_S,
     SESSION_HEADER,
@@ -99,7 +100,7 @@ class NativeApi:
         self._metrics = metrics
         self._max_body_bytes = body.max_body_bytes
         self._files = body.files(uploads_weight)
-        self._uploads = Uploads(sessions, body.attachment_max_bytes)
+        self._uploads = Uploads(FileShelf(sessions, body.attachment_max_bytes))
 
     def routes(self) -> list[Route]:
         return [

@@ -9,7 +9,6 @@ person whose session it is in.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,19 +18,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ember.channels.attachments import FileShelf
 from ember.channels.gateway.http import ApiError, FileAllowance, T, checked_key
 from ember.channels.gateway.schemas import AttachmentUpload, ChatCompletionRequest, ContentPart, MessageRequest
 from ember.channels.gateway.turns import session_key
-from ember.core.attachments import (
-    TEXT_TYPES,
-    Attachment,
-    AttachmentContent,
-    AttachmentRefused,
-    checked,
-    decoded,
-    from_data_url,
-    with_text,
-)
+from ember.core.attachments import TEXT_TYPES, Attachment, AttachmentContent, AttachmentRefused, decoded, from_data_url
 from ember.store.protocols import SessionBrowser
 
 _STATUS = {"attachment_too_large": 413, "attachment_type": 415, "attachment_disguised": 415}
@@ -61,17 +52,19 @@ def parts_weight(body: ChatCompletionRequest) -> int:
 
 
 class Uploads:
-    def __init__(self, sessions: SessionBrowser, max_bytes: int) -> None:
-        self._sessions = sessions
-        self._max_bytes = max_bytes
+    """A message's files as the gateway's routes take them, checked, then kept on the shelf."""
+
+    def __init__(self, shelf: FileShelf) -> None:
+        self._shelf = shelf
+        self._max_bytes = shelf.max_bytes
 
     def uploaded(self, items: Sequence[AttachmentUpload]) -> list[AttachmentContent]:
         """The native API's `attachments`, checked; ApiError says what is wrong with the first bad one."""
         files = []
         for i, item in enumerate(items):
             with _refusal_said(f"attachments[{i}]"):
-                files.append(checked(decoded(item.data, item.name), declared=item.media_type, name=item.name,
-                                     max_bytes=self._max_bytes))
+                files.append(self._shelf.checked(decoded(item.data, item.name), declared=item.media_type,
+                                                 name=item.name))
         return self._within(files)
 
     def from_parts(self, parts: Sequence[ContentPart], where: str) -> list[AttachmentContent]:
@@ -89,13 +82,7 @@ class Uploads:
         return self._within(files)
 
     async def keep(self, key: str, files: Sequence[AttachmentContent]) -> tuple[Attachment, ...]:
-        """Store the files in the session (documents with their text) and give their references."""
-        if not files:
-            return ()
-        if any(not f.is_image for f in files):  # reading a PDF's text takes a while: not on the loop
-            files = await asyncio.to_thread(lambda: [with_text(f) for f in files])
-        await self._sessions.keep_attachments(key, files)
-        return tuple(f.reference() for f in files)
+        return await self._shelf.keep(key, files)
 
     def _within(self, files: list[AttachmentContent]) -> list[AttachmentContent]:
         total = sum(f.size for f in files)

@@ -33,7 +33,9 @@ from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.telegram.config import TelegramSpec
+from ember.channels.telegram.files import file_base_url, message_files
 from ember.channels.telegram.markup import telegram_html
+from ember.core.attachments import AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
@@ -136,7 +138,8 @@ class TelegramChannel:
         self._approval_rows = services.approval_rows
         self._identities = services.identities
         self._public_url = public_url
-        self._bot = bot or Bot(token, base_url=spec.api_base_url)
+        self._bot = bot or Bot(token, base_url=spec.api_base_url, base_file_url=file_base_url(spec.api_base_url))
+        self._files = services.files
         self._platform = TelegramPlatform(self._bot)
         self._stream = EditStream(self._platform, services.messages, CHANNEL, interval_s=spec.edit_interval_ms / 1000,
                                   limit=MAX_MESSAGE_CHARS)
@@ -238,7 +241,8 @@ class TelegramChannel:
     async def _message(self, update: Update) -> InboundEvent | None:
         """The update's message as the agent's, if it is one to answer."""
         message = update.message
-        if message is None or message.from_user is None or not (message.text or message.caption):
+        if message is None or message.from_user is None or not (message.text or message.caption or message.photo
+                                                                  or message.document):
             return None
         user = message.from_user
         if not self._gate.admits(user.id):
@@ -253,9 +257,17 @@ class TelegramChannel:
             if mention.lower() not in text.lower() and not replied:
                 return None
             text = text.replace(mention, "").strip() or text
-        return InboundEvent(channel=CHANNEL, chat_id=str(message.chat_id), sender_id=str(user.id), text=text,
+        try:
+            files = await message_files(self._bot, message, self._files)
+        except (AttachmentRefused, TelegramError) as exc:  # said in the chat; nothing is kept
+            told = exc if isinstance(exc, AttachmentRefused) else "Telegram did not hand it over; send it again"
+            await self._quietly(self._bot.send_message(message.chat_id, f"I could not take that file: {told}"))
+            return None
+        chat_id = str(message.chat_id)
+        return InboundEvent(channel=CHANNEL, chat_id=chat_id, sender_id=str(user.id), text=text,
                             message_id=str(message.message_id), sender_name=user.full_name or None,
-                            stream=True, can_approve=True)
+                            stream=True, can_approve=True,
+                            attachments=await self._files.keep(f"{CHANNEL}:{chat_id}", files))
 
     def _start_typing(self, chat_id: str) -> None:
         if chat_id not in self._typing or self._typing[chat_id].done():

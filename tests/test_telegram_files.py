@@ -1,0 +1,87 @@
+"""Photos and documents sent to the Telegram bot: fetched through the Bot API (getFile, then the
+file), kept in the chat's session, and shown to a model that sees images as an image part; a file
+too large or not what it claims is refused in the chat, and nothing of it is kept."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ember.config.settings import Settings
+from ember.core.messages import Role
+from ember.models.openai_compat import OpenAICompatibleModel
+from tests.modelserver import ModelServer, Reply, serving
+from tests.telegramserver import FakeTelegram, serving_telegram
+from tests.test_attachments import png
+from tests.test_telegram import ANA, agent, all_confirmed, settled
+
+
+@pytest.fixture
+def telegram() -> Iterator[tuple[FakeTelegram, str]]:
+    with serving_telegram() as served:
+        yield served
+
+
+@pytest.fixture
+def model() -> Iterator[ModelServer]:
+    with serving() as server:
+        yield server
+
+
+def seeing(model: ModelServer) -> OpenAICompatibleModel:
+    return OpenAICompatibleModel(model="test-model", base_url=model.base_url, api_key=None, vision=True)
+
+
+def kept_files(settings: Settings) -> list[Any]:
+    with sqlite3.connect(settings.home / "ember.db") as db:
+        return db.execute("SELECT session_key, media_type FROM attachments").fetchall()
+
+
+async def test_a_photo_reaches_a_seeing_model_as_an_image_and_a_document_as_its_text(
+        settings: Settings, telegram: tuple[FakeTelegram, str], model: ModelServer) -> None:
+    fake, base_url = telegram
+    model.push(Reply(text="A grey picture."), Reply(text="Two lemons."))
+    photo = png(40, 30)
+    async with agent(settings, seeing(model), base_url) as (runtime, _):
+        fake.file_message(ANA, ANA, photo, photo=True, caption="what is this?")
+        await settled(fake, runtime, ANA)
+        fake.file_message(ANA, ANA, b"- oat milk\n- 2 lemons\n", file_name="list.md", mime_type="text/markdown")
+        texts = await settled(fake, runtime, ANA, answers=2)
+        history = await runtime.sessions.history(f"telegram:{ANA}")
+    first, second = (request["messages"][-1]["content"] for request in model.requests)
+    assert first == [{"type": "text", "text": "what is this?"},
+                     {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(photo)
+                                                         .decode()}}]
+    assert [part["type"] for part in second] == ["text"] and "- 2 lemons" in second[0]["text"]
+    assert texts[-2:] == ["A grey picture.", "Two lemons."]
+    assert fake.fetched == ["f1", "f3"]  # the largest size of the photo, never its thumbnail
+    questions = [m for m in history if m.role is Role.USER]
+    assert [a.name for m in questions for a in m.attachments] == [f"photo-{5001}.jpg", "list.md"]
+    assert [a.media_type for m in questions for a in m.attachments] == ["image/png", "text/markdown"]
+
+
+@pytest.mark.parametrize(("sent", "said", "fetched"), [
+    ({"data": b"x" * 100, "file_size": 50_000_000, "file_name": "huge.zip"}, "huge.zip is 50000000 bytes", []),
+    ({"data": b"just text", "file_name": "cat.png", "mime_type": "image/png"}, "cat.png says it is image/png",
+     ["f1"]),
+])
+async def test_a_file_too_large_or_in_disguise_is_refused_in_the_chat_and_nothing_is_kept(
+        settings: Settings, telegram: tuple[FakeTelegram, str], model: ModelServer, sent: dict[str, Any],
+        said: str, fetched: list[str]) -> None:
+    fake, base_url = telegram
+    async with agent(settings, seeing(model), base_url) as (runtime, _):
+        fake.file_message(ANA, ANA, sent.pop("data"), **sent)
+        async with asyncio.timeout(20):
+            while not fake.texts(ANA):
+                await asyncio.sleep(0.05)
+        await all_confirmed(fake)
+        assert await runtime.sessions.history(f"telegram:{ANA}") == []
+    [told] = fake.texts(ANA)
+    assert told.startswith("I could not take that file: ") and said in told
+    assert fake.fetched == fetched  # a file over the limit is not even fetched
+    assert model.requests == [] and kept_files(settings) == []
