@@ -250,9 +250,14 @@ class ModelServer:
         self.titler: Callable[[dict[str, Any]], Reply] | None = lambda body: Reply(text="")
         self.titled: list[dict[str, Any]] = []
         self._script: deque[Reply] = deque()
+        # What `POST /v1/audio/transcriptions` hears (None: it answers 400, as for a file it cannot
+        # decode), and the (file name, content type, size, model) of each file sent to it.
+        self.transcript: str | None = "(transcribed)"
+        self.transcribed: list[tuple[str, str, int, str]] = []
         embeddings = [Route("/v1/embeddings", self._embeddings, methods=["POST"])] if embedder else []
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/audio/transcriptions", self._transcription, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             *embeddings,
             # The same under a caller's name (`<origin>/<caller>/v1`): a responder reads it as CALLER.
@@ -264,6 +269,18 @@ class ModelServer:
     @property
     def origin(self) -> str:
         return self._server.origin
+
+    async def _transcription(self, request: Request) -> Response:
+        """OpenAI's speech to text: a multipart form with `file` and `model`; `{"text": ...}`."""
+        async with request.form() as form:
+            upload, model = form.get("file"), form.get("model")
+            if not hasattr(upload, "read") or not isinstance(model, str):
+                return _invalid("file and model are required", None)
+            data = await upload.read()
+            self.transcribed.append((upload.filename or "", upload.content_type or "", len(data), model))
+        if self.transcript is None:
+            return _invalid("Audio file could not be decoded", "invalid_value")
+        return JSONResponse({"text": self.transcript})
 
     @property
     def base_url(self) -> str:
@@ -397,3 +414,8 @@ def serve_forever(app: ASGIApp, port_file: Path, *, backlog: int = 2048, keep_al
 def model_server() -> Iterator[ModelServer]:
     with serving() as server:
         yield server
+
+
+def _invalid(message: str, code: str | None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code, "param": "file"}},
+                        status_code=400)

@@ -131,11 +131,11 @@ class FakeTelegram:
                 message["entities"] = [{"type": "mention", "offset": at, "length": len(BOT_USERNAME) + 1}]
             return self._queue({"message": message})
 
-    def file_message(self, chat_id: int, user_id: int, data: bytes, *, photo: bool = False, caption: str = "",
-                     file_name: str = "file", mime_type: str | None = None, file_size: int | None = None
-                     ) -> dict[str, Any]:
-        """A person's photo (offered in two sizes, as Telegram does) or document, its bytes served
-        by getFile and the file route."""
+    def file_message(self, chat_id: int, user_id: int, data: bytes, *, photo: bool = False, voice: bool = False,
+                     caption: str = "", file_name: str = "file", mime_type: str | None = None,
+                     file_size: int | None = None) -> dict[str, Any]:
+        """A person's photo (offered in two sizes, as Telegram does), voice note or document, its
+        bytes served by getFile and the file route."""
         with self._lock:
             self._user_messages[chat_id] += 1
             file_id = f"f{len(self.files) + 1}"
@@ -152,6 +152,8 @@ class FakeTelegram:
                 self.files[f"{file_id}s"] = data[:64]  # the thumbnail: never the one to fetch
                 message["photo"] = [{"file_id": f"{file_id}s", "file_unique_id": f"u{file_id}s", "width": 8,
                                      "height": 8, "file_size": 64}, {**described, "width": 40, "height": 30}]
+            elif voice:
+                message["voice"] = {**described, "duration": 2, "mime_type": "audio/ogg"}
             else:
                 message["document"] = {**described, "file_name": file_name,
                                        **({"mime_type": mime_type} if mime_type else {})}

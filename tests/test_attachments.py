@@ -82,12 +82,38 @@ def blind(model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayPr
     return launch_module_gateway(model, keys={"tester": KEY}, EMBER_ATTACHMENT_MAX_BYTES=str(SMALL_LIMIT))
 
 
+@pytest.fixture(scope="module")
+def hearing(model: ModelServer, launch_module_gateway: LaunchGateway,
+            tmp_path_factory: pytest.TempPathFactory) -> GatewayProcess:
+    """A gateway with a transcription model for voice notes ([model_roles] transcribe)."""
+    home = tmp_path_factory.mktemp("hearing") / "home"
+    home.mkdir(parents=True)
+    (home / "ember.toml").write_text(f"""
+[models.chat]
+base_url = "{model.base_url}"
+model = "{model.model}"
+[models.ears]
+base_url = "{model.base_url}"
+model = "whisper-test"
+[model_roles]
+main = ["chat"]
+transcribe = ["ears"]
+""")
+    return launch_module_gateway(model, keys={"tester": KEY}, home=home)
+
+
 @pytest.fixture
 def fresh(model: ModelServer) -> Iterator[ModelServer]:
     model.responder = None
     model.requests.clear()
+    model.transcribed.clear()
+    model.transcript = "(transcribed)"
     yield model
     assert not model._script, "a test left scripted replies unused"
+
+
+VOICE = b"OggS\x00\x02" + bytes(200)  # an Ogg page's start: what a voice note is
+WAVE = b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(100)
 
 
 def sdk(gateway: GatewayProcess, key: str = KEY) -> openai.OpenAI:
@@ -212,6 +238,44 @@ def test_the_openai_route_refuses_links_and_disguised_images_by_name(blind: Gate
                     {"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": url}}]}])
             assert refused.value.body["code"] == code and refused.value.body["param"] == "messages[0].content[1]"
     assert fresh.requests == []
+
+
+def test_a_voice_note_is_transcribed_into_the_turns_text_and_kept_as_a_recording(
+        hearing: GatewayProcess, fresh: ModelServer) -> None:
+    fresh.transcript = "Remind me to call Ada at five."
+    fresh.push(Reply(text="I will."), Reply(text="Heard."))
+    voice = {"name": "note.ogg", "data": base64.b64encode(VOICE).decode()}
+    response = send_native(hearing, "voice", {"attachments": [voice]})
+    assert sse_events(response.text)[-1].json()["text"] == "I will."
+    parts = fresh.requests[-1]["messages"][-1]["content"]
+    assert parts[0] == {"type": "text", "text": "Remind me to call Ada at five."}
+    assert "note.ogg (audio/ogg" in parts[1]["text"] and "transcript" in parts[1]["text"]
+    question = history(hearing, "voice")[0]
+    assert question["content"] == "Remind me to call Ada at five." and question["attachments"][0]["name"] == "note.ogg"
+    # The OpenAI route's input_audio part, beside text the person typed.
+    with sdk(hearing) as client:
+        client.chat.completions.create(model="ember", extra_headers={"X-Ember-Session": "voice"}, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "And this:"},
+                                         {"type": "input_audio", "input_audio": {
+                                             "data": base64.b64encode(WAVE).decode(), "format": "wav"}}]}])
+    assert fresh.requests[-1]["messages"][-1]["content"][0]["text"] == "And this:\n\nRemind me to call Ada at five."
+    assert fresh.transcribed == [("note.ogg", "audio/ogg", len(VOICE), "whisper-test"),
+                                 ("voice.wav", "audio/wav", len(WAVE), "whisper-test")]
+
+
+def test_a_voice_note_nobody_can_hear_is_refused_and_nothing_is_kept(
+        hearing: GatewayProcess, blind: GatewayProcess, fresh: ModelServer) -> None:
+    voice = {"name": "note.ogg", "data": base64.b64encode(VOICE).decode()}
+    fresh.transcript = None  # the transcription endpoint cannot decode it
+    failed = send_native(hearing, "unheard", {"attachments": [voice]})
+    assert failed.status_code == 502 and failed.json()["error"]["code"] == "transcription_failed"
+    assert "could not be transcribed" in failed.json()["error"]["message"]
+    unconfigured = send_native(blind, "unheard", {"attachments": [voice]})
+    assert unconfigured.status_code == 400 and unconfigured.json()["error"]["code"] == "transcription_unavailable"
+    assert "[model_roles] transcribe" in unconfigured.json()["error"]["message"]
+    assert fresh.requests == [] and stored_files(blind) == [f for f in stored_files(blind) if "unheard" not in f[0]]
+    for gateway in (hearing, blind):
+        assert httpx.get(gateway.url("/api/sessions/unheard/messages"), headers=auth()).status_code == 404
 
 
 def test_a_file_is_judged_by_its_bytes() -> None:

@@ -29,8 +29,9 @@ from ember.channels.telegram.config import TelegramSpec
 from ember.channels.telegram.markup import telegram_html
 from ember.config.settings import Settings
 from ember.core.messages import Message, Role
-from ember.models.base import ModelReply
+from ember.models.base import ModelClient, ModelReply
 from ember.models.scripted import FunctionModel
+from ember.models.transcription import Transcriber
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, settled_in, settling, writing_tool
@@ -54,15 +55,17 @@ def spec(base_url: str, **fields: Any) -> TelegramSpec:
 
 
 def telegram_channel(runtime: Runtime, base_url: str, *, public_url: str | None = None,
-                     **fields: Any) -> TelegramChannel:
-    return TelegramChannel(spec(base_url, **fields), chat_services(runtime), public_url=public_url)
+                     transcriber: Transcriber | None = None, **fields: Any) -> TelegramChannel:
+    return TelegramChannel(spec(base_url, **fields), chat_services(runtime, transcriber=transcriber),
+                           public_url=public_url)
 
 
 @asynccontextmanager
-async def agent(settings: Settings, model: FunctionModel, base_url: str, *, tools: ToolRegistry | None = None,
+async def agent(settings: Settings, model: ModelClient, base_url: str, *, tools: ToolRegistry | None = None,
+                transcriber: Transcriber | None = None,
                 **fields: Any) -> AsyncIterator[tuple[Runtime, TelegramChannel]]:
     runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
-    channel = telegram_channel(runtime, base_url, **fields)
+    channel = telegram_channel(runtime, base_url, transcriber=transcriber, **fields)
     settling(runtime, channel)
     async with running(runtime, recover=True):
         yield runtime, channel

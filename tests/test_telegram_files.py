@@ -15,6 +15,7 @@ import pytest
 from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.openai_compat import OpenAICompatibleModel
+from ember.models.transcription import OpenAITranscriber
 from tests.modelserver import ModelServer, Reply, serving
 from tests.telegramserver import FakeTelegram, serving_telegram
 from tests.test_attachments import png
@@ -63,6 +64,22 @@ async def test_a_photo_reaches_a_seeing_model_as_an_image_and_a_document_as_its_
     questions = [m for m in history if m.role is Role.USER]
     assert [a.name for m in questions for a in m.attachments] == [f"photo-{5001}.jpg", "list.md"]
     assert [a.media_type for m in questions for a in m.attachments] == ["image/png", "text/markdown"]
+
+
+async def test_a_voice_note_is_heard_as_the_message_and_the_model_is_told_it_was_spoken(
+        settings: Settings, telegram: tuple[FakeTelegram, str], model: ModelServer) -> None:
+    fake, base_url = telegram
+    model.transcript = "What is on my list today?"
+    model.push(Reply(text="Nothing yet."))
+    ears = OpenAITranscriber(model="whisper-test", base_url=model.base_url, api_key=None)
+    async with agent(settings, seeing(model), base_url, transcriber=ears) as (runtime, _):
+        fake.file_message(ANA, ANA, b"OggS\x00\x02" + bytes(300), voice=True)
+        texts = await settled(fake, runtime, ANA)
+        [question, _] = await runtime.sessions.history(f"telegram:{ANA}")
+    assert texts == ["Nothing yet."] and model.transcribed == [("voice-5001.ogg", "audio/ogg", 306, "whisper-test")]
+    assert question.content == "What is on my list today?" and question.attachments[0].media_type == "audio/ogg"
+    parts = model.requests[-1]["messages"][-1]["content"]
+    assert parts[0]["text"] == "What is on my list today?" and "a recording" in parts[1]["text"]
 
 
 @pytest.mark.parametrize(("sent", "said", "fetched"), [

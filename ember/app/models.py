@@ -1,5 +1,5 @@
 """The model clients the settings name: one per configured model, the chain each role (main,
-background, approval, simple) and each named agent calls, under a router when `[models]` names
+background, approval, simple) and each named agent calls, the transcription model, under a router when `[models]` names
 several; and those a runtime calls, each metered into its usage (`Models`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ember.config.settings import CONFIGURE_MODEL_HINT, Settings
-from ember.core.errors import ModelNotConfigured
+from ember.core.errors import ConfigError, ModelNotConfigured
 from ember.models.base import ModelClient, ModelEndpoint
 from ember.models.metered import MeteredModel
 from ember.models.router import ModelRouter, Route
@@ -18,6 +18,7 @@ from ember.runtime.usage import UsageRecorder
 from ember.tools.explain import ApprovalExplainer
 
 if TYPE_CHECKING:
+    from ember.models.transcription import Transcriber
     from ember.runtime.telemetry import Telemetry
 
 
@@ -93,6 +94,22 @@ def configured_background_model(settings: Settings) -> ModelClient | None:
 def configured_simple_model(settings: Settings) -> ModelClient | None:
     """The chain `[model_roles] simple` names for simple turns; None: every turn goes to main."""
     return configured_model(settings, "simple") if "simple" in settings.model_roles else None
+
+
+def configured_transcriber(settings: Settings, *, demo: bool) -> Transcriber | None:
+    """The model `[model_roles] transcribe` names (its first); on the demo, its scripted transcripts;
+    else None (voice notes are then refused, saying why)."""
+    from ember.models.transcription import DemoTranscriber, OpenAITranscriber
+
+    chain = settings.model_roles.get("transcribe")
+    if not chain:
+        return DemoTranscriber() if demo else None
+    spec = model_specs(settings)[chain[0]]
+    if spec.provider != "openai" or spec.base_url is None:
+        raise ConfigError(f"model_roles.transcribe names {chain[0]!r}, which is not an OpenAI-compatible endpoint "
+                          "(one with /v1/audio/transcriptions)")
+    return OpenAITranscriber(model=spec.model, base_url=spec.base_url, api_key=spec.key(),
+                             timeout_s=max(settings.model_timeout_s, 120.0))
 
 
 def configured_agent_models(settings: Settings) -> dict[str, ModelClient]:

@@ -17,6 +17,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
+from ember.app.models import configured_transcriber
 from ember.app.runtime import Runtime, configured_runtime, require_shared_bus, running
 from ember.app.settings_view import DEMO_MODEL, settings_view
 from ember.channels.attachments import FileShelf
@@ -32,6 +33,8 @@ from ember.config.settings import Settings
 from ember.core.attachments import DEFAULT_MAX_BYTES as DEFAULT_ATTACHMENT_BYTES
 from ember.core.errors import ConfigError, EmberError
 from ember.models.base import ModelClient
+from ember.models.demo import DEMO_NAME
+from ember.models.transcription import Transcriber
 from ember.store.conversations import SqlConversationIndex
 from ember.store.usage import SqlUsageStore
 
@@ -134,19 +137,21 @@ def webhook_channels(settings: Settings, runtime: Runtime) -> list[BaseRoute]:
     return list(webhooks.routes())
 
 
-def chat_services(runtime: Runtime, attachment_max_bytes: int = DEFAULT_ATTACHMENT_BYTES) -> ChatServices:
+def chat_services(runtime: Runtime, attachment_max_bytes: int = DEFAULT_ATTACHMENT_BYTES,
+                  transcriber: Transcriber | None = None) -> ChatServices:
     """What every chat platform's channel is given of `runtime`."""
     from ember.store.approvals import SqlApprovalStore
     from ember.store.channel_messages import SqlChannelMessages
 
     return ChatServices(runtime.bus, runtime.deliveries.store, SqlChannelMessages(runtime.db), runtime.approvals,
                         SqlApprovalStore(runtime.db), runtime.identities,
-                        FileShelf(runtime.sessions, attachment_max_bytes))
+                        FileShelf(runtime.sessions, attachment_max_bytes, transcriber))
 
 
-def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None) -> list[BaseRoute]:
+def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None,
+                  transcriber: Transcriber | None = None) -> list[BaseRoute]:
     """Register the chat platforms `settings` configures; the routes of those called back."""
-    shared = chat_services(runtime, settings.attachment_max_bytes)
+    shared = chat_services(runtime, settings.attachment_max_bytes, transcriber)
     platforms = []
     if (telegram := settings.telegram_bot) is not None:
         from ember.channels.telegram.channel import TelegramChannel  # the SDK: only when configured
@@ -233,11 +238,11 @@ def shared_rate_limiter(settings: Settings) -> RedisRateLimiter | None:
                             settings.gateway_rate_per_minute, settings.gateway_rate_burst)
 
 
-def gateway_services(runtime: Runtime) -> GatewayServices:
+def gateway_services(runtime: Runtime, transcriber: Transcriber | None = None) -> GatewayServices:
     return GatewayServices(runtime.sessions, runtime.jobs, runtime.approvals, runtime.memory, runtime.identities,
                            SqlConversationIndex(runtime.db), runtime.usage, runtime.tasks, runtime.skills,
                            deliveries=runtime.deliveries.store, turns=runtime.loop, traces=runtime.traces,
-                           usage_report=SqlUsageStore(runtime.db))
+                           usage_report=SqlUsageStore(runtime.db), transcriber=transcriber)
 
 
 async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str, port: int,
@@ -256,7 +261,8 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
         router = turn_router(settings, runtime, CHANNEL)
         runtime.channels.register(router)
         channel_routes = webhook_channels(settings, runtime)
-        channel_routes += chat_channels(settings, runtime, settings.gateway_public_url)
+        transcriber = configured_transcriber(settings, demo=model.name == DEMO_NAME)
+        channel_routes += chat_channels(settings, runtime, settings.gateway_public_url, transcriber)
         if turns:  # else the workers fire the scheduled tasks
             runtime.channels.register(runtime.scheduler())
         a2a = await a2a_channel(settings, runtime, settings.gateway_public_url or f"http://{host}:{listening.port}")
@@ -278,7 +284,7 @@ async def serve(settings: Settings, model: ModelClient, keys: ApiKeys, host: str
                         await limiter.aclose()
 
         options = gateway_options(settings, model, listening.model_problem, settings_view(settings, runtime))
-        app = create_app(router, gateway_services(runtime), keys, options, lifespan=lifespan,
+        app = create_app(router, gateway_services(runtime, transcriber), keys, options, lifespan=lifespan,
                          channel_routes=channel_routes, limiter=limiter)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=settings.gateway_shutdown_grace_s)

@@ -26,7 +26,9 @@ MAX_DOCUMENT_CHARS = 200_000
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 PDF_TYPE = "application/pdf"
 TEXT_TYPES = ("text/plain", "text/markdown", "text/csv", "application/json")
-ACCEPTED_TYPES = (*IMAGE_TYPES, PDF_TYPE, *TEXT_TYPES)
+# Voice notes and recordings: transcribed into their message's text where a model for it is configured.
+AUDIO_TYPES = ("audio/ogg", "audio/mpeg", "audio/wav", "audio/webm", "audio/mp4")
+ACCEPTED_TYPES = (*IMAGE_TYPES, PDF_TYPE, *TEXT_TYPES, *AUDIO_TYPES)
 _TEXT_BY_EXTENSION = {".md": "text/markdown", ".markdown": "text/markdown", ".csv": "text/csv",
                       ".json": "application/json"}
 _NAME = re.compile(r"[^\w .()+-]")
@@ -54,6 +56,10 @@ class Attachment:
     @property
     def is_image(self) -> bool:
         return self.media_type in IMAGE_TYPES
+
+    @property
+    def is_audio(self) -> bool:
+        return self.media_type in AUDIO_TYPES
 
     @property
     def label(self) -> str:
@@ -144,7 +150,8 @@ def checked(data: bytes, *, declared: str | None, name: str | None, max_bytes: i
     claimed = (declared or "").split(";")[0].strip().lower() or None
     if sniffed is None:
         raise AttachmentRefused(f"{name or 'the file'} is not a type Ember reads (images: PNG, JPEG, GIF, WebP; "
-                                "PDF; UTF-8 text, Markdown, CSV or JSON)", code="attachment_type")
+                                "PDF; UTF-8 text, Markdown, CSV or JSON; audio: Ogg, MP3, WAV, WebM, M4A)",
+                                code="attachment_type")
     if claimed is not None and _kind(claimed) not in (None, _kind(sniffed)):
         raise AttachmentRefused(f"{name or 'the file'} says it is {claimed}, but its content is not",
                                 code="attachment_disguised")
@@ -193,6 +200,8 @@ def _sniffed(data: bytes) -> str | None:
         return "image/webp"
     if data.startswith(b"%PDF-"):
         return PDF_TYPE
+    if audio := _sniffed_audio(data):
+        return audio
     if b"\x00" in data:
         return None
     try:
@@ -202,10 +211,26 @@ def _sniffed(data: bytes) -> str | None:
     return "text/plain"
 
 
+def _sniffed_audio(data: bytes) -> str | None:
+    if data.startswith(b"OggS"):
+        return "audio/ogg"
+    if data.startswith(b"ID3") or data[:2] in (b"\xff\xfb", b"\xff\xf3", b"\xff\xf2"):
+        return "audio/mpeg"
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return "audio/wav"
+    if data.startswith(b"\x1a\x45\xdf\xa3"):  # Matroska/WebM: what a browser records
+        return "audio/webm"
+    if data[4:8] == b"ftyp" and data[8:12] in (b"M4A ", b"mp42", b"isom", b"iso5", b"dash"):
+        return "audio/mp4"
+    return None
+
+
 def _kind(media_type: str) -> str | None:
-    """image, pdf or text; None for a type that says nothing (application/octet-stream)."""
+    """image, pdf, text or audio; None for a type that says nothing (application/octet-stream)."""
     if media_type.startswith("image/"):
         return "image"
+    if media_type.startswith("audio/") or media_type == "video/webm":  # a browser's recording may say video
+        return "audio"
     if media_type == PDF_TYPE:
         return "pdf"
     if media_type.startswith("text/") or media_type in TEXT_TYPES:

@@ -19,6 +19,8 @@ from ember.core.messages import Message, Role
 
 def as_text(attachment: Attachment) -> str:
     """The file as a model that does not see it reads it."""
+    if attachment.is_audio:
+        return f"[Attached: {attachment.label}; a recording, whose transcript is the message's text]"
     if not isinstance(attachment, AttachmentContent):
         return f"[Attached: {attachment.label}; its content is no longer stored]"
     if attachment.text is not None:

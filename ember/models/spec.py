@@ -11,9 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from ember.core.usage import Price
 
 ROLES = ("main", "background", "approval")
-# Roles that exist only when configured: "simple", the cheap chain for simple turns (pipeline/inference.py).
-OPTIONAL_ROLES = ("simple",)
-ModelRole = Literal["main", "background", "approval", "simple"]
+# Roles that exist only when configured: "simple", the cheap chain for simple turns (pipeline/inference.py);
+# "transcribe", the speech-to-text model voice notes go to (models/transcription.py).
+OPTIONAL_ROLES = ("simple", "transcribe")
+ModelRole = Literal["main", "background", "approval", "simple", "transcribe"]
 ToolCallFormat = Literal["native", "text", "auto"]
 
 

@@ -37,13 +37,14 @@ from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits
 from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
 from ember.channels.gateway.turns import TurnRouter
-from ember.channels.gateway.uploads import AttachmentsApi, BodyLimits, Uploads
+from ember.channels.gateway.uploads import AttachmentsApi, Intake
 from ember.channels.gateway.usage_api import UsageApi
 from ember.core.attachments import DEFAULT_MAX_BYTES as DEFAULT_ATTACHMENT_BYTES
 from ember.core.errors import BusUnavailable, StoreBusy, StoreUnavailable
 from ember.core.turn import TurnControl
 from ember.memory.identity import Identities
 from ember.memory.service import MemoryService
+from ember.models.transcription import Transcriber
 from ember.runtime.approvals import ApprovalBroker
 from ember.runtime.usage import UsageRecorder
 from ember.skills.library import SkillLibrary
@@ -94,6 +95,7 @@ class GatewayServices:
     turns: TurnControl | None = None  # stops a running turn
     traces: TraceReader | None = None  # what each turn did: /api/activity
     usage_report: UsageReport | None = None  # what the caller's model calls cost: /api/usage
+    transcriber: Transcriber | None = None  # hears voice notes ([model_roles] transcribe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,12 +211,11 @@ def _api_routes(router: TurnRouter, services: GatewayServices, options: GatewayO
                 metrics: GatewayMetrics) -> list[BaseRoute]:
     """The OpenAI-compatible routes and Ember's own API; the optional parts where their stores are given."""
     body = options.max_body_bytes
-    limits = BodyLimits(body, options.attachment_max_bytes)
-    uploads = Uploads(FileShelf(services.sessions, options.attachment_max_bytes))
+    intake = Intake(FileShelf(services.sessions, options.attachment_max_bytes, services.transcriber), body)
     routes: list[BaseRoute] = [
-        *OpenAIApi(router, metrics, Conversations(services.conversations), uploads, agent_id=options.agent_id,
-                   body=limits, limits=options.sampling_limits).routes(),
-        *NativeApi(router, services.sessions, services.approvals, metrics, body=limits,
+        *OpenAIApi(router, metrics, Conversations(services.conversations), intake, agent_id=options.agent_id,
+                   limits=options.sampling_limits).routes(),
+        *NativeApi(router, services.sessions, services.approvals, metrics, intake=intake,
                    approvers=options.approvers, deliveries=services.deliveries, turns=services.turns).routes(),
         *AttachmentsApi(services.sessions).routes(),
         *MemoryApi(services.memory, services.identities, max_body_bytes=body,

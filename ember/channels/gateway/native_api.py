@@ -15,7 +15,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ember.channels.attachments import FileShelf
 from ember.channels.gateway.http import (
     KEEPALIVE_S,
     SESSION_HEADER,
@@ -41,7 +40,7 @@ from ember.channels.gateway.turns import (
     namespace,
     session_key,
 )
-from ember.channels.gateway.uploads import BodyLimits, Uploads, uploads_weight
+from ember.channels.gateway.uploads import Intake, uploads_weight
 from ember.core.attachments import Attachment
 from ember.core.delivery import Delivery, interleaved
 from ember.core.errors import BusUnavailable
@@ -89,7 +88,7 @@ def failure_payload(failure: Delivery, identity: str) -> dict[str, Any]:
 
 class NativeApi:
     def __init__(self, router: TurnRouter, sessions: SessionBrowser, approvals: ApprovalBroker,
-                 metrics: GatewayMetrics, *, body: BodyLimits, approvers: frozenset[str] = frozenset(),
+                 metrics: GatewayMetrics, *, intake: Intake, approvers: frozenset[str] = frozenset(),
                  deliveries: Inbox | None = None, turns: TurnControl | None = None) -> None:
         self._router = router
         self._deliveries = deliveries
@@ -98,9 +97,9 @@ class NativeApi:
         self._sessions = sessions
         self._approvals = approvals
         self._metrics = metrics
-        self._max_body_bytes = body.max_body_bytes
-        self._files = body.files(uploads_weight)
-        self._uploads = Uploads(FileShelf(sessions, body.attachment_max_bytes))
+        self._max_body_bytes = intake.max_body_bytes
+        self._files = intake.allowance(uploads_weight)
+        self._intake = intake
 
     def routes(self) -> list[Route]:
         return [
@@ -198,7 +197,7 @@ class NativeApi:
         body = await read_json(request, MessageRequest, self._max_body_bytes, self._files)
         if not body.text.strip() and not body.attachments:
             raise ApiError(422, "the message is empty", code="empty_message", param="text")
-        files = self._uploads.uploaded(body.attachments)
+        files = self._intake.uploaded(body.attachments)
         if body.message_id is not None:
             checked_client_id(body.message_id, "message_id")
         if body.agent is not None and body.agent not in self._router.agents:
@@ -207,8 +206,10 @@ class NativeApi:
         identity = request.state.identity
         if self._router.in_flight(identity, body.message_id):
             raise ApiError(409, IN_FLIGHT_TEXT, code="in_flight")
-        attachments = await self._uploads.keep(session_key(identity, key), files)
-        stream = self._stream(identity, key, body, attachments, self._metrics.clock("native"), evaluation)
+        text = await self._intake.heard(body.text, files)
+        attachments = await self._intake.keep(session_key(identity, key), files)
+        stream = self._stream(identity, key, body.model_copy(update={"text": text}), attachments,
+                              self._metrics.clock("native"), evaluation)
         return StreamingResponse(stream, media_type="text/event-stream", headers={**SSE_HEADERS, SESSION_HEADER: key})
 
     async def _stream(self, identity: str, key: str, body: MessageRequest, attachments: tuple[Attachment, ...],

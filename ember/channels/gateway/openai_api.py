@@ -47,7 +47,7 @@ from ember.channels.gateway.metrics import GatewayMetrics, TurnClock
 from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits, requested_sampling
 from ember.channels.gateway.schemas import ChatCompletionRequest
 from ember.channels.gateway.turns import IN_FLIGHT_TEXT, InFlight, TurnRequest, TurnRouter, session_key
-from ember.channels.gateway.uploads import BodyLimits, Uploads, parts_weight
+from ember.channels.gateway.uploads import Intake, parts_weight
 from ember.core.attachments import Attachment
 from ember.core.errors import BusUnavailable
 from ember.core.events import OutboundEvent, OutboundKind, TurnUsage
@@ -56,15 +56,15 @@ from ember.core.sampling import Sampling
 
 
 class OpenAIApi:
-    def __init__(self, router: TurnRouter, metrics: GatewayMetrics, conversations: Conversations, uploads: Uploads, *,
-                 agent_id: str, body: BodyLimits, limits: SamplingLimits = DEFAULT_LIMITS) -> None:
+    def __init__(self, router: TurnRouter, metrics: GatewayMetrics, conversations: Conversations, intake: Intake, *,
+                 agent_id: str, limits: SamplingLimits = DEFAULT_LIMITS) -> None:
         self._router = router
-        self._uploads = uploads
+        self._intake = intake
         self._conversations = conversations
         self._metrics = metrics
         self._agent_id = agent_id
-        self._max_body_bytes = body.max_body_bytes
-        self._files = body.files(parts_weight)
+        self._max_body_bytes = intake.max_body_bytes
+        self._files = intake.allowance(parts_weight)
         self._limits = limits
         self._created = int(time.time())
 
@@ -107,7 +107,7 @@ class OpenAIApi:
         """The request's new message and where it goes; ApiError for what is wrong with it."""
         last = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=None)
         question = body.messages[last] if last is not None else None
-        files = self._uploads.from_parts(question.content, f"messages[{last}]") \
+        files = self._intake.from_parts(question.content, f"messages[{last}]") \
             if question is not None and isinstance(question.content, list) else []
         if question is None or last is None or not (question.text().strip() or files):
             raise ApiError(400, "messages must end with a user message that has text or files", code="no_user_message",
@@ -128,9 +128,9 @@ class OpenAIApi:
             thread, key = None, named
         # A model id that names an agent picks it; any other (clients send their own) is the default agent.
         agent = body.model if body.model in self._router.agents else None
-        attachments = await self._uploads.keep(session_key(identity, key), files)
-        return _Message(identity, key, question.text(), client_id, question.name, evaluation, sampling, thread, agent,
-                        attachments)
+        text = await self._intake.heard(question.text(), files)
+        attachments = await self._intake.keep(session_key(identity, key), files)
+        return _Message(identity, key, text, client_id, question.name, evaluation, sampling, thread, agent, attachments)
 
     def _named_session(self, request: Request, body: ChatCompletionRequest) -> str | None:
         # The user field is checked even when the header names the session: the document says what it may be.

@@ -1,7 +1,8 @@
 """Files sent with a message through the gateway: checked, stored in the session, passed on by reference.
 
 The native API takes them as `attachments` ({name, media_type, data: base64}); the OpenAI route as
-the content parts clients send (`image_url` with a data URL, `file` with `file_data`). Everything
+the content parts clients send (`image_url` with a data URL, `file` with `file_data`, `input_audio`).
+A voice note's transcript joins its message's text (channels/attachments.py). Everything
 is checked before anything is stored, so a refused file leaves nothing behind (core/attachments.py
 says what is refused). `GET /api/sessions/{key}/attachments/{digest}` gives a file back to the
 person whose session it is in.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -23,22 +23,13 @@ from ember.channels.gateway.http import ApiError, FileAllowance, T, checked_key
 from ember.channels.gateway.schemas import AttachmentUpload, ChatCompletionRequest, ContentPart, MessageRequest
 from ember.channels.gateway.turns import session_key
 from ember.core.attachments import TEXT_TYPES, Attachment, AttachmentContent, AttachmentRefused, decoded, from_data_url
+from ember.core.errors import ModelError
 from ember.store.protocols import SessionBrowser
 
 _STATUS = {"attachment_too_large": 413, "attachment_type": 415, "attachment_disguised": 415}
-# Parts of an OpenAI message that carry a file; others (input_audio, refusal, ...) are refused by name.
-_FILE_PARTS = ("image_url", "file")
-
-
-@dataclass(frozen=True, slots=True)
-class BodyLimits:
-    """How large a request body may be: any route's, and as much again as a message's files."""
-
-    max_body_bytes: int
-    attachment_max_bytes: int
-
-    def files(self, weight: Callable[[T], int]) -> FileAllowance[T]:
-        return FileAllowance(self.attachment_max_bytes * 4 // 3 + 4096, weight)  # base64 is 4/3 of the bytes
+# Parts of an OpenAI message that carry a file; others (refusal, ...) are refused by name.
+_FILE_PARTS = ("image_url", "file", "input_audio")
+_AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "ogg": "audio/ogg", "webm": "audio/webm", "m4a": "audio/mp4"}
 
 
 def uploads_weight(body: MessageRequest) -> int:
@@ -51,12 +42,17 @@ def parts_weight(body: ChatCompletionRequest) -> int:
                for part in message.content if part.type in _FILE_PARTS and isinstance(url := _source(part)[0], str))
 
 
-class Uploads:
-    """A message's files as the gateway's routes take them, checked, then kept on the shelf."""
+class Intake:
+    """How the message routes take a body and the files it carries: checked, heard (a voice note's
+    transcript), then kept on the shelf. A body may weigh `max_body_bytes`, its files aside."""
 
-    def __init__(self, shelf: FileShelf) -> None:
+    def __init__(self, shelf: FileShelf, max_body_bytes: int) -> None:
         self._shelf = shelf
         self._max_bytes = shelf.max_bytes
+        self.max_body_bytes = max_body_bytes
+
+    def allowance(self, weight: Callable[[T], int]) -> FileAllowance[T]:
+        return FileAllowance(self._max_bytes * 4 // 3 + 4096, weight)  # base64 is 4/3 of the bytes
 
     def uploaded(self, items: Sequence[AttachmentUpload]) -> list[AttachmentContent]:
         """The native API's `attachments`, checked; ApiError says what is wrong with the first bad one."""
@@ -74,12 +70,23 @@ class Uploads:
             if part.type in ("text", "input_text"):
                 continue
             if part.type not in _FILE_PARTS:
-                raise ApiError(400, f"{where}.content[{i}] is a {part.type!r} part; Ember takes text, image_url "
-                                    "and file parts", code="unsupported_content", param=f"{where}.content")
+                raise ApiError(400, f"{where}.content[{i}] is a {part.type!r} part; Ember takes text, image_url, "
+                                    "file and input_audio parts", code="unsupported_content", param=f"{where}.content")
             url, name = _part_source(part, f"{where}.content[{i}]")
             with _refusal_said(f"{where}.content[{i}]"):
                 files.append(from_data_url(url, name=name, max_bytes=self._max_bytes))
         return self._within(files)
+
+    async def heard(self, text: str, files: Sequence[AttachmentContent]) -> str:
+        """The message's text, with what its voice notes say after it."""
+        try:
+            spoken = await self._shelf.transcripts(files)
+        except AttachmentRefused as exc:
+            raise ApiError(400, str(exc), code=exc.code, param="attachments") from exc
+        except ModelError as exc:
+            raise ApiError(502, f"the voice note could not be transcribed: {exc}", code="transcription_failed") \
+                from exc
+        return "\n\n".join(part for part in (text.strip() and text, spoken) if part)
 
     async def keep(self, key: str, files: Sequence[AttachmentContent]) -> tuple[Attachment, ...]:
         return await self._shelf.keep(key, files)
@@ -101,11 +108,18 @@ def _refusal_said(where: str) -> Iterator[None]:
 
 
 def _source(part: ContentPart) -> tuple[object, object]:
-    """The URL (or OpenAI's bare base64 file_data) and file name an image_url or file part gives."""
+    """The URL (or OpenAI's bare base64 file_data) and file name an image_url, file or input_audio
+    part gives."""
     extra: dict[str, Any] = part.model_extra or {}
     if part.type == "image_url":
         image = extra.get("image_url")
         return (image.get("url") if isinstance(image, dict) else image), None
+    if part.type == "input_audio":
+        audio = extra.get("input_audio") if isinstance(extra.get("input_audio"), dict) else {}
+        media_type = _AUDIO_FORMATS.get(str(audio.get("format")), "application/octet-stream")
+        data = audio.get("data")
+        return (f"data:{media_type};base64,{data}" if isinstance(data, str) and data else None), \
+            f"voice.{audio.get('format')}" if audio.get("format") in _AUDIO_FORMATS else None
     file = extra.get("file") if isinstance(extra.get("file"), dict) else {}
     return file.get("file_data"), file.get("filename")
 

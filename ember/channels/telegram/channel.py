@@ -37,7 +37,7 @@ from ember.channels.telegram.files import file_base_url, message_files
 from ember.channels.telegram.markup import telegram_html
 from ember.core.attachments import AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
-from ember.core.errors import ConfigError
+from ember.core.errors import ConfigError, ModelError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.redact import REDACTED
 from ember.core.tools import Decision
@@ -241,8 +241,8 @@ class TelegramChannel:
     async def _message(self, update: Update) -> InboundEvent | None:
         """The update's message as the agent's, if it is one to answer."""
         message = update.message
-        if message is None or message.from_user is None or not (message.text or message.caption or message.photo
-                                                                  or message.document):
+        if message is None or message.from_user is None or not (
+                message.text or message.caption or message.photo or message.document or message.voice or message.audio):
             return None
         user = message.from_user
         if not self._gate.admits(user.id):
@@ -259,8 +259,9 @@ class TelegramChannel:
             text = text.replace(mention, "").strip() or text
         try:
             files = await message_files(self._bot, message, self._files)
-        except (AttachmentRefused, TelegramError) as exc:  # said in the chat; nothing is kept
-            told = exc if isinstance(exc, AttachmentRefused) else "Telegram did not hand it over; send it again"
+            text = "\n\n".join(part for part in (text, await self._files.transcripts(files)) if part)
+        except (AttachmentRefused, TelegramError, ModelError) as exc:  # said in the chat; nothing is kept
+            told = "Telegram did not hand it over; send it again" if isinstance(exc, TelegramError) else exc
             await self._quietly(self._bot.send_message(message.chat_id, f"I could not take that file: {told}"))
             return None
         chat_id = str(message.chat_id)

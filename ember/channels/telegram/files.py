@@ -1,4 +1,4 @@
-"""The photo or document of a Telegram message, fetched through the Bot API (getFile, then the file
+"""The photo, voice note, audio or document of a Telegram message, fetched through the Bot API (getFile, then the file
 itself) and checked like any other file (channels/attachments.py)."""
 
 from __future__ import annotations
@@ -21,6 +21,14 @@ async def message_files(bot: Bot, message: Message, shelf: FileShelf) -> list[At
         fits = [size for size in message.photo if (size.file_size or 0) <= shelf.max_bytes] or message.photo[:1]
         best = max(fits, key=lambda size: size.width * size.height)
         wanted.append((best.file_id, best.file_size, "image/jpeg", f"photo-{message.message_id}.jpg"))
+    if message.voice is not None:  # a voice note: Opus in Ogg
+        voice = message.voice
+        wanted.append((voice.file_id, voice.file_size, voice.mime_type or "audio/ogg",
+                       f"voice-{message.message_id}.ogg"))
+    if message.audio is not None:
+        audio = message.audio
+        wanted.append((audio.file_id, audio.file_size, audio.mime_type,
+                       audio.file_name or f"audio-{message.message_id}"))
     if message.document is not None:
         document = message.document
         wanted.append((document.file_id, document.file_size, document.mime_type,
