@@ -157,6 +157,10 @@ def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None,
         from ember.channels.telegram.channel import TelegramChannel  # the SDK: only when configured
 
         platforms.append(TelegramChannel(telegram, shared, public_url=public_url))
+    if settings.slack is not None:
+        from ember.channels.slack.channel import SlackChannel  # the SDK: only when configured
+
+        platforms.append(SlackChannel(settings.slack, shared))
     if settings.wecom is not None:
         from ember.channels.wecom.channel import WeComChannel
 

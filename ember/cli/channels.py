@@ -27,6 +27,12 @@ def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
         token = "token set" if telegram.key() else "NO TOKEN"
         rows.append(("telegram", telegram.mode, f"{token}, {len(telegram.allowed_users)} allowed users, edits every "
                                                 f"{telegram.edit_interval_ms} ms"))
+    if (slack := settings.slack) is not None:
+        token = "token set" if slack.token() else "NO TOKEN"
+        secret = "" if slack.secret() else ", NO SIGNING SECRET"
+        allowed = len(slack.allowed_users) or "all"
+        rows.append(("slack", f"events, {slack.channel_replies} in channels",
+                     f"POST /channels/slack/events, {token}{secret}, {allowed} allowed users"))
     if settings.wecom is not None:
         rows.append(("wecom", f"corp {settings.wecom.corp_id}, app {settings.wecom.agent_id}",
                      "POST /channels/wecom" + ("" if settings.wecom.key() else ", NO SECRET")))

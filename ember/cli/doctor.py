@@ -243,6 +243,12 @@ async def _check_channels(settings: Settings, report: Report) -> None:
             report.ok(f"telegram: the token is {name}'s; {spec.mode}; {allowed} allowed user{'s' * (allowed != 1)}")
             if not allowed:
                 report.warn("telegram: allowed_users is empty, so the bot refuses everyone")
+    if settings.slack is not None:
+        from ember.channels.slack.channel import probe as slack_probe
+
+        if (said := await _probe("slack", slack_probe(settings.slack), report)) is not None:
+            report.ok(f"slack: the token is {said}'s" + ("" if settings.slack.secret() else
+                                                          "; NO signing secret: every event will be refused"))
     for label, weixin in (("wecom", settings.wecom), ("wechat", settings.wechat)):
         if weixin is not None:
             from ember.channels.wecom.channel import probe as weixin_probe

@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from ember.channels.qq.config import QQSpec
+from ember.channels.slack.config import SlackSpec
 from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec, check_name
@@ -147,6 +148,8 @@ class Settings(HomePaths, BaseSettings):
     outbound: dict[str, OutboundSpec] = Field(default_factory=dict)
     # A Telegram bot (see docs/channels.md): token, allowed_users, mode, edit_interval_ms, ...
     telegram: TelegramSpec | None = None
+    # A Slack app, called back at /channels/slack/events and /interactions: bot_token, signing_secret, ...
+    slack: SlackSpec | None = None
     # A WeCom (企业微信) self-built app, called back at /channels/wecom: corp_id, agent_id, token, encoding_aes_key, ...
     wecom: WeComSpec | None = None
     # A WeChat Official Account (微信公众号), called back at /channels/wechat: app_id, token, encoding_aes_key, ...

@@ -1,0 +1,261 @@
+"""The `slack` channel, on slack_sdk: the Events API over HTTP, answers streamed by edits.
+
+Slack POSTs each event to `/channels/slack/events`, signed with the app's signing secret
+(`X-Slack-Signature` v0 over the timestamp and the body; a timestamp more than 5 minutes off is
+refused). Each message is kept in the store before the 200 that tells Slack it arrived, so a crash
+loses none; Slack's retries of an event (same `event_id`, and the same message) run no second turn.
+A direct message is answered in its conversation, a mention in a channel in its thread, and each
+thread is a session. The answer streams by `chat.update` edits of one message (channels/chat/
+editing.py); an approval is a Block Kit card whose buttons Slack posts to
+`/channels/slack/interactions`, and only the turn's person (or an approver) can press.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
+from ember.channels.chat.inbound import AllowList, refusal, remember
+from ember.channels.chat.platform import required
+from ember.channels.chat.services import ChatServices
+from ember.channels.chat.split import split_message
+from ember.channels.gateway.http import ApiError, read_body
+from ember.channels.slack.config import SIGNING_SECRET_ENV, TOKEN_ENV, SlackSpec
+from ember.channels.slack.markup import slack_mrkdwn
+from ember.core.channels import ChannelCapabilities, DeliveryRefused
+from ember.core.errors import ConfigError
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.tools import Decision
+from ember.runtime.approvals import Resolution
+
+CHANNEL = "slack"
+EVENTS_PATH = "/channels/slack/events"
+INTERACTIONS_PATH = "/channels/slack/interactions"
+MAX_MESSAGE_CHARS = 4_000  # Slack cuts a message's text at 40,000, and shows long ones folded
+DECISIONS = {"once": Decision.APPROVE_ONCE, "session": Decision.APPROVE_SESSION, "deny": Decision.DENY}
+DECIDED = {Decision.APPROVE_ONCE: "Allowed once", Decision.APPROVE_SESSION: "Allowed for this thread",
+           Decision.DENY: "Denied"}
+_GONE = ("message_not_found", "cant_update_message")
+_REFUSED = ("channel_not_found", "not_in_channel", "is_archived", "account_inactive", "invalid_auth")
+
+log = logging.getLogger(__name__)
+
+
+async def probe(spec: SlackSpec) -> str:
+    """Whether the token works (auth.test; nothing is sent): the bot's name and workspace."""
+    token = required(spec.token(), f"[slack] needs the bot token: bot_token = \"xoxb-…\" or {TOKEN_ENV}")
+    answer = await AsyncWebClient(token, base_url=spec.api_base_url).auth_test()
+    return f"@{answer.get('user')} in {answer.get('team')}"
+
+
+def place(chat_id: str) -> tuple[str, str | None]:
+    """The conversation and the thread (None: none) a chat id names: "C123/1700000000.000100"."""
+    channel, _, thread = chat_id.partition("/")
+    return channel, thread or None
+
+
+class SlackPlatform:
+    """Send, edit and delete through the Web API, as EditStream needs them."""
+
+    def __init__(self, client: AsyncWebClient) -> None:
+        self._client = client
+
+    async def send(self, chat_id: str, text: str, *, reply_to: str | None = None,
+                   blocks: list[dict[str, Any]] | None = None) -> str:
+        channel, thread = place(chat_id)
+        answer = await _call(lambda: self._client.chat_postMessage(
+            channel=channel, thread_ts=thread, text=slack_mrkdwn(text), blocks=blocks, unfurl_links=False))
+        return str(answer["ts"])
+
+    async def edit(self, chat_id: str, message_id: str, text: str,
+                   blocks: list[dict[str, Any]] | None = None) -> None:
+        channel, _ = place(chat_id)
+        await _call(lambda: self._client.chat_update(channel=channel, ts=message_id, text=slack_mrkdwn(text),
+                                                     blocks=blocks or []))
+
+    async def delete(self, chat_id: str, message_id: str) -> None:
+        channel, _ = place(chat_id)
+        with contextlib.suppress(MessageGone):  # gone already: nothing of it is shown twice
+            await _call(lambda: self._client.chat_delete(channel=channel, ts=message_id))
+
+
+async def _call(request: Callable[[], Awaitable[Any]]) -> Any:
+    """The Web API's errors as the chat kit's: a 429 to wait out, a message gone, a refusal for good."""
+    try:
+        return await request()
+    except SlackApiError as exc:
+        error = str(exc.response.get("error", "")) if exc.response is not None else ""
+        if exc.response is not None and exc.response.status_code == 429:
+            raise RateLimited(float(exc.response.headers.get("Retry-After", "1"))) from None
+        if error in _GONE:
+            raise MessageGone(error) from None
+        if error in _REFUSED:
+            raise DeliveryRefused(f"Slack refused: {error}") from None
+        raise
+
+
+class SlackChannel:
+    name = CHANNEL
+    capabilities = ChannelCapabilities(streams=True, edits=True, buttons=True, approvals=True,
+                                       max_message_chars=MAX_MESSAGE_CHARS, confirms_delivery=True)
+
+    def __init__(self, spec: SlackSpec, services: ChatServices, *, client: AsyncWebClient | None = None) -> None:
+        token = required(spec.token(), f"[slack] needs the bot token: bot_token = \"xoxb-…\" or {TOKEN_ENV}")
+        secret = required(spec.secret(), "[slack] needs the app's signing secret: signing_secret = \"…\" or "
+                                         f"{SIGNING_SECRET_ENV}")
+        self._spec = spec
+        self._verifier = SignatureVerifier(secret)
+        self._client = client or AsyncWebClient(token, base_url=spec.api_base_url)
+        self._platform = SlackPlatform(self._client)
+        self._services = services
+        self._stream = EditStream(self._platform, services.messages, CHANNEL, interval_s=spec.edit_interval_ms / 1000,
+                                  limit=MAX_MESSAGE_CHARS)
+        self._gate: AllowList[str] = AllowList(CHANNEL, spec.allowed_users)
+        self._seen: dict[str, None] = {}  # event ids of this run: Slack's retries
+        self.bot_user = ""
+
+    async def start(self) -> None:
+        try:
+            self.bot_user = str((await self._client.auth_test()).get("user_id") or "")
+        except SlackApiError as exc:
+            raise ConfigError(f"Slack refused the bot token ({exc.response.get('error')}): check [slack] bot_token "
+                              f"or {TOKEN_ENV}") from None
+        log.info("slack: answering as %s", self.bot_user)
+
+    async def stop(self) -> None:
+        await self._stream.close()
+
+    def routes(self) -> list[Route]:
+        return [Route(EVENTS_PATH, self.events, methods=["POST"]),
+                Route(INTERACTIONS_PATH, self.interactions, methods=["POST"])]
+
+    # In
+
+    async def _signed(self, request: Request) -> bytes:
+        body = await read_body(request, 1_048_576)
+        if not self._verifier.is_valid(body, request.headers.get("X-Slack-Request-Timestamp"),
+                                       request.headers.get("X-Slack-Signature")):
+            raise ApiError(401, "not Slack: the signature is missing, wrong or more than 5 minutes old",
+                           code="invalid_signature")
+        return body
+
+    async def events(self, request: Request) -> Response:
+        try:
+            envelope = json.loads(await self._signed(request))
+        except ValueError:
+            raise ApiError(400, "not a Slack event: the body is not JSON", code="invalid_event") from None
+        if envelope.get("type") == "url_verification":
+            return JSONResponse({"challenge": envelope.get("challenge")})
+        event_id = str(envelope.get("event_id") or "")
+        if envelope.get("type") == "event_callback" and event_id not in self._seen:
+            event = await self._message(envelope.get("event") or {})
+            # Kept before Slack hears the 200; a retried event finds it kept and runs no second turn.
+            if event is not None and await self._services.inbox.accept(event):
+                await self._services.bus.publish_inbound(event)
+            remember(self._seen, event_id, None)
+        return JSONResponse({"ok": True})
+
+    async def _message(self, event: dict[str, Any]) -> InboundEvent | None:
+        """The event as the agent's message, if it is one to answer."""
+        kind, user, text = event.get("type"), str(event.get("user") or ""), str(event.get("text") or "")
+        if kind not in ("message", "app_mention") or event.get("subtype") or event.get("bot_id") or not user:
+            return None
+        direct = event.get("channel_type") == "im"
+        mentioned = kind == "app_mention"
+        # In a channel the mention arrives twice (message and app_mention): the app_mention is answered.
+        if not direct and (kind == "message") == (self._spec.channel_replies == "mention"):
+            return None
+        if not self._gate.admits(user):
+            if self._gate.first_refusal(user):
+                await self._quietly(self._client.chat_postEphemeral(
+                    channel=str(event.get("channel")), user=user, text=refusal("Slack member ID", user)))
+            return None
+        if mentioned and self.bot_user:
+            text = text.replace(f"<@{self.bot_user}>", "").strip() or text
+        channel, ts = str(event.get("channel")), str(event.get("ts"))
+        thread = event.get("thread_ts") or (None if direct else ts)
+        return InboundEvent(channel=CHANNEL, chat_id=f"{channel}/{thread}" if thread else channel, sender_id=user,
+                            text=text, message_id=f"{channel}:{ts}", stream=True, can_approve=True)
+
+    async def interactions(self, request: Request) -> Response:
+        body = await self._signed(request)
+        try:
+            payload = json.loads(parse_qs(body.decode())["payload"][0])
+        except (KeyError, IndexError, ValueError, UnicodeDecodeError):
+            raise ApiError(400, "not a Slack interaction: no payload", code="invalid_interaction") from None
+        if payload.get("type") == "block_actions":
+            await self._pressed(payload)
+        return Response(status_code=200)
+
+    async def _pressed(self, payload: dict[str, Any]) -> None:
+        action = (payload.get("actions") or [{}])[0]
+        code = str(action.get("action_id", "")).removeprefix("ap:")
+        approval_id, user = str(action.get("value", "")), str((payload.get("user") or {}).get("id", ""))
+        channel = str((payload.get("channel") or {}).get("id", ""))
+        card_ts = str((payload.get("container") or {}).get("message_ts", ""))
+        row = await self._services.approval_rows.get(approval_id) if code in DECISIONS else None
+        tapper = self._services.identities.resolve(CHANNEL, user)
+        if row is None or (tapper != row.identity and user not in self._spec.approvers):
+            await self._quietly(self._client.chat_postEphemeral(channel=channel, user=user,
+                                                                text="This request is not yours to answer."))
+            return
+        decision = DECISIONS[code]
+        outcome = await self._services.approvals.resolve(approval_id, decision, by=f"{CHANNEL}:{user}",
+                                                         scope=row.session_key)
+        if outcome is Resolution.RESOLVED:
+            note = f"{DECIDED[decision]} by <@{user}>."
+        elif outcome is Resolution.EXPIRED:
+            note = "This request expired before it was answered (it timed out, or Ember restarted); nothing ran."
+        else:
+            note = "This request was answered already."
+        question = str((payload.get("message") or {}).get("text", ""))  # mrkdwn already, as Slack shows it
+        await self._quietly(_call(lambda: self._client.chat_update(channel=channel, ts=card_ts,
+                                                                   text=f"{question}\n\n{note}", blocks=[])))
+
+    # Out
+
+    async def deliver(self, event: OutboundEvent) -> None:
+        if event.kind is OutboundKind.DELTA:
+            await self._stream.delta(event)
+        elif event.kind is OutboundKind.TOOL_CALL:
+            self._stream.tool_step(event)
+        elif event.kind is OutboundKind.APPROVAL_REQUEST:
+            await self._ask(event)
+        elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
+            await self._stream.final(event)
+
+    async def _ask(self, event: OutboundEvent) -> None:
+        assert event.approval is not None
+        text = split_message(event.text, MAX_MESSAGE_CHARS)[0]
+        buttons = [{"type": "button", "action_id": f"ap:{code}", "value": event.approval.id,
+                    "text": {"type": "plain_text", "text": label}, **({"style": style} if style else {})}
+                   for code, label, style in (("once", "Allow once", "primary"), ("session", "Always in this thread",
+                                                                                   None), ("deny", "Deny", "danger"))]
+        blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": slack_mrkdwn(text)}},
+                  {"type": "actions", "elements": buttons}]
+        while True:
+            try:
+                await self._platform.send(event.chat_id, text, blocks=blocks)
+                return
+            except RateLimited as limited:
+                await asyncio.sleep(limited.retry_after_s)
+
+    async def _quietly(self, call: Awaitable[Any]) -> None:
+        """A courtesy (a refusal, a card's note): its failure must not stop the channel."""
+        try:
+            await call
+        except (SlackApiError, RateLimited, DeliveryRefused, MessageGone) as exc:
+            log.info("slack: %s", exc)

@@ -1,0 +1,171 @@
+"""A Slack Web API of the tests' own, on 127.0.0.1: the methods Ember's channel calls (auth.test,
+chat.postMessage, chat.update, chat.delete, chat.postEphemeral) with Slack's envelopes and errors
+(`{"ok": false, "error": ...}`, `message_not_found`, `invalid_auth`, and 429 `ratelimited` with
+Retry-After when a test asks for one); and the other side of the Events API: events and button
+presses as Slack sends them, signed with the app's signing secret (v0)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import json
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tests.loopback import LoopbackServer
+
+TOKEN = "xoxb-test-token-0123456789"
+SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+BOT_USER = "UBOT0001"
+_ts = itertools.count(1)
+
+
+@dataclass
+class Posted:
+    ts: str
+    channel: str
+    thread_ts: str | None
+    text: str
+    blocks: list[dict[str, Any]] | None
+    edits: int = 0
+    deleted: bool = False
+
+
+@dataclass
+class FakeSlack:
+    token: str = TOKEN
+    posted: dict[str, Posted] = field(default_factory=dict)
+    ephemeral: list[dict[str, Any]] = field(default_factory=list)
+    writes: list[tuple[float, str, bool]] = field(default_factory=list)  # (when, method, accepted)
+    # method -> Retry-After seconds of the 429s to answer its next calls with
+    rate_limits: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def visible(self, channel: str, thread_ts: str | None = None) -> list[str]:
+        """The texts a person sees in the conversation (or one thread of it), oldest first."""
+        with self._lock:
+            return [p.text for p in self.posted.values()
+                    if p.channel == channel and p.thread_ts == thread_ts and not p.deleted]
+
+    def cards(self, channel: str) -> list[Posted]:
+        with self._lock:
+            return [p for p in self.posted.values() if p.channel == channel and p.blocks and not p.deleted]
+
+    async def _api(self, request: Request) -> Response:
+        method = request.path_params["method"]
+        if request.headers.get("authorization") != f"Bearer {self.token}":
+            return JSONResponse({"ok": False, "error": "invalid_auth"})
+        raw = await request.body()
+        if request.headers.get("content-type", "").startswith("application/json"):
+            params: dict[str, Any] = json.loads(raw or b"{}")
+        else:
+            params = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+        with self._lock:
+            return self._call(method, params)
+
+    def _call(self, method: str, params: dict[str, Any]) -> Response:
+        if method in ("chat.postMessage", "chat.update") and self.rate_limits[method]:
+            retry_after = self.rate_limits[method].pop(0)
+            self.writes.append((time.monotonic(), method, False))
+            return JSONResponse({"ok": False, "error": "ratelimited"}, status_code=429,
+                                headers={"Retry-After": str(retry_after)})
+        if method == "auth.test":
+            return _ok(user_id=BOT_USER, user="ember", team="Test Team", team_id="T0001")
+        if method == "chat.postMessage":
+            ts = f"{1_700_000_000 + next(_ts)}.000100"
+            blocks = _maybe_json(params.get("blocks"))
+            self.posted[ts] = Posted(ts, str(params["channel"]), params.get("thread_ts"), str(params.get("text", "")),
+                                     blocks or None)
+            self.writes.append((time.monotonic(), method, True))
+            return _ok(channel=params["channel"], ts=ts, message={"text": params.get("text", ""), "ts": ts})
+        if method == "chat.update":
+            posted = self.posted.get(str(params.get("ts")))
+            if posted is None or posted.deleted or posted.channel != params.get("channel"):
+                return JSONResponse({"ok": False, "error": "message_not_found"})
+            posted.text, posted.blocks = str(params.get("text", "")), _maybe_json(params.get("blocks")) or None
+            posted.edits += 1
+            self.writes.append((time.monotonic(), method, True))
+            return _ok(channel=posted.channel, ts=posted.ts, text=posted.text)
+        if method == "chat.delete":
+            posted = self.posted.get(str(params.get("ts")))
+            if posted is None or posted.deleted:
+                return JSONResponse({"ok": False, "error": "message_not_found"})
+            posted.deleted = True
+            return _ok(channel=posted.channel, ts=posted.ts)
+        if method == "chat.postEphemeral":
+            self.ephemeral.append(params)
+            return _ok(message_ts=f"{1_700_000_000 + next(_ts)}.000200")
+        return JSONResponse({"ok": False, "error": "unknown_method"}, status_code=404)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/api/{method}", self._api, methods=["GET", "POST"])])
+
+
+def _ok(**fields: Any) -> JSONResponse:
+    return JSONResponse({"ok": True, **fields})
+
+
+def _maybe_json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) and value[:1] in "[{" else value
+
+
+@contextmanager
+def serving_slack() -> Iterator[tuple[FakeSlack, str]]:
+    """The fake Web API, and the api_base_url that points a client at it."""
+    fake = FakeSlack()
+    server = LoopbackServer(fake.app(), "fake-slack")
+    server.start()
+    try:
+        yield fake, f"{server.origin}/api/"
+    finally:
+        server.stop()
+
+
+# Slack's side of the Events API.
+
+_event_ids = itertools.count(1)
+
+
+def signed(body: bytes, *, secret: str = SIGNING_SECRET, at: float | None = None) -> dict[str, str]:
+    """The headers Slack sends with `body`: its timestamp and v0 signature."""
+    timestamp = str(int(time.time() if at is None else at))
+    digest = hmac.new(secret.encode(), f"v0:{timestamp}:".encode() + body, hashlib.sha256).hexdigest()
+    return {"X-Slack-Request-Timestamp": timestamp, "X-Slack-Signature": f"v0={digest}",
+            "Content-Type": "application/json"}
+
+
+def message_event(text: str, *, user: str, channel: str, direct: bool = True, mention: bool = False,
+                  thread_ts: str | None = None) -> dict[str, Any]:
+    """An event_callback envelope as Slack sends it: a DM's `message`, or a channel's `app_mention`."""
+    ts = f"{1_700_000_000 + next(_ts)}.000300"
+    event: dict[str, Any] = {"type": "app_mention" if mention else "message", "user": user, "channel": channel,
+                             "text": f"<@{BOT_USER}> {text}" if mention else text, "ts": ts, "event_ts": ts,
+                             "channel_type": "im" if direct else "channel"}
+    if thread_ts:
+        event["thread_ts"] = thread_ts
+    return {"type": "event_callback", "team_id": "T0001", "api_app_id": "A0001", "event": event,
+            "event_id": f"Ev{next(_event_ids):08d}", "event_time": int(time.time())}
+
+
+def press(card: Posted, user: str, action: str) -> tuple[bytes, dict[str, str]]:
+    """The form Slack posts when `user` presses the card's button `action` (once, session, deny)."""
+    button = next(e for block in card.blocks or [] if block["type"] == "actions" for e in block["elements"]
+                  if e["action_id"] == f"ap:{action}")
+    payload = {"type": "block_actions", "user": {"id": user}, "channel": {"id": card.channel},
+               "container": {"type": "message", "message_ts": card.ts, "channel_id": card.channel},
+               "message": {"ts": card.ts, "text": card.text},
+               "actions": [{"action_id": button["action_id"], "value": button["value"], "type": "button"}]}
+    body = urlencode({"payload": json.dumps(payload)}).encode()
+    return body, {**signed(body), "Content-Type": "application/x-www-form-urlencoded"}

@@ -1,0 +1,250 @@
+"""The Slack channel against the tests' own Web API and Events API, over real HTTP on 127.0.0.1:
+signed events in, answers streamed by chat.update in the right thread, Slack's retries answered
+once, forged or stale requests refused, 429s waited out with one visible answer, approvals as
+Block Kit buttons only the asker can press, strangers told once."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from ember.app.runtime import Runtime, build_runtime, running
+from ember.app.serve import chat_services
+from ember.channels.gateway.http import ApiError
+from ember.channels.slack.channel import SlackChannel
+from ember.channels.slack.config import SlackSpec
+from ember.config.settings import Settings
+from ember.core.messages import Role
+from ember.models.base import ModelClient
+from ember.tools.base import ToolRegistry
+from tests.chatplatform import asking_model, settled_in, settling, writing_tool
+from tests.gatewayproc import EMBER_SOURCE
+from tests.loopback import LoopbackServer, wait_until
+from tests.slackserver import SIGNING_SECRET, TOKEN, FakeSlack, message_event, press, serving_slack, signed
+from tests.test_telegram import answering
+
+ANA, BEN, STRANGER = "U0ANA", "U0BEN", "U0STRANGER"
+DM, TEAM = "D0ANA", "C0TEAM"
+ANSWER = "Here is the plan.\n\n" + " ".join(f"Step {n} is **done**." for n in range(1, 30))
+
+
+@pytest.fixture
+def slack() -> Iterator[tuple[FakeSlack, str]]:
+    with serving_slack() as served:
+        yield served
+
+
+def spec(base_url: str, **fields: Any) -> SlackSpec:
+    return SlackSpec(bot_token=TOKEN, signing_secret=SIGNING_SECRET, api_base_url=base_url,
+                     allowed_users=[ANA, BEN], edit_interval_ms=250, **fields)
+
+
+@asynccontextmanager
+async def agent(settings: Settings, model: ModelClient, base_url: str, *, tools: ToolRegistry | None = None,
+                **fields: Any) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
+    """A runtime with the Slack channel, its routes served on 127.0.0.1, and a client to post to them."""
+    runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
+    channel = SlackChannel(spec(base_url, **fields), chat_services(runtime))
+    settling(runtime, channel)
+    app = Starlette(routes=channel.routes(), exception_handlers={ApiError: lambda request, exc: exc.response()})
+    server = LoopbackServer(app, "slack-events")
+    async with running(runtime, recover=True):
+        server.start()
+        try:
+            async with httpx.AsyncClient(base_url=server.origin, timeout=10) as http:
+                yield runtime, http
+        finally:
+            server.stop()
+
+
+async def send(http: httpx.AsyncClient, envelope: dict[str, Any], **headers: str) -> httpx.Response:
+    body = json.dumps(envelope).encode()
+    return await http.post("/channels/slack/events", content=body, headers={**signed(body), **headers})
+
+
+async def settled(fake: FakeSlack, runtime: Runtime, chat_id: str, *, answers: int = 1) -> list[str]:
+    """The conversation's visible texts once the session has `answers` answers, all delivered."""
+    channel, _, thread = chat_id.partition("/")
+    async with asyncio.timeout(30):
+        while len([m for m in await runtime.sessions.history(f"slack:{chat_id}") if m.role is Role.ASSISTANT]) \
+                < answers:
+            await asyncio.sleep(0.05)
+        await settled_in(runtime, "slack").settled(chat_id)
+    return fake.visible(channel, thread or None)
+
+
+async def test_a_direct_message_streams_its_answer_into_one_message(
+        settings: Settings, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+    async with agent(settings, answering(ANSWER), base_url) as (runtime, http):
+        response = await send(http, message_event("what is the plan?", user=ANA, channel=DM))
+        assert response.status_code == 200
+        texts = await settled(fake, runtime, DM)
+    [shown] = [p for p in fake.posted.values() if p.channel == DM]
+    assert texts == [shown.text] and shown.text.startswith("Here is the plan.") and "*done*" in shown.text
+    assert "**" not in shown.text and shown.edits >= 2  # Slack's bold; it streamed by edits
+    writes = [at for at, _, ok in fake.writes if ok]
+    assert all(b - a >= 0.2 for a, b in itertools.pairwise(writes))  # never above edit_interval_ms
+
+
+async def test_a_mention_in_a_channel_is_answered_in_its_thread_which_is_a_session(
+        settings: Settings, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+    async with agent(settings, answering(lambda q: f"On it: {q}"), base_url) as (runtime, http):
+        mention = message_event("summarise the thread", user=ANA, channel=TEAM, direct=False, mention=True)
+        plain = {**mention, "event_id": "EvPLAIN", "event": {**mention["event"], "type": "message"}}
+        await send(http, plain)  # Slack sends a channel's mention as a message too: not answered twice
+        await send(http, mention)
+        thread = mention["event"]["ts"]
+        texts = await settled(fake, runtime, f"{TEAM}/{thread}")
+        chatter = message_event("no mention here", user=BEN, channel=TEAM, direct=False)
+        await send(http, chatter)
+        await settled_in(runtime, "slack").settled(f"{TEAM}/{chatter['event']['ts']}")
+    assert texts == ["On it: summarise the thread"]
+    assert fake.visible(TEAM) == []  # nothing at the channel's top level
+
+
+async def test_a_retried_event_is_answered_once(settings: Settings, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+    async with agent(settings, answering("Once."), base_url) as (runtime, http):
+        event = message_event("hello", user=ANA, channel=DM)
+        first = await send(http, event)
+        retried = await send(http, event, **{"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"})
+        assert first.status_code == retried.status_code == 200
+        texts = await settled(fake, runtime, DM)
+        history = await runtime.sessions.history(f"slack:{DM}")
+    assert texts == ["Once."] and [m.role for m in history] == [Role.USER, Role.ASSISTANT]
+
+
+async def test_forged_stale_and_unsigned_requests_are_refused_and_the_url_check_answered(
+        settings: Settings, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+    async with agent(settings, answering("never"), base_url) as (runtime, http):
+        body = json.dumps(message_event("hi", user=ANA, channel=DM)).encode()
+        forged = await http.post("/channels/slack/events", content=body, headers=signed(body, secret="not-it"))
+        stale = await http.post("/channels/slack/events", content=body, headers=signed(body, at=time.time() - 400))
+        bare = await http.post("/channels/slack/events", content=body, headers={"Content-Type": "application/json"})
+        challenge = json.dumps({"type": "url_verification", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmd"}).encode()
+        verified = await http.post("/channels/slack/events", content=challenge, headers=signed(challenge))
+        await asyncio.sleep(0.3)
+        history = await runtime.sessions.history(f"slack:{DM}")
+    assert [r.status_code for r in (forged, stale, bare)] == [401, 401, 401]
+    assert forged.json()["error"]["code"] == "invalid_signature"
+    assert verified.json() == {"challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmd"}
+    assert history == [] and fake.posted == {}
+
+
+async def test_a_429_storm_is_waited_out_and_one_answer_shows(settings: Settings, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+    fake.rate_limits["chat.postMessage"] = [1, 1]
+    fake.rate_limits["chat.update"] = [1, 1, 1]
+    async with agent(settings, answering(ANSWER, delay_s=0.05), base_url) as (runtime, http):
+        await send(http, message_event("plan please", user=ANA, channel=DM))
+        texts = await settled(fake, runtime, DM)
+    assert len(texts) == 1 and texts[0].startswith("Here is the plan.") and texts[0].endswith("Step 29 is *done*.")
+    assert not fake.rate_limits["chat.postMessage"] and not fake.rate_limits["chat.update"]  # each 429 was met
+
+
+async def test_only_the_asker_can_press_the_approval_buttons(settings: Settings, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+    ran: list[str] = []
+    async with agent(settings, asking_model(), base_url, tools=ToolRegistry([writing_tool(ran)])) as (runtime, http):
+        mention = message_event("write my note", user=ANA, channel=TEAM, direct=False, mention=True)
+        await send(http, mention)
+        async with asyncio.timeout(20):
+            while not fake.cards(TEAM):
+                await asyncio.sleep(0.05)
+        [card] = fake.cards(TEAM)
+        assert "write the file notes.txt" in card.text and card.thread_ts == mention["event"]["ts"]
+        body, headers = press(card, BEN, "once")
+        assert (await http.post("/channels/slack/interactions", content=body, headers=headers)).status_code == 200
+        assert fake.ephemeral[-1] == {"channel": TEAM, "user": BEN, "text": "This request is not yours to answer."}
+        assert ran == []
+        body, headers = press(card, ANA, "once")
+        await http.post("/channels/slack/interactions", content=body, headers=headers)
+        texts = await settled(fake, runtime, f"{TEAM}/{mention['event']['ts']}")
+    assert ran == ["notes.txt"]
+    assert "Allowed once by <@U0ANA>." in texts[0] and fake.posted[card.ts].blocks is None  # the buttons went
+    assert texts[-1] == "Result: wrote notes.txt"
+
+
+def test_kill_9_between_the_draft_and_the_final_still_shows_one_message(
+        tmp_path: Path, slack: tuple[FakeSlack, str]) -> None:
+    """The process is killed while its draft streams; the restarted one resumes the turn and edits
+    that same message into the committed answer: no second message."""
+    fake, base_url = slack
+    home, origin = tmp_path / "home", tmp_path / "origin"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
+    child = subprocess.Popen([sys.executable, "-m", "tests.slack_child", str(home), base_url, str(origin)],
+                             cwd=EMBER_SOURCE, env={**env, "PYTHONPATH": EMBER_SOURCE}, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        wait_until(lambda: (origin.exists() and origin.read_text() != "") or child.poll() is not None, timeout_s=60,
+                   what="the child to serve")
+        body = json.dumps(message_event("a hard question", user=ANA, channel=DM)).encode()
+        assert httpx.post(origin.read_text() + "/channels/slack/events", content=body, headers=signed(body),
+                          timeout=10).status_code == 200
+        wait_until(lambda: any(p.edits >= 2 for p in fake.posted.values()) or child.poll() is not None,
+                   timeout_s=60, what="the draft to stream")
+        assert child.poll() is None, child.stderr.read() if child.stderr else ""
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=30)
+    [draft] = fake.posted.values()
+    assert draft.text.startswith("Let me think")
+
+    async def restarted() -> list[str]:
+        async with agent(Settings(home=home), answering("The answer, after the restart."), base_url) as (runtime, _):
+            return await settled(fake, runtime, DM)
+
+    assert asyncio.run(restarted()) == ["The answer, after the restart."]
+    assert [p.ts for p in fake.posted.values() if not p.deleted] == [draft.ts]
+
+
+async def test_a_stranger_is_told_once_and_nothing_is_kept(settings: Settings, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+    async with agent(settings, answering("never"), base_url) as (runtime, http):
+        for text in ("hello?", "anyone?"):
+            await send(http, message_event(text, user=STRANGER, channel="D0STRANGER"))
+        await asyncio.sleep(0.3)
+        history = await runtime.sessions.history("slack:D0STRANGER")
+    assert [e["user"] for e in fake.ephemeral] == [STRANGER]
+    assert "Slack member ID: U0STRANGER" in fake.ephemeral[0]["text"]
+    assert history == [] and fake.posted == {}
+
+
+def test_channels_lists_the_app_and_doctor_checks_its_token_without_sending(
+        tmp_path: Path, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}, "EMBER_HOME": str(home)}
+    ember = str(Path(sys.executable).with_name("ember"))
+    (home / "ember.toml").write_text(f'[slack]\napi_base_url = "{base_url}"\nallowed_users = ["{ANA}"]\n')
+
+    def run(*args: str, token: str) -> subprocess.CompletedProcess[str]:
+        secrets = {"EMBER_SLACK_BOT_TOKEN": token, "EMBER_SLACK_SIGNING_SECRET": SIGNING_SECRET}
+        return subprocess.run([ember, *args], env={**env, **secrets}, capture_output=True, text=True, timeout=120)
+
+    [app] = [row for row in json.loads(run("channels", "--json", token=TOKEN).stdout) if row["channel"] == "slack"]
+    assert app["name"] == "events, mention in channels" and "token set, 1 allowed users" in app["state"]
+    good = run("doctor", token=TOKEN)
+    assert "slack: the token is @ember in Test Team's" in good.stdout
+    bad = run("doctor", token="xoxb-wrong")
+    assert bad.returncode == 1 and "FAIL  slack:" in bad.stdout and "invalid_auth" in bad.stdout
+    assert TOKEN not in good.stdout + good.stderr and "xoxb-wrong" not in bad.stdout + bad.stderr
+    assert fake.posted == {} and fake.ephemeral == []  # nothing was sent
