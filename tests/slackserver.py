@@ -51,6 +51,7 @@ class FakeSlack:
     writes: list[tuple[float, str, bool]] = field(default_factory=list)  # (when, method, accepted)
     # method -> Retry-After seconds of the 429s to answer its next calls with
     rate_limits: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    files: dict[str, bytes] = field(default_factory=dict)  # by file id, served at /files-pri/<id>
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def visible(self, channel: str, thread_ts: str | None = None) -> list[str]:
@@ -109,8 +110,22 @@ class FakeSlack:
             return _ok(message_ts=f"{1_700_000_000 + next(_ts)}.000200")
         return JSONResponse({"ok": False, "error": "unknown_method"}, status_code=404)
 
+    async def _file(self, request: Request) -> Response:
+        if request.headers.get("authorization") != f"Bearer {self.token}":  # Slack's sign-in page, in fact
+            return Response(b"<html>sign in</html>", status_code=302, headers={"Location": "https://slack.com/"})
+        data = self.files.get(request.path_params["file_id"])
+        return Response(data, media_type="application/octet-stream") if data is not None else Response(status_code=404)
+
+    def shared(self, origin: str, data: bytes, name: str, mimetype: str) -> dict[str, Any]:
+        """A file as a message event lists it, its bytes served to the bot token."""
+        file_id = f"F{len(self.files) + 1:04d}"
+        self.files[file_id] = data
+        return {"id": file_id, "name": name, "mimetype": mimetype, "size": len(data),
+                "url_private_download": f"{origin}/files-pri/{file_id}"}
+
     def app(self) -> Starlette:
-        return Starlette(routes=[Route("/api/{method}", self._api, methods=["GET", "POST"])])
+        return Starlette(routes=[Route("/api/{method}", self._api, methods=["GET", "POST"]),
+                                 Route("/files-pri/{file_id}", self._file, methods=["GET"])])
 
 
 def _ok(**fields: Any) -> JSONResponse:

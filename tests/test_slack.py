@@ -6,6 +6,7 @@ Block Kit buttons only the asker can press, strangers told once."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import os
@@ -30,11 +31,14 @@ from ember.channels.slack.config import SlackSpec
 from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.base import ModelClient
+from ember.models.openai_compat import OpenAICompatibleModel
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, settled_in, settling, writing_tool
 from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import LoopbackServer, wait_until
+from tests.modelserver import Reply, serving
 from tests.slackserver import SIGNING_SECRET, TOKEN, FakeSlack, message_event, press, serving_slack, signed
+from tests.test_attachments import png
 from tests.test_telegram import answering
 
 ANA, BEN, STRANGER = "U0ANA", "U0BEN", "U0STRANGER"
@@ -213,6 +217,33 @@ def test_kill_9_between_the_draft_and_the_final_still_shows_one_message(
 
     assert asyncio.run(restarted()) == ["The answer, after the restart."]
     assert [p.ts for p in fake.posted.values() if not p.deleted] == [draft.ts]
+
+
+async def test_a_shared_image_reaches_a_seeing_model_and_a_disguised_file_is_refused_in_the_thread(
+        settings: Settings, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+    origin = base_url.removesuffix("/api/")
+    with serving() as model:
+        model.push(Reply(text="A grey square."))
+        seeing = OpenAICompatibleModel(model="test-model", base_url=model.base_url, api_key=None, vision=True)
+        async with agent(settings, seeing, base_url) as (runtime, http):
+            shared = message_event("what is this?", user=ANA, channel=DM)
+            shared["event"] |= {"subtype": "file_share", "files": [fake.shared(origin, png(), "shot.png", "image/png")]}
+            await send(http, shared)
+            texts = await settled(fake, runtime, DM)
+            disguised = message_event("and this", user=ANA, channel="D0ANA2")
+            disguised["event"] |= {"subtype": "file_share",
+                                   "files": [fake.shared(origin, b"not an image", "cat.png", "image/png")]}
+            await send(http, disguised)
+            async with asyncio.timeout(10):
+                while not fake.visible("D0ANA2"):
+                    await asyncio.sleep(0.05)
+            refused = await runtime.sessions.history("slack:D0ANA2")
+    assert texts == ["A grey square."]
+    assert model.requests[-1]["messages"][-1]["content"][1] == {
+        "type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png()).decode()}}
+    assert fake.visible("D0ANA2") == ["I could not take that file: cat.png says it is image/png, but its content is "
+                                      "not"] and refused == [] and len(model.requests) == 1
 
 
 async def test_a_stranger_is_told_once_and_nothing_is_kept(settings: Settings, slack: tuple[FakeSlack, str]) -> None:

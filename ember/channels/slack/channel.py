@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+import httpx
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
@@ -34,9 +35,11 @@ from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.slack.config import SIGNING_SECRET_ENV, TOKEN_ENV, SlackSpec
+from ember.channels.slack.files import shared_files
 from ember.channels.slack.markup import slack_mrkdwn
+from ember.core.attachments import AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
-from ember.core.errors import ConfigError
+from ember.core.errors import ConfigError, ModelError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tools import Decision
 from ember.runtime.approvals import Resolution
@@ -117,6 +120,7 @@ class SlackChannel:
         secret = required(spec.secret(), "[slack] needs the app's signing secret: signing_secret = \"…\" or "
                                          f"{SIGNING_SECRET_ENV}")
         self._spec = spec
+        self._token = token
         self._verifier = SignatureVerifier(secret)
         self._client = client or AsyncWebClient(token, base_url=spec.api_base_url)
         self._platform = SlackPlatform(self._client)
@@ -171,7 +175,8 @@ class SlackChannel:
     async def _message(self, event: dict[str, Any]) -> InboundEvent | None:
         """The event as the agent's message, if it is one to answer."""
         kind, user, text = event.get("type"), str(event.get("user") or ""), str(event.get("text") or "")
-        if kind not in ("message", "app_mention") or event.get("subtype") or event.get("bot_id") or not user:
+        if kind not in ("message", "app_mention") or event.get("subtype") not in (None, "file_share") \
+                or event.get("bot_id") or not user:
             return None
         direct = event.get("channel_type") == "im"
         mentioned = kind == "app_mention"
@@ -187,8 +192,17 @@ class SlackChannel:
             text = text.replace(f"<@{self.bot_user}>", "").strip() or text
         channel, ts = str(event.get("channel")), str(event.get("ts"))
         thread = event.get("thread_ts") or (None if direct else ts)
-        return InboundEvent(channel=CHANNEL, chat_id=f"{channel}/{thread}" if thread else channel, sender_id=user,
-                            text=text, message_id=f"{channel}:{ts}", stream=True, can_approve=True)
+        chat_id = f"{channel}/{thread}" if thread else channel
+        try:
+            files = await shared_files(event.get("files") or [], self._token, self._services.files)
+            text = "\n\n".join(part for part in (text, await self._services.files.transcripts(files)) if part)
+        except (AttachmentRefused, httpx.HTTPError, ModelError) as exc:  # said in the thread; nothing is kept
+            told = "Slack did not hand it over; share it again" if isinstance(exc, httpx.HTTPError) else exc
+            await self._quietly(self._platform.send(chat_id, f"I could not take that file: {told}"))
+            return None
+        return InboundEvent(channel=CHANNEL, chat_id=chat_id, sender_id=user, text=text,
+                            message_id=f"{channel}:{ts}", stream=True, can_approve=True,
+                            attachments=await self._services.files.keep(f"{CHANNEL}:{chat_id}", files))
 
     async def interactions(self, request: Request) -> Response:
         body = await self._signed(request)
