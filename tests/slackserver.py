@@ -1,11 +1,13 @@
 """A Slack Web API of the tests' own, on 127.0.0.1: the methods Ember's channel calls (auth.test,
-chat.postMessage, chat.update, chat.delete, chat.postEphemeral) with Slack's envelopes and errors
+chat.postMessage, chat.update, chat.delete, chat.postEphemeral; apps.connections.open and Socket
+Mode's WebSocket, on aiohttp's server) with Slack's envelopes and errors
 (`{"ok": false, "error": ...}`, `message_not_found`, `invalid_auth`, and 429 `ratelimited` with
 Retry-After when a test asks for one); and the other side of the Events API: events and button
 presses as Slack sends them, signed with the app's signing secret (v0)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import itertools
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
+import aiohttp
+from aiohttp import web
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -27,6 +31,7 @@ from starlette.routing import Route
 from tests.loopback import LoopbackServer
 
 TOKEN = "xoxb-test-token-0123456789"
+APP_TOKEN = "xapp-1-test-app-token-0123456789"
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 BOT_USER = "UBOT0001"
 _ts = itertools.count(1)
@@ -52,6 +57,12 @@ class FakeSlack:
     # method -> Retry-After seconds of the 429s to answer its next calls with
     rate_limits: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     files: dict[str, bytes] = field(default_factory=dict)  # by file id, served at /files-pri/<id>
+    # Socket Mode: the address apps.connections.open gives, the envelopes to send on the socket and
+    # the envelope ids the app acknowledged.
+    app_token: str = APP_TOKEN
+    socket_url: str = ""
+    envelopes: list[dict[str, Any]] = field(default_factory=list)
+    acked: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def visible(self, channel: str, thread_ts: str | None = None) -> list[str]:
@@ -66,6 +77,10 @@ class FakeSlack:
 
     async def _api(self, request: Request) -> Response:
         method = request.path_params["method"]
+        if method == "apps.connections.open":  # the app-level token's one method
+            if request.headers.get("authorization") != f"Bearer {self.app_token}":
+                return JSONResponse({"ok": False, "error": "invalid_auth"})
+            return _ok(url=self.socket_url)
         if request.headers.get("authorization") != f"Bearer {self.token}":
             return JSONResponse({"ok": False, "error": "invalid_auth"})
         raw = await request.body()
@@ -123,6 +138,40 @@ class FakeSlack:
         return {"id": file_id, "name": name, "mimetype": mimetype, "size": len(data),
                 "url_private_download": f"{origin}/files-pri/{file_id}"}
 
+    def send_on_socket(self, kind: str, payload: dict[str, Any]) -> str:
+        """An envelope for the app's socket (events_api, interactive); its id, to wait for its ack."""
+        envelope_id = f"env-{next(_ts)}"
+        with self._lock:
+            self.envelopes.append({"envelope_id": envelope_id, "type": kind, "payload": payload,
+                                   "accepts_response_payload": False, "retry_attempt": 0})
+        return envelope_id
+
+    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
+        """Socket Mode's WebSocket: hello, then each envelope queued; the app's acks are recorded."""
+        socket = web.WebSocketResponse(heartbeat=None)
+        await socket.prepare(request)
+        await socket.send_json({"type": "hello", "num_connections": 1, "debug_info": {"host": "fake"},
+                                "connection_info": {"app_id": "A0001"}})
+
+        async def read() -> None:
+            async for message in socket:
+                if message.type == aiohttp.WSMsgType.TEXT and (envelope_id := json.loads(message.data).get(
+                        "envelope_id")):
+                    with self._lock:
+                        self.acked.append(envelope_id)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while not socket.closed:
+                with self._lock:
+                    ready, self.envelopes = self.envelopes, []
+                for envelope in ready:
+                    await socket.send_json(envelope)
+                await asyncio.sleep(0.02)
+        finally:
+            reader.cancel()
+        return socket
+
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/api/{method}", self._api, methods=["GET", "POST"]),
                                  Route("/files-pri/{file_id}", self._file, methods=["GET"])])
@@ -136,15 +185,48 @@ def _maybe_json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) and value[:1] in "[{" else value
 
 
+class _SocketServer:
+    """The WebSocket half of the fake, on aiohttp's server in a thread of its own."""
+
+    def __init__(self, fake: FakeSlack) -> None:
+        self._fake = fake
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fake-slack-socket", daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def start(self) -> str:
+        self._thread.start()
+        return asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(timeout=10)
+
+    async def _serve(self) -> str:
+        app = web.Application()
+        app.router.add_get("/link", self._fake._socket)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"ws://127.0.0.1:{port}/link"
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
 @contextmanager
 def serving_slack() -> Iterator[tuple[FakeSlack, str]]:
-    """The fake Web API, and the api_base_url that points a client at it."""
+    """The fake Web API (and Socket Mode's WebSocket), and the api_base_url that points a client at it."""
     fake = FakeSlack()
     server = LoopbackServer(fake.app(), "fake-slack")
+    sockets = _SocketServer(fake)
     server.start()
+    fake.socket_url = sockets.start()
     try:
         yield fake, f"{server.origin}/api/"
     finally:
+        sockets.stop()
         server.stop()
 
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import httpx
 import pytest
@@ -37,7 +38,16 @@ from tests.chatplatform import asking_model, settled_in, settling, writing_tool
 from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import LoopbackServer, wait_until
 from tests.modelserver import Reply, serving
-from tests.slackserver import SIGNING_SECRET, TOKEN, FakeSlack, message_event, press, serving_slack, signed
+from tests.slackserver import (
+    APP_TOKEN,
+    SIGNING_SECRET,
+    TOKEN,
+    FakeSlack,
+    message_event,
+    press,
+    serving_slack,
+    signed,
+)
 from tests.test_attachments import png
 from tests.test_telegram import answering
 
@@ -279,3 +289,25 @@ def test_channels_lists_the_app_and_doctor_checks_its_token_without_sending(
     assert bad.returncode == 1 and "FAIL  slack:" in bad.stdout and "invalid_auth" in bad.stdout
     assert TOKEN not in good.stdout + good.stderr and "xoxb-wrong" not in bad.stdout + bad.stderr
     assert fake.posted == {} and fake.ephemeral == []  # nothing was sent
+
+
+async def test_socket_mode_answers_events_and_button_presses_it_acknowledges(
+        settings: Settings, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+    ran: list[str] = []
+    runtime = await build_runtime(settings, asking_model(), tools=ToolRegistry([writing_tool(ran)]))
+    channel = SlackChannel(SlackSpec(bot_token=TOKEN, app_token=APP_TOKEN, mode="socket", api_base_url=base_url,
+                                     allowed_users=[ANA]), chat_services(runtime))
+    settling(runtime, channel)
+    assert channel.routes() == []  # nothing for Slack to post to
+    async with running(runtime, recover=True):
+        asked = fake.send_on_socket("events_api", message_event("write my note", user=ANA, channel=DM))
+        async with asyncio.timeout(20):
+            while not fake.cards(DM) or asked not in fake.acked:
+                await asyncio.sleep(0.05)
+        [card] = fake.cards(DM)
+        body, _ = press(card, ANA, "once")
+        pressed = fake.send_on_socket("interactive", json.loads(parse_qs(body.decode())["payload"][0]))
+        texts = await settled(fake, runtime, DM)
+    assert ran == ["notes.txt"] and pressed in fake.acked
+    assert texts[-1] == "Result: wrote notes.txt"

@@ -29,10 +29,13 @@ def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
                                                 f"{telegram.edit_interval_ms} ms"))
     if (slack := settings.slack) is not None:
         token = "token set" if slack.token() else "NO TOKEN"
-        secret = "" if slack.secret() else ", NO SIGNING SECRET"
         allowed = len(slack.allowed_users) or "all"
-        rows.append(("slack", f"events, {slack.channel_replies} in channels",
-                     f"POST /channels/slack/events, {token}{secret}, {allowed} allowed users"))
+        if slack.mode == "socket":
+            where = "Socket Mode" + ("" if slack.socket_token() else ", NO APP TOKEN")
+        else:
+            where = "POST /channels/slack/events" + ("" if slack.secret() else ", NO SIGNING SECRET")
+        rows.append(("slack", f"{slack.mode}, {slack.channel_replies} in channels",
+                     f"{where}, {token}, {allowed} allowed users"))
     if settings.wecom is not None:
         rows.append(("wecom", f"corp {settings.wecom.corp_id}, app {settings.wecom.agent_id}",
                      "POST /channels/wecom" + ("" if settings.wecom.key() else ", NO SECRET")))

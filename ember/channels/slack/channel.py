@@ -1,13 +1,15 @@
-"""The `slack` channel, on slack_sdk: the Events API over HTTP, answers streamed by edits.
+"""The `slack` channel, on slack_sdk: the Events API over HTTP or Socket Mode, answers streamed by edits.
 
 Slack POSTs each event to `/channels/slack/events`, signed with the app's signing secret
 (`X-Slack-Signature` v0 over the timestamp and the body; a timestamp more than 5 minutes off is
-refused). Each message is kept in the store before the 200 that tells Slack it arrived, so a crash
-loses none; Slack's retries of an event (same `event_id`, and the same message) run no second turn.
-A direct message is answered in its conversation, a mention in a channel in its thread, and each
+refused); or, in Socket Mode, sends it on a WebSocket Ember opened. Each message is kept in the
+store before Slack hears it arrived (the 200, or the envelope's acknowledgement), so a crash loses
+none; Slack's retries of an event (same `event_id`, and the same message) run no second turn. A
+direct message is answered in its conversation, a mention in a channel in its thread, and each
 thread is a session. The answer streams by `chat.update` edits of one message (channels/chat/
 editing.py); an approval is a Block Kit card whose buttons Slack posts to
-`/channels/slack/interactions`, and only the turn's person (or an approver) can press.
+`/channels/slack/interactions` (or sends on the socket), and only the turn's person (or an
+approver) can press.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from urllib.parse import parse_qs
 import httpx
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -34,7 +39,7 @@ from ember.channels.chat.platform import required
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
-from ember.channels.slack.config import SIGNING_SECRET_ENV, TOKEN_ENV, SlackSpec
+from ember.channels.slack.config import APP_TOKEN_ENV, SIGNING_SECRET_ENV, TOKEN_ENV, SlackSpec
 from ember.channels.slack.files import shared_files
 from ember.channels.slack.markup import slack_mrkdwn
 from ember.core.attachments import AttachmentRefused
@@ -117,11 +122,14 @@ class SlackChannel:
 
     def __init__(self, spec: SlackSpec, services: ChatServices, *, client: AsyncWebClient | None = None) -> None:
         token = required(spec.token(), f"[slack] needs the bot token: bot_token = \"xoxb-…\" or {TOKEN_ENV}")
-        secret = required(spec.secret(), "[slack] needs the app's signing secret: signing_secret = \"…\" or "
-                                         f"{SIGNING_SECRET_ENV}")
+        if spec.mode == "socket":
+            self._app_token = required(spec.socket_token(), "[slack] mode = \"socket\" needs the app-level token: "
+                                                            f"app_token = \"xapp-…\" or {APP_TOKEN_ENV}")
+        secret = spec.secret() if spec.mode == "socket" else required(
+            spec.secret(), f"[slack] needs the app's signing secret: signing_secret = \"…\" or {SIGNING_SECRET_ENV}")
         self._spec = spec
         self._token = token
-        self._verifier = SignatureVerifier(secret)
+        self._verifier = SignatureVerifier(secret) if secret else None  # socket mode: nothing is posted to Ember
         self._client = client or AsyncWebClient(token, base_url=spec.api_base_url)
         self._platform = SlackPlatform(self._client)
         self._services = services
@@ -129,6 +137,7 @@ class SlackChannel:
                                   limit=MAX_MESSAGE_CHARS)
         self._gate: AllowList[str] = AllowList(CHANNEL, spec.allowed_users)
         self._seen: dict[str, None] = {}  # event ids of this run: Slack's retries
+        self._socket: SocketModeClient | None = None
         self.bot_user = ""
 
     async def start(self) -> None:
@@ -137,12 +146,22 @@ class SlackChannel:
         except SlackApiError as exc:
             raise ConfigError(f"Slack refused the bot token ({exc.response.get('error')}): check [slack] bot_token "
                               f"or {TOKEN_ENV}") from None
-        log.info("slack: answering as %s", self.bot_user)
+        if self._spec.mode == "socket":
+            self._socket = SocketModeClient(self._app_token,
+                                            web_client=AsyncWebClient(base_url=self._spec.api_base_url))
+            self._socket.socket_mode_request_listeners.append(self._on_socket)
+            await self._socket.connect()
+        log.info("slack: answering as %s, %s", self.bot_user, "over Socket Mode" if self._socket else "called back")
 
     async def stop(self) -> None:
+        if self._socket is not None:
+            await self._socket.close()
+            self._socket = None
         await self._stream.close()
 
     def routes(self) -> list[Route]:
+        if self._spec.mode == "socket":
+            return []
         return [Route(EVENTS_PATH, self.events, methods=["POST"]),
                 Route(INTERACTIONS_PATH, self.interactions, methods=["POST"])]
 
@@ -150,7 +169,7 @@ class SlackChannel:
 
     async def _signed(self, request: Request) -> bytes:
         body = await read_body(request, 1_048_576)
-        if not self._verifier.is_valid(body, request.headers.get("X-Slack-Request-Timestamp"),
+        if self._verifier is None or not self._verifier.is_valid(body, request.headers.get("X-Slack-Request-Timestamp"),
                                        request.headers.get("X-Slack-Signature")):
             raise ApiError(401, "not Slack: the signature is missing, wrong or more than 5 minutes old",
                            code="invalid_signature")
@@ -163,14 +182,26 @@ class SlackChannel:
             raise ApiError(400, "not a Slack event: the body is not JSON", code="invalid_event") from None
         if envelope.get("type") == "url_verification":
             return JSONResponse({"challenge": envelope.get("challenge")})
+        await self._received(envelope)
+        return JSONResponse({"ok": True})
+
+    async def _on_socket(self, client: SocketModeClient, request: SocketModeRequest) -> None:
+        """An envelope on the socket, acknowledged once handled: Slack sends one it never heard back of again."""
+        payload = request.payload if isinstance(request.payload, dict) else {}
+        if request.type == "events_api":
+            await self._received(payload)
+        elif request.type == "interactive" and payload.get("type") == "block_actions":
+            await self._pressed(payload)
+        await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
+
+    async def _received(self, envelope: dict[str, Any]) -> None:
+        """An event, kept before Slack hears it arrived; a retried one finds it kept and runs no second turn."""
         event_id = str(envelope.get("event_id") or "")
         if envelope.get("type") == "event_callback" and event_id not in self._seen:
             event = await self._message(envelope.get("event") or {})
-            # Kept before Slack hears the 200; a retried event finds it kept and runs no second turn.
             if event is not None and await self._services.inbox.accept(event):
                 await self._services.bus.publish_inbound(event)
             remember(self._seen, event_id, None)
-        return JSONResponse({"ok": True})
 
     async def _message(self, event: dict[str, Any]) -> InboundEvent | None:
         """The event as the agent's message, if it is one to answer."""

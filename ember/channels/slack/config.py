@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 TOKEN_ENV = "EMBER_SLACK_BOT_TOKEN"
 SIGNING_SECRET_ENV = "EMBER_SLACK_SIGNING_SECRET"
+APP_TOKEN_ENV = "EMBER_SLACK_APP_TOKEN"
 
 
 class SlackSpec(BaseModel):
@@ -16,8 +17,13 @@ class SlackSpec(BaseModel):
 
     # The app's bot token (xoxb-…); or EMBER_SLACK_BOT_TOKEN, which keeps it out of the file.
     bot_token: SecretStr | None = None
-    # Checks that an event or a button press came from Slack; or EMBER_SLACK_SIGNING_SECRET.
+    # "events": Slack POSTs to gateway_public_url/channels/slack/events and /interactions; "socket":
+    # Socket Mode, a WebSocket Ember opens to Slack (no public address needed).
+    mode: Literal["events", "socket"] = "events"
+    # Events mode: checks that an event or a button press came from Slack; or EMBER_SLACK_SIGNING_SECRET.
     signing_secret: SecretStr | None = None
+    # Socket mode: the app-level token (xapp-…, scope connections:write); or EMBER_SLACK_APP_TOKEN.
+    app_token: SecretStr | None = None
     # Where the Web API is (the tests' own, or a proxy); ends with a slash.
     api_base_url: str = "https://slack.com/api/"
     # Slack user ids (U…) that may talk to the agent; empty: every member of the workspace.
@@ -31,6 +37,9 @@ class SlackSpec(BaseModel):
 
     def token(self) -> str | None:
         return self.bot_token.get_secret_value() if self.bot_token else os.environ.get(TOKEN_ENV) or None
+
+    def socket_token(self) -> str | None:
+        return self.app_token.get_secret_value() if self.app_token else os.environ.get(APP_TOKEN_ENV) or None
 
     def secret(self) -> str | None:
         return self.signing_secret.get_secret_value() if self.signing_secret else \
