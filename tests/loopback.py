@@ -1,12 +1,14 @@
-"""A test's own HTTP server: an ASGI app served by uvicorn on 127.0.0.1, from a thread."""
+"""A test's own HTTP server: an ASGI app served by uvicorn on 127.0.0.1, from a thread (or, for a
+channel's routes that share the runtime's clients, on the test's own event loop: `served_here`)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Protocol, TypeVar
 
 import uvicorn
@@ -67,3 +69,25 @@ def started(server: S) -> Iterator[S]:
         yield server
     finally:
         server.stop()
+
+
+@asynccontextmanager
+async def served_here(app: Any) -> AsyncIterator[str]:
+    """`app` served on this event loop, as `ember serve` serves a channel's routes beside its
+    runtime; the origin to reach it at."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off", timeout_graceful_shutdown=2))
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                if serving.done():
+                    serving.result()
+                await asyncio.sleep(0.01)
+        host, port = sock.getsockname()
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 10)
+        sock.close()

@@ -17,7 +17,7 @@ from ember.channels.slack.channel import SlackChannel
 from ember.config.settings import Settings
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
-from tests.loopback import LoopbackServer
+from tests.loopback import served_here
 from tests.test_slack import spec
 
 
@@ -27,10 +27,8 @@ async def main(home: Path, base_url: str, origin_file: Path) -> None:
     runtime = await build_runtime(Settings(home=home), model)
     channel = SlackChannel(spec(base_url), chat_services(runtime))
     runtime.channels.register(channel)
-    server = LoopbackServer(Starlette(routes=channel.routes()), "slack-child")
-    async with running(runtime, recover=True):
-        server.start()
-        origin_file.write_text(server.origin)
+    async with running(runtime, recover=True), served_here(Starlette(routes=channel.routes())) as origin:
+        origin_file.write_text(origin)
         await asyncio.sleep(3600)
 
 

@@ -36,7 +36,7 @@ from ember.models.openai_compat import OpenAICompatibleModel
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, settled_in, settling, writing_tool
 from tests.gatewayproc import EMBER_SOURCE
-from tests.loopback import LoopbackServer, wait_until
+from tests.loopback import served_here, wait_until
 from tests.modelserver import Reply, serving
 from tests.slackserver import (
     APP_TOKEN,
@@ -75,14 +75,9 @@ async def agent(settings: Settings, model: ModelClient, base_url: str, *, tools:
     channel = SlackChannel(spec(base_url, **fields), chat_services(runtime))
     settling(runtime, channel)
     app = Starlette(routes=channel.routes(), exception_handlers={ApiError: lambda request, exc: exc.response()})
-    server = LoopbackServer(app, "slack-events")
-    async with running(runtime, recover=True):
-        server.start()
-        try:
-            async with httpx.AsyncClient(base_url=server.origin, timeout=10) as http:
-                yield runtime, http
-        finally:
-            server.stop()
+    async with running(runtime, recover=True), served_here(app) as origin, \
+            httpx.AsyncClient(base_url=origin, timeout=10) as http:
+        yield runtime, http
 
 
 async def send(http: httpx.AsyncClient, envelope: dict[str, Any], **headers: str) -> httpx.Response:

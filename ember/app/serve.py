@@ -161,6 +161,10 @@ def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None,
         from ember.channels.slack.channel import SlackChannel  # the SDK: only when configured
 
         platforms.append(SlackChannel(settings.slack, shared))
+    if settings.dingtalk is not None:
+        from ember.channels.dingtalk.channel import DingTalkChannel
+
+        platforms.append(DingTalkChannel(settings.dingtalk, shared))
     if settings.wecom is not None:
         from ember.channels.wecom.channel import WeComChannel
 

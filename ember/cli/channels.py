@@ -36,6 +36,10 @@ def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
             where = "POST /channels/slack/events" + ("" if slack.secret() else ", NO SIGNING SECRET")
         rows.append(("slack", f"{slack.mode}, {slack.channel_replies} in channels",
                      f"{where}, {token}, {allowed} allowed users"))
+    if (dingtalk := settings.dingtalk) is not None:
+        secret = "" if dingtalk.key() else ", NO SECRET"
+        rows.append(("dingtalk", f"app {dingtalk.app_key}",
+                     f"POST /channels/dingtalk/events{secret}, {len(dingtalk.allowed_users) or 'all'} allowed users"))
     if settings.wecom is not None:
         rows.append(("wecom", f"corp {settings.wecom.corp_id}, app {settings.wecom.agent_id}",
                      "POST /channels/wecom" + ("" if settings.wecom.key() else ", NO SECRET")))

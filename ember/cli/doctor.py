@@ -249,6 +249,11 @@ async def _check_channels(settings: Settings, report: Report) -> None:
         if (said := await _probe("slack", slack_probe(settings.slack), report)) is not None:
             report.ok(f"slack: the token is {said}'s" + ("" if settings.slack.secret() else
                                                           "; NO signing secret: every event will be refused"))
+    if settings.dingtalk is not None:
+        from ember.channels.dingtalk.channel import probe as dingtalk_probe
+
+        if (said := await _probe("dingtalk", dingtalk_probe(settings.dingtalk), report)) is not None:
+            report.ok(f"dingtalk: {said}")
     for label, weixin in (("wecom", settings.wecom), ("wechat", settings.wechat)):
         if weixin is not None:
             from ember.channels.wecom.channel import probe as weixin_probe

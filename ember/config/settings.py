@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ember.channels.dingtalk.config import DingTalkSpec
 from ember.channels.qq.config import QQSpec
 from ember.channels.slack.config import SlackSpec
 from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
@@ -59,8 +60,7 @@ CONFIGURE_MODEL_HINT = (
 
 
 class Settings(HomePaths, BaseSettings):
-    # env_ignore_empty: an empty EMBER_MODEL_API_KEY= line in an env file means "not set".
-    # Nested tables from the environment: EMBER_TOOL_POLICY__EXECUTE=allow.
+    # An empty EMBER_X= line in an env file means "not set"; nested tables: EMBER_TOOL_POLICY__EXECUTE=allow.
     model_config = SettingsConfigDict(env_prefix="EMBER_", extra="forbid", env_ignore_empty=True,
                                       env_nested_delimiter="__")
 
@@ -141,8 +141,7 @@ class Settings(HomePaths, BaseSettings):
     mcp_servers: McpServers = Field(default_factory=dict)
     # The time zone of scheduled tasks that name none (IANA, e.g. Europe/Berlin).
     timezone: str = "UTC"
-    # Signed webhooks in (POST /webhooks/NAME) and answers out; the address rules of web_fetch
-    # (and its allowed hosts) apply to outbound URLs.
+    # Signed webhooks in (POST /webhooks/NAME) and answers out (to URLs web_fetch's address rules allow).
     webhooks: dict[str, WebhookSpec] = Field(default_factory=dict)
     # Where answers can be POSTed, signed.
     outbound: dict[str, OutboundSpec] = Field(default_factory=dict)
@@ -150,6 +149,8 @@ class Settings(HomePaths, BaseSettings):
     telegram: TelegramSpec | None = None
     # A Slack app, called back at /channels/slack/events and /interactions: bot_token, signing_secret, ...
     slack: SlackSpec | None = None
+    # A DingTalk (钉钉) app robot, called back at /channels/dingtalk/events: app_key, app_secret, ...
+    dingtalk: DingTalkSpec | None = None
     # A WeCom (企业微信) self-built app, called back at /channels/wecom: corp_id, agent_id, token, encoding_aes_key, ...
     wecom: WeComSpec | None = None
     # A WeChat Official Account (微信公众号), called back at /channels/wechat: app_id, token, encoding_aes_key, ...
@@ -160,8 +161,7 @@ class Settings(HomePaths, BaseSettings):
     qq: QQSpec | None = None
     # Other agents the call_agent tool may hand work to over A2A.
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
-    # Named agents in this Ember: description, system_prompt, models, tools, skills, memory
-    # (docs/models-and-settings.md).
+    # Named agents: description, system_prompt, models, tools, skills, memory (docs/models-and-settings.md).
     agents: dict[str, AgentSpec] = Field(default_factory=dict)
     # The agent that answers a channel's messages ("telegram") or one chat's ("telegram:123456") naming none.
     channel_agents: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,35 @@
+"""A process that answers DingTalk messages slowly, to be killed mid-answer:
+`python -m tests.dingtalk_child HOME DINGTALK_ORIGIN ORIGIN_FILE`. It serves the callback route on
+127.0.0.1 and writes its origin to ORIGIN_FILE; its model takes a minute to answer."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from starlette.applications import Starlette
+
+from ember.app.runtime import build_runtime, running
+from ember.app.serve import chat_services
+from ember.channels.dingtalk.channel import DingTalkChannel
+from ember.config.settings import Settings
+from ember.models.base import ModelReply
+from ember.models.scripted import FunctionModel
+from tests.dingtalkserver import FakeDingTalk
+from tests.loopback import served_here
+from tests.test_dingtalk import spec
+
+
+async def main(home: Path, dingtalk_origin: str, origin_file: Path) -> None:
+    model = FunctionModel(lambda messages, tools: ModelReply(text="Too late. " * 600), chunk_size=4, delta_delay_s=0.05)
+    runtime = await build_runtime(Settings(home=home), model)
+    channel = DingTalkChannel(spec(FakeDingTalk(origin=dingtalk_origin)), chat_services(runtime))
+    runtime.channels.register(channel)
+    async with running(runtime, recover=True), served_here(Starlette(routes=channel.routes())) as origin:
+        origin_file.write_text(origin)
+        await asyncio.sleep(3600)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])))

@@ -1,0 +1,127 @@
+"""DingTalk of the tests' own, on 127.0.0.1: a conversation's session webhook
+(`/robot/sendBySession?session=…`, DingTalk's `{"errcode", "errmsg"}` answers, 130101 "send too
+fast" when a test asks), the OpenAPI's access token and robot messages (oToMessages/batchSend,
+groupMessages/send; 429 when a test asks, 401 for a wrong token); and the other side of the
+callbacks: a message as DingTalk posts it, signed with the app secret."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import itertools
+import json
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tests.loopback import LoopbackServer
+
+APP_KEY = "dingtestappkey0001"
+APP_SECRET = "dingtalk-test-secret-0123456789abcdef"
+_ids = itertools.count(1)
+
+
+@dataclass
+class FakeDingTalk:
+    origin: str = ""
+    # (chat id, how: "webhook" or "openapi", markdown text) of every message shown, in order
+    shown: list[tuple[str, str, str]] = field(default_factory=list)
+    # "webhook" / "openapi" -> the codes of the refusals to answer its next calls with
+    refusals: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    _sessions: dict[str, str] = field(default_factory=dict)  # session -> chat id
+    _tokens: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def texts(self, chat_id: str) -> list[str]:
+        with self._lock:
+            return [text for chat, _, text in self.shown if chat == chat_id]
+
+    def ways(self, chat_id: str) -> list[str]:
+        with self._lock:
+            return [how for chat, how, _ in self.shown if chat == chat_id]
+
+    def message(self, text: str, *, sender: str, group: str | None = None, nick: str = "Ana",
+                expires_in_s: float = 5_400) -> dict[str, Any]:
+        """A callback's body as DingTalk posts it, with a fresh session webhook for its conversation."""
+        chat_id = f"group:{group}" if group else f"user:{sender}"
+        session = f"s{next(_ids)}"
+        with self._lock:
+            self._sessions[session] = chat_id
+        return {"msgtype": "text", "text": {"content": text}, "msgId": f"msg{next(_ids)}", "createAt": 0,
+                "conversationType": "2" if group else "1", "conversationId": group or f"cid-{sender}",
+                "senderStaffId": sender, "senderId": f"$:{sender}", "senderNick": nick, "robotCode": APP_KEY,
+                "isInAtList": bool(group), "chatbotUserId": "$:bot",
+                "sessionWebhook": f"{self.origin}/robot/sendBySession?session={session}",
+                "sessionWebhookExpiredTime": int((time.time() + expires_in_s) * 1000)}
+
+    async def _webhook(self, request: Request) -> Response:
+        body = await request.json()
+        with self._lock:
+            chat_id = self._sessions.get(request.query_params.get("session", ""))
+            if chat_id is None:
+                return JSONResponse({"errcode": 300001, "errmsg": "session不存在"})
+            if self.refusals["webhook"]:
+                code = self.refusals["webhook"].pop(0)
+                return JSONResponse({"errcode": code, "errmsg": "send too fast"})
+            self.shown.append((chat_id, "webhook", body["markdown"]["text"]))
+        return JSONResponse({"errcode": 0, "errmsg": "ok"})
+
+    async def _token(self, request: Request) -> Response:
+        body = await request.json()
+        if body.get("appKey") != APP_KEY or body.get("appSecret") != APP_SECRET:
+            return JSONResponse({"code": "invalidClientIdOrSecret", "message": "无效的clientId或者clientSecret"},
+                                status_code=400)
+        token = f"tok{next(_ids)}"
+        with self._lock:
+            self._tokens.add(token)
+        return JSONResponse({"accessToken": token, "expireIn": 7200})
+
+    async def _robot(self, request: Request) -> Response:
+        if request.headers.get("x-acs-dingtalk-access-token") not in self._tokens:
+            return JSONResponse({"code": "InvalidAuthentication", "message": "不合法的access_token"}, status_code=401)
+        body = await request.json()
+        chat_id = f"user:{body['userIds'][0]}" if "userIds" in body else f"group:{body['openConversationId']}"
+        with self._lock:
+            if self.refusals["openapi"]:
+                self.refusals["openapi"].pop(0)
+                return JSONResponse({"code": "Throttling", "message": "请求过于频繁"}, status_code=429,
+                                    headers={"Retry-After": "1"})
+            self.shown.append((chat_id, "openapi", json.loads(body["msgParam"])["text"]))
+        return JSONResponse({"processQueryKey": f"q{next(_ids)}"})
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route("/robot/sendBySession", self._webhook, methods=["POST"]),
+            Route("/v1.0/oauth2/accessToken", self._token, methods=["POST"]),
+            Route("/v1.0/robot/oToMessages/batchSend", self._robot, methods=["POST"]),
+            Route("/v1.0/robot/groupMessages/send", self._robot, methods=["POST"]),
+        ])
+
+
+@contextmanager
+def serving_dingtalk() -> Iterator[FakeDingTalk]:
+    fake = FakeDingTalk()
+    server = LoopbackServer(fake.app(), "fake-dingtalk")
+    server.start()
+    fake.origin = server.origin
+    try:
+        yield fake
+    finally:
+        server.stop()
+
+
+def signed(body: bytes, *, secret: str = APP_SECRET, at_ms: float | None = None) -> dict[str, str]:
+    """The headers DingTalk sends with a callback: its timestamp (ms) and sign."""
+    timestamp = str(int(time.time() * 1000 if at_ms is None else at_ms))
+    mac = hmac.new(secret.encode(), f"{timestamp}\n{secret}".encode(), hashlib.sha256).digest()
+    return {"timestamp": timestamp, "sign": base64.b64encode(mac).decode(), "Content-Type": "application/json"}
