@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
-from tests.browser import answer, needs_chromium, sign_in
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, answer, needs_chromium, sign_in
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
 from tests.test_attachments import KEY, data_url, png
@@ -23,13 +23,39 @@ def model() -> Iterator[ModelServer]:
 
 
 @pytest.fixture(scope="module")
-def seeing(model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayProcess:
-    return launch_module_gateway(model, keys={"tester": KEY}, EMBER_MODEL_VISION="true")
+def seeing(model: ModelServer, launch_module_gateway: LaunchGateway, tmp_path_factory: pytest.TempPathFactory
+           ) -> GatewayProcess:
+    """A gateway whose model sees images, with a transcription model for voice notes."""
+    home = tmp_path_factory.mktemp("page") / "home"
+    home.mkdir(parents=True)
+    (home / "ember.toml").write_text(f"""
+[models.chat]
+base_url = "{model.base_url}"
+model = "{model.model}"
+vision = true
+[models.ears]
+base_url = "{model.base_url}"
+model = "whisper-test"
+[model_roles]
+main = ["chat"]
+transcribe = ["ears"]
+""")
+    return launch_module_gateway(model, keys={"tester": KEY}, home=home)
+
+
+@pytest.fixture(scope="module")
+def listening(browser: Browser) -> Iterator[Browser]:
+    """Chromium with a fake microphone it may use without asking (a tone, as its test device plays)."""
+    other = browser.browser_type.launch(executable_path=CHROMIUM, args=[
+        *CHROMIUM_ARGS, "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"])
+    yield other
+    other.close()
 
 
 @pytest.fixture
 def fresh(model: ModelServer) -> Iterator[ModelServer]:
     model.requests.clear()
+    model.transcribed.clear()
     yield model
     assert not model._script, "a test left scripted replies unused"
 
@@ -63,3 +89,27 @@ def test_the_page_attaches_and_pastes_files_and_shows_them_again_after_a_reload(
     expect(shown).to_have_attribute("alt", "photo.png")
     page.wait_for_function("image => image.complete && image.naturalWidth === 40", arg=shown.element_handle())
     expect(page.locator(".message.user").last.locator(".file-chip")).to_have_text("notes.md (text/markdown)")
+
+
+def test_a_voice_note_recorded_on_the_page_is_transcribed_into_the_message(
+        listening: Browser, seeing: GatewayProcess, fresh: ModelServer) -> None:
+    fresh.transcript = "Remind me to water the plants."
+    fresh.push(Reply(text="I will remind you."))
+    page = listening.new_context().new_page()
+    sign_in(page, seeing, KEY)
+    page.goto(seeing.url("/#voice"))
+    page.locator("#record").click()
+    expect(page.locator("#record")).to_have_attribute("aria-pressed", "true")
+    page.wait_for_timeout(800)
+    page.locator("#record").click()
+    expect(page.locator("#attachments-tray .file-chip")).to_have_count(1)
+    page.locator("#send").click()
+    expect(answer(page)).to_have_text("I will remind you.")
+    [(name, media_type, size, model)] = fresh.transcribed
+    assert name == "voice-note.webm" and media_type == "audio/webm" and size > 1000 and model == "whisper-test"
+    heard = fresh.requests[-1]["messages"][-1]["content"][0]
+    assert heard == {"type": "text", "text": "Remind me to water the plants."}
+    page.reload()
+    expect(page.locator(".message.user").last).to_contain_text("Remind me to water the plants.")
+    expect(page.locator(".message.user").last.locator(".file-chip")).to_have_text("voice-note.webm (audio/webm)")
+    page.context.close()

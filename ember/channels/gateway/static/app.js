@@ -40,7 +40,7 @@ async function api(path, options = {}) {
 }
 
 const sessionPath = (key, action = "messages") => `/api/sessions/${encodeURIComponent(key)}/${action}`;
-const pendingFiles = new PendingFiles();
+const pendingFiles = new PendingFiles((text) => appendMessage("error", text));
 
 /** A stored picture of a session, fetched with the key (an <img> cannot send it). */
 async function storedFile(key, attachment) {

@@ -1,27 +1,65 @@
-// Files sent with a message: picked with the Attach button or pasted into the message box, listed
-// under it until sent, and shown in the chat (images as pictures, other files by name).
+// Files sent with a message: picked with the Attach button, pasted into the message box or recorded
+// with the microphone (a voice note, transcribed by the gateway), listed above the box until sent,
+// and shown in the chat (images as pictures, other files by name).
 
 import { $, el } from "./dom.js";
 
 const ACCEPTED = "image/png,image/jpeg,image/gif,image/webp,application/pdf,text/plain,text/markdown,text/csv," +
-  "application/json,.md,.markdown,.csv,.json,.txt";
+  "application/json,audio/ogg,audio/mpeg,audio/wav,audio/webm,audio/mp4,.md,.markdown,.csv,.json,.txt";
 
 /** The files waiting to go with the next message. */
 export class PendingFiles {
-  constructor() {
+  /** `failed(text)` shows a problem to the person. */
+  constructor(failed) {
     this.files = [];
+    this.recorder = null;
+    this.failed = failed;
     $("attach-input").accept = ACCEPTED;
     $("attach").addEventListener("click", () => $("attach-input").click());
     $("attach-input").addEventListener("change", () => {
       this.add($("attach-input").files);
       $("attach-input").value = ""; // the same file may be picked again
     });
+    $("record").addEventListener("click", () => this.toggleRecording().catch((err) => {
+      $("record").textContent = "Record";
+      $("record").setAttribute("aria-pressed", "false");
+      this.recorder = null;
+      this.failed(`The microphone could not be used: ${err.message}`);
+    }));
     $("message-input").addEventListener("paste", (event) => {
       const pasted = [...(event.clipboardData?.files || [])];
       if (!pasted.length) return;
       event.preventDefault(); // a pasted picture is a file, not its name as text
       this.add(pasted);
     });
+  }
+
+  /** A voice note from the microphone: the first press starts it, the second adds it to the tray. */
+  async toggleRecording() {
+    if (this.recorder) {
+      this.recorder.stop();
+      return;
+    }
+    if (!navigator.mediaDevices?.getUserMedia) {
+      throw new Error("the browser offers no microphone to a page not served over HTTPS (or from this computer)");
+    }
+    const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+    const recorder = new MediaRecorder(stream);
+    const chunks = [];
+    recorder.addEventListener("dataavailable", (event) => chunks.push(event.data));
+    recorder.addEventListener("stop", () => {
+      for (const track of stream.getTracks()) track.stop();
+      this.recorder = null;
+      $("record").textContent = "Record";
+      $("record").setAttribute("aria-pressed", "false");
+      const type = (recorder.mimeType || "audio/webm").split(";")[0];
+      const extension = type.split("/")[1] || "webm";
+      this.add([new File(chunks, `voice-note.${extension}`, { type })]);
+    });
+    recorder.start();
+    this.recorder = recorder;
+    $("record").textContent = "Stop recording";
+    $("record").setAttribute("aria-pressed", "true");
   }
 
   add(files) {
