@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import sqlite3
 import struct
+import zipfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,6 +278,39 @@ def test_a_voice_note_nobody_can_hear_is_refused_and_nothing_is_kept(
     assert fresh.requests == [] and stored_files(blind) == [f for f in stored_files(blind) if "unheard" not in f[0]]
     for gateway in (hearing, blind):
         assert httpx.get(gateway.url("/api/sessions/unheard/messages"), headers=auth()).status_code == 404
+
+
+def office(parts: dict[str, str]) -> bytes:
+    """An Office Open XML file made of `parts` (name -> XML)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("[Content_Types].xml", "<Types/>")
+        for name, xml in parts.items():
+            archive.writestr(name, xml)
+    return buffer.getvalue()
+
+
+W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+A = 'xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main"'
+
+
+def test_word_excel_and_powerpoint_files_are_read_to_text_and_other_zips_refused() -> None:
+    word = office({"word/document.xml": f'<w:document {W}><w:body><w:p><w:r><w:t>Quarterly </w:t></w:r><w:r>'
+                                        '<w:t>plan</w:t></w:r></w:p><w:p><w:r><w:t>Ship it</w:t></w:r></w:p>'
+                                        '</w:body></w:document>'})
+    sheet = office({"xl/workbook.xml": "<workbook/>", "xl/sharedStrings.xml":
+                    '<sst><si><t>Revenue</t></si><si><t>42 EUR</t></si></sst>'})
+    deck = office({"ppt/presentation.xml": "<p/>",
+                   "ppt/slides/slide10.xml": f'<p:sld {A} xmlns:p="p"><a:p><a:r><a:t>Last</a:t></a:r></a:p></p:sld>',
+                   "ppt/slides/slide2.xml": f'<p:sld {A} xmlns:p="p"><a:p><a:r><a:t>First</a:t></a:r></a:p></p:sld>'})
+    read = {name: with_text(checked(data, declared="application/zip", name=name, max_bytes=100_000))
+            for name, data in (("plan.docx", word), ("sums.xlsx", sheet), ("deck.pptx", deck))}
+    assert read["plan.docx"].media_type.endswith("wordprocessingml.document")
+    assert read["plan.docx"].text == "Quarterly plan\nShip it"
+    assert read["sums.xlsx"].text == "Revenue\n42 EUR" and read["deck.pptx"].text == "First\n\nLast"
+    with pytest.raises(AttachmentRefused) as plain_zip:
+        checked(office({"notes/readme.txt": "hello"}), declared="application/zip", name="bundle.zip", max_bytes=10_000)
+    assert plain_zip.value.code == "attachment_type"
 
 
 def test_a_file_is_judged_by_its_bytes() -> None:

@@ -16,7 +16,9 @@ import binascii
 import hashlib
 import io
 import re
+import zipfile
 from dataclasses import dataclass, replace
+from xml.etree import ElementTree
 
 from ember.core.errors import EmberError
 
@@ -28,7 +30,17 @@ PDF_TYPE = "application/pdf"
 TEXT_TYPES = ("text/plain", "text/markdown", "text/csv", "application/json")
 # Voice notes and recordings: transcribed into their message's text where a model for it is configured.
 AUDIO_TYPES = ("audio/ogg", "audio/mpeg", "audio/wav", "audio/webm", "audio/mp4")
-ACCEPTED_TYPES = (*IMAGE_TYPES, PDF_TYPE, *TEXT_TYPES, *AUDIO_TYPES)
+# Office documents, by the part that holds their text: a Word document's body, an Excel workbook's
+# shared strings and sheets, a PowerPoint deck's slides.
+OFFICE_TYPES = {
+    "application/vnd.openxmlformats-officedocument.wordprocessingml.document": "word/document.xml",
+    "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet": "xl/workbook.xml",
+    "application/vnd.openxmlformats-officedocument.presentationml.presentation": "ppt/presentation.xml",
+}
+ACCEPTED_TYPES = (*IMAGE_TYPES, PDF_TYPE, *TEXT_TYPES, *AUDIO_TYPES, *OFFICE_TYPES)
+_OFFICE_TEXT_PARTS = re.compile(r"word/document\.xml|xl/sharedStrings\.xml|ppt/slides/slide\d+\.xml")
+_SAYS_NOTHING = ("application/octet-stream", "binary/octet-stream", "application/zip", "application/x-zip-compressed")
+_MAX_UNZIPPED = 50 * 1024 * 1024  # a document's text parts, unpacked: more is a zip bomb, not a document
 _TEXT_BY_EXTENSION = {".md": "text/markdown", ".markdown": "text/markdown", ".csv": "text/csv",
                       ".json": "application/json"}
 _NAME = re.compile(r"[^\w .()+-]")
@@ -115,11 +127,40 @@ def with_text(content: AttachmentContent) -> AttachmentContent:
         text: str | None = content.data.decode("utf-8")
     elif content.media_type == PDF_TYPE:
         text = _pdf_text(content.data)
+    elif content.media_type in OFFICE_TYPES:
+        text = _office_text(content.data)
     else:
         return content
     if text is not None and len(text) > MAX_DOCUMENT_CHARS:
         text = text[:MAX_DOCUMENT_CHARS] + f"\n[cut here: the first {MAX_DOCUMENT_CHARS} of {len(text)} characters]"
     return replace(content, text=text)
+
+
+def _office_text(data: bytes) -> str | None:
+    """The text of a Word, Excel or PowerPoint file: its paragraphs, cells and slides' text runs."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            parts = sorted((i for i in archive.infolist() if _OFFICE_TEXT_PARTS.fullmatch(i.filename)),
+                           key=lambda i: [int(n) if n.isdigit() else n for n in re.split(r"(\d+)", i.filename)])
+            if sum(i.file_size for i in parts) > _MAX_UNZIPPED:
+                return None
+            lines = [_xml_text(archive.read(part)) for part in parts]
+    except (zipfile.BadZipFile, ElementTree.ParseError, OSError, ValueError):
+        return None
+    text = "\n\n".join(line for line in lines if line)
+    return text or None
+
+
+def _xml_text(xml: bytes) -> str:
+    """The text runs of an Office XML part (w:t, a:t, t), a line per paragraph, row or shared string."""
+    lines: list[str] = []
+    for block in ElementTree.fromstring(xml).iter():
+        tag = block.tag.rsplit("}", 1)[-1]
+        if tag in ("p", "si"):
+            line = "".join(t.text or "" for t in block.iter() if t.tag.rsplit("}", 1)[-1] == "t").strip()
+            if line:
+                lines.append(line)
+    return "\n".join(lines)
 
 
 def _pdf_text(data: bytes) -> str | None:
@@ -150,7 +191,8 @@ def checked(data: bytes, *, declared: str | None, name: str | None, max_bytes: i
     claimed = (declared or "").split(";")[0].strip().lower() or None
     if sniffed is None:
         raise AttachmentRefused(f"{name or 'the file'} is not a type Ember reads (images: PNG, JPEG, GIF, WebP; "
-                                "PDF; UTF-8 text, Markdown, CSV or JSON; audio: Ogg, MP3, WAV, WebM, M4A)",
+                                "PDF; Word, Excel or PowerPoint; UTF-8 text, Markdown, CSV or JSON; audio: Ogg, "
+                                "MP3, WAV, WebM, M4A)",
                                 code="attachment_type")
     if claimed is not None and _kind(claimed) not in (None, _kind(sniffed)):
         raise AttachmentRefused(f"{name or 'the file'} says it is {claimed}, but its content is not",
@@ -200,6 +242,8 @@ def _sniffed(data: bytes) -> str | None:
         return "image/webp"
     if data.startswith(b"%PDF-"):
         return PDF_TYPE
+    if data.startswith(b"PK\x03\x04"):
+        return _office_type(data)
     if audio := _sniffed_audio(data):
         return audio
     if b"\x00" in data:
@@ -209,6 +253,16 @@ def _sniffed(data: bytes) -> str | None:
     except UnicodeDecodeError:
         return None
     return "text/plain"
+
+
+def _office_type(data: bytes) -> str | None:
+    """Which Office document a zip file is, by the part only that kind has; None for any other zip."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return None
+    return next((media_type for media_type, part in OFFICE_TYPES.items() if part in names), None)
 
 
 def _sniffed_audio(data: bytes) -> str | None:
@@ -226,7 +280,7 @@ def _sniffed_audio(data: bytes) -> str | None:
 
 
 def _kind(media_type: str) -> str | None:
-    """image, pdf, text or audio; None for a type that says nothing (application/octet-stream)."""
+    """image, pdf, text, audio or office; None for a type that says nothing (application/octet-stream)."""
     if media_type.startswith("image/"):
         return "image"
     if media_type.startswith("audio/") or media_type == "video/webm":  # a browser's recording may say video
@@ -235,7 +289,9 @@ def _kind(media_type: str) -> str | None:
         return "pdf"
     if media_type.startswith("text/") or media_type in TEXT_TYPES:
         return "text"
-    return None if media_type in ("application/octet-stream", "binary/octet-stream") else media_type
+    if media_type in OFFICE_TYPES:
+        return "office"
+    return None if media_type in _SAYS_NOTHING else media_type
 
 
 def _text_type(claimed: str | None, name: str | None) -> str:

@@ -5,7 +5,8 @@
 import { $, el } from "./dom.js";
 
 const ACCEPTED = "image/png,image/jpeg,image/gif,image/webp,application/pdf,text/plain,text/markdown,text/csv," +
-  "application/json,audio/ogg,audio/mpeg,audio/wav,audio/webm,audio/mp4,.md,.markdown,.csv,.json,.txt";
+  "application/json,audio/ogg,audio/mpeg,audio/wav,audio/webm,audio/mp4,.md,.markdown,.csv,.json,.txt,.docx,.xlsx," +
+  ".pptx";
 
 /** The files waiting to go with the next message. */
 export class PendingFiles {
