@@ -26,6 +26,7 @@ from ember.models.base import complete
 from ember.store.engine import Database
 from tests.anthropicserver import AnthropicServer, Turn
 from tests.gatewayproc import GatewayProcess, LaunchGateway
+from tests.loopback import wait_until
 from tests.modelserver import ModelServer, Reply, serving
 from tests.pgserver import ENGINES, engine_database
 from tests.sse import sse_events
@@ -364,3 +365,19 @@ async def test_a_sessions_files_are_its_own_on_either_engine(db: Database) -> No
         image.digest: (png(), "image/png", None), document.digest: (b"hello", "text/plain", "hello")}
     assert await sessions.attachments("http:bob:one", [image.digest]) == {}
     assert isinstance(image, AttachmentContent) and image.reference().to_dict()["name"] == "a.png"
+
+
+def test_a_document_sent_is_remembered_by_its_text(seeing: GatewayProcess, fresh: ModelServer) -> None:
+    fresh.push(Reply(text="Noted."))
+    upload = {"name": "lease.pdf", "data": base64.b64encode(pdf("Rent is 900 EUR due on the 3rd")).decode()}
+    assert send_native(seeing, "lease", {"text": "my new lease", "attachments": [upload]}).status_code == 200
+
+    def recalled() -> list[dict]:
+        found = httpx.get(seeing.url("/api/memory/search"), params={"q": "when is the rent due"}, headers=auth())
+        assert found.status_code == 200, found.text
+        return [m for m in found.json() if "lease.pdf" in m["content"]]
+
+    wait_until(lambda: bool(recalled()), timeout_s=30, what="the archived message")
+    [memory] = recalled()
+    assert memory["content"].startswith("my new lease\n[sent lease.pdf (application/pdf")
+    assert "Rent is 900 EUR due on the 3rd" in memory["content"]

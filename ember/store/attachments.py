@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from sqlalchemy import bindparam, select
 
 from ember.core.attachments import AttachmentContent, StoredFile
+from ember.core.messages import decode_attachments
 from ember.store import schema
 from ember.store.tx import Tx, in_json_array, per_dialect, upsert
 
@@ -34,3 +35,22 @@ def read_files(tx: Tx, key: str, digests: Sequence[str]) -> dict[str, StoredFile
     """The bytes, type and text of those of `digests` the session holds, by digest."""
     rows = tx.execute(_READ, {"key": key, "digests": json.dumps(sorted(set(digests)))}).fetchall()
     return {digest: StoredFile(bytes(data), media_type, text) for digest, data, media_type, text in rows}
+
+
+# Of a document's text, what a message's memory keeps with it: enough to be recalled by.
+DOCUMENT_CHARS = 2_000
+
+
+def with_documents(tx: Tx, key: str, content: str, attachments_json: str | None) -> str:
+    """A message's text as memory keeps it: with the start of each document it came with, and the
+    name of each other file (a person asks later for "the invoice I sent")."""
+    files = decode_attachments(attachments_json)
+    if not files:
+        return content
+    stored = read_files(tx, key, [f.digest for f in files])
+    parts = [content.strip()] if content.strip() else []
+    for attachment in files:
+        text = (found := stored.get(attachment.digest)) and found.text
+        shown = f": {text[:DOCUMENT_CHARS]}" if text and not attachment.is_audio else ""
+        parts.append(f"[sent {attachment.label}{shown}]")
+    return "\n".join(parts)

@@ -39,6 +39,7 @@ from ember.core.memory import (
 )
 from ember.core.redact import derived_text, redact_text
 from ember.store import schema
+from ember.store.attachments import with_documents
 from ember.store.jobs import record_job
 from ember.store.segment import index_text, owner_token
 from ember.store.session_rows import read_head
@@ -76,9 +77,10 @@ _BY_NUM = Statement(MEMORY.where(_mi.c.num == bindparam("num")))
 _ARCHIVE_MARK = Statement(select(_marks.c.next_seq).where(_marks.c.session_key == bindparam("key")))
 # A session's messages worth archiving, with the channel and sender of their turn.
 _ARCHIVABLE = (
-    "SELECT m.seq, m.role, m.content, m.created_at, i.channel, i.sender_id, m.name FROM messages m "
+    "SELECT m.seq, m.role, m.content, m.created_at, i.channel, i.sender_id, m.name, m.attachments FROM messages m "
     "LEFT JOIN inbox i ON i.turn_id = m.turn_id AND i.session_key = m.session_key "
-    "WHERE m.session_key = :key AND m.role IN ('user', 'assistant') AND TRIM(m.content) != ''"
+    "WHERE m.session_key = :key AND m.role IN ('user', 'assistant') "
+    "AND (TRIM(m.content) != '' OR m.attachments IS NOT NULL)"
 )
 _ARCHIVED_BEFORE = Statement(f"{_ARCHIVABLE} AND m.seq < :start ORDER BY m.seq DESC LIMIT 4")
 # Up to the last seq read first: at READ COMMITTED a message committed meanwhile waits for the next run.
@@ -372,9 +374,11 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
     line = [*earlier, *new]
     # A named author is part of what was said: "Caroline: I went to the support group".
     # Kept as derived text before they become its content and its neighbours' context.
-    texts = [derived_text(f"{row[6].strip()}: {row[2].strip()}" if row[6] else row[2].strip()) for row in line]
+    said = [with_documents(tx, session_key, row[2], row[7]) for row in line]
+    texts = [derived_text(f"{row[6].strip()}: {text.strip()}" if row[6] else text.strip())
+             for row, text in zip(line, said, strict=True)]
     heads = [text[:NEIGHBOUR_CHARS] for text in texts]
-    for index, (seq, role, _, created_at, channel, sender, name) in enumerate(line):
+    for index, (seq, role, _, created_at, channel, sender, name, _files) in enumerate(line):
         context = _neighbours(heads, index)
         if index < len(earlier):
             # The two before those only give their neighbours: their own reach further back.
