@@ -7,12 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
 
+import httpx
 from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.routing import Route
 
-from ember.app.runtime import Runtime
+from ember.app.runtime import Runtime, running
+from ember.channels.gateway.http import ApiError
 from ember.core.channels import Channel, ChannelCapabilities
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.messages import Message, Role, ToolCall
@@ -21,6 +26,7 @@ from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.tx import Statement
 from ember.tools.base import FunctionTool
+from tests.loopback import served_here
 
 
 class WriteArgs(BaseModel):
@@ -129,3 +135,20 @@ async def kept(runtime: Runtime, sender: str) -> int:
     """How many of `sender`'s messages the store kept."""
     return await runtime.db.run_read(lambda tx: tx.execute(Statement(
         "SELECT COUNT(*) FROM accepted_inbound WHERE sender_id = :sender"), {"sender": sender}).fetchone()[0])
+
+
+class CalledBack(Channel, Protocol):
+    """A platform's channel that the platform calls back at routes of its own."""
+
+    def routes(self) -> list[Route]: ...
+
+
+@asynccontextmanager
+async def called_back(runtime: Runtime, channel: CalledBack) -> AsyncIterator[httpx.AsyncClient]:
+    """`runtime` running with `channel`, whose routes are served on this loop as `ember serve`
+    serves them; a client to post to them as the platform does."""
+    settling(runtime, channel)
+    app = Starlette(routes=channel.routes(), exception_handlers={ApiError: lambda request, exc: exc.response()})
+    async with running(runtime, recover=True), served_here(app) as origin, \
+            httpx.AsyncClient(base_url=origin, timeout=10) as http:
+        yield http

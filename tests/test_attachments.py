@@ -85,16 +85,14 @@ def blind(model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayPr
     return launch_module_gateway(model, keys={"tester": KEY}, EMBER_ATTACHMENT_MAX_BYTES=str(SMALL_LIMIT))
 
 
-@pytest.fixture(scope="module")
-def hearing(model: ModelServer, launch_module_gateway: LaunchGateway,
-            tmp_path_factory: pytest.TempPathFactory) -> GatewayProcess:
-    """A gateway with a transcription model for voice notes ([model_roles] transcribe)."""
-    home = tmp_path_factory.mktemp("hearing") / "home"
+def home_with_ears(home: Path, model: ModelServer, *, vision: bool = False) -> Path:
+    """A gateway home whose ember.toml names `model` for chat and a transcription model beside it."""
     home.mkdir(parents=True)
     (home / "ember.toml").write_text(f"""
 [models.chat]
 base_url = "{model.base_url}"
 model = "{model.model}"
+vision = {str(vision).lower()}
 [models.ears]
 base_url = "{model.base_url}"
 model = "whisper-test"
@@ -102,6 +100,14 @@ model = "whisper-test"
 main = ["chat"]
 transcribe = ["ears"]
 """)
+    return home
+
+
+@pytest.fixture(scope="module")
+def hearing(model: ModelServer, launch_module_gateway: LaunchGateway,
+            tmp_path_factory: pytest.TempPathFactory) -> GatewayProcess:
+    """A gateway with a transcription model for voice notes ([model_roles] transcribe)."""
+    home = home_with_ears(tmp_path_factory.mktemp("hearing") / "home", model)
     return launch_module_gateway(model, keys={"tester": KEY}, home=home)
 
 

@@ -11,7 +11,7 @@ from playwright.sync_api import Browser, Page, expect
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, answer, needs_chromium, sign_in
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
-from tests.test_attachments import KEY, data_url, png
+from tests.test_attachments import KEY, data_url, home_with_ears, png
 
 pytestmark = needs_chromium
 
@@ -26,20 +26,7 @@ def model() -> Iterator[ModelServer]:
 def seeing(model: ModelServer, launch_module_gateway: LaunchGateway, tmp_path_factory: pytest.TempPathFactory
            ) -> GatewayProcess:
     """A gateway whose model sees images, with a transcription model for voice notes."""
-    home = tmp_path_factory.mktemp("page") / "home"
-    home.mkdir(parents=True)
-    (home / "ember.toml").write_text(f"""
-[models.chat]
-base_url = "{model.base_url}"
-model = "{model.model}"
-vision = true
-[models.ears]
-base_url = "{model.base_url}"
-model = "whisper-test"
-[model_roles]
-main = ["chat"]
-transcribe = ["ears"]
-""")
+    home = home_with_ears(tmp_path_factory.mktemp("page") / "home", model, vision=True)
     return launch_module_gateway(model, keys={"tester": KEY}, home=home)
 
 

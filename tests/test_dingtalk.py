@@ -19,21 +19,19 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.applications import Starlette
 
-from ember.app.runtime import Runtime, build_runtime, running
+from ember.app.runtime import Runtime, build_runtime
 from ember.app.serve import chat_services
 from ember.channels.dingtalk.channel import DingTalkChannel
 from ember.channels.dingtalk.config import DingTalkSpec
-from ember.channels.gateway.http import ApiError
 from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.base import ModelClient
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, settled_in, settling, writing_tool
+from tests.chatplatform import asking_model, called_back, settled_in, writing_tool
 from tests.dingtalkserver import APP_KEY, APP_SECRET, FakeDingTalk, serving_dingtalk, signed
 from tests.gatewayproc import EMBER_SOURCE
-from tests.loopback import served_here, wait_until
+from tests.loopback import wait_until
 from tests.test_telegram import answering
 
 ANA, BEN, STRANGER = "staff-ana", "staff-ben", "staff-stranger"
@@ -56,11 +54,7 @@ def spec(fake: FakeDingTalk, **fields: Any) -> DingTalkSpec:
 async def agent(settings: Settings, model: ModelClient, fake: FakeDingTalk, *,
                 tools: ToolRegistry | None = None) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
     runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
-    channel = DingTalkChannel(spec(fake), chat_services(runtime))
-    settling(runtime, channel)
-    app = Starlette(routes=channel.routes(), exception_handlers={ApiError: lambda request, exc: exc.response()})
-    async with running(runtime, recover=True), served_here(app) as origin, \
-            httpx.AsyncClient(base_url=origin, timeout=10) as http:
+    async with called_back(runtime, DingTalkChannel(spec(fake), chat_services(runtime))) as http:
         yield runtime, http
 
 
@@ -148,8 +142,8 @@ def test_kill_9_before_the_answer_still_answers_once_through_the_openapi(
     answer sent once, through the OpenAPI (the session webhook died with the process)."""
     home, origin = tmp_path / "home", tmp_path / "origin"
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
-    child = subprocess.Popen([sys.executable, "-m", "tests.dingtalk_child", str(home), dingtalk.origin, str(origin)],
-                             cwd=EMBER_SOURCE, env={**env, "PYTHONPATH": EMBER_SOURCE}, stderr=subprocess.PIPE,
+    command = [sys.executable, "-m", "tests.chat_child", "dingtalk", str(home), dingtalk.origin, str(origin)]
+    child = subprocess.Popen(command, cwd=EMBER_SOURCE, env={**env, "PYTHONPATH": EMBER_SOURCE}, stderr=subprocess.PIPE,
                              text=True)
     try:
         wait_until(lambda: (origin.exists() and origin.read_text() != "") or child.poll() is not None,

@@ -22,11 +22,9 @@ from urllib.parse import parse_qs
 
 import httpx
 import pytest
-from starlette.applications import Starlette
 
 from ember.app.runtime import Runtime, build_runtime, running
 from ember.app.serve import chat_services
-from ember.channels.gateway.http import ApiError
 from ember.channels.slack.channel import SlackChannel
 from ember.channels.slack.config import SlackSpec
 from ember.config.settings import Settings
@@ -34,9 +32,9 @@ from ember.core.messages import Role
 from ember.models.base import ModelClient
 from ember.models.openai_compat import OpenAICompatibleModel
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, settled_in, settling, writing_tool
+from tests.chatplatform import asking_model, called_back, settled_in, settling, writing_tool
 from tests.gatewayproc import EMBER_SOURCE
-from tests.loopback import served_here, wait_until
+from tests.loopback import wait_until
 from tests.modelserver import Reply, serving
 from tests.slackserver import (
     APP_TOKEN,
@@ -72,11 +70,7 @@ async def agent(settings: Settings, model: ModelClient, base_url: str, *, tools:
                 **fields: Any) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
     """A runtime with the Slack channel, its routes served on 127.0.0.1, and a client to post to them."""
     runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
-    channel = SlackChannel(spec(base_url, **fields), chat_services(runtime))
-    settling(runtime, channel)
-    app = Starlette(routes=channel.routes(), exception_handlers={ApiError: lambda request, exc: exc.response()})
-    async with running(runtime, recover=True), served_here(app) as origin, \
-            httpx.AsyncClient(base_url=origin, timeout=10) as http:
+    async with called_back(runtime, SlackChannel(spec(base_url, **fields), chat_services(runtime))) as http:
         yield runtime, http
 
 
@@ -198,7 +192,7 @@ def test_kill_9_between_the_draft_and_the_final_still_shows_one_message(
     fake, base_url = slack
     home, origin = tmp_path / "home", tmp_path / "origin"
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
-    child = subprocess.Popen([sys.executable, "-m", "tests.slack_child", str(home), base_url, str(origin)],
+    child = subprocess.Popen([sys.executable, "-m", "tests.chat_child", "slack", str(home), base_url, str(origin)],
                              cwd=EMBER_SOURCE, env={**env, "PYTHONPATH": EMBER_SOURCE}, stderr=subprocess.PIPE,
                              text=True)
     try:
