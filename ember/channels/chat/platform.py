@@ -1,10 +1,12 @@
-"""What every chat platform's channel does alike: its credential required at construction, and,
-on a platform that cannot edit a message, which outbound events it shows."""
+"""What every chat platform's channel does alike: its credential required at construction, and
+which outbound events it shows, by edits (`show_streamed`) or, on a platform that cannot edit a
+message, whole (`show_answers_only`)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from ember.channels.chat.editing import EditStream
 from ember.core.errors import ConfigError
 from ember.core.events import OutboundEvent, OutboundKind
 
@@ -25,3 +27,16 @@ async def show_answers_only(event: OutboundEvent, *, ask: Show, answer: Show) ->
         await ask(event)
     elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
         await answer(event)
+
+
+async def show_streamed(event: OutboundEvent, stream: EditStream, *, ask: Show) -> None:
+    """Deltas grow the answer's draft, a tool call ends the text before it, an approval request
+    is asked, and the final answer (or error) replaces the draft."""
+    if event.kind is OutboundKind.DELTA:
+        await stream.delta(event)
+    elif event.kind is OutboundKind.TOOL_CALL:
+        stream.tool_step(event)
+    elif event.kind is OutboundKind.APPROVAL_REQUEST:
+        await ask(event)
+    elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
+        await stream.final(event)

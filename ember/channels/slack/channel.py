@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
 from ember.channels.chat.inbound import AllowList, refusal, remember
-from ember.channels.chat.platform import required
+from ember.channels.chat.platform import required, show_streamed
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
@@ -45,7 +45,7 @@ from ember.channels.slack.markup import slack_mrkdwn
 from ember.core.attachments import AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError, ModelError
-from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
+from ember.core.events import InboundEvent, OutboundEvent
 from ember.core.tools import Decision
 from ember.runtime.approvals import Resolution
 
@@ -273,14 +273,7 @@ class SlackChannel:
     # Out
 
     async def deliver(self, event: OutboundEvent) -> None:
-        if event.kind is OutboundKind.DELTA:
-            await self._stream.delta(event)
-        elif event.kind is OutboundKind.TOOL_CALL:
-            self._stream.tool_step(event)
-        elif event.kind is OutboundKind.APPROVAL_REQUEST:
-            await self._ask(event)
-        elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
-            await self._stream.final(event)
+        await show_streamed(event, self._stream, ask=self._ask)
 
     async def _ask(self, event: OutboundEvent) -> None:
         assert event.approval is not None

@@ -28,7 +28,7 @@ from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, Tele
 
 from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
 from ember.channels.chat.inbound import AllowList, refusal
-from ember.channels.chat.platform import required
+from ember.channels.chat.platform import required, show_streamed
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
@@ -289,16 +289,9 @@ class TelegramChannel:
     # Out
 
     async def deliver(self, event: OutboundEvent) -> None:
-        if event.kind is OutboundKind.DELTA:
-            self._stop_typing(event.chat_id)
-            await self._stream.delta(event)
-        elif event.kind is OutboundKind.TOOL_CALL:
-            self._stream.tool_step(event)
-        elif event.kind is OutboundKind.APPROVAL_REQUEST:
-            await self._ask(event)
-        elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
-            self._stop_typing(event.chat_id)
-            await self._stream.final(event)
+        if event.kind in (OutboundKind.DELTA, OutboundKind.FINAL, OutboundKind.ERROR):
+            self._stop_typing(event.chat_id)  # text is coming
+        await show_streamed(event, self._stream, ask=self._ask)
 
     async def _ask(self, event: OutboundEvent) -> None:
         assert event.approval is not None
