@@ -27,6 +27,7 @@ from ember.app.runtime import Runtime, build_runtime, running
 from ember.app.serve import chat_services
 from ember.channels.slack.channel import SlackChannel
 from ember.channels.slack.config import SlackSpec
+from ember.channels.slack.files import slacks_own
 from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.base import ModelClient
@@ -243,6 +244,8 @@ async def test_a_shared_image_reaches_a_seeing_model_and_a_disguised_file_is_ref
         "type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png()).decode()}}
     assert fake.visible("D0ANA2") == ["I could not take that file: cat.png says it is image/png, but its content is "
                                       "not"] and refused == [] and len(model.requests) == 1
+    assert slacks_own("https://files.slack.com/files-pri/T1-F1/x.png", "https://slack.com/api/")
+    assert not slacks_own("https://evil.example/files-pri/x.png", "https://slack.com/api/")  # the token stays home
 
 
 async def test_a_stranger_is_told_once_and_nothing_is_kept(settings: Settings, slack: tuple[FakeSlack, str]) -> None:

@@ -225,7 +225,8 @@ class SlackChannel:
         thread = event.get("thread_ts") or (None if direct else ts)
         chat_id = f"{channel}/{thread}" if thread else channel
         try:
-            files = await shared_files(event.get("files") or [], self._token, self._services.files)
+            files = await shared_files(event.get("files") or [], self._token, self._services.files,
+                                       self._spec.api_base_url)
             text = "\n\n".join(part for part in (text, await self._services.files.transcripts(files)) if part)
         except (AttachmentRefused, httpx.HTTPError, ModelError) as exc:  # said in the thread; nothing is kept
             told = "Slack did not hand it over; share it again" if isinstance(exc, httpx.HTTPError) else exc

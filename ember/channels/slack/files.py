@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -12,7 +13,14 @@ from ember.channels.attachments import FileShelf
 from ember.core.attachments import AttachmentContent, AttachmentRefused
 
 
-async def shared_files(files: Sequence[dict[str, Any]], token: str, shelf: FileShelf) -> list[AttachmentContent]:
+def slacks_own(url: str, api_base_url: str) -> bool:
+    """Whether `url` is Slack's (or the configured API's host): the bot token is sent nowhere else."""
+    host, own = urlsplit(url).hostname or "", urlsplit(api_base_url).hostname or ""
+    return urlsplit(url).scheme in ("https", "http") and (host == own or host.endswith(".slack.com"))
+
+
+async def shared_files(files: Sequence[dict[str, Any]], token: str, shelf: FileShelf,
+                       api_base_url: str) -> list[AttachmentContent]:
     """AttachmentRefused says why a file is not taken; httpx.HTTPError that it could not be fetched."""
     kept: list[AttachmentContent] = []
     if not files:
@@ -25,8 +33,9 @@ async def shared_files(files: Sequence[dict[str, Any]], token: str, shelf: FileS
             if isinstance(size, int) and size > shelf.max_bytes:  # not fetched at all
                 raise AttachmentRefused(f"{name} is {size} bytes; the limit is {shelf.max_bytes} "
                                         "(attachment_max_bytes)", code="attachment_too_large")
-            if not isinstance(url, str):
-                raise AttachmentRefused(f"{name} has no address Ember can fetch it from", code="attachment_invalid")
+            if not isinstance(url, str) or not slacks_own(url, api_base_url):
+                raise AttachmentRefused(f"{name} has no Slack address Ember can fetch it from",
+                                        code="attachment_invalid")
             response = await http.get(url)
             response.raise_for_status()
             kept.append(shelf.checked(response.content, declared=file.get("mimetype"), name=name))
