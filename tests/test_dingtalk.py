@@ -74,7 +74,7 @@ async def settled(fake: FakeDingTalk, runtime: Runtime, chat_id: str, *, answers
 
 async def test_a_long_answer_goes_through_the_session_webhook_in_parts_once(
         settings: Settings, dingtalk: FakeDingTalk) -> None:
-    async with agent(settings, answering(LONG), dingtalk) as (runtime, http):
+    async with agent(settings, answering(LONG, delay_s=0), dingtalk) as (runtime, http):
         message = dingtalk.message("tell me everything", sender=ANA)
         assert (await post(http, message)).status_code == 200
         again = await post(http, message)  # DingTalk posts a callback again when unsure it arrived
@@ -102,7 +102,7 @@ async def test_forged_and_stale_callbacks_are_refused(settings: Settings, dingta
 
 async def test_too_fast_is_waited_out_and_each_part_shows_once(settings: Settings, dingtalk: FakeDingTalk) -> None:
     dingtalk.refusals["webhook"] = [130101, 130101, 130101]
-    async with agent(settings, answering(LONG), dingtalk) as (runtime, http):
+    async with agent(settings, answering(LONG, delay_s=0), dingtalk) as (runtime, http):
         await post(http, dingtalk.message("tell me everything", sender=ANA))
         texts = await settled(dingtalk, runtime, f"user:{ANA}")
     assert "\n\n".join(texts).replace("\n\n", " ").split() == LONG.replace("\n\n", " ").split()
