@@ -276,7 +276,7 @@ def test_channels_lists_the_app_and_doctor_checks_its_token_without_sending(
     [app] = [row for row in json.loads(run("channels", "--json", token=TOKEN).stdout) if row["channel"] == "slack"]
     assert app["name"] == "events, mention in channels" and "token set, 1 allowed users" in app["state"]
     good = run("doctor", token=TOKEN)
-    assert "slack: the token is @ember in Test Team's" in good.stdout
+    assert "slack: the token is @ember in Test Team's; events mode" in good.stdout
     bad = run("doctor", token="xoxb-wrong")
     assert bad.returncode == 1 and "FAIL  slack:" in bad.stdout and "invalid_auth" in bad.stdout
     assert TOKEN not in good.stdout + good.stderr and "xoxb-wrong" not in bad.stdout + bad.stderr

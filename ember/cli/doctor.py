@@ -246,9 +246,13 @@ async def _check_channels(settings: Settings, report: Report) -> None:
     if settings.slack is not None:
         from ember.channels.slack.channel import probe as slack_probe
 
-        if (said := await _probe("slack", slack_probe(settings.slack), report)) is not None:
-            report.ok(f"slack: the token is {said}'s" + ("" if settings.slack.secret() else
-                                                          "; NO signing secret: every event will be refused"))
+        slack = settings.slack
+        if (said := await _probe("slack", slack_probe(slack), report)) is not None:
+            report.ok(f"slack: the token is {said}'s; {slack.mode} mode")
+            if slack.mode == "events" and not slack.secret():
+                report.fail("slack: no signing_secret (or EMBER_SLACK_SIGNING_SECRET): every event would be refused")
+            if slack.mode == "socket" and not slack.socket_token():
+                report.fail("slack: socket mode needs app_token (xapp-…, or EMBER_SLACK_APP_TOKEN)")
     if settings.dingtalk is not None:
         from ember.channels.dingtalk.channel import probe as dingtalk_probe
 
