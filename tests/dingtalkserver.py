@@ -1,7 +1,8 @@
 """DingTalk of the tests' own, on 127.0.0.1: a conversation's session webhook
 (`/robot/sendBySession?session=…`, DingTalk's `{"errcode", "errmsg"}` answers, 130101 "send too
-fast" when a test asks), the OpenAPI's access token and robot messages (oToMessages/batchSend,
-groupMessages/send; 429 when a test asks, 401 for a wrong token); and the other side of the
+fast" when a test asks), the OpenAPI's access token, robot messages (oToMessages/batchSend,
+groupMessages/send; 429 when a test asks, 401 for a wrong token) and files (messageFiles/download,
+then the file's one-time address); and the other side of the
 callbacks: a message as DingTalk posts it, signed with the app secret."""
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class FakeDingTalk:
     shown: list[tuple[str, str, str]] = field(default_factory=list)
     # "webhook" / "openapi" -> the codes of the refusals to answer its next calls with
     refusals: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    files: dict[str, bytes] = field(default_factory=dict)  # downloadCode -> the file's bytes
     _sessions: dict[str, str] = field(default_factory=dict)  # session -> chat id
     _tokens: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -63,6 +65,28 @@ class FakeDingTalk:
                 "isInAtList": bool(group), "chatbotUserId": "$:bot",
                 "sessionWebhook": f"{self.origin}/robot/sendBySession?session={session}",
                 "sessionWebhookExpiredTime": int((time.time() + expires_in_s) * 1000)}
+
+    def file_message(self, data: bytes, *, sender: str, kind: str = "picture", file_name: str | None = None
+                     ) -> dict[str, Any]:
+        """A picture or file message, its bytes downloadable by its downloadCode."""
+        code = f"dc{next(_ids)}"
+        self.files[code] = data
+        message = self.message("", sender=sender)
+        del message["text"]
+        content: dict[str, Any] = {"downloadCode": code, **({"fileName": file_name} if file_name else {})}
+        return {**message, "msgtype": kind, "content": content}
+
+    async def _download(self, request: Request) -> Response:
+        if request.headers.get("x-acs-dingtalk-access-token") not in self._tokens:
+            return JSONResponse({"code": "InvalidAuthentication", "message": "不合法的access_token"}, status_code=401)
+        body = await request.json()
+        if body.get("downloadCode") not in self.files or body.get("robotCode") != APP_KEY:
+            return JSONResponse({"code": "invalidParameter", "message": "downloadCode无效"}, status_code=400)
+        return JSONResponse({"downloadUrl": f"{self.origin}/files/{body['downloadCode']}"})
+
+    async def _file(self, request: Request) -> Response:
+        data = self.files.get(request.path_params["code"])
+        return Response(data, media_type="application/octet-stream") if data is not None else Response(status_code=404)
 
     async def _webhook(self, request: Request) -> Response:
         body = await request.json()
@@ -105,6 +129,8 @@ class FakeDingTalk:
             Route("/v1.0/oauth2/accessToken", self._token, methods=["POST"]),
             Route("/v1.0/robot/oToMessages/batchSend", self._robot, methods=["POST"]),
             Route("/v1.0/robot/groupMessages/send", self._robot, methods=["POST"]),
+            Route("/v1.0/robot/messageFiles/download", self._download, methods=["POST"]),
+            Route("/files/{code}", self._file, methods=["GET"]),
         ])
 
 

@@ -6,6 +6,7 @@ waited out with one copy of each part; typed approvals only the asker can give; 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -27,11 +28,14 @@ from ember.channels.dingtalk.config import DingTalkSpec
 from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.base import ModelClient
+from ember.models.openai_compat import OpenAICompatibleModel
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, called_back, settled_in, writing_tool
 from tests.dingtalkserver import APP_KEY, APP_SECRET, FakeDingTalk, serving_dingtalk, signed
 from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import wait_until
+from tests.modelserver import Reply, serving
+from tests.test_attachments import png
 from tests.test_telegram import answering
 
 ANA, BEN, STRANGER = "staff-ana", "staff-ben", "staff-stranger"
@@ -134,6 +138,29 @@ async def test_a_stranger_is_told_once_and_nothing_is_kept(settings: Settings, d
         history = await runtime.sessions.history(f"dingtalk:user:{STRANGER}")
     [told] = dingtalk.texts(f"user:{STRANGER}")
     assert "DingTalk staff id: staff-stranger" in told and history == []
+
+
+async def test_a_picture_reaches_a_seeing_model_a_voice_message_is_its_text_and_an_unread_file_is_refused(
+        settings: Settings, dingtalk: FakeDingTalk) -> None:
+    with serving() as model:
+        model.push(Reply(text="A grey square."), Reply(text="Calling Ada."))
+        seeing = OpenAICompatibleModel(model="test-model", base_url=model.base_url, api_key=None, vision=True)
+        async with agent(settings, seeing, dingtalk) as (runtime, http):
+            await post(http, dingtalk.file_message(png(), sender=ANA))
+            voice = dingtalk.message("", sender=ANA)
+            voice |= {"msgtype": "audio", "content": {"duration": 2, "downloadCode": "dcv", "recognition": "Call Ada"}}
+            del voice["text"]
+            await post(http, voice)
+            texts = await settled(dingtalk, runtime, f"user:{ANA}", answers=2)
+            await post(http, dingtalk.file_message(b"MZ\x90\x00 an exe", sender=BEN, kind="file",
+                                                   file_name="setup.exe"))
+            history = await runtime.sessions.history(f"dingtalk:user:{BEN}")
+    assert texts == ["A grey square.", "Calling Ada."]
+    [image] = [p for p in model.requests[0]["messages"][-1]["content"] if p["type"] == "image_url"]
+    assert image["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(png()).decode()
+    assert model.requests[1]["messages"][-1]["content"] == "Call Ada"
+    assert dingtalk.texts(f"user:{BEN}")[0].startswith("I could not take that file: setup.exe is not a type")
+    assert history == []
 
 
 def test_kill_9_before_the_answer_still_answers_once_through_the_openapi(

@@ -60,6 +60,25 @@ class DingTalkApi:
             self._token = (str(body["accessToken"]), time.monotonic() + lasts - RENEW_BEFORE_S)
         return self._token[0]
 
+    async def download(self, download_code: str, max_bytes: int) -> bytes:
+        """A file a message carries, by its downloadCode: its one-time address, then its bytes.
+        httpx.HTTPError when it cannot be fetched; ValueError when it is over `max_bytes`."""
+        response = await self._http.post(f"{self._base}/v1.0/robot/messageFiles/download",
+                                          json={"downloadCode": download_code, "robotCode": self._robot},
+                                          headers={"x-acs-dingtalk-access-token": await self.token()})
+        response.raise_for_status()
+        url = _json(response).get("downloadUrl")
+        if not isinstance(url, str):
+            raise httpx.HTTPError("DingTalk gave no download address")
+        async with self._http.stream("GET", url) as file:
+            file.raise_for_status()
+            data = bytearray()
+            async for chunk in file.aiter_bytes():
+                data += chunk
+                if len(data) > max_bytes:
+                    raise ValueError(f"over the limit of {max_bytes} bytes (attachment_max_bytes)")
+        return bytes(data)
+
     async def by_webhook(self, webhook: str, markdown: str) -> None:
         response = await self._http.post(webhook, json={"msgtype": "markdown",
                                                         "markdown": {"title": "Ember", "text": markdown}})

@@ -35,7 +35,9 @@ from ember.channels.chat.split import split_message
 from ember.channels.dingtalk.api import DingTalkApi, signed_now
 from ember.channels.dingtalk.config import SECRET_ENV, DingTalkSpec
 from ember.channels.gateway.http import ApiError, read_body
+from ember.core.attachments import AttachmentContent, AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
+from ember.core.errors import ModelError
 from ember.core.events import InboundEvent, OutboundEvent
 
 CHANNEL = "dingtalk"
@@ -43,6 +45,9 @@ EVENTS_PATH = "/channels/dingtalk/events"
 MAX_MESSAGE_CHARS = 5_000  # a markdown message's text; DingTalk cuts longer ones
 WEBHOOK_MARGIN_MS = 60_000  # a session webhook this close to its expiry is not used
 MAX_WAITS = 5  # 429s waited out for one message before it stays owed
+# The messages that carry a file, and the extension of a file DingTalk names not. (A voice message
+# comes with DingTalk's own transcript, its `recognition`: that is its text.)
+_FILE_KINDS = {"picture": "jpg", "file": "bin"}
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +105,7 @@ class DingTalkChannel:
         chat_id = f"group:{message.get('conversationId')}" if group else f"user:{sender}"
         if isinstance(webhook := message.get("sessionWebhook"), str):
             self._webhooks[chat_id] = (webhook, int(message.get("sessionWebhookExpiredTime") or 0))
-        content = message.get("text") if message.get("msgtype") == "text" else None
-        text = str(content.get("content", "")).strip() if isinstance(content, dict) else ""
+        text = _text_of(message)
         typed = command(text)
         if not sender or not (self._gate.admits(sender) or (typed and sender in self._approvers)):
             if sender and self._gate.first_refusal(sender):
@@ -110,13 +114,31 @@ class DingTalkChannel:
         if typed is not None:
             await self._courtesy(chat_id, await self._commands.answer(sender, *typed))
             return
-        if not text:
-            return  # a picture or a file alone: nothing to answer yet
+        try:
+            files = await self._files_of(message)
+            text = "\n\n".join(part for part in (text, await self._services.files.transcripts(files)) if part)
+        except (AttachmentRefused, ValueError, httpx.HTTPError, ModelError) as exc:  # said; nothing is kept
+            told = exc if isinstance(exc, AttachmentRefused | ModelError) else f"it could not be fetched ({exc})"
+            await self._courtesy(chat_id, f"I could not take that file: {told}")
+            return
+        if not text and not files:
+            return
         event = InboundEvent(channel=CHANNEL, chat_id=chat_id, sender_id=sender, text=text,
                              message_id=str(message.get("msgId") or ""), sender_name=message.get("senderNick") or None,
-                             stream=False, can_approve=True)
+                             stream=False, can_approve=True,
+                             attachments=await self._services.files.keep(f"{CHANNEL}:{chat_id}", files))
         if event.message_id and await self._services.inbox.accept(event):
             await self._services.bus.publish_inbound(event)
+
+    async def _files_of(self, message: dict[str, Any]) -> list[AttachmentContent]:
+        """A picture or file message's file, fetched by its downloadCode and checked."""
+        kind, content = message.get("msgtype"), message.get("content")
+        if kind not in _FILE_KINDS or not isinstance(content, dict) or not content.get("downloadCode"):
+            return []
+        name = str(content.get("fileName") or f"{kind}-{message.get('msgId')}.{_FILE_KINDS[kind]}")
+        shelf = self._services.files
+        data = await self._api.download(str(content["downloadCode"]), shelf.max_bytes)
+        return [shelf.checked(data, declared=None, name=name)]
 
     # Out
 
@@ -161,3 +183,12 @@ class DingTalkChannel:
             await self._send(chat_id, text)
         except (RateLimited, DeliveryRefused, httpx.HTTPError) as exc:
             log.info("dingtalk: could not answer in %s: %s", chat_id, exc)
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    """What the person wrote: a text message's content, or what DingTalk heard of a voice message."""
+    if message.get("msgtype") == "text" and isinstance(text := message.get("text"), dict):
+        return str(text.get("content", "")).strip()
+    if message.get("msgtype") == "audio" and isinstance(content := message.get("content"), dict):
+        return str(content.get("recognition", "")).strip()
+    return ""
