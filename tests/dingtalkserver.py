@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, started
 
 APP_KEY = "dingtestappkey0001"
 APP_SECRET = "dingtalk-test-secret-0123456789abcdef"
@@ -137,13 +137,9 @@ class FakeDingTalk:
 @contextmanager
 def serving_dingtalk() -> Iterator[FakeDingTalk]:
     fake = FakeDingTalk()
-    server = LoopbackServer(fake.app(), "fake-dingtalk")
-    server.start()
-    fake.origin = server.origin
-    try:
+    with started(LoopbackServer(fake.app(), "fake-dingtalk")) as server:
+        fake.origin = server.origin
         yield fake
-    finally:
-        server.stop()
 
 
 def signed(body: bytes, *, secret: str = APP_SECRET, at_ms: float | None = None) -> dict[str, str]:

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, started
 
 TOKEN = "xoxb-test-token-0123456789"
 APP_TOKEN = "xapp-1-test-app-token-0123456789"
@@ -219,15 +219,13 @@ class _SocketServer:
 def serving_slack() -> Iterator[tuple[FakeSlack, str]]:
     """The fake Web API (and Socket Mode's WebSocket), and the api_base_url that points a client at it."""
     fake = FakeSlack()
-    server = LoopbackServer(fake.app(), "fake-slack")
     sockets = _SocketServer(fake)
-    server.start()
-    fake.socket_url = sockets.start()
-    try:
-        yield fake, f"{server.origin}/api/"
-    finally:
-        sockets.stop()
-        server.stop()
+    with started(LoopbackServer(fake.app(), "fake-slack")) as server:
+        fake.socket_url = sockets.start()
+        try:
+            yield fake, f"{server.origin}/api/"
+        finally:
+            sockets.stop()
 
 
 # Slack's side of the Events API.

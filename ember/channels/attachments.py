@@ -14,6 +14,11 @@ from ember.store.protocols import SessionBrowser
 NO_TRANSCRIBER = "voice notes need a transcription model: name one in [model_roles] transcribe"
 
 
+def not_taken(reason: object) -> str:
+    """What a chat is told of a message whose file was refused: nothing of that message is kept."""
+    return f"I could not take that file: {reason}"
+
+
 class FileShelf:
     def __init__(self, sessions: SessionBrowser, max_bytes: int, transcriber: Transcriber | None = None) -> None:
         self._sessions = sessions
@@ -24,15 +29,14 @@ class FileShelf:
         """AttachmentRefused says why a file is not taken."""
         return checked(data, declared=declared, name=name, max_bytes=self.max_bytes)
 
-    async def transcripts(self, files: Sequence[AttachmentContent]) -> str:
-        """What the files' recordings say ("" when there are none). AttachmentRefused when no model
+    async def heard(self, text: str, files: Sequence[AttachmentContent]) -> str:
+        """The message's text, with what its recordings say after it. AttachmentRefused when no model
         can hear them; ModelError when the model failed."""
         recordings = [f for f in files if f.is_audio]
-        if not recordings:
-            return ""
-        if self._transcriber is None:
+        if recordings and self._transcriber is None:
             raise AttachmentRefused(NO_TRANSCRIBER, code="transcription_unavailable")
-        return "\n\n".join([await self._transcriber.transcribe(f) for f in recordings])
+        spoken = [await self._transcriber.transcribe(f) for f in recordings] if self._transcriber else []
+        return "\n\n".join(part for part in (text.strip() and text, *spoken) if part)
 
     async def keep(self, key: str, files: Sequence[AttachmentContent]) -> tuple[Attachment, ...]:
         """Store the files in the session (documents with their text) and give their references."""

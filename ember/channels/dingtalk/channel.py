@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ember.channels.attachments import not_taken
 from ember.channels.chat.commands import ApprovalCommands, command, hint
 from ember.channels.chat.editing import RateLimited, digest
 from ember.channels.chat.inbound import AllowList, refusal
@@ -116,10 +117,10 @@ class DingTalkChannel:
             return
         try:
             files = await self._files_of(message)
-            text = "\n\n".join(part for part in (text, await self._services.files.transcripts(files)) if part)
+            text = await self._services.files.heard(text, files)
         except (AttachmentRefused, ValueError, httpx.HTTPError, ModelError) as exc:  # said; nothing is kept
             told = exc if isinstance(exc, AttachmentRefused | ModelError) else f"it could not be fetched ({exc})"
-            await self._courtesy(chat_id, f"I could not take that file: {told}")
+            await self._courtesy(chat_id, not_taken(told))
             return
         if not text and not files:
             return

@@ -80,13 +80,12 @@ class Intake:
     async def heard(self, text: str, files: Sequence[AttachmentContent]) -> str:
         """The message's text, with what its voice notes say after it."""
         try:
-            spoken = await self._shelf.transcripts(files)
+            return await self._shelf.heard(text, files)
         except AttachmentRefused as exc:
             raise ApiError(400, str(exc), code=exc.code, param="attachments") from exc
         except ModelError as exc:
             raise ApiError(502, f"the voice note could not be transcribed: {exc}", code="transcription_failed") \
                 from exc
-        return "\n\n".join(part for part in (text.strip() and text, spoken) if part)
 
     async def keep(self, key: str, files: Sequence[AttachmentContent]) -> tuple[Attachment, ...]:
         return await self._shelf.keep(key, files)

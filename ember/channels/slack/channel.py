@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ember.channels.attachments import not_taken
 from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
 from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.platform import required, show_streamed
@@ -227,10 +228,10 @@ class SlackChannel:
         try:
             files = await shared_files(event.get("files") or [], self._token, self._services.files,
                                        self._spec.api_base_url)
-            text = "\n\n".join(part for part in (text, await self._services.files.transcripts(files)) if part)
+            text = await self._services.files.heard(text, files)
         except (AttachmentRefused, httpx.HTTPError, ModelError) as exc:  # said in the thread; nothing is kept
             told = "Slack did not hand it over; share it again" if isinstance(exc, httpx.HTTPError) else exc
-            await self._quietly(self._platform.send(chat_id, f"I could not take that file: {told}"))
+            await self._quietly(self._platform.send(chat_id, not_taken(told)))
             return None
         return InboundEvent(channel=CHANNEL, chat_id=chat_id, sender_id=user, text=text,
                             message_id=f"{channel}:{ts}", stream=True, can_approve=True,

@@ -26,6 +26,7 @@ from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParam
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, TelegramError
 
+from ember.channels.attachments import not_taken
 from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
 from ember.channels.chat.inbound import AllowList, refusal
 from ember.channels.chat.platform import required, show_streamed
@@ -259,10 +260,10 @@ class TelegramChannel:
             text = text.replace(mention, "").strip() or text
         try:
             files = await message_files(self._bot, message, self._files)
-            text = "\n\n".join(part for part in (text, await self._files.transcripts(files)) if part)
+            text = await self._files.heard(text, files)
         except (AttachmentRefused, TelegramError, ModelError) as exc:  # said in the chat; nothing is kept
             told = "Telegram did not hand it over; send it again" if isinstance(exc, TelegramError) else exc
-            await self._quietly(self._bot.send_message(message.chat_id, f"I could not take that file: {told}"))
+            await self._quietly(self._bot.send_message(message.chat_id, not_taken(told)))
             return None
         chat_id = str(message.chat_id)
         return InboundEvent(channel=CHANNEL, chat_id=chat_id, sender_id=str(user.id), text=text,
