@@ -103,7 +103,7 @@ class RecordingBus(InProcessBus):
 
     async def publish_outbound(self, event: OutboundEvent) -> None:
         if event.kind is OutboundKind.FINAL:
-            self._log.append(("finalize" if event.stream_full_text else "publish", event.text))
+            self._log.append(("final", event.text))
             if self._fail_final:
                 raise ConnectionError("channel went away")
         await super().publish_outbound(event)
@@ -158,7 +158,7 @@ async def test_strip_before_save_save_before_derived_work_finalize_last(db: Data
         ("queue", JobKind.ARCHIVE),       # derived work queued in the answer's own commit
         ("queue", JobKind.CONSOLIDATE),
         ("wake", ""),                     # and started only after it
-        ("finalize", "The answer."),      # delivery after both
+        ("final", "The answer."),         # delivery after both
     ]
     finals = [e for e in sent if e.kind is OutboundKind.FINAL]
     assert len(finals) == 1 and finals[0].stream_full_text
@@ -169,14 +169,15 @@ async def test_outbound_sent_suppresses_the_outer_publish(db: Database) -> None:
     rig = Rig(db, reply("streamed"))
     sent = await rig.run_turn("q", stream=True)
     assert [e.text for e in sent if e.kind is OutboundKind.FINAL] == ["streamed"]
-    assert [kind for kind, _ in rig.log if kind in ("finalize", "publish")] == ["finalize"]
+    assert [kind for kind, _ in rig.log if kind == "final"] == ["final"]
 
 
 async def test_without_a_stream_the_loop_publishes_the_final_once(db: Database) -> None:
     rig = Rig(db, reply("plain"))
     sent = await rig.run_turn("q", stream=False)
     assert [(e.kind, e.text) for e in sent] == [(OutboundKind.FINAL, "plain")]
-    assert rig.log[-1] == ("publish", "plain")
+    assert rig.log[-1] == ("final", "plain")
+    assert sent[0].stream_full_text and sent[0].delivery_id is not None  # the committed record, as re-sent
 
 
 async def test_intro_is_merged_by_the_system_and_streamed_first(db: Database) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import enum
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ember.core.attachments import Attachment
 from ember.core.events import OutboundKind, ReplyRoute
 from ember.core.messages import Message
 
@@ -53,6 +54,9 @@ class Delivery:
     kind: DeliveryKind
     text: str
     asked_in: ReplyRoute | None = None
+    # The answer's files, stored in the session (read back for a re-send).
+    attachments: tuple[Attachment, ...] = ()
+    session_key: str | None = field(default=None, compare=False)  # where they are stored
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", DeliveryKind(self.kind))  # as read back from the store: its text
@@ -63,12 +67,13 @@ class Delivery:
 
     @classmethod
     def replying(cls, event: InboundEvent, *, delivery_id: str, turn_id: str, text: str,
-                 kind: DeliveryKind = DeliveryKind.FINAL) -> Delivery:
-        """The record of `text` answering `event`, owed to the event's reply route."""
+                 kind: DeliveryKind = DeliveryKind.FINAL, attachments: tuple[Attachment, ...] = ()) -> Delivery:
+        """The record of `text` (and `attachments`) answering `event`, owed to the event's reply route."""
         route = event.route
         return cls(delivery_id=delivery_id, turn_id=turn_id, channel=route.channel, chat_id=route.chat_id,
                    reply_to=event.message_id, kind=kind, text=text,
-                   asked_in=None if route == event.origin else event.origin)
+                   asked_in=None if route == event.origin else event.origin, attachments=attachments,
+                   session_key=event.session_key)
 
     @classmethod
     def failing(cls, event: InboundEvent, *, turn_id: str, text: str) -> Delivery:

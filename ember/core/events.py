@@ -114,3 +114,6 @@ class OutboundEvent:
     # first): a reader that missed some (it joined the turn midway through another gateway, or
     # the bus lost them) knows its draft lacks them.
     stream_index: int | None = None
+    # A FINAL's files, stored in `session_key` (a channel reads their bytes from there).
+    attachments: tuple[Attachment, ...] = ()
+    session_key: str | None = None

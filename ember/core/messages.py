@@ -51,8 +51,9 @@ class Message:
     chat), as the `name` of the OpenAI chat format. `reasoning_blocks` is a
     provider's reasoning as it sent it (Anthropic's thinking blocks with their
     signatures, as JSON), which it wants back within the tool loop; it is
-    never stored. `attachments` are the files a user message came with, by reference (a model
-    call's prompt carries their content: core/attachments.py).
+    never stored. `attachments` are the files a user message came with, or an answer sent (a
+    tool's file, a spoken reply), by reference; a model call's prompt carries a user's files'
+    content (core/attachments.py).
     """
 
     role: Role
@@ -85,6 +86,7 @@ class Message:
         reasoning_blocks: str | None = None,
         turn_id: str | None = None,
         name: str | None = None,
+        attachments: tuple[Attachment, ...] = (),
     ) -> Message:
         return cls(
             role=Role.ASSISTANT,
@@ -94,6 +96,7 @@ class Message:
             reasoning_blocks=reasoning_blocks,
             turn_id=turn_id,
             name=name,
+            attachments=attachments,
         )
 
     @classmethod

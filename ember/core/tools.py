@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ember.core.attachments import Attachment
 from ember.core.journal import TurnObserver
 from ember.core.usage import TurnTally
 
@@ -113,6 +114,8 @@ class ToolRun:
     asked_in: str | None = None
     offered: frozenset[str] = frozenset()  # the tools the turn's model is offered (set by the inference stage)
     spent: TurnTally = field(default_factory=TurnTally)  # what its model calls used, its delegated turns' too
+    # The files its answer sends with it (send_file), stored in the session already.
+    files: list[Attachment] = field(default_factory=list)
 
     @property
     def conversation(self) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from ember.core.attachments import Attachment
+from ember.core.delivery import Delivery
 from ember.core.events import InboundEvent, TurnUsage
 from ember.core.messages import Message, Session, ToolCall
 
@@ -18,7 +20,7 @@ class StreamSink(Protocol):
 
     async def tool_result(self, call: ToolCall, result: str) -> None: ...
 
-    async def finalize(self, text: str, delivery_id: str, usage: TurnUsage | None = None) -> bool:
+    async def finalize(self, answer: Delivery, usage: TurnUsage | None = None) -> bool:
         """Send the committed answer (with what the turn's model calls used); True when it reached the channel."""
         ...
 
@@ -40,7 +42,7 @@ class _NoStream:
     async def tool_result(self, call: ToolCall, result: str) -> None:
         pass
 
-    async def finalize(self, text: str, delivery_id: str, usage: TurnUsage | None = None) -> bool:
+    async def finalize(self, answer: Delivery, usage: TurnUsage | None = None) -> bool:
         return False
 
     def close(self) -> None:
@@ -86,11 +88,19 @@ class InferenceResult:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens read from (or written to) a provider's cache
+    files: tuple[Attachment, ...] = ()  # what the turn's tools sent with its answer, stored in its session
 
 
 @dataclass(frozen=True, slots=True)
 class ProcessResult:
-    response_text: str
+    answer: Delivery  # as committed
     outbound_sent: bool
-    delivery_id: str
     usage: TurnUsage | None = None
+
+    @property
+    def response_text(self) -> str:
+        return self.answer.text
+
+    @property
+    def delivery_id(self) -> str:
+        return self.answer.delivery_id

@@ -177,13 +177,14 @@ class ContextStage:
         await self._sessions.append(session, [*seed, message], receipt=receipt)
 
     async def _with_files(self, key: str, prompt: list[Message]) -> list[Message]:
-        """The prompt with the content of the files its messages name (one read, only when they name any)."""
-        digests = sorted({a.digest for m in prompt for a in m.attachments})
+        """The prompt with the content of the files its users' messages name (one read, only when they
+        name any). An answer's files are the model's own: it is not shown them again."""
+        digests = sorted({a.digest for m in prompt if m.role is Role.USER for a in m.attachments})
         if not digests:
             return prompt
         data = await self._sessions.attachments(key, digests)
         return [replace(m, attachments=tuple(with_content(a, data.get(a.digest)) for a in m.attachments))
-                if m.attachments else m for m in prompt]
+                if m.attachments and m.role is Role.USER else m for m in prompt]
 
     def _intro(self, event: InboundEvent) -> str:
         language = language_of(event.text)

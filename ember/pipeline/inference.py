@@ -125,7 +125,7 @@ class InferenceStage:
                 await self._show(ctx, reply.text)
             if not reply.tool_calls:
                 text = f"{reply.text}\n\n{TRUNCATED_NOTE}" if reply.truncated else reply.text
-                return self._result(text, tool_names, usage)
+                return self._result(text, tool_names, tools)
             assistant = Message.assistant(reply.text, tool_calls=reply.tool_calls, reasoning=reply.reasoning,
                                           reasoning_blocks=reply.reasoning_blocks, turn_id=ctx.turn_id)
             step = [assistant, *await self._run_tools(ctx, tools, reply.tool_calls)]
@@ -134,8 +134,8 @@ class InferenceStage:
             messages += [shown_to_model(m) for m in ctx.session.messages[-len(step):]]
             tool_names += [call.name for call in reply.tool_calls]
             if token_budget is not None and usage.tokens > token_budget:
-                return self._result(token_budget_text(usage.tokens, token_budget), tool_names, usage)
-        return self._result(iteration_cap_text(self._limits.max_iterations), tool_names, usage)
+                return self._result(token_budget_text(usage.tokens, token_budget), tool_names, tools)
+        return self._result(iteration_cap_text(self._limits.max_iterations), tool_names, tools)
 
     async def _model_step(self, ctx: PipelineContext, messages: list[Message], specs: list[ToolSpec],
                           model: ModelClient, *, live: bool = True) -> ModelReply:
@@ -170,8 +170,8 @@ class InferenceStage:
         tools.observer.event(ToolCalled(call.id, call.name, call.arguments, started, output))
         return output
 
-    def _result(self, text: str, tool_names: list[str], usage: TurnTally) -> InferenceResult:
-        review = len(tool_names) >= self._limits.review_tool_call_threshold
+    def _result(self, text: str, tool_names: list[str], tools: ToolRun) -> InferenceResult:
+        review, usage = len(tool_names) >= self._limits.review_tool_call_threshold, tools.spent
         return InferenceResult(
             response_text=text,
             total_tool_calls=len(tool_names),
@@ -182,4 +182,5 @@ class InferenceStage:
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
             cached_tokens=usage.cached_tokens,
+            files=tuple(tools.files),
         )

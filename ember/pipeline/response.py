@@ -51,19 +51,19 @@ class ResponseStage:
         # 3. The commit, with the outbox record that owes it to the channel and the
         #    derived work it calls for: a crash keeps all three or none (I6).
         delivery = Delivery.replying(ctx.event, delivery_id=delivery_id(ctx.turn_id, ctx.session.next_seq),
-                                     turn_id=ctx.turn_id, text=text)
+                                     turn_id=ctx.turn_id, text=text, attachments=result.files)
         jobs = self._derived_work(ctx, result)
-        await self._sessions.append(ctx.session, [Message.assistant(text, turn_id=ctx.turn_id)],
-                                    delivery=delivery, jobs=jobs)
+        answer = Message.assistant(text, turn_id=ctx.turn_id, attachments=result.files)
+        await self._sessions.append(ctx.session, [answer], delivery=delivery, jobs=jobs)
         # 4. Derived work runs in the background and never undoes step 3.
         if jobs:
             self._scheduler.wake(self._policy.batch_s)
         # 5. Delivery of the final through the stream, which replaces the draft.
         usage = (TurnUsage(result.input_tokens, result.cached_tokens, result.output_tokens)
                  if result.model_calls else None)
-        sent = await ctx.stream.finalize(text, delivery.delivery_id, usage)
+        sent = await ctx.stream.finalize(delivery, usage)
         # 6. The loop publishes the final itself only if the stream did not.
-        return ProcessResult(text, outbound_sent=sent, delivery_id=delivery.delivery_id, usage=usage)
+        return ProcessResult(delivery, outbound_sent=sent, usage=usage)
 
     def _derived_work(self, ctx: PipelineContext, result: InferenceResult) -> list[JobRequest]:
         key, turn, delay, jobs = ctx.session.key, ctx.turn_id, self._policy.batch_s, []

@@ -21,11 +21,20 @@ from typing import Any
 from ember.bus.base import OutboundPublisher
 from ember.core.delivery import Delivery
 from ember.core.errors import StoreError
-from ember.core.events import OutboundEvent
+from ember.core.events import OutboundEvent, TurnUsage
 from ember.runtime.tasks import cancel_task
 from ember.store.protocols import DeliveryStore
 
 log = logging.getLogger(__name__)
+
+
+def answer_event(delivery: Delivery, usage: TurnUsage | None = None) -> OutboundEvent:
+    """A committed record as its channel takes it: the whole answer, in place of any draft."""
+    return OutboundEvent(
+        channel=delivery.channel, chat_id=delivery.chat_id, kind=delivery.kind.outbound, text=delivery.text,
+        turn_id=delivery.turn_id, reply_to=delivery.reply_to, stream_full_text=True,
+        delivery_id=delivery.delivery_id, usage=usage, attachments=delivery.attachments,
+        session_key=delivery.session_key)
 
 
 class DeliveryWorker:
@@ -72,14 +81,9 @@ class DeliveryWorker:
         self._task = None
         await self.flush()
 
-    async def send(self, delivery: Delivery) -> None:
+    async def send(self, delivery: Delivery, usage: TurnUsage | None = None) -> None:
         """Hand a committed record to its channel, replacing any draft shown there, and mark it delivered."""
-        kind = delivery.kind.outbound
-        await self._bus.publish_outbound(OutboundEvent(
-            channel=delivery.channel, chat_id=delivery.chat_id, kind=kind, text=delivery.text,
-            turn_id=delivery.turn_id, reply_to=delivery.reply_to, stream_full_text=True,
-            delivery_id=delivery.delivery_id,
-        ))
+        await self._bus.publish_outbound(answer_event(delivery, usage))
         self.handed_over(delivery.channel, delivery.delivery_id)
 
     async def resend(self, *, older_than_s: float = 0.0) -> int:

@@ -42,7 +42,7 @@ from ember.bus.base import Bus
 from ember.core.channels import ChannelCapabilities
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import DuplicateMessage, LeaseLost, StoreError
-from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
+from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.journal import Spans, TurnJournal
 from ember.core.leases import SessionLeases
 from ember.core.messages import Message
@@ -384,16 +384,15 @@ class AgentLoop:
         with observer.stage("response"):
             done = await self._pipeline.response.finalize(ctx, result)
         if not done.outbound_sent:
-            await self._publish(event, turn.turn_id, OutboundKind.FINAL, done.response_text,
-                                delivery=done.delivery_id, usage=done.usage)
+            await self._deliveries.send(done.answer, done.usage)
         turn.delivered = True
 
     async def _publish(self, event: InboundEvent, turn_id: str, kind: OutboundKind, text: str,
-                       *, delivery: str | None = None, usage: TurnUsage | None = None) -> None:
+                       *, delivery: str | None = None) -> None:
         route = event.route
         await self._bus.publish_outbound(
             OutboundEvent(channel=route.channel, chat_id=route.chat_id, kind=kind, text=text,
-                          turn_id=turn_id, reply_to=event.message_id, delivery_id=delivery, usage=usage)
+                          turn_id=turn_id, reply_to=event.message_id, delivery_id=delivery)
         )
         if delivery is not None:
             self._deliveries.handed_over(route.channel, delivery)

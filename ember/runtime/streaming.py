@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 
 from ember.bus.base import OutboundPublisher
+from ember.core.delivery import Delivery
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, TurnUsage
 from ember.core.leases import current_lease_clock
 from ember.core.messages import ToolCall
-from ember.runtime.delivery import DeliveryWorker
+from ember.runtime.delivery import DeliveryWorker, answer_event
 
 
 class StreamPublisher:
@@ -62,10 +63,10 @@ class StreamPublisher:
         await self._deltas_sent()
         await self._send(OutboundKind.TOOL_RESULT, result, tool_call=call)
 
-    async def finalize(self, text: str, delivery_id: str, usage: TurnUsage | None = None) -> bool:
+    async def finalize(self, answer: Delivery, usage: TurnUsage | None = None) -> bool:
         await self._deltas_sent()
-        await self._send(OutboundKind.FINAL, text, stream_full_text=True, delivery_id=delivery_id, usage=usage)
-        self._deliveries.handed_over(self._route.channel, delivery_id)
+        await self._bus.publish_outbound(answer_event(answer, usage))
+        self._deliveries.handed_over(self._route.channel, answer.delivery_id)
         return True
 
     def close(self) -> None:
@@ -88,15 +89,11 @@ class StreamPublisher:
         if self._sender is not None:
             await self._sender
 
-    async def _send(self, kind: OutboundKind, text: str, *, stream_full_text: bool = False,
-                    tool_call: ToolCall | None = None, delivery_id: str | None = None,
-                    usage: TurnUsage | None = None) -> None:
-        index = None
-        if kind is not OutboundKind.FINAL:
-            index, self._streamed = self._streamed, self._streamed + 1
-            lease = current_lease_clock.get()
-            if lease is not None and not lease.surely_held:
-                return  # another process may run this turn now: its stream is the one to show
+    async def _send(self, kind: OutboundKind, text: str, *, tool_call: ToolCall | None = None) -> None:
+        index, self._streamed = self._streamed, self._streamed + 1
+        lease = current_lease_clock.get()
+        if lease is not None and not lease.surely_held:
+            return  # another process may run this turn now: its stream is the one to show
         await self._bus.publish_outbound(
             OutboundEvent(
                 channel=self._route.channel,
@@ -105,10 +102,7 @@ class StreamPublisher:
                 text=text,
                 turn_id=self._turn_id,
                 reply_to=self._event.message_id,
-                stream_full_text=stream_full_text,
                 tool_call=tool_call,
-                delivery_id=delivery_id,
-                usage=usage,
                 stream_index=index,
             )
         )

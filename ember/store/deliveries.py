@@ -19,6 +19,7 @@ from sqlalchemy import bindparam, insert, select, update
 from ember.core.delivery import Delivery, DeliveryKind, Receipt
 from ember.core.errors import DuplicateMessage
 from ember.core.events import InboundEvent, ReplyRoute
+from ember.core.messages import decode_attachments, encode_attachments
 from ember.store import schema
 from ember.store.engine import Database
 from ember.store.tx import Statement, Tx, upsert
@@ -68,9 +69,9 @@ def _receipt(row: Sequence[Any]) -> Receipt:
 
 
 def _delivery(row: Sequence[Any]) -> Delivery:
-    delivery_id, turn_id, _key, channel, chat_id, reply_to, kind, text, *_ = row
+    delivery_id, turn_id, key, channel, chat_id, reply_to, kind, text, *_, files = row
     return Delivery(delivery_id=delivery_id, turn_id=turn_id, channel=channel, chat_id=chat_id, reply_to=reply_to,
-                    kind=kind, text=text)
+                    kind=kind, text=text, attachments=decode_attachments(files), session_key=key)
 
 
 def record_receipt(tx: Tx, key: str, receipt: Receipt, now: float) -> None:
@@ -89,7 +90,7 @@ def record_delivery(tx: Tx, key: str, delivery: Delivery, now: float) -> None:
         "delivery_id": delivery.delivery_id, "turn_id": delivery.turn_id, "session_key": key,
         "channel": delivery.channel, "chat_id": delivery.chat_id, "reply_to": delivery.reply_to,
         "kind": str(delivery.kind), "text": delivery.text, "created_at": now, "delivered_at": None, "attempts": 0,
-        "failure": None,
+        "failure": None, "attachments": encode_attachments(delivery.attachments),
     })
     if delivery.reply_to is not None:
         asked = delivery.question_route

@@ -72,3 +72,9 @@ ATTACHMENTS: tuple[Step, ...] = (
             created_at DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (session_key, digest))""", "data BLOB", "data BYTEA"),
 )
+
+
+# An answer can send files (a tool's, a spoken reply): its outbox record names them, for a re-send.
+ANSWER_FILES: tuple[Step, ...] = (
+    "ALTER TABLE outbox ADD COLUMN attachments TEXT",
+)

@@ -10,7 +10,13 @@ pgvector's; triggers call a PL/pgSQL function.
 
 from __future__ import annotations
 
-from ember.store.migration_gateway import A2A_TASKS, ATTACHMENTS, CONVERSATION_DIGESTS, USAGE_BY_AGENT
+from ember.store.migration_gateway import (
+    A2A_TASKS,
+    ANSWER_FILES,
+    ATTACHMENTS,
+    CONVERSATION_DIGESTS,
+    USAGE_BY_AGENT,
+)
 from ember.store.migration_memory import MEMORY_TIERS, VECTORS_IN_DATABASE
 from ember.store.migration_step import ByDialect, Step
 
@@ -368,4 +374,5 @@ MIGRATIONS: list[tuple[Step, ...]] = [
     USAGE_BY_AGENT,
     VECTORS_IN_DATABASE,
     ATTACHMENTS,
+    ANSWER_FILES,
 ]

@@ -139,6 +139,7 @@ outbox = Table(
     Column("delivered_at", Float),
     Column("attempts", Integer, nullable=False),
     Column("failure", Text),
+    Column("attachments", Text),  # the answer's files, by reference (core/attachments.py)
 )
 
 session_labels = Table(
