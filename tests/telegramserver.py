@@ -1,7 +1,7 @@
 """A Telegram Bot API server of the tests' own, on 127.0.0.1: the methods Ember's channel
 calls (getMe, getUpdates long polling, sendMessage, editMessageText, deleteMessage,
 sendChatAction, answerCallbackQuery, setWebhook, deleteWebhook, getFile and the file
-download beside them), with Telegram's
+download beside them; sendPhoto, sendVoice, sendAudio and sendDocument as multipart uploads), with Telegram's
 JSON envelopes and errors: 400 "message is not modified", "message to edit not
 found", "can't parse entities" for HTML it would refuse, and 429 with
 `parameters.retry_after` when a test asks for one.
@@ -83,6 +83,14 @@ class Shown:
     buttons: list[list[dict[str, Any]]] | None = None
     edits: int = 0
     deleted: bool = False
+    file: SentFile | None = None  # a photo, voice note, audio or document the bot sent
+
+
+@dataclass(frozen=True)
+class SentFile:
+    method: str  # sendPhoto, sendVoice, sendAudio, sendDocument
+    name: str
+    data: bytes
 
 
 @dataclass
@@ -204,6 +212,8 @@ class FakeTelegram:
         token, method = request.path_params["token"], request.path_params["method"]
         if token != self.token:
             return _error(401, "Unauthorized")
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            return await self._upload(method, request)
         raw = await request.body()
         if request.headers.get("content-type", "").startswith("application/json"):
             params = json.loads(raw or b"{}")
@@ -288,6 +298,27 @@ class FakeTelegram:
             return _ok(True)
         return _error(404, "Not Found: method not found")
 
+    async def _upload(self, method: str, request: Request) -> Response:
+        field_name = _UPLOADS.get(method)
+        if field_name is None:
+            return _error(404, "Not Found: method not found")
+        async with request.form() as form:
+            upload = form.get(field_name)
+            if upload is None or isinstance(upload, str):
+                return _error(400, f"Bad Request: there is no {field_name} in the request")
+            sent = SentFile(method, upload.filename or "", await upload.read())
+            chat_id = int(str(form.get("chat_id") or 0))
+        with self._lock:
+            if self.rate_limits[method]:
+                retry_after = self.rate_limits[method].pop(0)
+                self.writes.append(Write(time.monotonic(), method, chat_id, False))
+                return _error(429, f"Too Many Requests: retry after {retry_after}", retry_after=retry_after)
+            self._next_message += 1
+            shown = Shown(self._next_message, chat_id, "", file=sent)
+            self.shown[shown.message_id] = shown
+            self.writes.append(Write(time.monotonic(), method, chat_id, True))
+            return _ok(self._message(shown))
+
     def _message(self, shown: Shown) -> dict[str, Any]:
         message: dict[str, Any] = {"message_id": shown.message_id, "date": int(time.time()), "text": shown.text,
                                    "chat": {"id": shown.chat_id, "type": "private"}, "from": self._bot()}
@@ -305,6 +336,9 @@ class FakeTelegram:
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/bot{token}/{method}", self._api, methods=["GET", "POST"]),
                                  Route("/file/bot{token}/{path:path}", self._file, methods=["GET"])])
+
+
+_UPLOADS = {"sendPhoto": "photo", "sendVoice": "voice", "sendAudio": "audio", "sendDocument": "document"}
 
 
 def _maybe_json(value: str) -> Any:

@@ -1,13 +1,21 @@
 """Where the files of a channel's messages go: checked by their bytes, a voice note heard (its
 transcript joins the message's text), a document's text read (off the event loop: a PDF takes a
-while), kept once in their session, passed on by reference."""
+while), kept once in their session, passed on by reference; and where an answer's files are read
+back from to be sent."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 
-from ember.core.attachments import Attachment, AttachmentContent, AttachmentRefused, checked, with_text
+from ember.core.attachments import (
+    Attachment,
+    AttachmentContent,
+    AttachmentRefused,
+    checked,
+    with_content,
+    with_text,
+)
 from ember.models.transcription import Transcriber
 from ember.store.protocols import SessionBrowser
 
@@ -46,3 +54,9 @@ class FileShelf:
             files = await asyncio.to_thread(lambda: [with_text(f) for f in files])
         await self._sessions.keep_attachments(key, files)
         return tuple(f.reference() for f in files)
+
+    async def read(self, key: str, files: Sequence[Attachment]) -> list[AttachmentContent]:
+        """The files an answer sends, with their bytes, in order; one the session no longer holds is left out."""
+        stored = await self._sessions.attachments(key, [f.digest for f in files])
+        return [content for f in files if isinstance(content := with_content(f, stored.get(f.digest)),
+                                                       AttachmentContent)]

@@ -7,7 +7,8 @@ on in follow-up messages, which are parts of the same answer. The final answer
 *replaces* the draft: each part is edited to its final text, and only parts the
 draft never had are sent. Each part's message id is stored as it is sent, so a
 final re-sent after a crash, or a resumed turn streaming again, edits the same
-messages: one visible copy per answer, whatever happened in between.
+messages: one visible copy per answer, whatever happened in between. An answer's files follow
+its text, each a part of its own, sent once; a platform that cannot send files is told their names.
 """
 
 from __future__ import annotations
@@ -16,17 +17,22 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from functools import partial
+from typing import Protocol, runtime_checkable
 
+from ember.channels.attachments import FileShelf
 from ember.channels.chat.split import split_message
+from ember.core.attachments import AttachmentContent
 from ember.core.events import OutboundEvent
 from ember.store.protocols import ChannelMessages
 
 log = logging.getLogger(__name__)
 
 MAX_RETRY_AFTER_S = 300.0
+# An answer's files are its parts from this one on: its text never has as many.
+FILE_PARTS = 1_000
 
 
 class RateLimited(Exception):
@@ -57,6 +63,13 @@ class EditablePlatform(Protocol):
         ...
 
 
+@runtime_checkable
+class SendsFiles(Protocol):
+    async def send_file(self, chat_id: str, file: AttachmentContent, *, reply_to: str | None = None) -> str:
+        """The new message's id: a picture shown as one, a voice note played as one, else a document."""
+        ...
+
+
 def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -82,8 +95,11 @@ class _Answer:
 
 class EditStream:
     def __init__(self, platform: EditablePlatform, messages: ChannelMessages, channel: str, *,
-                 interval_s: float, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
+                 interval_s: float, limit: int, files: FileShelf | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._platform = platform
+        # Where an answer's files are read from, on a platform that can send them.
+        self._files = files if isinstance(platform, SendsFiles) else None
         self._messages = messages
         self._channel = channel
         self._interval_s = interval_s
@@ -119,16 +135,23 @@ class EditStream:
         if event.delivery_id is not None and await self._messages.finished(self._channel, event.turn_id) \
                 == event.delivery_id:
             return  # shown already (a re-send after a restart, a replayed message)
-        pieces = split_message(event.text, self._limit)
+        text = event.text
+        if event.attachments and self._files is None:
+            text += "".join(f"\n\n[{file.label}: this chat cannot show files]" for file in event.attachments)
+        pieces = split_message(text, self._limit)
         await self._write(event.turn_id, answer, pieces)
         assert answer.parts is not None
-        extra = [part for part in answer.parts if part >= len(pieces)]  # a draft longer than the answer
+        # A draft longer than the answer:
+        extra = [part for part in answer.parts if len(pieces) <= part < FILE_PARTS]
         for part in extra:
             await self._platform.delete(answer.chat_id, answer.parts.pop(part))
         if extra:
             await self._messages.drop(self._channel, event.turn_id, extra)
-        await self._messages.finish(self._channel, event.turn_id, event.delivery_id,
-                                    {part: digest(text) for part, text in enumerate(pieces)})
+        shown = {part: digest(text) for part, text in enumerate(pieces)}
+        if event.attachments and self._files is not None and event.session_key is not None:
+            shown |= await self._send_files(event.turn_id, answer,
+                                            await self._files.read(event.session_key, event.attachments))
+        await self._messages.finish(self._channel, event.turn_id, event.delivery_id, shown)
 
     async def close(self, grace_s: float = 5.0) -> None:
         """Let the drafts' writes in flight end (briefly); the finals they wait for are owed and re-sent."""
@@ -157,27 +180,48 @@ class EditStream:
         if answer.parts is None:
             answer.parts = await self._messages.parts(self._channel, turn_id)
             answer.shown = await self._messages.digests(self._channel, turn_id)
-        chat = self._chats.setdefault(answer.chat_id, _Chat())
         for part, text in enumerate(pieces):
             if not text.strip() or answer.shown.get(part) == digest(text):
                 continue
-            while True:
-                async with chat.lock:
-                    wait = chat.next_write_at - self._clock()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-                    if draft and answer.closing:
-                        return
-                    try:
-                        await self._write_part(turn_id, answer, part, text)
-                    except RateLimited as limited:
-                        chat.next_write_at = self._clock() + limited.retry_after_s
-                        log.info("%s chat %s: %s", self._channel, answer.chat_id, limited)
-                        continue
-                    finally:
-                        chat.next_write_at = max(chat.next_write_at, self._clock() + self._interval_s)
-                answer.shown[part] = digest(text)
-                break
+            if not await self._paced(answer, partial(self._write_part, turn_id, answer, part, text), draft=draft):
+                return
+            answer.shown[part] = digest(text)
+
+    async def _send_files(self, turn_id: str, answer: _Answer, files: list[AttachmentContent]) -> dict[int, str]:
+        """Each file its own message after the text, once: a part recorded as sent (a file is never
+        edited) is not sent again."""
+        assert answer.parts is not None and isinstance(self._platform, SendsFiles)
+        for part, file in enumerate(files, start=FILE_PARTS):
+            if part not in answer.parts:
+                await self._paced(answer, partial(self._send_file, self._platform, turn_id, answer, part, file))
+        return {part: file.digest[:16] for part, file in enumerate(files, start=FILE_PARTS)}
+
+    async def _send_file(self, platform: SendsFiles, turn_id: str, answer: _Answer, part: int,
+                         file: AttachmentContent) -> None:
+        assert answer.parts is not None
+        answer.parts[part] = await platform.send_file(answer.chat_id, file, reply_to=answer.reply_to)
+        await self._messages.record(self._channel, answer.chat_id, turn_id, part, answer.parts[part])
+
+    async def _paced(self, answer: _Answer, write: Callable[[], Awaitable[None]], *, draft: bool = False) -> bool:
+        """`write` at the chat's pace; RateLimited waits and tries again. False: a draft's write that
+        did not happen, as the final took over."""
+        chat = self._chats.setdefault(answer.chat_id, _Chat())
+        while True:
+            async with chat.lock:
+                wait = chat.next_write_at - self._clock()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if draft and answer.closing:
+                    return False
+                try:
+                    await write()
+                except RateLimited as limited:
+                    chat.next_write_at = self._clock() + limited.retry_after_s
+                    log.info("%s chat %s: %s", self._channel, answer.chat_id, limited)
+                    continue
+                finally:
+                    chat.next_write_at = max(chat.next_write_at, self._clock() + self._interval_s)
+            return True
 
     async def _write_part(self, turn_id: str, answer: _Answer, part: int, text: str) -> None:
         assert answer.parts is not None

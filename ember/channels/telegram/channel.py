@@ -22,7 +22,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters, Update
+from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, InputFile, ReplyParameters, Update
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, TelegramError
 
@@ -36,7 +36,7 @@ from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.telegram.files import file_base_url, message_files
 from ember.channels.telegram.markup import telegram_html
-from ember.core.attachments import AttachmentRefused
+from ember.core.attachments import AttachmentContent, AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError, ModelError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
@@ -55,6 +55,10 @@ DECIDED = {Decision.APPROVE_ONCE: "Allowed once", Decision.APPROVE_SESSION: "All
            Decision.DENY: "Denied"}
 
 log = logging.getLogger(__name__)
+
+
+def _replying(reply_to: str | None) -> ReplyParameters | None:
+    return ReplyParameters(int(reply_to), allow_sending_without_reply=True) if reply_to and reply_to.isdigit() else None
 
 
 def _seconds(value: int | timedelta) -> float:
@@ -82,11 +86,18 @@ class TelegramPlatform:
 
     async def send(self, chat_id: str, text: str, *, reply_to: str | None = None,
                    buttons: InlineKeyboardMarkup | None = None) -> str:
-        reply = (ReplyParameters(int(reply_to), allow_sending_without_reply=True)
-                 if reply_to and reply_to.isdigit() else None)
         message = await self._call(lambda html: self._bot.send_message(
             int(chat_id), html if html is not None else text, parse_mode=ParseMode.HTML if html is not None else None,
-            reply_parameters=reply, reply_markup=buttons), text)
+            reply_parameters=_replying(reply_to), reply_markup=buttons), text)
+        return str(message.message_id)
+
+    async def send_file(self, chat_id: str, file: AttachmentContent, *, reply_to: str | None = None) -> str:
+        """A picture as a photo, an Ogg recording as a voice note, other audio as audio, else a document."""
+        send = (self._bot.send_photo if file.media_type in ("image/png", "image/jpeg")
+                else self._bot.send_voice if file.media_type == "audio/ogg"
+                else self._bot.send_audio if file.is_audio else self._bot.send_document)
+        upload = InputFile(file.data, filename=file.name or "file")
+        message = await self._call(lambda _: send(int(chat_id), upload, reply_parameters=_replying(reply_to)), "")
         return str(message.message_id)
 
     async def edit(self, chat_id: str, message_id: str, text: str,
@@ -143,7 +154,7 @@ class TelegramChannel:
         self._files = services.files
         self._platform = TelegramPlatform(self._bot)
         self._stream = EditStream(self._platform, services.messages, CHANNEL, interval_s=spec.edit_interval_ms / 1000,
-                                  limit=MAX_MESSAGE_CHARS)
+                                  limit=MAX_MESSAGE_CHARS, files=services.files)
         self._gate: AllowList[int] = AllowList(CHANNEL, spec.allowed_users, empty_refuses=True)
         self._approvers = frozenset(spec.approvers)
         self._typing: dict[str, asyncio.Task[None]] = {}
