@@ -387,3 +387,23 @@ def test_a_document_sent_is_remembered_by_its_text(seeing: GatewayProcess, fresh
     [memory] = recalled()
     assert memory["content"].startswith("my new lease\n[sent lease.pdf (application/pdf")
     assert "Rent is 900 EUR due on the 3rd" in memory["content"]
+
+
+def test_a_file_the_model_sends_comes_with_the_final_and_only_its_person_can_fetch_it(
+        seeing: GatewayProcess, fresh: ModelServer) -> None:
+    report = pdf("Q3 revenue rose")
+    folder = seeing.home / "workspaces" / "tester"  # the key's person's own workspace
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.pdf").write_bytes(report)
+    fresh.push(Reply(tool_calls=(("send_file", '{"path": "report.pdf"}'),)), Reply(text="Your report."))
+    response = send_native(seeing, "reports", {"text": "send me the report"})
+    final = sse_events(response.text)[-1]
+    assert final.name == "final" and final.json()["text"] == "Your report."
+    [sent] = final.json()["attachments"]
+    assert (sent["name"], sent["media_type"], sent["size"]) == ("report.pdf", "application/pdf", len(report))
+    assert sent["digest"] == hashlib.sha256(report).hexdigest()
+    where = seeing.url(f"/api/sessions/reports/attachments/{sent['digest']}")
+    assert httpx.get(where, headers=auth()).content == report
+    assert httpx.get(where, headers=auth(OTHER_KEY)).status_code == 404
+    [answer] = [m for m in history(seeing, "reports") if m["role"] == "assistant" and not m["tool_calls"]]
+    assert answer["attachments"] == [sent]

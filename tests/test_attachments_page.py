@@ -1,5 +1,6 @@
 """Files on the web page, in Chromium: picked with Attach or pasted into the message box, sent with
-the message, shown with it, and shown again from the store after a reload."""
+the message, shown with it, and shown again from the store after a reload; the files an answer
+sends, shown under it and downloaded."""
 
 from __future__ import annotations
 
@@ -98,5 +99,31 @@ def test_a_voice_note_recorded_on_the_page_is_transcribed_into_the_message(
     assert heard == {"type": "text", "text": "Remind me to water the plants."}
     page.reload()
     expect(page.locator(".message.user").last).to_contain_text("Remind me to water the plants.")
-    expect(page.locator(".message.user").last.locator(".file-chip")).to_have_text("voice-note.webm (audio/webm)")
+    expect(page.locator(".message.user").last.locator("audio.file-audio")).to_have_attribute(
+        "title", "voice-note.webm (audio/webm)")
     page.context.close()
+
+
+def test_the_files_an_answer_sends_show_under_it_and_download(
+        page: Page, seeing: GatewayProcess, fresh: ModelServer) -> None:
+    folder = seeing.home / "workspaces" / "tester"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "chart.png").write_bytes(png(24, 12))
+    (folder / "notes.md").write_bytes(b"# June\n- shipped")
+    fresh.push(Reply(tool_calls=(("send_file", '{"path": "chart.png"}'), ("send_file", '{"path": "notes.md"}'))),
+               Reply(text="The chart and the notes."))
+    sign_in(page, seeing, KEY)
+    page.goto(seeing.url("/#sent"))
+    page.locator("#message-input").fill("send me June")
+    page.locator("#send").click()
+    expect(answer(page)).to_have_text("The chart and the notes.")
+    for from_the_store in (False, True):
+        if from_the_store:
+            page.reload()
+        files = page.locator(".message.assistant").last.locator(".files")
+        chart = files.locator("img.file-image")
+        page.wait_for_function("image => image.complete && image.naturalWidth === 24", arg=chart.element_handle())
+        with page.expect_download() as download:
+            files.get_by_text("notes.md (text/markdown)").click()
+        assert download.value.suggested_filename == "notes.md"
+        assert download.value.path().read_bytes() == b"# June\n- shipped"

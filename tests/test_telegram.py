@@ -62,9 +62,9 @@ def telegram_channel(runtime: Runtime, base_url: str, *, public_url: str | None 
 
 @asynccontextmanager
 async def agent(settings: Settings, model: ModelClient, base_url: str, *, tools: ToolRegistry | None = None,
-                transcriber: Transcriber | None = None,
+                transcriber: Transcriber | None = None, builtin_tools: bool = False,
                 **fields: Any) -> AsyncIterator[tuple[Runtime, TelegramChannel]]:
-    runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
+    runtime = await build_runtime(settings, model, tools=None if builtin_tools else tools or ToolRegistry())
     channel = telegram_channel(runtime, base_url, transcriber=transcriber, **fields)
     settling(runtime, channel)
     async with running(runtime, recover=True):

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from ember.app.tools import workspaces
 from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.openai_compat import OpenAICompatibleModel
@@ -102,3 +104,38 @@ async def test_a_file_too_large_or_in_disguise_is_refused_in_the_chat_and_nothin
     assert told.startswith("I could not take that file: ") and said in told
     assert fake.fetched == fetched  # a file over the limit is not even fetched
     assert model.requests == [] and kept_files(settings) == []
+
+
+async def test_a_file_a_tool_sends_follows_the_answer_once_and_a_disguised_one_is_refused_to_the_model(
+        settings: Settings, telegram: tuple[FakeTelegram, str], model: ModelServer) -> None:
+    fake, base_url = telegram
+    chart = png(16, 8)
+    model.push(Reply(tool_calls=(("send_file", json.dumps({"path": "fake.png"})),)),
+               Reply(tool_calls=(("send_file", json.dumps({"path": "out/chart.png", "name": "June.png"})),)),
+               Reply(text="Here is June's chart."))
+    fake.rate_limits["sendPhoto"].append(1)  # Telegram says wait a second: sent once, after it
+    async with agent(settings, seeing(model), base_url, builtin_tools=True) as (runtime, _):
+        folder = workspaces(settings, None).for_identity(runtime.identities.resolve("telegram", str(ANA))).root
+        (folder / "out").mkdir()
+        (folder / "out" / "chart.png").write_bytes(chart)
+        (folder / "fake.png").write_text("not a picture at all")
+        fake.message(ANA, ANA, "send me June's chart")
+        await settled(fake, runtime, ANA)
+        async with asyncio.timeout(20):
+            while not any(shown.file for shown in fake.visible(ANA)):
+                await asyncio.sleep(0.05)
+        await all_confirmed(fake)
+        history = await runtime.sessions.history(f"telegram:{ANA}")
+        [answer] = [m for m in history if m.role is Role.ASSISTANT and not m.tool_calls]
+        again = await runtime.deliveries.store.answer_of(answer.turn_id or "")
+        assert again is not None and again.attachments == answer.attachments
+        await runtime.deliveries.send(again)  # a re-send after a restart shows nothing twice
+        await settled(fake, runtime, ANA)
+    refused, accepted = [m.content for m in history if m.role is Role.TOOL]
+    assert refused.startswith("Error: fake.png cannot be sent") and "image/png" in refused
+    assert accepted.startswith("June.png (image/png, ") and accepted.endswith("will be sent with your answer.")
+    [text, photo] = fake.visible(ANA)
+    assert text.text == "Here is June's chart." and photo.file is not None
+    assert (photo.file.method, photo.file.name, photo.file.data) == ("sendPhoto", "June.png", chart)
+    assert [(a.name, a.media_type, a.size) for a in answer.attachments] == [("June.png", "image/png", len(chart))]
+    assert [w.ok for w in fake.writes_in(ANA) if w.method == "sendPhoto"] == [False, True]

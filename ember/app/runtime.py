@@ -262,7 +262,7 @@ async def build_runtime(settings: Settings, model: ModelClient, *, tools: Toolse
     browsing = browser(settings, memory) if tools is None else None
     deliveries, traces = DeliveryWorker(SqlDeliveryStore(db), bus), SqlTraceStore(db)
     delegations = Delegations(sharing.leases, deliveries, traces, settings.delegation)
-    given = tools if tools is not None else default_tools(settings, mcp, memory, tasks, skills,
+    given = tools if tools is not None else default_tools(settings, mcp, memory, tasks, skills, sessions,
                                                           browsing[0] if browsing else None)
     gated = ApprovalGate(with_delegation(settings, given, delegations), settings.tool_policy, approval_rows)
     consolidation = ConsolidationWorker(sessions, sharing.leases, models.background, memory,

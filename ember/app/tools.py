@@ -14,6 +14,7 @@ from ember.tools.files import file_tools
 from ember.tools.mcp import McpHub
 from ember.tools.memory import memory_tools
 from ember.tools.sandboxes import SandboxChoice, sandbox_choice
+from ember.tools.send_file import FileKeeper, send_file_tool
 from ember.tools.shell import shell_tool
 from ember.tools.skills import skill_tools
 from ember.tools.tasks import task_tools
@@ -29,11 +30,12 @@ def shell_sandbox(settings: Settings) -> SandboxChoice:
 
 
 def default_tools(settings: Settings, mcp: McpHub, memory: MemoryService, tasks: TaskBook,
-                  skills: SkillLibrary, browser: BrowserTool | None = None) -> ToolRegistry:
+                  skills: SkillLibrary, sessions: FileKeeper, browser: BrowserTool | None = None) -> ToolRegistry:
     """The built-in tools, the browser if it is on, and the tools of the MCP servers that started."""
     folders = workspaces(settings, memory)
     return ToolRegistry([
         *file_tools(folders),
+        send_file_tool(folders, sessions, settings.attachment_max_bytes),
         shell_tool(folders, sandbox=shell_sandbox(settings), network=settings.shell_network,
                    timeout_s=settings.shell_timeout_s, output_cap=settings.shell_output_chars,
                    env_names=settings.shell_env),

@@ -65,11 +65,12 @@ STATIC_DIR = Path(__file__).parent / "static"
 PUBLIC_PATHS = frozenset({"/", "/healthz", "/.well-known/agent-card.json"})
 PUBLIC_PREFIXES = ("/static/", "/webhooks/", "/channels/")
 
-# The page runs only its own scripts and cannot be framed by another site. (blob: pictures are files
-# the page fetched with its key: an <img> cannot send one.)
+# The page runs only its own scripts and cannot be framed by another site. (blob: pictures and recordings
+# are files the page fetched with its key: an <img> cannot send one.)
 PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-                               "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self' data: blob:; media-src 'self' blob:; connect-src 'self'; "
+                               "object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",

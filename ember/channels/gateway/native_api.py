@@ -65,6 +65,8 @@ def event_payload(event: OutboundEvent, identity: str) -> dict[str, Any]:
     payload: dict[str, Any] = {"turn_id": event.turn_id, "text": event.text}
     if event.delivery_id is not None:
         payload["delivery_id"] = event.delivery_id
+    if event.attachments:  # fetched from the session's attachments route
+        payload["attachments"] = [attachment.to_dict() for attachment in event.attachments]
     if event.tool_call is not None:
         payload.update(call_id=event.tool_call.id, name=event.tool_call.name)
         if event.kind is OutboundKind.TOOL_CALL:

@@ -42,11 +42,12 @@ async function api(path, options = {}) {
 const sessionPath = (key, action = "messages") => `/api/sessions/${encodeURIComponent(key)}/${action}`;
 const pendingFiles = new PendingFiles((text) => appendMessage("error", text));
 
-/** A stored picture of a session, fetched with the key (an <img> cannot send it). */
+/** A stored file of a session, fetched with the key (an <img> or a link cannot send it). */
 async function storedFile(key, attachment) {
   const response = await api(sessionPath(key, `attachments/${attachment.digest}`));
   return URL.createObjectURL(await response.blob());
 }
+const storedFiles = (key, attachments) => (attachments || []).map((a) => ({ ...a, url: () => storedFile(key, a) }));
 const signedOut = () => showSignIn("Your key is no longer accepted. Sign in again.");
 const memoryPanel = new MemoryPanel(api, signedOut);
 const skillsPanel = new SkillsPanel(api, signedOut);
@@ -373,9 +374,7 @@ function renderHistory(messages) {
   let question = null;
   for (const m of messages) {
     if (m.role === "user") {
-      const key = state.session;
-      const files = (m.attachments || []).map((a) => ({ ...a, url: () => storedFile(key, a) }));
-      showFiles(appendMessage("user", m.content), files);
+      showFiles(appendMessage("user", m.content), storedFiles(state.session, m.attachments));
       question = m.content;
       box = null;
     } else if (m.kind === "error") {
@@ -394,6 +393,7 @@ function renderHistory(messages) {
         if (!answered.has(box)) answered.set(box, { question, texts: [] });
         answered.get(box).texts.push(m.content);
       }
+      showFiles(box, storedFiles(state.session, m.attachments));
       for (const call of m.tool_calls) results.set(call.id, appendTool(box, call.name, call.arguments));
     } else if (m.role === "tool" && results.has(m.tool_call_id)) {
       results.get(m.tool_call_id).textContent = m.content;
@@ -492,6 +492,7 @@ class LiveTurn {
     this.closed = false;
     this.retry = null;
     this.question = null;
+    this.session = state.session; // the answer's files are stored in it
   }
 
   on(name, data) {
@@ -514,6 +515,7 @@ class LiveTurn {
     } else if (name === "final") {
       if (this.draft) this.draft.remove();
       if (data.text) appendText(this.box, data.text);
+      showFiles(this.box, storedFiles(this.session, data.attachments));
       this.close();
       if (data.text) addAnswerActions(this.box, data.text, this.question);
     } else if (name === "error") {

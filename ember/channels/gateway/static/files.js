@@ -113,8 +113,8 @@ function base64(file) {
   });
 }
 
-/** Under a message: its files (`{name, media_type, url}`, `url()` a promise of a picture's address),
- * pictures shown. */
+/** Under a message: its files (`{name, media_type, url}`, `url()` a promise of the file's address):
+ * pictures shown, recordings playable, other files a link that fetches them. */
 export function showFiles(box, files) {
   if (!files.length) return;
   const list = el("div", "files");
@@ -126,9 +126,35 @@ export function showFiles(box, files) {
       image.title = label;
       file.url().then((url) => { image.src = url; }).catch(() => { image.alt = `${label}: not available`; });
       list.append(image);
+    } else if (file.media_type?.startsWith("audio/") && file.url) {
+      const player = el("audio", "file-audio");
+      player.controls = true;
+      player.title = label;
+      file.url().then((url) => { player.src = url; }).catch(() => { player.replaceWith(el("span", "file-chip", label)); });
+      list.append(player);
+    } else if (file.url) {
+      list.append(downloadLink(file, label));
     } else {
       list.append(el("span", "file-chip", label));
     }
   }
   box.append(list);
+}
+
+/** A link that fetches the file (with the key) when clicked, then saves it under its name. */
+function downloadLink(file, label) {
+  const link = el("a", "file-chip", label);
+  link.href = "#";
+  link.addEventListener("click", async (event) => {
+    if (link.download) return; // fetched already: the browser saves it
+    event.preventDefault();
+    try {
+      link.href = await file.url();
+      link.download = file.name || "file";
+      link.click();
+    } catch {
+      link.textContent = `${label}: not available`;
+    }
+  });
+  return link;
 }
