@@ -66,6 +66,10 @@ ARGUMENT_FRAGMENTS = 3
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
+# What the speech route's audio starts with: an Ogg page's capture pattern, as a real Opus file's does.
+SPOKEN_PREFIX = b"OggS\x00\x02" + bytes(22)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reply:
     """One scripted answer of the model.
@@ -254,10 +258,15 @@ class ModelServer:
         # decode), and the (file name, content type, size, model) of each file sent to it.
         self.transcript: str | None = "(transcribed)"
         self.transcribed: list[tuple[str, str, int, str]] = []
+        # What `POST /v1/audio/speech` was asked to say: (model, voice, input, response_format) each;
+        # `speech_fails` answers a 500 instead.
+        self.spoken: list[tuple[str, str, str, str]] = []
+        self.speech_fails = False
         embeddings = [Route("/v1/embeddings", self._embeddings, methods=["POST"])] if embedder else []
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/audio/transcriptions", self._transcription, methods=["POST"]),
+            Route("/v1/audio/speech", self._speech, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             *embeddings,
             # The same under a caller's name (`<origin>/<caller>/v1`): a responder reads it as CALLER.
@@ -281,6 +290,17 @@ class ModelServer:
         if self.transcript is None:
             return _invalid("Audio file could not be decoded", "invalid_value")
         return JSONResponse({"text": self.transcript})
+
+    async def _speech(self, request: Request) -> Response:
+        """OpenAI's text to speech: JSON with model, voice and input; the audio's bytes (here an Ogg
+        stream's first page and the text, which a test reads back from the file sent)."""
+        body = await request.json()
+        if not all(isinstance(body.get(name), str) for name in ("model", "voice", "input")):
+            return _invalid("model, voice and input are required", None)
+        if self.speech_fails:
+            return JSONResponse({"error": {"message": "speech engine down", "type": "server_error"}}, status_code=500)
+        self.spoken.append((body["model"], body["voice"], body["input"], body.get("response_format", "mp3")))
+        return Response(SPOKEN_PREFIX + body["input"].encode(), media_type="audio/ogg")
 
     @property
     def base_url(self) -> str:

@@ -17,8 +17,10 @@ from ember.app.tools import workspaces
 from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.openai_compat import OpenAICompatibleModel
+from ember.models.spec import ModelSpec
 from ember.models.transcription import OpenAITranscriber
-from tests.modelserver import ModelServer, Reply, serving
+from ember.pipeline.voice import NO_SPEAKER, SPEECH_FAILED, TURNED_OFF, TURNED_ON
+from tests.modelserver import SPOKEN_PREFIX, ModelServer, Reply, serving
 from tests.telegramserver import FakeTelegram, serving_telegram
 from tests.test_attachments import png
 from tests.test_telegram import ANA, agent, all_confirmed, settled
@@ -139,3 +141,41 @@ async def test_a_file_a_tool_sends_follows_the_answer_once_and_a_disguised_one_i
     assert (photo.file.method, photo.file.name, photo.file.data) == ("sendPhoto", "June.png", chart)
     assert [(a.name, a.media_type, a.size) for a in answer.attachments] == [("June.png", "image/png", len(chart))]
     assert [w.ok for w in fake.writes_in(ANA) if w.method == "sendPhoto"] == [False, True]
+
+
+def speaking(settings: Settings, model: ModelServer) -> Settings:
+    """`settings` with a speech model ([model_roles] speech) on the model server."""
+    return settings.model_copy(update={
+        "models": {"chat": ModelSpec(base_url=model.base_url, model=model.model),
+                   "tts": ModelSpec(base_url=model.base_url, model="tts-test", voice="nova")},
+        "model_roles": {"main": ["chat"], "speech": ["tts"]}})
+
+
+async def test_voice_on_sends_each_answer_as_a_voice_note_too_until_voice_off(
+        settings: Settings, telegram: tuple[FakeTelegram, str], model: ModelServer) -> None:
+    fake, base_url = telegram
+    model.push(Reply(text="It is sunny."), Reply(text="Rain later."), Reply(text="Dry tomorrow."))
+    async with agent(speaking(settings, model), seeing(model), base_url) as (runtime, _):
+        for n, text in enumerate(["/voice on", "weather now?", "and tonight?", "/voice off", "tomorrow?"], 1):
+            model.speech_fails = text == "and tonight?"
+            fake.message(ANA, ANA, text)
+            await settled(fake, runtime, ANA, answers=n)
+        await all_confirmed(fake)
+        history = await runtime.sessions.history(f"telegram:{ANA}")
+    said = [(m.content, [a.media_type for a in m.attachments]) for m in history if m.role is Role.ASSISTANT]
+    assert said == [(TURNED_ON, ["audio/ogg"]), ("It is sunny.", ["audio/ogg"]),
+                    ("Rain later." + SPEECH_FAILED, []), (TURNED_OFF, []), ("Dry tomorrow.", [])]
+    assert [(m, v, f) for m, v, _, f in model.spoken] == [("tts-test", "nova", "opus")] * 2
+    voiced = [shown.file for shown in fake.visible(ANA) if shown.file]
+    assert [(f.method, f.data) for f in voiced] == [("sendVoice", SPOKEN_PREFIX + t.encode())
+                                                    for t in (TURNED_ON, "It is sunny.")]
+    assert len(model.requests) == 3  # the commands are answered without the model
+
+
+async def test_voice_on_without_a_speech_model_says_what_is_missing(
+        settings: Settings, telegram: tuple[FakeTelegram, str], model: ModelServer) -> None:
+    fake, base_url = telegram
+    async with agent(settings, seeing(model), base_url) as (runtime, _):
+        fake.message(ANA, ANA, "/voice on")
+        assert await settled(fake, runtime, ANA) == [NO_SPEAKER]
+    assert model.requests == []

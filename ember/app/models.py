@@ -18,6 +18,7 @@ from ember.runtime.usage import UsageRecorder
 from ember.tools.explain import ApprovalExplainer
 
 if TYPE_CHECKING:
+    from ember.models.speech import Speaker
     from ember.models.transcription import Transcriber
     from ember.runtime.telemetry import Telemetry
 
@@ -110,6 +111,22 @@ def configured_transcriber(settings: Settings, *, demo: bool) -> Transcriber | N
                           "(one with /v1/audio/transcriptions)")
     return OpenAITranscriber(model=spec.model, base_url=spec.base_url, api_key=spec.key(),
                              timeout_s=max(settings.model_timeout_s, 120.0))
+
+
+def configured_speaker(settings: Settings, *, demo: bool) -> Speaker | None:
+    """The model `[model_roles] speech` names (its first); on the demo, a tone named for what it is;
+    else None (`/voice on` then says what is missing)."""
+    from ember.models.speech import DemoSpeaker, OpenAISpeaker
+
+    chain = settings.model_roles.get("speech")
+    if not chain:
+        return DemoSpeaker() if demo else None
+    spec = model_specs(settings)[chain[0]]
+    if spec.provider != "openai" or spec.base_url is None:
+        raise ConfigError(f"model_roles.speech names {chain[0]!r}, which is not an OpenAI-compatible endpoint "
+                          "(one with /v1/audio/speech)")
+    return OpenAISpeaker(model=spec.model, base_url=spec.base_url, api_key=spec.key(), voice=spec.voice,
+                         timeout_s=max(settings.model_timeout_s, 120.0))
 
 
 def configured_agent_models(settings: Settings) -> dict[str, ModelClient]:

@@ -18,6 +18,7 @@ from ember.app.models import (
     configured_approval_model,
     configured_background_model,
     configured_simple_model,
+    configured_speaker,
     metered_models,
 )
 from ember.app.services import memory_service, skill_library
@@ -46,6 +47,7 @@ from ember.pipeline.agents import AgentTools
 from ember.pipeline.context import ContextStage, Persona
 from ember.pipeline.inference import InferenceLimits, InferenceStage
 from ember.pipeline.response import DerivedWorkPolicy, ResponseStage
+from ember.pipeline.voice import SpokenReplies
 from ember.runtime.approvals import ApprovalBroker, SharedApprovalBroker
 from ember.runtime.background import BackgroundRunner, HostRunner, JobHandler, RetryPolicy, RunnerRight, SharedClaims
 from ember.runtime.channels import ChannelHub
@@ -198,13 +200,15 @@ def _pipeline(settings: Settings, sessions: SqlSessionStore, memory: MemoryServi
     derived = DerivedWorkPolicy(settings.consolidation_threshold,
                                 frozenset({GATEWAY_CHANNEL}) if titled else frozenset())
     limits = InferenceLimits(settings.max_tool_iterations, settings.review_tool_call_threshold)
+    voice = SpokenReplies(configured_speaker(settings, demo=models.turns.name == DEMO_NAME), sessions)
     agents = {name: InferenceStage(models.agents.get(name, models.turns),
                                    AgentTools(tools, spec.tools, f"agent {name}") if spec.tools is not None else tools,
-                                   sessions, limits, models.usage) for name, spec in settings.agents.items()}
+                                   sessions, limits, models.usage, voice=voice)
+              for name, spec in settings.agents.items()}
     return Pipeline(context=ContextStage(sessions, memory, persona, Identities(settings.identities), recall,
                                          index, marks),
-                    inference=InferenceStage(models.turns, tools, sessions, limits, models.usage, models.simple),
-                    response=ResponseStage(sessions, runner, memory, derived), agents=agents)
+                    inference=InferenceStage(models.turns, tools, sessions, limits, models.usage, models.simple, voice),
+                    response=ResponseStage(sessions, runner, memory, derived, voice), agents=agents)
 
 
 def approval_broker(settings: Settings, bus: Bus, models: Models, rows: SqlApprovalStore, *,

@@ -108,7 +108,7 @@ class Settings(HomePaths, BaseSettings):
     # Named models and the chain each role tries in order (models/router.py); the single-model
     # settings above are the shorthand for one model in every role.
     models: dict[str, ModelSpec] = Field(default_factory=dict)
-    # Per role (main, background, approval; simple and transcribe if set): the [models] names tried in order.
+    # Per role (main, background, approval; simple, transcribe and speech if set): the [models] names tried in order.
     model_roles: dict[ModelRole, list[str]] = Field(default_factory=dict)
 
     # How long the approval model may take to explain a request before it goes out without.

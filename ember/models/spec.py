@@ -12,9 +12,10 @@ from ember.core.usage import Price
 
 ROLES = ("main", "background", "approval")
 # Roles that exist only when configured: "simple", the cheap chain for simple turns (pipeline/inference.py);
-# "transcribe", the speech-to-text model voice notes go to (models/transcription.py).
-OPTIONAL_ROLES = ("simple", "transcribe")
-ModelRole = Literal["main", "background", "approval", "simple", "transcribe"]
+# "transcribe", the speech-to-text model voice notes go to (models/transcription.py); "speech", the
+# text-to-speech model that speaks answers to whoever turned spoken replies on (models/speech.py).
+OPTIONAL_ROLES = ("simple", "transcribe", "speech")
+ModelRole = Literal["main", "background", "approval", "simple", "transcribe", "speech"]
 ToolCallFormat = Literal["native", "text", "auto"]
 
 
@@ -51,6 +52,8 @@ class ModelSpec(BaseModel):
     # It reads images (and, on Anthropic, PDFs as they look): sent as images, not as a note saying
     # one was attached.
     vision: bool = False
+    # A speech model's voice ([model_roles] speech), as its endpoint names them.
+    voice: str = "alloy"
 
     @field_validator("base_url")
     @classmethod

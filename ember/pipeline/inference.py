@@ -23,6 +23,7 @@ from ember.core.usage import Budget, TurnTally, UsageScope, current_scope
 from ember.models.base import ModelClient, ModelReply, TextDelta
 from ember.pipeline.agents import AgentTools
 from ember.pipeline.context import shown_to_model
+from ember.pipeline.voice import SpokenReplies, voice_command
 from ember.store.protocols import SessionStore
 from ember.tools.base import Toolset
 
@@ -68,25 +69,30 @@ def simple_turn(ctx: PipelineContext, prompt: list[Message]) -> tuple[bool, str]
 
 
 class InferenceStage:
-    """`simple`: the chain of `[model_roles] simple`, tried first on a simple turn (None: off)."""
+    """`simple`: the chain of `[model_roles] simple`, tried first on a simple turn (None: off).
+    `voice` answers `/voice on|off` itself (pipeline/voice.py)."""
 
-    def __init__(self, model: ModelClient, tools: Toolset, sessions: SessionStore,
-                 limits: InferenceLimits, budget: Budget | None = None, simple: ModelClient | None = None) -> None:
+    def __init__(self, model: ModelClient, tools: Toolset, sessions: SessionStore, limits: InferenceLimits,
+                 budget: Budget | None = None, simple: ModelClient | None = None,
+                 voice: SpokenReplies | None = None) -> None:
         self._model = model
         self._tools = tools
         self._sessions = sessions
         self._limits = limits
         self._budget = budget
         self._simple = simple
+        self._voice = voice
 
     def narrowed(self, names: Collection[str], why: str) -> InferenceStage:
         """The same stage, offering only the tools in `names` (`why`: whom for, as a refusal names them)."""
         return InferenceStage(self._model, AgentTools(self._tools, sorted(names), why), self._sessions,
-                              self._limits, self._budget, self._simple)
+                              self._limits, self._budget, self._simple, self._voice)
 
     async def run(self, ctx: PipelineContext, tools: ToolRun, *, token_budget: int | None = None) -> InferenceResult:
         """`tools` carries the turn's approver and observer to the tool calls, and tallies its use;
         past `token_budget` tokens (its delegated turns' included), no further step is taken."""
+        if self._voice is not None and (on := voice_command(ctx.event.text)) is not None:
+            return InferenceResult(response_text=self._voice.switch(ctx.session, on))
         if self._budget is not None and (refusal := await self._budget.refusal(ctx.identity, ctx.agent)):
             return InferenceResult(response_text=refusal)
         scope = current_scope.set(UsageScope(session_key=tools.conversation, identity=ctx.identity,

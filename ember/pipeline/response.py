@@ -16,6 +16,7 @@ from ember.core.turn import InferenceResult, PipelineContext, ProcessResult
 from ember.memory.consolidation import should_consolidate
 from ember.memory.protocols import RecallNotes
 from ember.pipeline.context import merge_intro
+from ember.pipeline.voice import SpokenReplies
 from ember.store.protocols import SessionStore
 
 EMPTY_ANSWER = "(The model returned an empty answer.)"
@@ -37,32 +38,38 @@ class DerivedWorkPolicy:
 
 class ResponseStage:
     def __init__(self, sessions: SessionStore, scheduler: Scheduler, memory: RecallNotes,
-                 policy: DerivedWorkPolicy) -> None:
+                 policy: DerivedWorkPolicy, voice: SpokenReplies | None = None) -> None:
         self._sessions = sessions
         self._scheduler = scheduler
         self._memory = memory
         self._policy = policy
+        self._voice = voice
 
     async def finalize(self, ctx: PipelineContext, result: InferenceResult) -> ProcessResult:
         # 1. Reasoning never reaches the record or the channel.
         text = strip_thinking(result.response_text) or EMPTY_ANSWER
         # 2. The introduction is the system's, not the model's.
         text = merge_intro(ctx.intro_text, text)
-        # 3. The commit, with the outbox record that owes it to the channel and the
+        # 3. Spoken, where the session asked for it: the recording is stored before the commit names it.
+        files = result.files
+        if self._voice is not None:
+            spoken, note = await self._voice.recording(ctx.session, text)
+            files, text = files + spoken, text + note
+        # 4. The commit, with the outbox record that owes it to the channel and the
         #    derived work it calls for: a crash keeps all three or none (I6).
         delivery = Delivery.replying(ctx.event, delivery_id=delivery_id(ctx.turn_id, ctx.session.next_seq),
-                                     turn_id=ctx.turn_id, text=text, attachments=result.files)
+                                     turn_id=ctx.turn_id, text=text, attachments=files)
         jobs = self._derived_work(ctx, result)
-        answer = Message.assistant(text, turn_id=ctx.turn_id, attachments=result.files)
+        answer = Message.assistant(text, turn_id=ctx.turn_id, attachments=files)
         await self._sessions.append(ctx.session, [answer], delivery=delivery, jobs=jobs)
-        # 4. Derived work runs in the background and never undoes step 3.
+        # 5. Derived work runs in the background and never undoes step 4.
         if jobs:
             self._scheduler.wake(self._policy.batch_s)
-        # 5. Delivery of the final through the stream, which replaces the draft.
+        # 6. Delivery of the final through the stream, which replaces the draft.
         usage = (TurnUsage(result.input_tokens, result.cached_tokens, result.output_tokens)
                  if result.model_calls else None)
         sent = await ctx.stream.finalize(delivery, usage)
-        # 6. The loop publishes the final itself only if the stream did not.
+        # 7. The loop publishes the final itself only if the stream did not.
         return ProcessResult(delivery, outbound_sent=sent, usage=usage)
 
     def _derived_work(self, ctx: PipelineContext, result: InferenceResult) -> list[JobRequest]:

@@ -36,7 +36,8 @@ HISTORY = Statement(select(_m).where(_m.c.session_key == bindparam("key")).order
 LAST_QUESTION = Statement(select(_m.c.turn_id).where(_m.c.session_key == bindparam("key"), _m.c.role == Role.USER.value)
                           .order_by(_m.c.seq.desc()).limit(1))
 CLAIM = Statement(update(_s).where(_s.c.key == bindparam("session"), _s.c.next_seq == bindparam("expected"))
-                  .values(next_seq=bindparam("claimed"), updated_at=bindparam("now")))
+                  .values(next_seq=bindparam("claimed"), updated_at=bindparam("now"),
+                          metadata_json=bindparam("metadata")))
 CREATE = upsert(lambda ins: ins(_s).on_conflict_do_nothing(index_elements=["key"]))
 INSERT_MESSAGE = Statement(insert(_m))
 FIRST_ROLE_FROM = Statement(select(_m.c.role).where(_m.c.session_key == bindparam("key"), _m.c.seq >= bindparam("seq"))

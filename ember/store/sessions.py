@@ -321,7 +321,7 @@ class SqlSessionStore:
         if replaced is None:
             head = Head(len(new), 0, now, metadata_json)
         else:
-            head = Head(expected + len(new), replaced.last_consolidated, now, replaced.metadata_json)
+            head = Head(expected + len(new), replaced.last_consolidated, now, metadata_json)
         self._windows.appended(key, replaced, head, new, epoch)
         return new
 
@@ -367,8 +367,10 @@ def _read_history(tx: Tx, key: str) -> list[Message]:
 
 def _claim_seqs(tx: Tx, key: str, expected: int, count: int, now: float,
                 metadata_json: str) -> None:
-    """Reserve `count` seqs after `expected`, creating the session on its first write."""
-    claimed = tx.execute(CLAIM, {"session": key, "expected": expected, "claimed": expected + count, "now": now})
+    """Reserve `count` seqs after `expected`, creating the session on its first write; the session's
+    metadata as the writer has it (a turn may set a flag: `/voice on`)."""
+    claimed = tx.execute(CLAIM, {"session": key, "expected": expected, "claimed": expected + count, "now": now,
+                                 "metadata": metadata_json})
     if claimed.rowcount == 1:
         return
     if expected == 0:
