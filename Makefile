@@ -47,11 +47,17 @@ BWRAP ?= /usr/bin/bwrap
 $(BWRAP):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap
 
+# The email channel's tests read mail from a throwaway Dovecot (tests/imapserver.py).
+DOVECOT ?= /usr/sbin/dovecot
+
+$(DOVECOT):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dovecot-imapd
+
 tests/a2a_js/node_modules: tests/a2a_js/package-lock.json | $(NODE)
 	cd tests/a2a_js && npm ci --no-audit --no-fund --silent
 	touch $@
 
-test: $(BIN)/.installed-dev $(CHROMIUM) $(REDIS_SERVER) $(BWRAP) tests/a2a_js/node_modules
+test: $(BIN)/.installed-dev $(CHROMIUM) $(REDIS_SERVER) $(BWRAP) $(DOVECOT) tests/a2a_js/node_modules
 	EMBER_TEST_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed-dev

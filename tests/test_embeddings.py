@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ember.app.services import embedding_endpoint
 from ember.config.settings import isolated_settings
 from ember.core.errors import ConfigError, ModelBadRequest, ModelUnavailable
 from ember.core.language import language_of
@@ -240,14 +241,14 @@ def test_the_endpoint_and_key_of_provider_embeddings(tmp_path: Path) -> None:
     own = isolated_settings(home=tmp_path, embedding_model="openai:text-embedding-3-small",
                             embedding_base_url="http://127.0.0.1:9/v1", embedding_api_key="sk-own",
                             model="m", model_base_url="http://127.0.0.1:8/v1", model_api_key="sk-chat")
-    assert own.embedding_endpoint() == ("http://127.0.0.1:9/v1", "sk-own")
+    assert embedding_endpoint(own) == ("http://127.0.0.1:9/v1", "sk-own")
     # Another endpoint than the chat model's never gets the chat model's key.
     elsewhere = isolated_settings(home=tmp_path, embedding_model="openai:e", embedding_base_url="http://127.0.0.1:9/v1",
                                   model="m", model_base_url="http://127.0.0.1:8/v1", model_api_key="sk-chat")
-    assert elsewhere.embedding_endpoint() == ("http://127.0.0.1:9/v1", None)
+    assert embedding_endpoint(elsewhere) == ("http://127.0.0.1:9/v1", None)
     chat = isolated_settings(home=tmp_path, embedding_model="openai:e", model="m",
                              model_base_url="http://127.0.0.1:8/v1", model_api_key="sk-chat")
-    assert chat.embedding_endpoint() == ("http://127.0.0.1:8/v1", "sk-chat")
+    assert embedding_endpoint(chat) == ("http://127.0.0.1:8/v1", "sk-chat")
     with pytest.raises(ConfigError, match="embedding_base_url"):
         load_embedder("openai:e", base_url=None)
     with pytest.raises(ConfigError, match="unknown embedding model"):

@@ -181,6 +181,10 @@ def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None,
         from ember.channels.qq.channel import QQChannel
 
         platforms.append(QQChannel(settings.qq, shared))
+    if settings.email is not None:
+        from ember.channels.email.channel import EmailChannel
+
+        platforms.append(EmailChannel(settings.email, shared))
     routes: list[BaseRoute] = []
     for channel in platforms:
         runtime.channels.register(channel)

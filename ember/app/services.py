@@ -31,8 +31,22 @@ def memory_service(settings: Settings, db: Database, embedder: Embedder | None =
     from ember.store.memories import SqlMemoryStore
 
     if embedder is None:
-        base_url, key = settings.embedding_endpoint()
+        base_url, key = embedding_endpoint(settings)
         embedder = load_embedder(settings.embedding_model, base_url=base_url, api_key=key,
                                  relevance_floor=settings.embedding_relevance_floor)
     return MemoryService(SqlMemoryStore(db, embeds=embedder is not None), embedder,
                          identities=Identities(settings.identities))
+
+
+def embedding_endpoint(settings: Settings) -> tuple[str | None, str | None]:
+    """(base URL, key) of an "openai:MODEL" embedder: its own settings, else the chat model's
+    (the single-model settings, else the first OpenAI-compatible one of [models])."""
+    base_url, key = settings.model_base_url, settings.model_api_key
+    if base_url is None:
+        named = next((spec for spec in settings.models.values() if spec.provider == "openai"), None)
+        if named is not None:
+            base_url, key = named.base_url, named.key()
+    own_key = settings.embedding_api_key.get_secret_value() if settings.embedding_api_key is not None else None
+    if settings.embedding_base_url is not None:
+        return settings.embedding_base_url, own_key
+    return base_url, own_key or key

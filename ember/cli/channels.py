@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from ember.cli.common import out, print_json, settings_or_exit
+
+if TYPE_CHECKING:
+    from ember.config.settings import Settings
 
 
 def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
@@ -22,6 +25,22 @@ def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
     rows.append(("cron", "scheduled tasks", "ember cron list"))
     if settings.a2a_enabled:
         rows.append(("a2a", "agent to agent", "/.well-known/agent-card.json and POST /a2a"))
+    rows += _chat_rows(settings)
+    if as_json:
+        print_json([{"channel": c, "name": n, "state": d} for c, n, d in rows])
+        return
+    table = Table()
+    for column in ("channel", "name", "set up"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    out.print(table)
+    out.print("`ember doctor` checks each one's credentials without sending anything.")
+
+
+def _chat_rows(settings: Settings) -> list[tuple[str, str, str]]:
+    """The chat platforms' rows: each one's name and how it is set up."""
+    rows: list[tuple[str, str, str]] = []
     telegram = settings.telegram_bot
     if telegram is not None:
         token = "token set" if telegram.key() else "NO TOKEN"
@@ -40,6 +59,10 @@ def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
         secret = "" if dingtalk.key() else ", NO SECRET"
         rows.append(("dingtalk", f"app {dingtalk.app_key}",
                      f"POST /channels/dingtalk/events{secret}, {len(dingtalk.allowed_users) or 'all'} allowed users"))
+    if (email := settings.email) is not None:
+        secret = "" if email.key() else ", NO PASSWORD"
+        rows.append(("email", email.address, f"IMAP {email.imap_host}:{email.imap_port}, SMTP {email.smtp_host}:"
+                     f"{email.smtp_port}{secret}, {len(email.allowed_senders)} allowed senders"))
     if settings.wecom is not None:
         rows.append(("wecom", f"corp {settings.wecom.corp_id}, app {settings.wecom.agent_id}",
                      "POST /channels/wecom" + ("" if settings.wecom.key() else ", NO SECRET")))
@@ -51,13 +74,4 @@ def channels(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
     if settings.qq is not None:
         rows.append(("qq", f"app {settings.qq.app_id}",
                      "POST /channels/qq" + ("" if settings.qq.key() else ", NO SECRET")))
-    if as_json:
-        print_json([{"channel": c, "name": n, "state": d} for c, n, d in rows])
-        return
-    table = Table()
-    for column in ("channel", "name", "set up"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*(escape(cell) for cell in row))
-    out.print(table)
-    out.print("`ember doctor` checks each one's credentials without sending anything.")
+    return rows

@@ -253,6 +253,13 @@ async def _check_channels(settings: Settings, report: Report) -> None:
                 report.fail("slack: no signing_secret (or EMBER_SLACK_SIGNING_SECRET): every event would be refused")
             if slack.mode == "socket" and not slack.socket_token():
                 report.fail("slack: socket mode needs app_token (xapp-…, or EMBER_SLACK_APP_TOKEN)")
+    if settings.email is not None:
+        from ember.channels.email.channel import probe as email_probe
+
+        if (said := await _probe("email", email_probe(settings.email), report)) is not None:
+            report.ok(f"email: {said}")
+            if not settings.email.allowed_senders:
+                report.warn("email: allowed_senders is empty, so every sender is refused")
     if settings.dingtalk is not None:
         from ember.channels.dingtalk.channel import probe as dingtalk_probe
 

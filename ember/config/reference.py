@@ -18,7 +18,10 @@ from typing import Any, get_args
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefined
 
+from ember.channels.dingtalk.config import DingTalkSpec
+from ember.channels.email.config import EmailSpec
 from ember.channels.qq.config import QQSpec
+from ember.channels.slack.config import SlackSpec
 from ember.channels.telegram.config import TelegramSpec
 from ember.channels.webhooks.config import OutboundSpec, WebhookSpec
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComBotSpec, WeComSpec
@@ -45,14 +48,17 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
     ("[delegation]", DelegationSpec, "The `delegate` tool: tasks handed to child turns, and their bounds "
                                      "(docs/tools.md)."),
     ("[telegram]", TelegramSpec, "A Telegram bot `ember serve` runs (also on when only EMBER_TELEGRAM_TOKEN is set)."),
+    ("[slack]", SlackSpec, "A Slack app: Events API at `/channels/slack/events`, or Socket Mode."),
+    ("[dingtalk]", DingTalkSpec, "A DingTalk (钉钉) app robot, called back at `/channels/dingtalk/events`."),
+    ("[email]", EmailSpec, "A mailbox read over IMAP and answered from over SMTP, one session per thread."),
     ("[wecom]", WeComSpec, "A WeCom (企业微信) self-built app, called back at `/channels/wecom`."),
     ("[qq]", QQSpec, "A QQ official bot in webhook mode, called back at `/channels/qq`."),
     ("[wecom_bot]", WeComBotSpec, "A WeCom smart bot (企业微信智能机器人), called back at `/channels/wecom-bot`."),
     ("[wechat]", WeChatOfficialSpec, "A WeChat Official Account (微信公众号), called back at `/channels/wechat`."),
 ]
 # Tables documented by the rows above, not as keys of their own.
-NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_agents", "telegram", "wecom", "wechat",
-          "wecom_bot", "qq"}
+NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_agents", "telegram", "slack",
+          "dingtalk", "email", "wecom", "wechat", "wecom_bot", "qq"}
 
 
 def comments(model: type[BaseModel]) -> dict[str, str]:

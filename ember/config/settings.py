@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from ember.channels.dingtalk.config import DingTalkSpec
+from ember.channels.email.config import EmailSpec
 from ember.channels.qq.config import QQSpec
 from ember.channels.slack.config import SlackSpec
 from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
@@ -159,6 +160,8 @@ class Settings(HomePaths, BaseSettings):
     wecom_bot: WeComBotSpec | None = None
     # A QQ official bot, called back at gateway_public_url/channels/qq: app_id, secret (or EMBER_QQ_SECRET), ...
     qq: QQSpec | None = None
+    # A mailbox read over IMAP and answered from over SMTP: address, imap_host, smtp_host, allowed_senders, ...
+    email: EmailSpec | None = None
     # Other agents the call_agent tool may hand work to over A2A.
     a2a_agents: dict[str, A2AAgentSpec] = Field(default_factory=dict)
     # Named agents: description, system_prompt, models, tools, skills, memory (docs/models-and-settings.md).
@@ -350,19 +353,6 @@ class Settings(HomePaths, BaseSettings):
             return (f"a base URL is set ({self.model_base_url}), but no model name: set EMBER_MODEL "
                     "(e.g. gpt-4o-mini)")
         return ""
-
-    def embedding_endpoint(self) -> tuple[str | None, str | None]:
-        """(base URL, key) of an "openai:MODEL" embedder: its own settings, else the chat model's
-        (the single-model settings, else the first OpenAI-compatible one of [models])."""
-        base_url, key = self.model_base_url, self.model_api_key
-        if base_url is None:
-            named = next((spec for spec in self.models.values() if spec.provider == "openai"), None)
-            if named is not None:
-                base_url, key = named.base_url, named.key()
-        own_key = self.embedding_api_key.get_secret_value() if self.embedding_api_key is not None else None
-        if self.embedding_base_url is not None:
-            return self.embedding_base_url, own_key
-        return base_url, own_key or key
 
     @property
     def model_configured(self) -> bool:

@@ -1,0 +1,1 @@
+"""The email channel: IMAP in, SMTP out, one session per thread."""

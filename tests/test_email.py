@@ -1,0 +1,169 @@
+"""The email channel against real servers on loopback: Debian's Dovecot for IMAP (mail put in with
+APPEND, as delivery does) and aiosmtpd for SMTP (every mail Ember sends, as a server receives it).
+A thread of three mails is one session answered in the thread; a file comes in with a mail and
+another goes out with the answer; a mail seen twice runs one turn; a stranger is told once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from email import policy
+from email.message import EmailMessage
+from email.parser import BytesParser
+from typing import Any
+
+import pytest
+from aiosmtpd.controller import Controller
+
+from ember.app.runtime import Runtime, build_runtime, running
+from ember.app.serve import chat_services
+from ember.app.tools import workspaces
+from ember.channels.email.channel import EmailChannel, probe
+from ember.channels.email.config import EmailSpec
+from ember.channels.email.mail import new_text
+from ember.config.settings import Settings
+from ember.core.messages import Role
+from ember.models.openai_compat import OpenAICompatibleModel
+from tests.chatplatform import settled_in, settling
+from tests.gatewayproc import free_port
+from tests.imapserver import PASSWORD, USER, ImapServer, imap_server  # noqa: F401 (the fixture)
+from tests.modelserver import ModelServer, Reply, serving
+from tests.test_attachments import pdf
+
+ANA, BEN, STRANGER = "ana@example.test", "ben@example.test", "spam@elsewhere.test"
+
+
+class Outbox:
+    """aiosmtpd's handler: every mail it is given, parsed."""
+
+    def __init__(self) -> None:
+        self.mails: list[EmailMessage] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.mails.append(BytesParser(policy=policy.default).parsebytes(envelope.content))
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp() -> Iterator[tuple[Outbox, int]]:
+    outbox, port = Outbox(), free_port()
+    controller = Controller(outbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield outbox, port
+    finally:
+        controller.stop()
+
+
+@pytest.fixture
+def mailbox(imap_server: ImapServer) -> Iterator[ImapServer]:  # noqa: F811
+    imap_server.clear()
+    yield imap_server
+
+
+@pytest.fixture
+def model() -> Iterator[ModelServer]:
+    with serving() as server:
+        yield server
+
+
+def spec(imap: ImapServer, smtp_port: int, **fields: Any) -> EmailSpec:
+    return EmailSpec(**{"address": USER, "password": PASSWORD, "imap_host": "127.0.0.1", "imap_port": imap.port,
+                        "imap_security": "none", "smtp_host": "127.0.0.1", "smtp_port": smtp_port,
+                        "smtp_security": "none", "allowed_senders": [ANA, "@team.test"], **fields})
+
+
+def mail(sender: str, text: str, message_id: str, *, subject: str = "Trip to Lyon", replying: list[str] = (),
+         files: dict[str, bytes] | None = None) -> EmailMessage:
+    message = EmailMessage()
+    message["From"], message["To"], message["Message-ID"] = sender, USER, f"<{message_id}>"
+    message["Subject"] = subject if not replying else f"Re: {subject}"
+    if replying:
+        message["In-Reply-To"] = f"<{replying[-1]}>"
+        message["References"] = " ".join(f"<{ref}>" for ref in replying)
+    message.set_content(text)
+    for name, data in (files or {}).items():
+        message.add_attachment(data, maintype="application", subtype="octet-stream", filename=name)
+    return message
+
+
+@asynccontextmanager
+async def agent(settings: Settings, model: ModelServer, email: EmailSpec) -> AsyncIterator[Runtime]:
+    runtime = await build_runtime(settings, OpenAICompatibleModel(model="test-model", base_url=model.base_url,
+                                                                  api_key=None))
+    settling(runtime, EmailChannel(email, chat_services(runtime)))
+    async with running(runtime, recover=True):
+        yield runtime
+
+
+async def mails_sent(outbox: Outbox, count: int, timeout_s: float = 30) -> list[EmailMessage]:
+    async with asyncio.timeout(timeout_s):
+        while len(outbox.mails) < count:
+            await asyncio.sleep(0.05)
+    return outbox.mails
+
+
+def ids(header: object) -> list[str]:
+    return str(header or "").replace("<", " ").replace(">", " ").split()
+
+
+async def test_a_thread_of_three_mails_is_one_session_answered_in_the_thread_with_files_both_ways(
+        settings: Settings, mailbox: ImapServer, smtp: tuple[Outbox, int], model: ModelServer) -> None:
+    outbox, port = smtp
+    itinerary = pdf("Day 1 Vieux Lyon")
+    model.push(Reply(tool_calls=(("send_file", json.dumps({"path": "itinerary.pdf"})),)),
+               Reply(text="Here is the plan."), Reply(text="Day 2: Fourviere."), Reply(text="Day 3: the Saone."))
+    async with agent(settings, model, spec(mailbox, port)) as runtime:
+        folder = workspaces(settings, None).for_identity(runtime.identities.resolve("email", ANA)).root
+        (folder / "itinerary.pdf").write_bytes(itinerary)
+        first = mail(ANA, "Plan three days, please.", "m1@example.test", files={"wishes.md": b"- museums\n- food"})
+        mailbox.deliver(first)
+        mailbox.deliver(first)  # the same mail twice (a client that sent it again): one turn
+        [answer] = await mails_sent(outbox, 1)
+        thread = ["m1@example.test", ids(answer["Message-ID"])[0]]
+        mailbox.deliver(mail(ANA, "And day 2?\n\nOn Sunday, Ember wrote:\n> Here is the plan.", "m2@example.test",
+                             replying=thread))
+        second = (await mails_sent(outbox, 2))[1]
+        mailbox.deliver(mail(ANA, "And day 3?", "m3@example.test",
+                             replying=[*thread, "m2@example.test", ids(second["Message-ID"])[0]]))
+        third = (await mails_sent(outbox, 3))[2]
+        await settled_in(runtime, "email").settled("m1@example.test")
+        history = await runtime.sessions.history("email:m1@example.test")
+    assert [m.content for m in history if m.role is Role.USER] == [
+        "Trip to Lyon\n\nPlan three days, please.", "And day 2?", "And day 3?"]
+    assert len(model.requests) == 4 and "- museums" in json.dumps(model.requests[0]["messages"][-1])
+    for sent, asked in zip((answer, second, third), ("m1", "m2", "m3")):
+        assert sent["To"] == ANA and sent["Subject"] == "Re: Trip to Lyon"
+        assert ids(sent["In-Reply-To"]) == [f"{asked}@example.test"] and ids(sent["References"])[0] == thread[0]
+    assert [new_text(sent.get_body(("plain",)).get_content()) for sent in (answer, second, third)] == [
+        "Here is the plan.", "Day 2: Fourviere.", "Day 3: the Saone."]
+    [attached] = list(answer.iter_attachments())
+    assert attached.get_filename() == "itinerary.pdf" and attached.get_content() == itinerary
+    assert mailbox.unseen() == 0 and len(outbox.mails) == 3
+
+
+async def test_a_stranger_is_told_once_and_nothing_of_theirs_is_kept(
+        settings: Settings, mailbox: ImapServer, smtp: tuple[Outbox, int], model: ModelServer) -> None:
+    outbox, port = smtp
+    model.push(Reply(text="Hello Ben."))
+    async with agent(settings, model, spec(mailbox, port)) as runtime:
+        mailbox.deliver(mail(STRANGER, "Buy now", "s1@elsewhere.test"))
+        mailbox.deliver(mail(STRANGER, "Buy again", "s2@elsewhere.test"))
+        mailbox.deliver(mail(BEN.replace("example", "team"), "Hi from the team", "b1@team.test"))
+        sent = await mails_sent(outbox, 2)
+        await asyncio.sleep(0.5)  # a second refusal would have been sent by now
+        assert await runtime.sessions.history("email:s1@elsewhere.test") == []
+    refusals = [m for m in sent if m["To"] == STRANGER]
+    assert len(refusals) == 1 and STRANGER in refusals[0].get_body(("plain",)).get_content()
+    assert [m["To"] for m in sent if m not in refusals] == ["ben@team.test"]
+    assert mailbox.unseen() == 0
+
+
+async def test_doctor_checks_both_logins_without_sending(mailbox: ImapServer, smtp: tuple[Outbox, int]) -> None:
+    outbox, port = smtp
+    assert "logs in to 127.0.0.1 (0 unread)" in await probe(spec(mailbox, port))
+    with pytest.raises(Exception, match="refused the login"):
+        await probe(spec(mailbox, port, password="wrong"))
+    assert outbox.mails == []
