@@ -165,6 +165,10 @@ def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None,
         from ember.channels.dingtalk.channel import DingTalkChannel
 
         platforms.append(DingTalkChannel(settings.dingtalk, shared))
+    if settings.feishu is not None:
+        from ember.channels.feishu.channel import FeishuChannel
+
+        platforms.append(FeishuChannel(settings.feishu, shared))
     if settings.wecom is not None:
         from ember.channels.wecom.channel import WeComChannel
 

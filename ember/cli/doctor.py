@@ -260,6 +260,13 @@ async def _check_channels(settings: Settings, report: Report) -> None:
             report.ok(f"email: {said}")
             if not settings.email.allowed_senders:
                 report.warn("email: allowed_senders is empty, so every sender is refused")
+    if settings.feishu is not None:
+        from ember.channels.feishu.channel import probe as feishu_probe
+
+        if (said := await _probe("feishu", feishu_probe(settings.feishu), report)) is not None:
+            report.ok(f"feishu: {said}")
+            if not settings.feishu.encryption():
+                report.warn("feishu: no encrypt_key: events come unsigned, checked by the verification token alone")
     if settings.dingtalk is not None:
         from ember.channels.dingtalk.channel import probe as dingtalk_probe
 

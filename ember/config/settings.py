@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from ember.channels.dingtalk.config import DingTalkSpec
 from ember.channels.email.config import EmailSpec
+from ember.channels.feishu.config import FeishuSpec
 from ember.channels.qq.config import QQSpec
 from ember.channels.slack.config import SlackSpec
 from ember.channels.telegram.config import TOKEN_ENV as TELEGRAM_TOKEN_ENV
@@ -152,6 +153,8 @@ class Settings(HomePaths, BaseSettings):
     slack: SlackSpec | None = None
     # A DingTalk (钉钉) app robot, called back at /channels/dingtalk/events: app_key, app_secret, ...
     dingtalk: DingTalkSpec | None = None
+    # A Feishu (飞书) / Lark app's bot, called back at /channels/feishu/events: app_id, verification_token, ...
+    feishu: FeishuSpec | None = None
     # A WeCom (企业微信) self-built app, called back at /channels/wecom: corp_id, agent_id, token, encoding_aes_key, ...
     wecom: WeComSpec | None = None
     # A WeChat Official Account (微信公众号), called back at /channels/wechat: app_id, token, encoding_aes_key, ...

@@ -1,0 +1,1 @@
+"""The Feishu / Lark channel: event subscription over HTTP, answers as a card updated in place."""
