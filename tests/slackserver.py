@@ -57,6 +57,11 @@ class FakeSlack:
     # method -> Retry-After seconds of the 429s to answer its next calls with
     rate_limits: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     files: dict[str, bytes] = field(default_factory=dict)  # by file id, served at /files-pri/<id>
+    # Files the bot uploaded (files.getUploadURLExternal, the upload, files.completeUploadExternal):
+    # (channel, thread_ts, name, bytes), once completed.
+    uploaded: list[tuple[str, str | None, str, bytes]] = field(default_factory=list)
+    origin: str = ""
+    _uploads: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # file id -> (name, bytes) sent
     # Socket Mode: the address apps.connections.open gives, the envelopes to send on the socket and
     # the envelope ids the app acknowledged.
     app_token: str = APP_TOKEN
@@ -88,6 +93,7 @@ class FakeSlack:
             params: dict[str, Any] = json.loads(raw or b"{}")
         else:
             params = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+        params = {**request.query_params, **params}  # some methods' arguments come in the query string
         with self._lock:
             return self._call(method, params)
 
@@ -120,6 +126,17 @@ class FakeSlack:
                 return JSONResponse({"ok": False, "error": "message_not_found"})
             posted.deleted = True
             return _ok(channel=posted.channel, ts=posted.ts)
+        if method == "files.getUploadURLExternal":
+            file_id = f"FUP{len(self._uploads) + 1:04d}"
+            self._uploads[file_id] = (str(params.get("filename")), b"")
+            return _ok(upload_url=f"{self.origin}/upload/{file_id}", file_id=file_id)
+        if method == "files.completeUploadExternal":
+            for sent in _maybe_json(params.get("files")) or []:
+                name, data = self._uploads[sent["id"]]
+                if not data:
+                    return JSONResponse({"ok": False, "error": "file_upload_not_found"})
+                self.uploaded.append((str(params.get("channel_id")), params.get("thread_ts"), name, data))
+            return _ok(files=[{"id": f["id"]} for f in _maybe_json(params.get("files")) or []])
         if method == "chat.postEphemeral":
             self.ephemeral.append(params)
             return _ok(message_ts=f"{1_700_000_000 + next(_ts)}.000200")
@@ -172,9 +189,18 @@ class FakeSlack:
             reader.cancel()
         return socket
 
+    async def _upload(self, request: Request) -> Response:
+        file_id = request.path_params["file_id"]
+        with self._lock:
+            if file_id not in self._uploads:
+                return Response(status_code=404)
+            self._uploads[file_id] = (self._uploads[file_id][0], await request.body())
+        return Response(b"OK - " + str(len(self._uploads[file_id][1])).encode())
+
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/api/{method}", self._api, methods=["GET", "POST"]),
-                                 Route("/files-pri/{file_id}", self._file, methods=["GET"])])
+                                 Route("/files-pri/{file_id}", self._file, methods=["GET"]),
+                                 Route("/upload/{file_id}", self._upload, methods=["POST"])])
 
 
 def _ok(**fields: Any) -> JSONResponse:
@@ -221,7 +247,7 @@ def serving_slack() -> Iterator[tuple[FakeSlack, str]]:
     fake = FakeSlack()
     sockets = _SocketServer(fake)
     with started(LoopbackServer(fake.app(), "fake-slack")) as server:
-        fake.socket_url = sockets.start()
+        fake.origin, fake.socket_url = server.origin, sockets.start()
         try:
             yield fake, f"{server.origin}/api/"
         finally:

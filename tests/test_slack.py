@@ -25,13 +25,15 @@ import pytest
 
 from ember.app.runtime import Runtime, build_runtime, running
 from ember.app.serve import chat_services
+from ember.app.tools import workspaces
 from ember.channels.slack.channel import SlackChannel
 from ember.channels.slack.config import SlackSpec
 from ember.channels.slack.files import slacks_own
 from ember.config.settings import Settings
-from ember.core.messages import Role
-from ember.models.base import ModelClient
+from ember.core.messages import Message, Role, ToolCall
+from ember.models.base import ModelClient, ModelReply
 from ember.models.openai_compat import OpenAICompatibleModel
+from ember.models.scripted import FunctionModel
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, called_back, settled_in, settling, writing_tool
 from tests.gatewayproc import EMBER_SOURCE
@@ -68,9 +70,9 @@ def spec(base_url: str, **fields: Any) -> SlackSpec:
 
 @asynccontextmanager
 async def agent(settings: Settings, model: ModelClient, base_url: str, *, tools: ToolRegistry | None = None,
-                **fields: Any) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
+                builtin_tools: bool = False, **fields: Any) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
     """A runtime with the Slack channel, its routes served on 127.0.0.1, and a client to post to them."""
-    runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
+    runtime = await build_runtime(settings, model, tools=None if builtin_tools else tools or ToolRegistry())
     async with called_back(runtime, SlackChannel(spec(base_url, **fields), chat_services(runtime))) as http:
         yield runtime, http
 
@@ -246,6 +248,30 @@ async def test_a_shared_image_reaches_a_seeing_model_and_a_disguised_file_is_ref
                                       "not"] and refused == [] and len(model.requests) == 1
     assert slacks_own("https://files.slack.com/files-pri/T1-F1/x.png", "https://slack.com/api/")
     assert not slacks_own("https://evil.example/files-pri/x.png", "https://slack.com/api/")  # the token stays home
+
+
+async def test_a_file_the_model_sends_is_uploaded_into_the_thread_once(
+        settings: Settings, slack: tuple[FakeSlack, str]) -> None:
+    fake, base_url = slack
+
+    def reply(messages: list[Message], tools: Any) -> ModelReply:
+        if messages[-1].role is Role.TOOL:
+            return ModelReply(text="The chart is attached.")
+        return ModelReply(tool_calls=(ToolCall("s1", "send_file", json.dumps({"path": "chart.png"})),))
+    async with agent(settings, FunctionModel(reply), base_url, builtin_tools=True) as (runtime, http):
+        folder = workspaces(settings, None).for_identity(runtime.identities.resolve("slack", ANA)).root
+        (folder / "chart.png").write_bytes(png(12, 6))
+        mention = message_event("chart please", user=ANA, channel=TEAM, direct=False, mention=True)
+        await send(http, mention)
+        thread = mention["event"]["ts"]
+        texts = await settled(fake, runtime, f"{TEAM}/{thread}")
+        [answer] = [m for m in await runtime.sessions.history(f"slack:{TEAM}/{thread}") if m.attachments]
+        again = await runtime.deliveries.store.answer_of(answer.turn_id or "")
+        assert again is not None
+        await runtime.deliveries.send(again)  # sent again after a restart: nothing is uploaded twice
+        await settled_in(runtime, "slack").settled(f"{TEAM}/{thread}")
+    assert texts == ["The chart is attached."]
+    assert fake.uploaded == [(TEAM, thread, "chart.png", png(12, 6))]
 
 
 async def test_a_stranger_is_told_once_and_nothing_is_kept(settings: Settings, slack: tuple[FakeSlack, str]) -> None:

@@ -43,7 +43,7 @@ from ember.channels.gateway.http import ApiError, read_body
 from ember.channels.slack.config import APP_TOKEN_ENV, SIGNING_SECRET_ENV, TOKEN_ENV, SlackSpec
 from ember.channels.slack.files import shared_files
 from ember.channels.slack.markup import slack_mrkdwn
-from ember.core.attachments import AttachmentRefused
+from ember.core.attachments import AttachmentContent, AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError, ModelError
 from ember.core.events import InboundEvent, OutboundEvent
@@ -100,6 +100,13 @@ class SlackPlatform:
         with contextlib.suppress(MessageGone):  # gone already: nothing of it is shown twice
             await _call(lambda: self._client.chat_delete(channel=channel, ts=message_id))
 
+    async def send_file(self, chat_id: str, file: AttachmentContent, *, reply_to: str | None = None) -> str:
+        """Uploaded into the conversation (its thread); the file's id, as Slack shares it in a message of its own."""
+        channel, thread = place(chat_id)
+        answer = await _call(lambda: self._client.files_upload_v2(
+            channel=channel, thread_ts=thread, content=file.data, filename=file.name or "file", title=file.name))
+        return str(answer["files"][0]["id"])
+
 
 async def _call(request: Callable[[], Awaitable[Any]]) -> Any:
     """The Web API's errors as the chat kit's: a 429 to wait out, a message gone, a refusal for good."""
@@ -135,7 +142,7 @@ class SlackChannel:
         self._platform = SlackPlatform(self._client)
         self._services = services
         self._stream = EditStream(self._platform, services.messages, CHANNEL, interval_s=spec.edit_interval_ms / 1000,
-                                  limit=MAX_MESSAGE_CHARS)
+                                  limit=MAX_MESSAGE_CHARS, files=services.files)
         self._gate: AllowList[str] = AllowList(CHANNEL, spec.allowed_users)
         self._seen: dict[str, None] = {}  # event ids of this run: Slack's retries
         self._socket: SocketModeClient | None = None
