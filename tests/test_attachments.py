@@ -18,6 +18,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
 
 from ember.core.attachments import AttachmentContent, AttachmentRefused, checked, from_data_url, with_text
 from ember.core.messages import Message
@@ -26,7 +29,7 @@ from ember.models.base import complete
 from ember.store.engine import Database
 from tests.anthropicserver import AnthropicServer, Turn
 from tests.gatewayproc import GatewayProcess, LaunchGateway
-from tests.loopback import wait_until
+from tests.loopback import LoopbackServer, started, wait_until
 from tests.modelserver import ModelServer, Reply, serving
 from tests.pgserver import ENGINES, engine_database
 from tests.sse import sse_events
@@ -76,7 +79,8 @@ def model() -> Iterator[ModelServer]:
 @pytest.fixture(scope="module")
 def seeing(model: ModelServer, launch_module_gateway: LaunchGateway) -> GatewayProcess:
     """A gateway whose model reads images."""
-    return launch_module_gateway(model, keys={"tester": KEY, "other": OTHER_KEY}, EMBER_MODEL_VISION="true")
+    return launch_module_gateway(model, keys={"tester": KEY, "other": OTHER_KEY}, EMBER_MODEL_VISION="true",
+                                 EMBER_WEB_FETCH_ALLOWED_HOSTS='["127.0.0.1"]')  # the tests' own images
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +177,24 @@ def test_an_image_sent_through_the_openai_sdk_reaches_a_seeing_model_as_an_image
         assert httpx.get(seeing.url(path), headers=auth(OTHER_KEY)).status_code == 404
 
 
+def test_an_image_linked_by_url_is_fetched_and_a_page_is_not_an_image(
+        seeing: GatewayProcess, fresh: ModelServer) -> None:
+    image = png(9, 9)
+    pages = Starlette(routes=[Route("/cat.png", lambda _: Response(image, media_type="image/png")),
+                              Route("/page", lambda _: Response(b"<html>hello</html>", media_type="text/html"))])
+    fresh.push(Reply(text="A grey cat."))
+    with started(LoopbackServer(pages, "images")) as served, sdk(seeing) as client:
+        answer = client.chat.completions.create(model="ember", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": f"{served.origin}/cat.png"}}]}])
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(model="ember", messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": f"{served.origin}/page"}}]}])
+    assert answer.choices[0].message.content == "A grey cat."
+    assert fresh.requests[-1]["messages"][-1]["content"][1] == {
+        "type": "image_url", "image_url": {"url": data_url(image, "image/png")}}
+    assert refused.value.status_code == 415 and refused.value.body["code"] == "attachment_type"
+
+
 def test_a_model_that_cannot_see_reads_a_note_and_the_person_is_told_once(
         blind: GatewayProcess, fresh: ModelServer) -> None:
     fresh.push(Reply(text="Nice receipt."))
@@ -240,7 +262,8 @@ def test_a_refused_file_gets_a_clear_error_and_nothing_is_kept(blind: GatewayPro
 def test_the_openai_route_refuses_links_and_disguised_images_by_name(blind: GatewayProcess,
                                                                       fresh: ModelServer) -> None:
     with sdk(blind) as client:
-        for url, code in (("https://example.com/cat.png", "attachment_url"),
+        for url, code in (("ftp://example.com/cat.png", "attachment_url"),
+                          ("http://127.0.0.1:9/cat.png", "attachment_fetch_failed"),  # a private address
                           (data_url(b"%PDF-1.4 not an image", "image/jpeg"), "attachment_disguised")):
             with pytest.raises(openai.APIStatusError) as refused:
                 client.chat.completions.create(model="ember", messages=[{"role": "user", "content": [

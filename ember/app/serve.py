@@ -37,6 +37,7 @@ from ember.models.demo import DEMO_NAME
 from ember.models.transcription import Transcriber
 from ember.store.conversations import SqlConversationIndex
 from ember.store.usage import SqlUsageStore
+from ember.tools.web import file_fetcher
 
 if TYPE_CHECKING:
     from ember.channels.a2a import A2AServer
@@ -235,6 +236,9 @@ def gateway_options(settings: Settings, model: ModelClient, model_problem: str,
         settings_view=view or {},
         own_memory_agents=frozenset(name for name, spec in settings.agents.items() if spec.memory == "own"),
         agents=tuple(sorted(settings.agents)),
+        fetch_image=file_fetcher(allow_private=settings.web_fetch_allow_private,
+                                 allowed_hosts=frozenset(settings.web_fetch_allowed_hosts),
+                                 max_bytes=settings.attachment_max_bytes),
     )
 
 

@@ -18,8 +18,10 @@ import ipaddress
 import re
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from typing import TypeVar
 from urllib.parse import urljoin
 
 import httpx
@@ -29,6 +31,9 @@ from ember.core.tools import Risk
 from ember.tools.base import FunctionTool, ToolFailure
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+R = TypeVar("R")
+# What is made of the response a fetch ends at (no redirect): the URL it came from, the chain before it.
+Handle = Callable[[httpx.Response, httpx.URL, list[str]], Awaitable[R]]
 
 ERROR_EXCERPT_CHARS = 2_000
 USER_AGENT = "Mozilla/5.0 (compatible; Ember web_fetch)"
@@ -254,15 +259,22 @@ class _Fetcher:
     max_redirects: int
 
     async def fetch(self, url: str) -> str:
+        return await self._fetched(url, self._render)
+
+    async def fetch_file(self, url: str) -> tuple[bytes, str]:
+        """The body and its media type; ToolFailure when the server refused or it is over max_bytes."""
+        return await self._fetched(url, self._file)
+
+    async def _fetched(self, url: str, handle: Handle[R]) -> R:
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._follow(url)
+                return await self._follow(url, handle)
         except (TimeoutError, httpx.TimeoutException):
             raise ToolFailure(f"timed out after {self.timeout_s:g} s fetching {url}") from None
         except httpx.HTTPError as exc:
             raise ToolFailure(f"fetching {url} failed: {type(exc).__name__}: {exc}") from None
 
-    async def _follow(self, url: str) -> str:
+    async def _follow(self, url: str, handle: Handle[R]) -> R:
         """Fetch `url`, following up to max_redirects redirects, each checked like the first URL."""
         chain = [url]
         target = await self._target(url)
@@ -274,7 +286,7 @@ class _Fetcher:
                 response = await self._send(client, target)
                 try:
                     if not response.is_redirect:
-                        return await self._render(response, target.url, chain)
+                        return await handle(response, target.url, chain)
                     location = response.headers["Location"]
                 finally:
                     await response.aclose()
@@ -326,6 +338,14 @@ class _Fetcher:
             text += f"\n[cut: only the first {self.max_bytes} bytes of the body were read]"
         return "\n".join([*head, "", text])
 
+    async def _file(self, response: httpx.Response, url: httpx.URL, chain: list[str]) -> tuple[bytes, str]:
+        if not response.is_success:
+            raise ToolFailure(f"{url} answered {response.status_code} {response.reason_phrase}".rstrip())
+        body, cut = await self._read(response)
+        if cut:
+            raise ToolFailure(f"{url} is larger than {self.max_bytes} bytes")
+        return body, response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+
     async def _read(self, response: httpx.Response) -> tuple[bytes, bool]:
         """At most max_bytes of the (decompressed) body, and whether there was more."""
         body = bytearray()
@@ -338,6 +358,14 @@ class _Fetcher:
 
 class WebFetchArgs(BaseModel):
     url: str = Field(max_length=8_192, description="The http:// or https:// URL to fetch")
+
+
+def file_fetcher(*, allow_private: bool, allowed_hosts: frozenset[str], max_bytes: int,
+                 timeout_s: float = 20) -> Callable[[str], Awaitable[tuple[bytes, str]]]:
+    """Fetch a file by http(s) URL under web_fetch's address rules: (its bytes, its media type), or
+    ToolFailure saying why not."""
+    return _Fetcher(allow_private, frozenset(h.lower().rstrip(".") for h in allowed_hosts), timeout_s, max_bytes,
+                    5).fetch_file
 
 
 def web_fetch_tool(*, allow_private: bool = False, allowed_hosts: frozenset[str] = frozenset(),

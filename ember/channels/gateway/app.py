@@ -37,7 +37,7 @@ from ember.channels.gateway.sampling import DEFAULT_LIMITS, SamplingLimits
 from ember.channels.gateway.skills_api import SkillsApi
 from ember.channels.gateway.tasks_api import TasksApi
 from ember.channels.gateway.turns import TurnRouter
-from ember.channels.gateway.uploads import AttachmentsApi, Intake
+from ember.channels.gateway.uploads import AttachmentsApi, FetchFile, Intake
 from ember.channels.gateway.usage_api import UsageApi
 from ember.core.attachments import DEFAULT_MAX_BYTES as DEFAULT_ATTACHMENT_BYTES
 from ember.core.errors import BusUnavailable, StoreBusy, StoreUnavailable
@@ -115,6 +115,7 @@ class GatewayOptions:
     agents: tuple[str, ...] = ()  # the named agents a caller may ask for (the page's picker)
     own_memory_agents: frozenset[str] = frozenset()  # named agents whose own memory `?agent=` reaches
     attachment_max_bytes: int = DEFAULT_ATTACHMENT_BYTES  # a message's files together
+    fetch_image: FetchFile | None = None  # an image a message links to (None: links are refused)
 
 
 class IdentityGate:
@@ -212,7 +213,8 @@ def _api_routes(router: TurnRouter, services: GatewayServices, options: GatewayO
                 metrics: GatewayMetrics) -> list[BaseRoute]:
     """The OpenAI-compatible routes and Ember's own API; the optional parts where their stores are given."""
     body = options.max_body_bytes
-    intake = Intake(FileShelf(services.sessions, options.attachment_max_bytes, services.transcriber), body)
+    intake = Intake(FileShelf(services.sessions, options.attachment_max_bytes, services.transcriber), body,
+                    options.fetch_image)
     routes: list[BaseRoute] = [
         *OpenAIApi(router, metrics, Conversations(services.conversations), intake, agent_id=options.agent_id,
                    limits=options.sampling_limits).routes(),

@@ -107,7 +107,7 @@ class OpenAIApi:
         """The request's new message and where it goes; ApiError for what is wrong with it."""
         last = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=None)
         question = body.messages[last] if last is not None else None
-        files = self._intake.from_parts(question.content, f"messages[{last}]") \
+        files = await self._intake.from_parts(question.content, f"messages[{last}]") \
             if question is not None and isinstance(question.content, list) else []
         if question is None or last is None or not (question.text().strip() or files):
             raise ApiError(400, "messages must end with a user message that has text or files", code="no_user_message",
