@@ -166,6 +166,10 @@ def chat_channels(settings: Settings, runtime: Runtime, public_url: str | None,
         from ember.channels.dingtalk.channel import DingTalkChannel
 
         platforms.append(DingTalkChannel(settings.dingtalk, shared))
+    if settings.discord is not None:
+        from ember.channels.discord.channel import DiscordChannel  # the SDK: only when configured
+
+        platforms.append(DiscordChannel(settings.discord, shared))
     if settings.feishu is not None:
         from ember.channels.feishu.channel import FeishuChannel
 

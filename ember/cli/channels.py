@@ -59,6 +59,9 @@ def _chat_rows(settings: Settings) -> list[tuple[str, str, str]]:
         secret = "" if dingtalk.key() else ", NO SECRET"
         rows.append(("dingtalk", f"app {dingtalk.app_key}",
                      f"POST /channels/dingtalk/events{secret}, {len(dingtalk.allowed_users) or 'all'} allowed users"))
+    if (discord := settings.discord) is not None:
+        token = "token set" if discord.key() else "NO TOKEN"
+        rows.append(("discord", "the Gateway", f"{token}, {len(discord.allowed_users) or 'all'} allowed users"))
     if (feishu := settings.feishu) is not None:
         secret = "" if feishu.secret() else ", NO SECRET"
         rows.append(("feishu", f"app {feishu.app_id}", f"POST /channels/feishu/events{secret}, "

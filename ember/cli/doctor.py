@@ -260,6 +260,11 @@ async def _check_channels(settings: Settings, report: Report) -> None:
             report.ok(f"email: {said}")
             if not settings.email.allowed_senders:
                 report.warn("email: allowed_senders is empty, so every sender is refused")
+    if settings.discord is not None:
+        from ember.channels.discord.channel import probe as discord_probe
+
+        if (said := await _probe("discord", discord_probe(settings.discord), report)) is not None:
+            report.ok(f"discord: the token is {said}'s")
     if settings.feishu is not None:
         from ember.channels.feishu.channel import probe as feishu_probe
 

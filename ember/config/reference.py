@@ -19,6 +19,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefined
 
 from ember.channels.dingtalk.config import DingTalkSpec
+from ember.channels.discord.config import DiscordSpec
 from ember.channels.email.config import EmailSpec
 from ember.channels.feishu.config import FeishuSpec
 from ember.channels.qq.config import QQSpec
@@ -51,6 +52,7 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
     ("[telegram]", TelegramSpec, "A Telegram bot `ember serve` runs (also on when only EMBER_TELEGRAM_TOKEN is set)."),
     ("[slack]", SlackSpec, "A Slack app: Events API at `/channels/slack/events`, or Socket Mode."),
     ("[dingtalk]", DingTalkSpec, "A DingTalk (钉钉) app robot, called back at `/channels/dingtalk/events`."),
+    ("[discord]", DiscordSpec, "A Discord bot `ember serve` runs on the Gateway."),
     ("[feishu]", FeishuSpec, "A Feishu (飞书) / Lark app's bot, called back at `/channels/feishu/events`."),
     ("[email]", EmailSpec, "A mailbox read over IMAP and answered from over SMTP, one session per thread."),
     ("[wecom]", WeComSpec, "A WeCom (企业微信) self-built app, called back at `/channels/wecom`."),
@@ -60,7 +62,7 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
 ]
 # Tables documented by the rows above, not as keys of their own.
 NESTED = {"models", "tool_policy", "mcp_servers", "webhooks", "outbound", "a2a_agents", "telegram", "slack",
-          "dingtalk", "feishu", "email", "wecom", "wechat", "wecom_bot", "qq"}
+          "dingtalk", "discord", "feishu", "email", "wecom", "wechat", "wecom_bot", "qq"}
 
 
 def comments(model: type[BaseModel]) -> dict[str, str]:

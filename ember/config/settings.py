@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from ember.channels.dingtalk.config import DingTalkSpec
+from ember.channels.discord.config import DiscordSpec
 from ember.channels.email.config import EmailSpec
 from ember.channels.feishu.config import FeishuSpec
 from ember.channels.qq.config import QQSpec
@@ -155,6 +156,8 @@ class Settings(HomePaths, BaseSettings):
     dingtalk: DingTalkSpec | None = None
     # A Feishu (飞书) / Lark app's bot, called back at /channels/feishu/events: app_id, verification_token, ...
     feishu: FeishuSpec | None = None
+    # A Discord bot on the Gateway: token (or EMBER_DISCORD_TOKEN), allowed_users, approvers, ...
+    discord: DiscordSpec | None = None
     # A WeCom (企业微信) self-built app, called back at /channels/wecom: corp_id, agent_id, token, encoding_aes_key, ...
     wecom: WeComSpec | None = None
     # A WeChat Official Account (微信公众号), called back at /channels/wechat: app_id, token, encoding_aes_key, ...

@@ -1,0 +1,1 @@
+"""The Discord channel: the Gateway in, answers streamed by message edits."""

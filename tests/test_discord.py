@@ -1,0 +1,117 @@
+"""The Discord channel on discord.py against the tests' own Discord on 127.0.0.1: the Gateway
+(zlib-stream; identify, heartbeats, resume) brings messages in; the answer replies and streams by
+edits into one message; a message replayed on resume runs once; 429s waited out; approval buttons
+only the asker can press; a stranger told once; mentions needed in a server's channels."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from ember.app.runtime import Runtime, build_runtime, running
+from ember.app.serve import chat_services
+from ember.channels.discord.channel import DiscordChannel, probe
+from ember.channels.discord.config import DiscordSpec
+from ember.config.settings import Settings
+from ember.core.messages import Role
+from ember.models.base import ModelClient
+from ember.tools.base import ToolRegistry
+from tests.chatplatform import asking_model, settled_in, settling, writing_tool
+from tests.discordserver import TOKEN, FakeDiscord, serving_discord
+from tests.test_telegram import answering
+
+ANA, BEN, STRANGER = "100000000000000011", "100000000000000012", "100000000000000066"
+DM, GENERAL, GUILD = "200000000000000001", "200000000000000002", "300000000000000001"
+ANSWER = "Here is the plan. " + " ".join(f"Step {n} is done." for n in range(1, 30))
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeDiscord]:
+    with serving_discord() as served:
+        yield served
+
+
+def spec(fake: FakeDiscord, **fields: Any) -> DiscordSpec:
+    return DiscordSpec(**{"token": TOKEN, "api_base_url": f"{fake.origin}/api/v10",
+                          "gateway_url": f"{fake.origin.replace('http', 'ws')}/gateway",
+                          "allowed_users": [ANA, BEN], "edit_interval_ms": 200, **fields})
+
+
+@asynccontextmanager
+async def agent(settings: Settings, model: ModelClient, fake: FakeDiscord, *,
+                tools: ToolRegistry | None = None) -> AsyncIterator[Runtime]:
+    runtime = await build_runtime(settings, model, tools=tools or ToolRegistry())
+    settling(runtime, DiscordChannel(spec(fake), chat_services(runtime)))
+    async with running(runtime, recover=True):
+        yield runtime
+
+
+async def settled(fake: FakeDiscord, runtime: Runtime, chat_id: str, *, answers: int = 1) -> list[str]:
+    async with asyncio.timeout(30):
+        while len([m for m in await runtime.sessions.history(f"discord:{chat_id}")
+                   if m.role is Role.ASSISTANT]) < answers:
+            await asyncio.sleep(0.05)
+        await settled_in(runtime, "discord").settled(chat_id)
+    return fake.texts(chat_id)
+
+
+async def test_a_dm_streams_its_answer_into_one_reply_and_a_replay_on_resume_runs_once(
+        settings: Settings, fake: FakeDiscord) -> None:
+    async with agent(settings, answering(ANSWER), fake) as runtime:
+        asked = fake.message("make a plan", author=ANA, channel_id=DM)
+        texts = await settled(fake, runtime, DM)
+        fake.drop_connection()  # discord.py resumes; the fake replays what came since the last ack'd seq
+        async with asyncio.timeout(20):
+            while not fake.resumed:
+                await asyncio.sleep(0.05)
+        fake.dispatch("MESSAGE_CREATE", fake.dispatched("MESSAGE_CREATE")[0])  # the same message again
+        await asyncio.sleep(0.5)
+        history = await runtime.sessions.history(f"discord:{DM}")
+    [shown] = fake.visible(DM)
+    assert texts == [ANSWER] and shown.reply_to == asked and shown.edits >= 1
+    assert [m.role for m in history] == [Role.USER, Role.ASSISTANT] and fake.identified == 1
+
+
+async def test_in_a_server_only_mentions_are_answered_and_only_the_asker_can_press(
+        settings: Settings, fake: FakeDiscord) -> None:
+    ran: list[str] = []
+    fake.rate_limits["POST"] = 1  # the first message waits out a 429
+    async with agent(settings, asking_model(), fake, tools=ToolRegistry([writing_tool(ran)])) as runtime:
+        fake.message("chatter, not for the bot", author=BEN, channel_id=GENERAL, guild_id=GUILD)
+        fake.message("write my note", author=ANA, channel_id=GENERAL, guild_id=GUILD, mention=True)
+        async with asyncio.timeout(20):
+            while not (cards := [m for m in fake.visible(GENERAL) if m.components]):
+                await asyncio.sleep(0.05)
+        [card] = cards
+        fake.press(card, "once", by=BEN)
+        async with asyncio.timeout(10):
+            while not fake.ephemeral:
+                await asyncio.sleep(0.05)
+        assert fake.ephemeral == ["This request is not yours to answer."] and ran == []
+        fake.press(card, "once", by=ANA)
+        texts = await settled(fake, runtime, GENERAL)
+        history = await runtime.sessions.history(f"discord:{GENERAL}")
+    assert ran == ["notes.txt"] and card.components == [] and card.content.endswith(f"Allowed once by <@{ANA}>.")
+    assert texts[-1] == "Result: wrote notes.txt" and fake.limited == 1
+    assert [m.content for m in history if m.role is Role.USER] == ["write my note"]
+
+
+async def test_a_stranger_is_told_once_and_nothing_is_kept(settings: Settings, fake: FakeDiscord) -> None:
+    async with agent(settings, answering("never"), fake) as runtime:
+        for text in ("hello?", "anyone?"):
+            fake.message(text, author=STRANGER, channel_id="200000000000000066")
+        await asyncio.sleep(0.5)
+        history = await runtime.sessions.history("discord:200000000000000066")
+    [told] = fake.texts("200000000000000066")
+    assert f"Discord user id: {STRANGER}" in told and history == []
+
+
+async def test_doctor_reads_the_bot_without_a_gateway(fake: FakeDiscord) -> None:
+    assert await probe(spec(fake)) == "ember (900000000000000001)"
+    with pytest.raises(Exception, match="refused the bot token"):
+        await probe(spec(fake, token="wrong"))
+    assert fake.identified == 0 and fake.shown == {}
