@@ -253,6 +253,10 @@ async def _check_channels(settings: Settings, report: Report) -> None:
                 report.fail("slack: no signing_secret (or EMBER_SLACK_SIGNING_SECRET): every event would be refused")
             if slack.mode == "socket" and not slack.socket_token():
                 report.fail("slack: socket mode needs app_token (xapp-…, or EMBER_SLACK_APP_TOKEN)")
+    await _check_more_channels(settings, report)
+
+
+async def _check_more_channels(settings: Settings, report: Report) -> None:
     if settings.email is not None:
         from ember.channels.email.channel import probe as email_probe
 
