@@ -1,5 +1,6 @@
 """Feishu of the tests' own, on 127.0.0.1: the Open API's tenant access token, the bot's info, and
 messages as interactive cards (sent to a chat, replied to a message, updated in place, recalled),
+images and files uploaded and sent,
 with Feishu's `{"code", "msg", "data"}` answers, 429 with `x-ogw-ratelimit-reset` when a test asks,
 and 99991663 for a wrong token; and the other side of event subscription: a message or a card's
 button press as Feishu posts it, encrypted with the Encrypt Key (AES-256-CBC) and signed."""
@@ -43,6 +44,8 @@ class Card:
     reply_to: str | None
     updates: int = 0
     recalled: bool = False
+    kind: str = "interactive"  # or image, file, audio: then `file` is what was uploaded for it
+    file: tuple[str, bytes] | None = None
 
 
 @dataclass
@@ -52,7 +55,9 @@ class FakeFeishu:
     # "send" / "update" -> how many of its next calls get a 429
     rate_limits: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     limited: int = 0  # 429s answered
+    uploads: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # image_key / file_key -> (name, bytes)
     _chat_of: dict[str, str] = field(default_factory=dict)  # a person's message id -> its chat
+    file_types: list[str] = field(default_factory=list)  # the file_type of each file uploaded
     _token: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -129,16 +134,38 @@ class FakeFeishu:
             chat_id = body.get("receive_id") or next((c.chat_id for c in self.cards.values()), "")
             if message_id is not None:  # a reply: in the chat of the message it answers
                 chat_id = self._chat_of.get(message_id, chat_id)
-            text, buttons = _card(body["content"])
-            shown = Card(f"om_bot{next(_ids)}", chat_id, text, buttons, message_id)
+            kind = body.get("msg_type", "interactive")
+            if kind == "interactive":
+                text, buttons, file = *_card(body["content"]), None
+            else:
+                content = json.loads(body["content"])
+                text, buttons, file = "", [], self.uploads[content.get("image_key") or content["file_key"]]
+            shown = Card(f"om_bot{next(_ids)}", chat_id, text, buttons, message_id, kind=kind, file=file)
             self.cards[shown.message_id] = shown
             return JSONResponse({"code": 0, "msg": "success", "data": {"message_id": shown.message_id,
                                                                        "chat_id": chat_id}})
+
+    async def _upload(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return JSONResponse({"code": 99991663, "msg": "Invalid access token"}, status_code=400)
+        image = request.url.path.endswith("/images")
+        async with request.form() as form:
+            upload = form.get("image" if image else "file")
+            if upload is None or isinstance(upload, str):
+                return JSONResponse({"code": 234001, "msg": "Invalid request param."}, status_code=400)
+            data = await upload.read()
+            if not image:
+                self.file_types.append(str(form.get("file_type")))
+        key = f"{'img' if image else 'file'}_v2_{next(_ids)}"
+        self.uploads[key] = (upload.filename or "", data)
+        return JSONResponse({"code": 0, "msg": "success", "data": {"image_key" if image else "file_key": key}})
 
     def app(self) -> Starlette:
         return Starlette(routes=[
             Route("/open-apis/auth/v3/tenant_access_token/internal", self._token_route, methods=["POST"]),
             Route("/open-apis/bot/v3/info", self._bot_info, methods=["GET"]),
+            Route("/open-apis/im/v1/images", self._upload, methods=["POST"]),
+            Route("/open-apis/im/v1/files", self._upload, methods=["POST"]),
             Route("/open-apis/im/v1/messages", self._messages, methods=["POST"]),
             Route("/open-apis/im/v1/messages/{message_id}/reply", self._messages, methods=["POST"]),
             Route("/open-apis/im/v1/messages/{message_id}", self._messages, methods=["PATCH", "DELETE"]),

@@ -21,6 +21,7 @@ from ember.channels.feishu.config import FeishuSpec
 from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.base import ModelClient
+from ember.pipeline.voice import TURNED_ON
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, called_back, settled_in, writing_tool
 from tests.feishuserver import (
@@ -33,7 +34,9 @@ from tests.feishuserver import (
     serving_feishu,
     signed,
 )
+from tests.modelserver import SPOKEN_PREFIX, serving
 from tests.test_telegram import ANSWER, answering
+from tests.test_telegram_files import speaking
 
 ANA, BEN, STRANGER = "ou_ana", "ou_ben", "ou_stranger"
 DM, TEAM = "oc_dm_ana", "oc_team"
@@ -148,3 +151,16 @@ async def test_doctor_gets_a_token_without_sending(feishu: FakeFeishu) -> None:
     with pytest.raises(Exception, match="check \\[feishu\\] app_id and app_secret"):
         await probe(spec(feishu, app_secret="wrong"))
     assert feishu.cards == {}
+
+
+async def test_a_spoken_reply_follows_the_card_as_a_voice_message(settings: Settings, feishu: FakeFeishu) -> None:
+    with serving() as model:
+        async with agent(speaking(settings, model), answering("Sunny all day."), feishu) as (runtime, http):
+            await post(http, feishu.message("/voice on", sender=ANA, chat_id=DM))
+            await settled(feishu, runtime, DM)
+            await post(http, feishu.message("weather?", sender=ANA, chat_id=DM))
+            await settled(feishu, runtime, DM, answers=2)
+    voices = [card for card in feishu.visible(DM) if card.kind == "audio"]
+    assert [card.file for card in voices] == [("reply.ogg", SPOKEN_PREFIX + text.encode())
+                                              for text in (TURNED_ON, "Sunny all day.")]
+    assert feishu.file_types == ["opus", "opus"] and feishu.texts(DM)[-2] == "Sunny all day."

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from ember.channels.chat.editing import MessageGone, RateLimited
+from ember.core.attachments import OFFICE_TYPES, PDF_TYPE, AttachmentContent
 from ember.core.channels import DeliveryRefused
 from ember.core.errors import ConfigError
 
@@ -28,6 +29,8 @@ TOKEN_MARGIN_S = 300.0  # a token this close to its expiry is renewed
 RATE_LIMITED = 99991400  # "request trigger frequency limit"
 GONE = (230011, 231003)  # the message was recalled, or is not found
 MAX_ERROR_CHARS = 300
+# The file_type Feishu files an upload under (Word, Excel, PowerPoint in OFFICE_TYPES' order); else "stream".
+_FILE_TYPES = {PDF_TYPE: "pdf", **dict(zip(OFFICE_TYPES, ("doc", "xls", "ppt"), strict=True))}
 
 
 def signature(timestamp: str, nonce: str, key: str, body: bytes) -> str:
@@ -87,7 +90,25 @@ class FeishuApi:
 
     async def send_card(self, chat_id: str, content: str, *, reply_to: str | None = None) -> str:
         """A new card in the chat, as a reply to `reply_to` where there is one; its message id."""
-        body = {"msg_type": "interactive", "content": content}
+        return await self.send(chat_id, "interactive", content, reply_to=reply_to)
+
+    async def send_file(self, chat_id: str, file: AttachmentContent, *, reply_to: str | None = None) -> str:
+        """A picture as an image message, an Ogg recording as a voice message, else a file; uploaded first."""
+        name = file.name or "file"
+        if file.is_image:
+            data = await self._call("POST", "/im/v1/images", data={"image_type": "message"},
+                                    files={"image": (name, file.data, file.media_type)})
+            kind, content = "image", {"image_key": data["image_key"]}
+        else:
+            voice = file.media_type == "audio/ogg"
+            data = await self._call("POST", "/im/v1/files", files={"file": (name, file.data, file.media_type)},
+                                    data={"file_type": "opus" if voice else _FILE_TYPES.get(file.media_type, "stream"),
+                                          "file_name": name})
+            kind, content = ("audio" if voice else "file"), {"file_key": data["file_key"]}
+        return await self.send(chat_id, kind, json.dumps(content), reply_to=reply_to)
+
+    async def send(self, chat_id: str, kind: str, content: str, *, reply_to: str | None = None) -> str:
+        body = {"msg_type": kind, "content": content}
         if reply_to:
             data = await self._call("POST", f"/im/v1/messages/{reply_to}/reply", json=body)
         else:

@@ -81,6 +81,9 @@ class FeishuPlatform:
         with contextlib.suppress(MessageGone):  # recalled already: nothing of it is shown twice
             await self._api.recall(message_id)
 
+    async def send_file(self, chat_id: str, file: AttachmentContent, *, reply_to: str | None = None) -> str:
+        return await self._api.send_file(chat_id, file, reply_to=reply_to)
+
 
 class FeishuChannel:
     name = CHANNEL
@@ -96,7 +99,8 @@ class FeishuChannel:
         self._api = FeishuApi(self._http, spec.api_base_url, spec.app_id, secret)
         self._services = services
         self._stream = EditStream(FeishuPlatform(self._api), services.messages, CHANNEL,
-                                  interval_s=spec.edit_interval_ms / 1000, limit=MAX_MESSAGE_CHARS)
+                                  interval_s=spec.edit_interval_ms / 1000, limit=MAX_MESSAGE_CHARS,
+                                  files=services.files)
         self._gate: AllowList[str] = AllowList(CHANNEL, spec.allowed_users)
         self._seen: dict[str, None] = {}  # event ids of this run: Feishu's retries
         self._asked: dict[str, str] = {}  # approval id -> its card's question, shown again with the answer
