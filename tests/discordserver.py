@@ -43,6 +43,7 @@ class Shown:
     reply_to: str | None
     edits: int = 0
     deleted: bool = False
+    file: tuple[str, bytes] | None = None  # an attachment: (its name, its bytes)
 
 
 @dataclass
@@ -183,12 +184,19 @@ class FakeDiscord:
         return _json({"message": "404: Not Found", "code": 0}, status=404)
 
     async def _messages(self, request: web.Request, channel_id: str, message_id: str | None) -> web.Response:
-        body = await request.json() if request.can_read_body else {}
+        file = None
+        if request.content_type == "multipart/form-data":  # a message with files: payload_json and files[n]
+            form = await request.post()
+            body = json.loads(str(form.get("payload_json") or "{}"))
+            upload = form.get("files[0]")
+            file = (upload.filename, upload.file.read()) if isinstance(upload, web.FileField) else None
+        else:
+            body = await request.json() if request.can_read_body else {}
         with self._lock:
             if message_id is None:
                 reference = str((body.get("message_reference") or {}).get("message_id") or "") or None
                 shown = Shown(snowflake(), channel_id, body.get("content") or "", body.get("components") or [],
-                              reference)
+                              reference, file=file)
                 self.shown[shown.message_id] = shown
                 return _json(self._message(shown))
             shown = self.shown.get(message_id)

@@ -19,10 +19,13 @@ from ember.channels.discord.config import DiscordSpec
 from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.base import ModelClient
+from ember.pipeline.voice import TURNED_ON
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, settled_in, settling, writing_tool
 from tests.discordserver import TOKEN, FakeDiscord, serving_discord
+from tests.modelserver import SPOKEN_PREFIX, serving
 from tests.test_telegram import answering
+from tests.test_telegram_files import speaking
 
 ANA, BEN, STRANGER = "100000000000000011", "100000000000000012", "100000000000000066"
 DM, GENERAL, GUILD = "200000000000000001", "200000000000000002", "300000000000000001"
@@ -115,3 +118,14 @@ async def test_doctor_reads_the_bot_without_a_gateway(fake: FakeDiscord) -> None
     with pytest.raises(Exception, match="refused the bot token"):
         await probe(spec(fake, token="wrong"))
     assert fake.identified == 0 and fake.shown == {}
+
+
+async def test_a_spoken_reply_follows_the_answer_as_an_attachment(settings: Settings, fake: FakeDiscord) -> None:
+    with serving() as model:
+        async with agent(speaking(settings, model), answering("Sunny all day."), fake) as runtime:
+            fake.message("/voice on", author=ANA, channel_id=DM)
+            await settled(fake, runtime, DM)
+            fake.message("weather?", author=ANA, channel_id=DM)
+            await settled(fake, runtime, DM, answers=2)
+    sent = [m.file for m in fake.visible(DM) if m.file]
+    assert sent == [("reply.ogg", SPOKEN_PREFIX + text.encode()) for text in (TURNED_ON, "Sunny all day.")]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -85,6 +86,13 @@ class DiscordPlatform:
                                          allowed_mentions=discord.AllowedMentions.none())
         return str(message.id)
 
+    async def send_file(self, chat_id: str, file: AttachmentContent, *, reply_to: str | None = None) -> str:
+        """An attachment of a message of its own (Discord plays audio and shows pictures inline)."""
+        upload = discord.File(io.BytesIO(file.data), filename=file.name or "file")
+        async with _refusals():
+            message = await self._client.get_partial_messageable(int(chat_id)).send(file=upload)
+        return str(message.id)
+
     async def edit(self, chat_id: str, message_id: str, text: str) -> None:
         async with _refusals():
             await self._client.get_partial_messageable(int(chat_id)).get_partial_message(int(message_id)).edit(
@@ -123,7 +131,7 @@ class DiscordChannel:
         self._client.event(self.on_interaction)
         self._platform = DiscordPlatform(self._client)
         self._stream = EditStream(self._platform, services.messages, CHANNEL, interval_s=spec.edit_interval_ms / 1000,
-                                  limit=MAX_MESSAGE_CHARS)
+                                  limit=MAX_MESSAGE_CHARS, files=services.files)
         self._gate: AllowList[str] = AllowList(CHANNEL, spec.allowed_users)
         self._asked: dict[str, str] = {}  # approval id -> its question, shown again with the answer
         self._task: asyncio.Task[None] | None = None
