@@ -7,6 +7,7 @@ callbacks: a message as DingTalk posts it, signed with the app secret."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -23,7 +24,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tests.loopback import LoopbackServer, started
 
@@ -40,6 +42,11 @@ class FakeDingTalk:
     # "webhook" / "openapi" -> the codes of the refusals to answer its next calls with
     refusals: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     files: dict[str, bytes] = field(default_factory=dict)  # downloadCode -> the file's bytes
+    # Stream mode: the frames to put on the app's WebSocket (each robot message is sent again on
+    # every new connection until acknowledged), the acknowledgements by message id, the connections.
+    frames: list[dict[str, Any]] = field(default_factory=list)
+    acks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    connections: int = 0
     _sessions: dict[str, str] = field(default_factory=dict)  # session -> chat id
     _tokens: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -123,8 +130,65 @@ class FakeDingTalk:
             self.shown.append((chat_id, "openapi", json.loads(body["msgParam"])["text"]))
         return JSONResponse({"processQueryKey": f"q{next(_ids)}"})
 
+    def stream(self, message: dict[str, Any]) -> str:
+        """A robot message for the Stream connection; its frame's message id."""
+        return self._frame("CALLBACK", "/v1.0/im/bot/messages/get", json.dumps(message))
+
+    def system(self, topic: str) -> str:
+        """A SYSTEM frame: "ping", or "disconnect" (the app should connect again)."""
+        return self._frame("SYSTEM", topic, json.dumps({"opaque": f"o{next(_ids)}"}))
+
+    def _frame(self, kind: str, topic: str, data: str) -> str:
+        message_id = f"frame{next(_ids)}"
+        with self._lock:
+            self.frames.append({"specVersion": "1.0", "type": kind, "data": data, "headers": {
+                "appId": APP_KEY, "connectionId": "c1", "contentType": "application/json", "messageId": message_id,
+                "time": str(int(time.time() * 1000)), "topic": topic}})
+        return message_id
+
+    async def _open(self, request: Request) -> Response:
+        body = await request.json()
+        if body.get("clientId") != APP_KEY or body.get("clientSecret") != APP_SECRET:
+            return JSONResponse({"code": "invalidClientIdOrSecret", "message": "无效的clientId或者clientSecret"},
+                                status_code=400)
+        return JSONResponse({"endpoint": f"{self.origin.replace('http', 'ws')}/stream", "ticket": f"t{next(_ids)}"})
+
+    async def _socket(self, socket: WebSocket) -> None:
+        """Sends each frame not yet acknowledged (a robot message again on a new connection), reads acks."""
+        await socket.accept()
+        with self._lock:
+            self.connections += 1
+            queue = [f for f in self.frames if f["type"] == "CALLBACK" and f["headers"]["messageId"] not in self.acks]
+            sent = {f["headers"]["messageId"] for f in self.frames}  # the others went on an earlier connection
+
+        async def read() -> None:
+            while True:
+                ack = json.loads(await socket.receive_text())
+                with self._lock:
+                    self.acks[ack["headers"]["messageId"]] = ack
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while not reader.done():
+                with self._lock:
+                    queue += [f for f in self.frames if f["headers"]["messageId"] not in sent]
+                for frame in queue:
+                    sent.add(frame["headers"]["messageId"])
+                    await socket.send_text(json.dumps(frame))
+                    if frame["headers"]["topic"] == "disconnect":
+                        await socket.close()
+                        return
+                queue = []
+                await asyncio.sleep(0.02)
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            reader.cancel()
+
     def app(self) -> Starlette:
         return Starlette(routes=[
+            Route("/v1.0/gateway/connections/open", self._open, methods=["POST"]),
+            WebSocketRoute("/stream", self._socket),
             Route("/robot/sendBySession", self._webhook, methods=["POST"]),
             Route("/v1.0/oauth2/accessToken", self._token, methods=["POST"]),
             Route("/v1.0/robot/oToMessages/batchSend", self._robot, methods=["POST"]),

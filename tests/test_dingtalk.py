@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ember.app.runtime import Runtime, build_runtime
+from ember.app.runtime import Runtime, build_runtime, running
 from ember.app.serve import chat_services
 from ember.channels.dingtalk.channel import DingTalkChannel
 from ember.channels.dingtalk.config import DingTalkSpec
@@ -30,7 +30,7 @@ from ember.core.messages import Role
 from ember.models.base import ModelClient
 from ember.models.openai_compat import OpenAICompatibleModel
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, called_back, settled_in, writing_tool
+from tests.chatplatform import asking_model, called_back, settled_in, settling, writing_tool
 from tests.dingtalkserver import APP_KEY, APP_SECRET, FakeDingTalk, serving_dingtalk, signed
 from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import wait_until
@@ -50,8 +50,8 @@ def dingtalk() -> Iterator[FakeDingTalk]:
 
 
 def spec(fake: FakeDingTalk, **fields: Any) -> DingTalkSpec:
-    return DingTalkSpec(app_key=APP_KEY, app_secret=APP_SECRET, api_base_url=fake.origin, allowed_users=[ANA, BEN],
-                        **fields)
+    return DingTalkSpec(**{"app_key": APP_KEY, "app_secret": APP_SECRET, "api_base_url": fake.origin,
+                           "allowed_users": [ANA, BEN], **fields})
 
 
 @asynccontextmanager
@@ -214,3 +214,32 @@ def test_channels_lists_the_robot_and_doctor_checks_its_secret_without_sending(
     assert bad.returncode == 1 and "FAIL  dingtalk: DingTalk refused the app key and secret" in bad.stdout
     assert APP_SECRET not in good.stdout + good.stderr and "wrong-secret" not in bad.stdout + bad.stderr
     assert dingtalk.shown == []  # nothing was sent
+
+
+async def test_stream_mode_reads_the_socket_acks_each_frame_and_connects_again_when_told(
+        settings: Settings, dingtalk: FakeDingTalk) -> None:
+    runtime = await build_runtime(settings, answering(lambda q: f"Re: {q}", delay_s=0), tools=ToolRegistry())
+    channel = DingTalkChannel(spec(dingtalk, mode="stream"), chat_services(runtime))
+    assert channel.routes() == []  # nothing for DingTalk to call back
+    settling(runtime, channel)
+    async with running(runtime, recover=True):
+        hello = dingtalk.message("hello", sender=ANA)
+        frames = [dingtalk.stream(hello), dingtalk.stream(hello)]  # sent twice: one turn
+        await settled(dingtalk, runtime, f"user:{ANA}")
+        ping = dingtalk.system("ping")
+        async with asyncio.timeout(10):
+            while ping not in dingtalk.acks:
+                await asyncio.sleep(0.05)
+        dingtalk.system("disconnect")
+        async with asyncio.timeout(20):
+            while dingtalk.connections < 2:
+                await asyncio.sleep(0.05)
+        frames.append(dingtalk.stream(dingtalk.message("again", sender=ANA)))
+        texts = await settled(dingtalk, runtime, f"user:{ANA}", answers=2)
+        async with asyncio.timeout(10):  # the fake reads acknowledgements on its own loop
+            while not all(f in dingtalk.acks for f in frames):
+                await asyncio.sleep(0.05)
+    assert texts == ["Re: hello", "Re: again"] and all(dingtalk.acks[f]["code"] == 200 for f in frames)
+    assert json.loads(dingtalk.acks[ping]["data"]) == json.loads(
+        next(f["data"] for f in dingtalk.frames if f["headers"]["messageId"] == ping))  # a ping's data comes back
+    assert dingtalk.connections == 2

@@ -58,7 +58,8 @@ def _chat_rows(settings: Settings) -> list[tuple[str, str, str]]:
     if (dingtalk := settings.dingtalk) is not None:
         secret = "" if dingtalk.key() else ", NO SECRET"
         rows.append(("dingtalk", f"app {dingtalk.app_key}",
-                     f"POST /channels/dingtalk/events{secret}, {len(dingtalk.allowed_users) or 'all'} allowed users"))
+                     ("Stream mode" if dingtalk.mode == "stream" else "POST /channels/dingtalk/events")
+                     + f"{secret}, {len(dingtalk.allowed_users) or 'all'} allowed users"))
     if (discord := settings.discord) is not None:
         token = "token set" if discord.key() else "NO TOKEN"
         rows.append(("discord", "the Gateway", f"{token}, {len(discord.allowed_users) or 'all'} allowed users"))

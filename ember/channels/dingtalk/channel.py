@@ -1,7 +1,8 @@
-"""The `dingtalk` channel: a DingTalk (钉钉) app robot, called back over HTTP.
+"""The `dingtalk` channel: a DingTalk (钉钉) app robot, called back over HTTP or in Stream mode.
 
 DingTalk posts each message for the robot to `/channels/dingtalk/events`, signed with the app
-secret (api.py): a call whose signature is missing, wrong or over an hour old is refused 401.
+secret (api.py): a call whose signature is missing, wrong or over an hour old is refused 401. In
+Stream mode the same messages come on a WebSocket Ember opens (stream.py), each acknowledged once kept.
 The message is kept in the store before DingTalk gets its 200, so a crash loses none, and one
 posted again (same msgId) runs no second turn. A direct chat is a session; so is a group, where
 DingTalk sends only the messages that @-mention the robot.
@@ -35,11 +36,13 @@ from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.dingtalk.api import DingTalkApi, signed_now
 from ember.channels.dingtalk.config import SECRET_ENV, DingTalkSpec
+from ember.channels.dingtalk.stream import StreamLink
 from ember.channels.gateway.http import ApiError, read_body
 from ember.core.attachments import AttachmentContent, AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ModelError
 from ember.core.events import InboundEvent, OutboundEvent
+from ember.runtime.tasks import cancel_task
 
 CHANNEL = "dingtalk"
 EVENTS_PATH = "/channels/dingtalk/events"
@@ -74,15 +77,21 @@ class DingTalkChannel:
         self._approvers = frozenset(spec.approvers)
         self._commands = ApprovalCommands(CHANNEL, services, self._approvers)
         self._webhooks: dict[str, tuple[str, int]] = {}  # chat id -> (session webhook, its expiry in ms)
+        self._stream = (StreamLink(self._http, spec.api_base_url, spec.app_key, self._secret, self._received)
+                        if spec.mode == "stream" else None)
+        self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        pass
+        if self._stream is not None:
+            await self._stream.opened()  # a key DingTalk refuses stops `ember serve`, saying which
+            self._reader = asyncio.create_task(self._stream.run(), name="ember-dingtalk-stream")
 
     async def stop(self) -> None:
+        await cancel_task(self._reader)
         await self._http.aclose()
 
     def routes(self) -> list[Route]:
-        return [Route(EVENTS_PATH, self.events, methods=["POST"])]
+        return [] if self._stream is not None else [Route(EVENTS_PATH, self.events, methods=["POST"])]
 
     # In
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -20,6 +21,9 @@ class DingTalkSpec(BaseModel):
     robot_code: str | None = None
     # Where the OpenAPI is (the tests' own, or a proxy).
     api_base_url: str = "https://api.dingtalk.com"
+    # "http": DingTalk calls back at gateway_public_url/channels/dingtalk/events; "stream": Ember opens
+    # a WebSocket to DingTalk (Stream mode: no public URL needed).
+    mode: Literal["http", "stream"] = "http"
     # Staff ids (senderStaffId) that may talk to the agent; empty: every member of the organisation.
     allowed_users: list[str] = Field(default_factory=list)
     # Staff ids that may answer anyone's approval requests (besides the person whose turn asks).
