@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +39,8 @@ from tests.feishuserver import (
     serving_feishu,
     signed,
 )
+from tests.gatewayproc import EMBER_SOURCE
+from tests.loopback import wait_until
 from tests.modelserver import SPOKEN_PREFIX, serving
 from tests.test_telegram import ANSWER, answering
 from tests.test_telegram_files import speaking
@@ -144,6 +151,37 @@ async def test_a_stranger_is_told_once_and_nothing_is_kept(settings: Settings, f
         history = await runtime.sessions.history("feishu:oc_stranger")
     [told] = feishu.texts("oc_stranger")
     assert "Feishu open_id: ou_stranger" in told and history == []
+
+
+def test_kill_9_between_the_draft_and_the_final_still_shows_one_card(tmp_path: Path, feishu: FakeFeishu) -> None:
+    """Killed while its card streams; the restarted process resumes the turn and updates that same
+    card into the committed answer: no second card."""
+    home, origin = tmp_path / "home", tmp_path / "origin"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
+    child = subprocess.Popen([sys.executable, "-m", "tests.chat_child", "feishu", str(home), feishu.origin,
+                              str(origin)], cwd=EMBER_SOURCE, env={**env, "PYTHONPATH": EMBER_SOURCE},
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: (origin.exists() and origin.read_text() != "") or child.poll() is not None, timeout_s=60,
+                   what="the child to serve")
+        body = encrypted(feishu.message("a hard question", sender=ANA, chat_id=DM))
+        assert httpx.post(origin.read_text() + "/channels/feishu/events", content=body, headers=signed(body),
+                          timeout=10).status_code == 200
+        wait_until(lambda: any(c.updates >= 2 for c in feishu.cards.values()) or child.poll() is not None,
+                   timeout_s=60, what="the card to stream")
+        assert child.poll() is None, child.stderr.read() if child.stderr else ""
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=30)
+    [draft] = feishu.cards.values()
+    assert draft.text.startswith("Let me think")
+
+    async def restarted() -> list[str]:
+        async with agent(Settings(home=home), answering("The answer, after the restart."), feishu) as (runtime, _):
+            return await settled(feishu, runtime, DM)
+
+    assert asyncio.run(restarted()) == ["The answer, after the restart."]
+    assert [c.message_id for c in feishu.cards.values() if not c.recalled] == [draft.message_id]
 
 
 async def test_doctor_gets_a_token_without_sending(feishu: FakeFeishu) -> None:
