@@ -1,5 +1,5 @@
 """A process that answers a called-back chat platform slowly, to be killed mid-answer:
-`python -m tests.chat_child slack|dingtalk|feishu HOME PLATFORM_URL ORIGIN_FILE`. It serves the channel's
+`python -m tests.chat_child slack|dingtalk|feishu|discord HOME PLATFORM_URL ORIGIN_FILE`. It serves the channel's
 routes on 127.0.0.1 and writes their origin to ORIGIN_FILE; its model streams a long draft slowly
 and never finishes it."""
 
@@ -26,6 +26,12 @@ def platform(name: str, runtime: Runtime, url: str) -> CalledBack:
         from tests.test_slack import spec as slack_spec
 
         return SlackChannel(slack_spec(url), chat_services(runtime))
+    if name == "discord":  # on the Gateway: its routes are none
+        from ember.channels.discord.channel import DiscordChannel
+        from tests.discordserver import FakeDiscord
+        from tests.test_discord import spec as discord_spec
+
+        return DiscordChannel(discord_spec(FakeDiscord(origin=url)), chat_services(runtime))
     if name == "feishu":
         from ember.channels.feishu.channel import FeishuChannel
         from tests.feishuserver import FakeFeishu

@@ -6,8 +6,13 @@ only the asker can press; a stranger told once; mentions needed in a server's ch
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +28,8 @@ from ember.pipeline.voice import TURNED_ON
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, settled_in, settling, writing_tool
 from tests.discordserver import TOKEN, FakeDiscord, serving_discord
+from tests.gatewayproc import EMBER_SOURCE
+from tests.loopback import wait_until
 from tests.modelserver import SPOKEN_PREFIX, serving
 from tests.test_telegram import answering
 from tests.test_telegram_files import speaking
@@ -111,6 +118,34 @@ async def test_a_stranger_is_told_once_and_nothing_is_kept(settings: Settings, f
         history = await runtime.sessions.history("discord:200000000000000066")
     [told] = fake.texts("200000000000000066")
     assert f"Discord user id: {STRANGER}" in told and history == []
+
+
+def test_kill_9_between_the_draft_and_the_final_still_shows_one_message(tmp_path: Path, fake: FakeDiscord) -> None:
+    """Killed while its reply streams; the restarted process identifies again, resumes the turn and
+    edits that same message into the committed answer: no second message."""
+    home, origin = tmp_path / "home", tmp_path / "origin"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
+    child = subprocess.Popen([sys.executable, "-m", "tests.chat_child", "discord", str(home), fake.origin,
+                              str(origin)], cwd=EMBER_SOURCE, env={**env, "PYTHONPATH": EMBER_SOURCE},
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: fake.identified == 1 or child.poll() is not None, timeout_s=60, what="the child to connect")
+        fake.message("a hard question", author=ANA, channel_id=DM)
+        wait_until(lambda: any(m.edits >= 2 for m in fake.shown.values()) or child.poll() is not None,
+                   timeout_s=60, what="the reply to stream")
+        assert child.poll() is None, child.stderr.read() if child.stderr else ""
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=30)
+    [draft] = fake.shown.values()
+    assert draft.content.startswith("Let me think")
+
+    async def restarted() -> list[str]:
+        async with agent(Settings(home=home), answering("The answer, after the restart."), fake) as runtime:
+            return await settled(fake, runtime, DM)
+
+    assert asyncio.run(restarted()) == ["The answer, after the restart."]
+    assert [m.message_id for m in fake.visible(DM)] == [draft.message_id] and fake.identified == 2
 
 
 async def test_doctor_reads_the_bot_without_a_gateway(fake: FakeDiscord) -> None:
