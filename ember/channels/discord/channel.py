@@ -23,6 +23,7 @@ import yarl
 from discord.http import Route
 
 from ember.channels.attachments import not_taken
+from ember.channels.chat.commands import NOT_YOURS, decided, outcome_note
 from ember.channels.chat.editing import EditStream, MessageGone
 from ember.channels.chat.inbound import AllowList, refusal
 from ember.channels.chat.platform import required, show_streamed
@@ -34,7 +35,6 @@ from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError, ModelError
 from ember.core.events import InboundEvent, OutboundEvent
 from ember.core.tools import Decision
-from ember.runtime.approvals import Resolution
 from ember.runtime.tasks import cancel_task
 
 CHANNEL = "discord"
@@ -208,18 +208,12 @@ class DiscordChannel:
         code, _, approval_id = rest.partition(":")
         if prefix != "ap" or code not in DECISIONS:
             return
-        user = str(interaction.user.id)
-        row = await self._services.approval_rows.get(approval_id)
-        if row is None or (self._services.identities.resolve(CHANNEL, user) != row.identity
-                           and user not in self._spec.approvers):
-            await interaction.response.send_message("This request is not yours to answer.", ephemeral=True)
+        user, decision = str(interaction.user.id), DECISIONS[code]
+        outcome = await decided(self._services, CHANNEL, self._spec.approvers, approval_id, decision, user)
+        if outcome is None:
+            await interaction.response.send_message(NOT_YOURS, ephemeral=True)
             return
-        decision = DECISIONS[code]
-        outcome = await self._services.approvals.resolve(approval_id, decision, by=f"{CHANNEL}:{user}",
-                                                         scope=row.session_key)
-        note = {Resolution.RESOLVED: f"{DECIDED[decision]} by <@{user}>.",
-                Resolution.EXPIRED: "This request expired before it was answered (it timed out, or Ember "
-                                    "restarted); nothing ran."}.get(outcome, "This request was answered already.")
+        note = outcome_note(outcome, f"{DECIDED[decision]} by <@{user}>.")
         question = self._asked.get(approval_id, "")
         await interaction.response.edit_message(content=f"{question}\n\n{note}".strip(), view=None)
 

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ember.channels.attachments import not_taken
+from ember.channels.chat.commands import NOT_YOURS, decided, outcome_note
 from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
 from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.platform import required, show_streamed
@@ -41,7 +42,6 @@ from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ModelError
 from ember.core.events import InboundEvent, OutboundEvent
 from ember.core.tools import Decision
-from ember.runtime.approvals import Resolution
 
 CHANNEL = "feishu"
 EVENTS_PATH = "/channels/feishu/events"
@@ -205,16 +205,13 @@ class FeishuChannel:
         value = (event.get("action") or {}).get("value") or {}
         user = str((event.get("operator") or {}).get("open_id") or "")
         approval_id, code = str(value.get("approval") or ""), str(value.get("decision") or "")
-        row = await self._services.approval_rows.get(approval_id) if code in DECISIONS else None
-        if row is None or (self._services.identities.resolve(CHANNEL, user) != row.identity
-                           and user not in self._spec.approvers):
-            return "This request is not yours to answer."
+        if code not in DECISIONS:
+            return NOT_YOURS
         decision = DECISIONS[code]
-        outcome = await self._services.approvals.resolve(approval_id, decision, by=f"{CHANNEL}:{user}",
-                                                         scope=row.session_key)
-        note = {Resolution.RESOLVED: f"{DECIDED[decision]}.",
-                Resolution.EXPIRED: "This request expired before it was answered (it timed out, or Ember "
-                                    "restarted); nothing ran."}.get(outcome, "This request was answered already.")
+        outcome = await decided(self._services, CHANNEL, self._spec.approvers, approval_id, decision, user)
+        if outcome is None:
+            return NOT_YOURS
+        note = outcome_note(outcome, f"{DECIDED[decision]}.")
         if card_id := str((event.get("context") or {}).get("open_message_id") or ""):
             question = self._asked.get(approval_id, "")
             with contextlib.suppress(RateLimited, DeliveryRefused, MessageGone, httpx.HTTPError):

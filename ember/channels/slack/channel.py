@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ember.channels.attachments import not_taken
+from ember.channels.chat.commands import NOT_YOURS, decided, outcome_note
 from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
 from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.platform import required, show_streamed
@@ -48,7 +49,6 @@ from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError, ModelError
 from ember.core.events import InboundEvent, OutboundEvent
 from ember.core.tools import Decision
-from ember.runtime.approvals import Resolution
 
 CHANNEL = "slack"
 EVENTS_PATH = "/channels/slack/events"
@@ -260,21 +260,13 @@ class SlackChannel:
         approval_id, user = str(action.get("value", "")), str((payload.get("user") or {}).get("id", ""))
         channel = str((payload.get("channel") or {}).get("id", ""))
         card_ts = str((payload.get("container") or {}).get("message_ts", ""))
-        row = await self._services.approval_rows.get(approval_id) if code in DECISIONS else None
-        tapper = self._services.identities.resolve(CHANNEL, user)
-        if row is None or (tapper != row.identity and user not in self._spec.approvers):
-            await self._quietly(self._client.chat_postEphemeral(channel=channel, user=user,
-                                                                text="This request is not yours to answer."))
+        decision = DECISIONS.get(code)
+        outcome = None if decision is None else await decided(self._services, CHANNEL, self._spec.approvers,
+                                                              approval_id, decision, user)
+        if outcome is None or decision is None:
+            await self._quietly(self._client.chat_postEphemeral(channel=channel, user=user, text=NOT_YOURS))
             return
-        decision = DECISIONS[code]
-        outcome = await self._services.approvals.resolve(approval_id, decision, by=f"{CHANNEL}:{user}",
-                                                         scope=row.session_key)
-        if outcome is Resolution.RESOLVED:
-            note = f"{DECIDED[decision]} by <@{user}>."
-        elif outcome is Resolution.EXPIRED:
-            note = "This request expired before it was answered (it timed out, or Ember restarted); nothing ran."
-        else:
-            note = "This request was answered already."
+        note = outcome_note(outcome, f"{DECIDED[decision]} by <@{user}>.")
         question = str((payload.get("message") or {}).get("text", ""))  # mrkdwn already, as Slack shows it
         await self._quietly(_call(lambda: self._client.chat_update(channel=channel, ts=card_ts,
                                                                    text=f"{question}\n\n{note}", blocks=[])))

@@ -27,6 +27,7 @@ from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, TelegramError
 
 from ember.channels.attachments import not_taken
+from ember.channels.chat.commands import NOT_YOURS, decided, outcome_note
 from ember.channels.chat.editing import EditStream, MessageGone, RateLimited
 from ember.channels.chat.inbound import AllowList, refusal
 from ember.channels.chat.platform import required, show_streamed
@@ -146,9 +147,7 @@ class TelegramChannel:
         self._token = token
         self._bus = services.bus
         self._inbox = services.inbox
-        self._approvals = services.approvals
-        self._approval_rows = services.approval_rows
-        self._identities = services.identities
+        self._services = services
         self._public_url = public_url
         self._bot = bot or Bot(token, base_url=spec.api_base_url, base_file_url=file_base_url(spec.api_base_url))
         self._files = services.files
@@ -156,7 +155,7 @@ class TelegramChannel:
         self._stream = EditStream(self._platform, services.messages, CHANNEL, interval_s=spec.edit_interval_ms / 1000,
                                   limit=MAX_MESSAGE_CHARS, files=services.files)
         self._gate: AllowList[int] = AllowList(CHANNEL, spec.allowed_users, empty_refuses=True)
-        self._approvers = frozenset(spec.approvers)
+        self._approvers = frozenset(str(user) for user in spec.approvers)
         self._typing: dict[str, asyncio.Task[None]] = {}
         self._poller: asyncio.Task[None] | None = None
         self.username = ""
@@ -324,22 +323,15 @@ class TelegramChannel:
         if kind != "ap" or code not in DECISIONS:
             await self._quietly(query.answer())
             return
-        row = await self._approval_rows.get(approval_id)
-        tapper = self._identities.resolve(CHANNEL, str(query.from_user.id))
-        if row is None or (tapper != row.identity and query.from_user.id not in self._approvers):
-            await self._quietly(query.answer("This request is not yours to answer.", show_alert=True))
+        decision, user = DECISIONS[code], str(query.from_user.id)
+        outcome = await decided(self._services, CHANNEL, self._approvers, approval_id, decision, user)
+        if outcome is None:
+            await self._quietly(query.answer(NOT_YOURS, show_alert=True))
             return
-        decision = DECISIONS[code]
-        outcome = await self._approvals.resolve(approval_id, decision, by=f"{CHANNEL}:{query.from_user.id}",
-                                                scope=row.session_key)
         card = query.message
-        if outcome is Resolution.RESOLVED:
-            note, answer = f"{DECIDED[decision]} by {query.from_user.full_name}.", DECIDED[decision]
-        elif outcome is Resolution.EXPIRED:
-            note = "This request expired before it was answered (it timed out, or Ember restarted); nothing ran."
-            answer = "Expired"
-        else:
-            note, answer = "This request was answered already.", "Answered already"
+        note = outcome_note(outcome, f"{DECIDED[decision]} by {query.from_user.full_name}.")
+        answer = {Resolution.RESOLVED: DECIDED[decision], Resolution.EXPIRED: "Expired"}.get(outcome,
+                                                                                             "Answered already")
         await self._quietly(query.answer(answer))
         if card is not None and getattr(card, "text", None) is not None:
             await self._quietly(self._platform.edit(str(card.chat.id), str(card.message_id),
