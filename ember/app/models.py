@@ -102,13 +102,9 @@ def configured_transcriber(settings: Settings, *, demo: bool) -> Transcriber | N
     else None (voice notes are then refused, saying why)."""
     from ember.models.transcription import DemoTranscriber, OpenAITranscriber
 
-    chain = settings.model_roles.get("transcribe")
-    if not chain:
+    spec = _audio_endpoint(settings, "transcribe", "/v1/audio/transcriptions")
+    if spec is None or spec.base_url is None:
         return DemoTranscriber() if demo else None
-    spec = model_specs(settings)[chain[0]]
-    if spec.provider != "openai" or spec.base_url is None:
-        raise ConfigError(f"model_roles.transcribe names {chain[0]!r}, which is not an OpenAI-compatible endpoint "
-                          "(one with /v1/audio/transcriptions)")
     return OpenAITranscriber(model=spec.model, base_url=spec.base_url, api_key=spec.key(),
                              timeout_s=max(settings.model_timeout_s, 120.0))
 
@@ -118,15 +114,24 @@ def configured_speaker(settings: Settings, *, demo: bool) -> Speaker | None:
     else None (`/voice on` then says what is missing)."""
     from ember.models.speech import DemoSpeaker, OpenAISpeaker
 
-    chain = settings.model_roles.get("speech")
-    if not chain:
+    spec = _audio_endpoint(settings, "speech", "/v1/audio/speech")
+    if spec is None or spec.base_url is None:
         return DemoSpeaker() if demo else None
-    spec = model_specs(settings)[chain[0]]
-    if spec.provider != "openai" or spec.base_url is None:
-        raise ConfigError(f"model_roles.speech names {chain[0]!r}, which is not an OpenAI-compatible endpoint "
-                          "(one with /v1/audio/speech)")
     return OpenAISpeaker(model=spec.model, base_url=spec.base_url, api_key=spec.key(), voice=spec.voice,
                          timeout_s=max(settings.model_timeout_s, 120.0))
+
+
+def _audio_endpoint(settings: Settings, role: ModelRole, route: str) -> ModelSpec | None:
+    """The first model of an audio role's chain (None: the role is not configured); ConfigError
+    unless it is an OpenAI-compatible endpoint, which is what serves `route`."""
+    chain = settings.model_roles.get(role)
+    if not chain:
+        return None
+    spec = model_specs(settings)[chain[0]]
+    if spec.provider != "openai" or spec.base_url is None:
+        raise ConfigError(f"model_roles.{role} names {chain[0]!r}, which is not an OpenAI-compatible endpoint "
+                          f"(one with {route})")
+    return spec
 
 
 def configured_agent_models(settings: Settings) -> dict[str, ModelClient]:
