@@ -23,9 +23,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ember.core.attachments import AttachmentContent, AttachmentRefused, checked, from_data_url, with_text
-from ember.core.messages import Message
+from ember.core.messages import Message, encode_attachments
 from ember.models.anthropic_messages import AnthropicModel, TokenLimits
 from ember.models.base import complete
+from ember.store.attachments import with_documents
 from ember.store.engine import Database
 from tests.anthropicserver import AnthropicServer, Turn
 from tests.gatewayproc import GatewayProcess, LaunchGateway
@@ -394,6 +395,14 @@ async def test_a_sessions_files_are_its_own_on_either_engine(db: Database) -> No
         image.digest: (png(), "image/png", None), document.digest: (b"hello", "text/plain", "hello")}
     assert await sessions.attachments("http:bob:one", [image.digest]) == {}
     assert isinstance(image, AttachmentContent) and image.reference().to_dict()["name"] == "a.png"
+    # What memory keeps of a message: a document's text; of an answer, not its own words spoken again.
+    spoken = checked(VOICE, declared="audio/ogg", name="reply.ogg", max_bytes=10_000)
+    await sessions.keep_attachments("http:ann:one", [spoken])
+    files = encode_attachments((document.reference(), spoken.reference()))
+    kept = await db.run_read(lambda tx: [with_documents(tx, "http:ann:one", "Here.", files, answer=answer)
+                                         for answer in (False, True)])
+    assert kept == ["Here.\n[sent a.txt (text/plain, 5 bytes): hello]\n[sent reply.ogg (audio/ogg, 206 bytes)]",
+                    "Here.\n[sent a.txt (text/plain, 5 bytes): hello]"]
 
 
 def test_a_document_sent_is_remembered_by_its_text(seeing: GatewayProcess, fresh: ModelServer) -> None:
@@ -430,3 +439,10 @@ def test_a_file_the_model_sends_comes_with_the_final_and_only_its_person_can_fet
     assert httpx.get(where, headers=auth(OTHER_KEY)).status_code == 404
     [answer] = [m for m in history(seeing, "reports") if m["role"] == "assistant" and not m["tool_calls"]]
     assert answer["attachments"] == [sent]
+
+    def recalled() -> list[str]:  # the answer is remembered with the start of the document it sent
+        found = httpx.get(seeing.url("/api/memory/search"), params={"q": "Q3 revenue"}, headers=auth())
+        return [m["content"] for m in found.json() if m["content"].startswith("Your report.")]
+
+    wait_until(lambda: bool(recalled()), timeout_s=30, what="the archived answer")
+    assert "[sent report.pdf (application/pdf" in recalled()[0] and "Q3 revenue rose" in recalled()[0]

@@ -41,10 +41,11 @@ def read_files(tx: Tx, key: str, digests: Sequence[str]) -> dict[str, StoredFile
 DOCUMENT_CHARS = 2_000
 
 
-def with_documents(tx: Tx, key: str, content: str, attachments_json: str | None) -> str:
+def with_documents(tx: Tx, key: str, content: str, attachments_json: str | None, *, answer: bool = False) -> str:
     """A message's text as memory keeps it: with the start of each document it came with, and the
-    name of each other file (a person asks later for "the invoice I sent")."""
-    files = decode_attachments(attachments_json)
+    name of each other file (a person asks later for "the invoice I sent"). An answer's recording
+    is its own text spoken: nothing more to keep."""
+    files = [f for f in decode_attachments(attachments_json) if not (answer and f.is_audio)]
     if not files:
         return content
     stored = read_files(tx, key, [f.digest for f in files])

@@ -374,7 +374,7 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
     line = [*earlier, *new]
     # A named author is part of what was said: "Caroline: I went to the support group".
     # Kept as derived text before they become its content and its neighbours' context.
-    said = [with_documents(tx, session_key, row[2], row[7]) for row in line]
+    said = [with_documents(tx, session_key, row[2], row[7], answer=row[1] == "assistant") for row in line]
     texts = [derived_text(f"{row[6].strip()}: {text.strip()}" if row[6] else text.strip())
              for row, text in zip(line, said, strict=True)]
     heads = [text[:NEIGHBOUR_CHARS] for text in texts]
