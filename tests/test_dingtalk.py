@@ -23,12 +23,14 @@ import pytest
 
 from ember.app.runtime import Runtime, build_runtime, running
 from ember.app.serve import chat_services
+from ember.app.tools import workspaces
 from ember.channels.dingtalk.channel import DingTalkChannel
 from ember.channels.dingtalk.config import DingTalkSpec
 from ember.config.settings import Settings
-from ember.core.messages import Role
-from ember.models.base import ModelClient
+from ember.core.messages import Message, Role, ToolCall
+from ember.models.base import ModelClient, ModelReply
 from ember.models.openai_compat import OpenAICompatibleModel
+from ember.models.scripted import FunctionModel
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, called_back, settled_in, settling, writing_tool
 from tests.dingtalkserver import APP_KEY, APP_SECRET, FakeDingTalk, serving_dingtalk, signed
@@ -243,3 +245,18 @@ async def test_stream_mode_reads_the_socket_acks_each_frame_and_connects_again_w
     assert json.loads(dingtalk.acks[ping]["data"]) == json.loads(
         next(f["data"] for f in dingtalk.frames if f["headers"]["messageId"] == ping))  # a ping's data comes back
     assert dingtalk.connections == 2
+
+
+async def test_a_file_the_model_sends_is_named_where_dingtalk_cannot_show_it(
+        settings: Settings, dingtalk: FakeDingTalk) -> None:
+    def reply(messages: list[Message], tools: Any) -> ModelReply:
+        if messages[-1].role is Role.TOOL:
+            return ModelReply(text="The chart.")
+        return ModelReply(tool_calls=(ToolCall("s1", "send_file", json.dumps({"path": "chart.png"})),))
+    runtime = await build_runtime(settings, FunctionModel(reply))  # the built-in tools, send_file among them
+    folder = workspaces(settings, None).for_identity(runtime.identities.resolve("dingtalk", ANA)).root
+    (folder / "chart.png").write_bytes(png(4, 4))
+    async with called_back(runtime, DingTalkChannel(spec(dingtalk), chat_services(runtime))) as http:
+        await post(http, dingtalk.message("the chart, please", sender=ANA))
+        texts = await settled(dingtalk, runtime, f"user:{ANA}")
+    assert texts == [f"The chart.\n\n[chart.png (image/png, {len(png(4, 4))} bytes): this chat cannot show files]"]

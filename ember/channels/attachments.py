@@ -22,6 +22,11 @@ from ember.store.protocols import SessionBrowser
 NO_TRANSCRIBER = "voice notes need a transcription model: name one in [model_roles] transcribe"
 
 
+def files_named(text: str, files: Sequence[Attachment]) -> str:
+    """An answer as a chat that cannot show files gets it: its text, and a line naming each file."""
+    return text + "".join(f"\n\n[{file.label}: this chat cannot show files]" for file in files)
+
+
 def not_taken(reason: object) -> str:
     """What a chat is told of a message whose file was refused: nothing of that message is kept."""
     return f"I could not take that file: {reason}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol, runtime_checkable
 
-from ember.channels.attachments import FileShelf
+from ember.channels.attachments import FileShelf, files_named
 from ember.channels.chat.split import split_message
 from ember.core.attachments import AttachmentContent
 from ember.core.events import OutboundEvent
@@ -135,10 +135,8 @@ class EditStream:
         if event.delivery_id is not None and await self._messages.finished(self._channel, event.turn_id) \
                 == event.delivery_id:
             return  # shown already (a re-send after a restart, a replayed message)
-        text = event.text
-        if event.attachments and self._files is None:
-            text += "".join(f"\n\n[{file.label}: this chat cannot show files]" for file in event.attachments)
-        pieces = split_message(text, self._limit)
+        pieces = split_message(files_named(event.text, event.attachments) if self._files is None else event.text,
+                               self._limit)
         await self._write(event.turn_id, answer, pieces)
         assert answer.parts is not None
         # A draft longer than the answer:

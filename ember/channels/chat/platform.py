@@ -5,7 +5,9 @@ message, whole (`show_answers_only`)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
+from ember.channels.attachments import files_named
 from ember.channels.chat.editing import EditStream
 from ember.core.errors import ConfigError
 from ember.core.events import OutboundEvent, OutboundKind
@@ -20,13 +22,15 @@ def required(secret: str | None, missing: str) -> str:
     return secret
 
 
-async def show_answers_only(event: OutboundEvent, *, ask: Show, answer: Show) -> None:
+async def show_answers_only(event: OutboundEvent, *, ask: Show, answer: Show, sends_files: bool = False) -> None:
     """An approval request is asked and a final answer or error sent; deltas and tool steps are
-    not shown, as a message once sent cannot be edited to follow them."""
+    not shown, as a message once sent cannot be edited to follow them. Unless the platform
+    `sends_files`, an answer's files are named at its end."""
     if event.kind is OutboundKind.APPROVAL_REQUEST:
         await ask(event)
     elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
-        await answer(event)
+        await answer(event if sends_files or not event.attachments else
+                     replace(event, text=files_named(event.text, event.attachments)))
 
 
 async def show_streamed(event: OutboundEvent, stream: EditStream, *, ask: Show) -> None:

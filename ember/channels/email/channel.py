@@ -189,7 +189,7 @@ class EmailChannel:
     # Out
 
     async def deliver(self, event: OutboundEvent) -> None:
-        await show_answers_only(event, ask=self._ask, answer=self._answer)
+        await show_answers_only(event, ask=self._ask, answer=self._answer, sends_files=True)
 
     async def _ask(self, event: OutboundEvent) -> None:
         assert event.approval is not None
