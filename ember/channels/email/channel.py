@@ -134,7 +134,13 @@ class EmailChannel:
     async def _read(self, imap: aioimaplib.IMAP4) -> None:
         while True:
             for uid in await _unseen(imap):
-                await self._take(imap, uid)
+                try:
+                    await self._take(imap, uid)
+                except (aioimaplib.AioImapException, OSError, TimeoutError):
+                    raise  # the connection's: connect again
+                except Exception:  # this mail's (the store, a mail Ember cannot read): it stays unread
+                    log.warning("email: mail %s could not be taken; it stays unread, to try again", uid,
+                                exc_info=True)
             if imap.has_capability("IDLE"):
                 idle = await imap.idle_start(timeout=IDLE_S)
                 await imap.wait_server_push(timeout=IDLE_S + 60)
