@@ -84,9 +84,13 @@ class StreamLink:
             if kind == "SYSTEM" and headers.get("topic") == "disconnect":
                 return  # DingTalk moves the connection: open a new one
             if kind == "CALLBACK" and headers.get("topic") == TOPIC:
-                robot_message = json.loads(message.get("data") or "{}")
-                if isinstance(robot_message, dict):
-                    await self._received(robot_message)
+                try:
+                    robot_message = json.loads(message.get("data") or "{}")
+                    if isinstance(robot_message, dict):
+                        await self._received(robot_message)
+                except Exception:  # not acknowledged: DingTalk sends it again
+                    log.warning("dingtalk: a Stream message could not be taken", exc_info=True)
+                    continue
                 reply = json.dumps({"response": None})
             else:  # a ping is answered with its own data; anything else is acknowledged and let be
                 reply = message.get("data") or "{}"
