@@ -1,17 +1,22 @@
 """The email channel against real servers on loopback: Debian's Dovecot for IMAP (mail put in with
 APPEND, as delivery does) and aiosmtpd for SMTP (every mail Ember sends, as a server receives it).
 A thread of three mails is one session answered in the thread; a file comes in with a mail and
-another goes out with the answer; a mail seen twice runs one turn; a stranger is told once."""
+another goes out with the answer; a mail seen twice runs one turn; a stranger is told once. And
+`ember channels` and `ember doctor` for the platforms that came with it: email, Feishu, Discord."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from email import policy
 from email.message import EmailMessage
 from email.parser import BytesParser
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +32,11 @@ from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.openai_compat import OpenAICompatibleModel
 from tests.chatplatform import settled_in, settling
+from tests.discordserver import TOKEN as DISCORD_TOKEN
+from tests.discordserver import serving_discord
+from tests.feishuserver import APP_ID as FEISHU_APP
+from tests.feishuserver import APP_SECRET as FEISHU_SECRET
+from tests.feishuserver import VERIFICATION_TOKEN, serving_feishu
 from tests.gatewayproc import free_port
 from tests.imapserver import PASSWORD, USER, ImapServer, imap_server  # noqa: F401 (the fixture)
 from tests.modelserver import ModelServer, Reply, serving
@@ -167,3 +177,43 @@ async def test_doctor_checks_both_logins_without_sending(mailbox: ImapServer, sm
     with pytest.raises(Exception, match="refused the login"):
         await probe(spec(mailbox, port, password="wrong"))
     assert outbox.mails == []
+
+
+def test_channels_lists_email_feishu_and_discord_and_doctor_checks_them_without_sending(
+        tmp_path: Path, mailbox: ImapServer, smtp: tuple[Outbox, int]) -> None:
+    outbox, port = smtp
+    home = tmp_path / "home"
+    home.mkdir()
+    with serving_feishu() as feishu, serving_discord() as discord:
+        (home / "ember.toml").write_text(f"""
+[email]
+address = "{USER}"
+imap_host = "127.0.0.1"
+imap_port = {mailbox.port}
+imap_security = "none"
+smtp_host = "127.0.0.1"
+smtp_port = {port}
+smtp_security = "none"
+allowed_senders = ["{ANA}"]
+[feishu]
+app_id = "{FEISHU_APP}"
+verification_token = "{VERIFICATION_TOKEN}"
+api_base_url = "{feishu.origin}"
+[discord]
+api_base_url = "{discord.origin}/api/v10"
+""")
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}, "EMBER_HOME": str(home),
+               "EMBER_EMAIL_PASSWORD": PASSWORD, "EMBER_FEISHU_APP_SECRET": FEISHU_SECRET,
+               "EMBER_DISCORD_TOKEN": DISCORD_TOKEN}
+        ember = str(Path(sys.executable).with_name("ember"))
+        listed = subprocess.run([ember, "channels", "--json"], env=env, capture_output=True, text=True, timeout=120)
+        doctor = subprocess.run([ember, "doctor"], env=env, capture_output=True, text=True, timeout=120)
+        assert feishu.cards == {} and discord.shown == {} and discord.identified == 0  # nothing sent, no Gateway
+    rows = {row["channel"]: row for row in json.loads(listed.stdout)}
+    assert "1 allowed senders" in rows["email"]["state"] and "POST /channels/feishu/events" in rows["feishu"]["state"]
+    assert rows["discord"]["state"].startswith("token set")
+    assert f"email: {USER} logs in to 127.0.0.1 (0 unread)" in doctor.stdout
+    assert f"feishu: app {FEISHU_APP} got a tenant access token" in doctor.stdout
+    assert "discord: the token is ember (900000000000000001)'s" in doctor.stdout
+    assert "feishu: no encrypt_key" in doctor.stdout and outbox.mails == []
+    assert PASSWORD not in doctor.stdout + doctor.stderr and DISCORD_TOKEN not in doctor.stdout + doctor.stderr
