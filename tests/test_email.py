@@ -31,7 +31,8 @@ from ember.channels.email.mail import new_text
 from ember.config.settings import Settings
 from ember.core.messages import Role
 from ember.models.openai_compat import OpenAICompatibleModel
-from tests.chatplatform import settled_in, settling
+from ember.tools.base import ToolRegistry
+from tests.chatplatform import asking_model, settled_in, settling, writing_tool
 from tests.discordserver import TOKEN as DISCORD_TOKEN
 from tests.discordserver import serving_discord
 from tests.feishuserver import APP_ID as FEISHU_APP
@@ -217,3 +218,25 @@ api_base_url = "{discord.origin}/api/v10"
     assert "discord: the token is ember (900000000000000001)'s" in doctor.stdout
     assert "feishu: no encrypt_key" in doctor.stdout and outbox.mails == []
     assert PASSWORD not in doctor.stdout + doctor.stderr and DISCORD_TOKEN not in doctor.stdout + doctor.stderr
+
+
+async def test_an_approval_is_mailed_and_only_the_askers_reply_answers_it(
+        settings: Settings, mailbox: ImapServer, smtp: tuple[Outbox, int]) -> None:
+    outbox, port = smtp
+    ran: list[str] = []
+    runtime = await build_runtime(settings, asking_model(), tools=ToolRegistry([writing_tool(ran)]))
+    settling(runtime, EmailChannel(spec(mailbox, port), chat_services(runtime)))
+    async with running(runtime, recover=True):
+        mailbox.deliver(mail(ANA, "Write my note.", "n1@example.test", subject="Notes"))
+        [request] = await mails_sent(outbox, 1)
+        short = request.get_body(("plain",)).get_content().rsplit("/deny ", 1)[1].strip()
+        thread = ["n1@example.test", ids(request["Message-ID"])[0]]
+        mailbox.deliver(mail("ben@team.test", f"/approve {short}", "b2@team.test", subject="Notes", replying=thread))
+        refused = (await mails_sent(outbox, 2))[1]
+        mailbox.deliver(mail(ANA, f"/approve {short}\n\nOn Sunday, Ember wrote:\n> Allow?", "n2@example.test",
+                             subject="Notes", replying=thread))
+        sent = await mails_sent(outbox, 4)
+    assert refused["To"] == "ben@team.test" and "not yours to answer" in refused.get_body(("plain",)).get_content()
+    assert ran == ["notes.txt"]
+    answers = {new_text(m.get_body(("plain",)).get_content()) for m in sent[2:]}
+    assert answers == {"Allowed once.", "Result: wrote notes.txt"}
