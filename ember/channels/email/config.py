@@ -40,6 +40,8 @@ class EmailSpec(BaseModel):
     approvers: list[str] = Field(default_factory=list)
     # How often the mailbox is looked at when its server cannot push new mail (IMAP IDLE).
     poll_interval_s: float = Field(default=60.0, ge=1, le=3_600)
+    # Unused: mail goes over IMAP and SMTP. Taken, so that every platform's table has the same key.
+    api_base_url: str | None = None
 
     def key(self) -> str | None:
         return self.password.get_secret_value() if self.password else os.environ.get(PASSWORD_ENV) or None
