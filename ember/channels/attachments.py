@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import httpx
+
 from ember.core.attachments import (
     Attachment,
     AttachmentContent,
@@ -20,6 +22,16 @@ from ember.models.transcription import Transcriber
 from ember.store.protocols import SessionBrowser
 
 NO_TRANSCRIBER = "voice notes need a transcription model: name one in [model_roles] transcribe"
+
+
+async def capped(response: httpx.Response, limit: int) -> bytes:
+    """A streamed download's body; ValueError as soon as it passes `limit` bytes (attachment_max_bytes)."""
+    data = bytearray()
+    async for chunk in response.aiter_bytes():
+        data += chunk
+        if len(data) > limit:
+            raise ValueError(f"the file is over {limit} bytes (attachment_max_bytes)")
+    return bytes(data)
 
 
 def files_named(text: str, files: Sequence[Attachment]) -> str:

@@ -20,6 +20,7 @@ import time
 
 import httpx
 
+from ember.channels.attachments import capped
 from ember.channels.chat.editing import RateLimited
 from ember.core.channels import DeliveryRefused
 
@@ -72,12 +73,7 @@ class DingTalkApi:
             raise httpx.HTTPError("DingTalk gave no download address")
         async with self._http.stream("GET", url) as file:
             file.raise_for_status()
-            data = bytearray()
-            async for chunk in file.aiter_bytes():
-                data += chunk
-                if len(data) > max_bytes:
-                    raise ValueError(f"over the limit of {max_bytes} bytes (attachment_max_bytes)")
-        return bytes(data)
+            return await capped(file, max_bytes)
 
     async def by_webhook(self, webhook: str, markdown: str) -> None:
         response = await self._http.post(webhook, json={"msgtype": "markdown",

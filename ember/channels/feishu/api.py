@@ -20,6 +20,7 @@ import httpx
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from ember.channels.attachments import capped
 from ember.channels.chat.editing import MessageGone, RateLimited
 from ember.core.attachments import OFFICE_TYPES, PDF_TYPE, AttachmentContent
 from ember.core.channels import DeliveryRefused
@@ -130,12 +131,7 @@ class FeishuApi:
             if response.status_code != 200:
                 raise httpx.HTTPStatusError(f"Feishu answered {response.status_code} for the file",
                                             request=response.request, response=response)
-            data = bytearray()
-            async for chunk in response.aiter_bytes():
-                data += chunk
-                if len(data) > limit:
-                    raise ValueError(f"the file is over {limit} bytes (attachment_max_bytes)")
-            return bytes(data)
+            return await capped(response, limit)
 
     async def _call(self, method: str, path: str, **request: Any) -> dict[str, Any]:
         """The call's `data`; RateLimited, MessageGone or DeliveryRefused as the chat kit has them."""
