@@ -121,6 +121,16 @@ def settled_in(runtime: Runtime, name: str) -> Settling:
     return registered
 
 
+async def answered(runtime: Runtime, channel: str, chat_id: str, *, answers: int = 1, timeout_s: float = 30) -> None:
+    """Once the chat's session has `answers` answers and the channel has shown them (anything sent
+    twice shows by then)."""
+    async with asyncio.timeout(timeout_s):
+        while len([m for m in await runtime.sessions.history(f"{channel}:{chat_id}")
+                   if m.role is Role.ASSISTANT]) < answers:
+            await asyncio.sleep(0.05)
+        await settled_in(runtime, channel).settled(chat_id)
+
+
 async def texts_when(texts: Callable[[], list[str]], count: int, settled: Callable[[], Awaitable[None]], *,
                      timeout_s: float = 30) -> list[str]:
     """`texts()` once it has `count` of them and `settled()` returned: anything sent twice shows by then."""

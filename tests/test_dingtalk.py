@@ -32,7 +32,7 @@ from ember.models.base import ModelClient, ModelReply
 from ember.models.openai_compat import OpenAICompatibleModel
 from ember.models.scripted import FunctionModel
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, called_back, settled_in, settling, writing_tool
+from tests.chatplatform import answered, asking_model, called_back, settling, writing_tool
 from tests.dingtalkserver import APP_KEY, APP_SECRET, FakeDingTalk, serving_dingtalk, signed
 from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import wait_until
@@ -70,11 +70,7 @@ async def post(http: httpx.AsyncClient, message: dict[str, Any], **headers: str)
 
 
 async def settled(fake: FakeDingTalk, runtime: Runtime, chat_id: str, *, answers: int = 1) -> list[str]:
-    async with asyncio.timeout(30):
-        while len([m for m in await runtime.sessions.history(f"dingtalk:{chat_id}")
-                   if m.role is Role.ASSISTANT]) < answers:
-            await asyncio.sleep(0.05)
-        await settled_in(runtime, "dingtalk").settled(chat_id)
+    await answered(runtime, "dingtalk", chat_id, answers=answers)
     return fake.texts(chat_id)
 
 

@@ -26,7 +26,7 @@ from ember.core.messages import Role
 from ember.models.base import ModelClient
 from ember.pipeline.voice import TURNED_ON
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, settled_in, settling, writing_tool
+from tests.chatplatform import answered, asking_model, settling, writing_tool
 from tests.discordserver import TOKEN, FakeDiscord, serving_discord
 from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import wait_until
@@ -61,11 +61,7 @@ async def agent(settings: Settings, model: ModelClient, fake: FakeDiscord, *,
 
 
 async def settled(fake: FakeDiscord, runtime: Runtime, chat_id: str, *, answers: int = 1) -> list[str]:
-    async with asyncio.timeout(30):
-        while len([m for m in await runtime.sessions.history(f"discord:{chat_id}")
-                   if m.role is Role.ASSISTANT]) < answers:
-            await asyncio.sleep(0.05)
-        await settled_in(runtime, "discord").settled(chat_id)
+    await answered(runtime, "discord", chat_id, answers=answers)
     return fake.texts(chat_id)
 
 

@@ -28,7 +28,7 @@ from ember.core.messages import Role
 from ember.models.base import ModelClient
 from ember.pipeline.voice import TURNED_ON
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, called_back, settled_in, writing_tool
+from tests.chatplatform import answered, asking_model, called_back, writing_tool
 from tests.feishuserver import (
     APP_ID,
     APP_SECRET,
@@ -75,11 +75,7 @@ async def post(http: httpx.AsyncClient, event: dict[str, Any]) -> httpx.Response
 
 
 async def settled(fake: FakeFeishu, runtime: Runtime, chat_id: str, *, answers: int = 1) -> list[str]:
-    async with asyncio.timeout(30):
-        while len([m for m in await runtime.sessions.history(f"feishu:{chat_id}")
-                   if m.role is Role.ASSISTANT]) < answers:
-            await asyncio.sleep(0.05)
-        await settled_in(runtime, "feishu").settled(chat_id)
+    await answered(runtime, "feishu", chat_id, answers=answers)
     return fake.texts(chat_id)
 
 
