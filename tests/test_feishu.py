@@ -1,11 +1,13 @@
 """The Feishu channel against the tests' own Feishu, over real HTTP on 127.0.0.1: encrypted, signed
 events in; the answer a card updated in place as it streams; an event sent again answered once;
 forged, unencrypted and wrong-token events refused; the URL check answered; 429s waited out with
-one card; approval cards only the asker can press; a stranger told once."""
+one card; approval cards only the asker can press; a stranger told once; the same on the long
+connection, acknowledged frame by frame and opened again when dropped."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -19,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ember.app.runtime import Runtime, build_runtime
+from ember.app.runtime import Runtime, build_runtime, running
 from ember.app.serve import chat_services
 from ember.channels.feishu.channel import FeishuChannel, probe
 from ember.channels.feishu.config import FeishuSpec
@@ -28,7 +30,7 @@ from ember.core.messages import Role
 from ember.models.base import ModelClient
 from ember.pipeline.voice import TURNED_ON
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import answered, asking_model, called_back, writing_tool
+from tests.chatplatform import answered, asking_model, called_back, settling, writing_tool
 from tests.feishuserver import (
     APP_ID,
     APP_SECRET,
@@ -198,3 +200,43 @@ async def test_a_spoken_reply_follows_the_card_as_a_voice_message(settings: Sett
     assert [card.file for card in voices] == [("reply.ogg", SPOKEN_PREFIX + text.encode())
                                               for text in (TURNED_ON, "Sunny all day.")]
     assert feishu.file_types == ["opus", "opus"] and feishu.texts(DM)[-2] == "Sunny all day."
+
+
+async def test_the_long_connection_acknowledges_each_event_once_kept_and_opens_again_when_dropped(
+        settings: Settings, feishu: FakeFeishu) -> None:
+    ran: list[str] = []
+    runtime = await build_runtime(settings, asking_model(), tools=ToolRegistry([writing_tool(ran)]))
+    channel = FeishuChannel(spec(feishu, mode="websocket", verification_token=None, encrypt_key=None),
+                            chat_services(runtime))
+    assert channel.routes() == []  # nothing for Feishu to post to
+    settling(runtime, channel)
+    async with running(runtime, recover=True):
+        ask = feishu.message("write my note", sender=ANA, chat_id=DM)
+        frames = [feishu.push(ask, parts=3), feishu.push(ask)]  # split in three, then sent again: one turn
+        async with asyncio.timeout(20):
+            while not (asking := [c for c in feishu.visible(DM) if c.buttons]) or feishu.pings < 1:
+                await asyncio.sleep(0.05)
+        feishu.dropping = True
+        async with asyncio.timeout(20):
+            while feishu.connections < 2:
+                await asyncio.sleep(0.05)
+        [card] = asking
+        frames += [feishu.push(feishu.press(card, "once", by=BEN)), feishu.push(feishu.press(card, "once", by=ANA))]
+        texts = await settled(feishu, runtime, DM)
+        async with asyncio.timeout(10):  # the fake reads acknowledgements on its own loop
+            while not all(f in feishu.acks for f in frames):
+                await asyncio.sleep(0.05)
+        history = await runtime.sessions.history(f"feishu:{DM}")
+    toasts = [json.loads(base64.b64decode(feishu.acks[f]["data"]))["toast"]["content"] for f in frames[2:]]
+    assert all(feishu.acks[f]["code"] == 200 for f in frames) and ran == ["notes.txt"]
+    assert toasts == ["This request is not yours to answer.", "Allowed once."]
+    assert texts[-1] == "Result: wrote notes.txt"
+    assert [m.content for m in history if m.role is Role.USER] == ["write my note"]
+
+
+async def test_doctor_asks_for_a_long_connection_without_opening_one(feishu: FakeFeishu) -> None:
+    websocket = spec(feishu, mode="websocket", verification_token=None)
+    assert await probe(websocket) == f"app {APP_ID} got a tenant access token and a long-connection address"
+    assert feishu.connections == 0
+    with pytest.raises(ValueError, match='mode = "http" needs verification_token'):
+        spec(feishu, verification_token=None)

@@ -65,8 +65,9 @@ def _chat_rows(settings: Settings) -> list[tuple[str, str, str]]:
         rows.append(("discord", "the Gateway", f"{token}, {len(discord.allowed_users) or 'all'} allowed users"))
     if (feishu := settings.feishu) is not None:
         secret = "" if feishu.secret() else ", NO SECRET"
-        rows.append(("feishu", f"app {feishu.app_id}", f"POST /channels/feishu/events{secret}, "
-                     f"{len(feishu.allowed_users) or 'all'} allowed users"))
+        rows.append(("feishu", f"app {feishu.app_id}",
+                     ("long connection" if feishu.mode == "websocket" else "POST /channels/feishu/events")
+                     + f"{secret}, {len(feishu.allowed_users) or 'all'} allowed users"))
     if (email := settings.email) is not None:
         secret = "" if email.key() else ", NO PASSWORD"
         rows.append(("email", email.address, f"IMAP {email.imap_host}:{email.imap_port}, SMTP {email.smtp_host}:"

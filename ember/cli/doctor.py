@@ -274,7 +274,7 @@ async def _check_more_channels(settings: Settings, report: Report) -> None:
 
         if (said := await _probe("feishu", feishu_probe(settings.feishu), report)) is not None:
             report.ok(f"feishu: {said}")
-            if not settings.feishu.encryption():
+            if settings.feishu.mode == "http" and not settings.feishu.encryption():
                 report.warn("feishu: no encrypt_key: events come unsigned, checked by the verification token alone")
     if settings.dingtalk is not None:
         from ember.channels.dingtalk.channel import probe as dingtalk_probe

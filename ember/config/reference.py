@@ -53,7 +53,7 @@ TABLES: list[tuple[str, type[BaseModel], str]] = [
     ("[slack]", SlackSpec, "A Slack app: Events API at `/channels/slack/events`, or Socket Mode."),
     ("[dingtalk]", DingTalkSpec, "A DingTalk (钉钉) app robot, called back at `/channels/dingtalk/events`."),
     ("[discord]", DiscordSpec, "A Discord bot `ember serve` runs on the Gateway."),
-    ("[feishu]", FeishuSpec, "A Feishu (飞书) / Lark app's bot, called back at `/channels/feishu/events`."),
+    ("[feishu]", FeishuSpec, "A Feishu (飞书) / Lark bot: `/channels/feishu/events`, or its long connection."),
     ("[email]", EmailSpec, "A mailbox read over IMAP and answered from over SMTP, one session per thread."),
     ("[wecom]", WeComSpec, "A WeCom (企业微信) self-built app, called back at `/channels/wecom`."),
     ("[qq]", QQSpec, "A QQ official bot in webhook mode, called back at `/channels/qq`."),

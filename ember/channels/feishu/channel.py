@@ -1,11 +1,13 @@
-"""The `feishu` channel: a Feishu (飞书) or Lark app's bot, called back by event subscription.
+"""The `feishu` channel: a Feishu (飞书) or Lark app's bot, by event subscription or long connection.
 
 Feishu POSTs each event to `/channels/feishu/events`: with an Encrypt Key set, encrypted and
 signed (api.py), and refused 401 when the signature is wrong; every event must carry the
 Verification Token. The URL check (`url_verification`) is answered with its challenge. A message
 is kept in the store before Feishu gets its 200, so a crash loses none, and one Feishu sends again
 (same message_id) runs no second turn. A direct chat is a session; so is a group, where only
-messages that @-mention the bot are answered unless `group_replies = "all"`.
+messages that @-mention the bot are answered unless `group_replies = "all"`. With `mode =
+"websocket"` the same events come on the long connection Ember opens (longconn.py), plain, and
+each is acknowledged once kept.
 
 The answer is a card that replies to the message and is updated in place as the answer streams
 (channels/chat/editing.py), at most every `edit_interval_ms`, waiting out Feishu's rate limits. An
@@ -36,12 +38,14 @@ from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.feishu.api import FeishuApi, card, decrypted, signed
 from ember.channels.feishu.config import SECRET_ENV, FeishuSpec
+from ember.channels.feishu.longconn import LongConnection, endpoint
 from ember.channels.gateway.http import ApiError, read_body
 from ember.core.attachments import AttachmentContent, AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ModelError
 from ember.core.events import InboundEvent, OutboundEvent
 from ember.core.tools import Decision
+from ember.runtime.tasks import cancel_task
 
 CHANNEL = "feishu"
 EVENTS_PATH = "/channels/feishu/events"
@@ -58,10 +62,14 @@ log = logging.getLogger(__name__)
 
 
 async def probe(spec: FeishuSpec) -> str:
-    """Whether the app id and secret work (a tenant access token is fetched; nothing is sent)."""
+    """Whether the app id and secret work (a tenant access token is fetched, and in websocket mode a
+    long-connection address; nothing is sent)."""
     secret = required(spec.secret(), f"[feishu] needs the app secret: app_secret = \"…\" or {SECRET_ENV}")
     async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
         await FeishuApi(http, spec.api_base_url, spec.app_id, secret).token()
+        if spec.mode == "websocket":
+            await endpoint(http, spec.api_base_url, spec.app_id, secret)
+            return f"app {spec.app_id} got a tenant access token and a long-connection address"
     return f"app {spec.app_id} got a tenant access token"
 
 
@@ -93,7 +101,7 @@ class FeishuChannel:
     def __init__(self, spec: FeishuSpec, services: ChatServices, *, http: httpx.AsyncClient | None = None) -> None:
         secret = required(spec.secret(), f"[feishu] needs the app secret: app_secret = \"…\" or {SECRET_ENV}")
         self._spec = spec
-        self._token = spec.verification_token.get_secret_value()
+        self._token = spec.verification_token.get_secret_value() if spec.verification_token else ""
         self._key = spec.encryption()
         self._http = http or httpx.AsyncClient(trust_env=False, timeout=15)
         self._api = FeishuApi(self._http, spec.api_base_url, spec.app_id, secret)
@@ -105,22 +113,30 @@ class FeishuChannel:
         self._seen: dict[str, None] = {}  # event ids of this run: Feishu's retries
         self._asked: dict[str, str] = {}  # approval id -> its card's question, shown again with the answer
         self.bot_open_id = ""
+        self._link = (LongConnection(self._http, spec.api_base_url, spec.app_id, secret, self._handled)
+                      if spec.mode == "websocket" else None)
+        self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self._api.token()  # bad credentials stop `ember serve`, saying which
+        if self._link is not None:
+            await self._link.opened()  # and so does an app that cannot open a long connection
         try:
             info = (await self._http.get(f"{self._spec.api_base_url.rstrip('/')}/open-apis/bot/v3/info",
                                          headers={"Authorization": f"Bearer {await self._api.token()}"})).json()
             self.bot_open_id = str((info.get("bot") or {}).get("open_id") or "")
         except (httpx.HTTPError, ValueError) as exc:  # then every group message counts as a mention
             log.warning("feishu: could not read the bot's open_id (%s)", exc)
+        if self._link is not None:
+            self._reader = asyncio.create_task(self._link.run(), name="ember-feishu-long-connection")
 
     async def stop(self) -> None:
+        await cancel_task(self._reader)
         await self._stream.close()
         await self._http.aclose()
 
     def routes(self) -> list[Route]:
-        return [Route(EVENTS_PATH, self.events, methods=["POST"])]
+        return [] if self._link is not None else [Route(EVENTS_PATH, self.events, methods=["POST"])]
 
     # In
 
@@ -136,14 +152,19 @@ class FeishuChannel:
         header = payload.get("header") if isinstance(payload.get("header"), dict) else {}
         if header.get("token") != self._token:
             raise ApiError(401, "not this app's Feishu: wrong verification token", code="invalid_token")
+        return JSONResponse(await self._handled(payload))
+
+    async def _handled(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """An event, posted and checked or from the long connection: Feishu's answer to it."""
+        header = payload.get("header") if isinstance(payload.get("header"), dict) else {}
         event = payload.get("event") if isinstance(payload.get("event"), dict) else {}
         kind, event_id = header.get("event_type"), str(header.get("event_id") or "")
         if kind == "card.action.trigger":
-            return JSONResponse({"toast": {"type": "info", "content": await self._pressed(event)}})
+            return {"toast": {"type": "info", "content": await self._pressed(event)}}
         if kind == "im.message.receive_v1" and event_id not in self._seen:
             await self._received(event)
             remember(self._seen, event_id, None)
-        return JSONResponse({})
+        return {}
 
     def _opened(self, body: bytes) -> dict[str, Any]:
         """The event, decrypted where the app has an Encrypt Key (it must then come encrypted)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 SECRET_ENV = "EMBER_FEISHU_APP_SECRET"
 ENCRYPT_KEY_ENV = "EMBER_FEISHU_ENCRYPT_KEY"
@@ -17,8 +17,11 @@ class FeishuSpec(BaseModel):
     # The app's App ID (cli_…) and App Secret (or EMBER_FEISHU_APP_SECRET), from the developer console.
     app_id: str = Field(min_length=1)
     app_secret: SecretStr | None = None
-    # Event subscription's Verification Token: every event must carry it.
-    verification_token: SecretStr
+    # "http": Feishu posts events to gateway_public_url/channels/feishu/events; "websocket": Ember opens
+    # Feishu's long connection (长连接: no public URL needed, nothing to verify or decrypt).
+    mode: Literal["http", "websocket"] = "http"
+    # Event subscription's Verification Token, which every posted event must carry (needed for "http").
+    verification_token: SecretStr | None = None
     # Its Encrypt Key (or EMBER_FEISHU_ENCRYPT_KEY): events come encrypted and signed with it. Strongly advised.
     encrypt_key: SecretStr | None = None
     # Where the Open API is: Feishu's, Lark's (https://open.larksuite.com), the tests' own, or a proxy.
@@ -31,6 +34,12 @@ class FeishuSpec(BaseModel):
     group_replies: Literal["mention", "all"] = "mention"
     # The least time between two updates of an answer's card (Feishu allows 5 a second per message).
     edit_interval_ms: int = Field(default=500, ge=200, le=10_000)
+
+    @model_validator(mode="after")
+    def _http_needs_a_token(self) -> FeishuSpec:
+        if self.mode == "http" and self.verification_token is None:
+            raise ValueError('mode = "http" needs verification_token (or mode = "websocket": no public URL)')
+        return self
 
     def secret(self) -> str | None:
         return self.app_secret.get_secret_value() if self.app_secret else os.environ.get(SECRET_ENV) or None
