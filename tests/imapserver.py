@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -77,7 +78,7 @@ service imap-login {{
 
 
 class ImapServer:
-    def __init__(self, executable: str, folder: Path) -> None:
+    def __init__(self, executable: str, folder: Path, *, settings: str = "") -> None:
         self.folder = folder
         folder.chmod(0o755)  # Dovecot's auth process, as its own user, reads the users file here
         self.port = _free_port()
@@ -86,7 +87,7 @@ class ImapServer:
         for kept in ("mail", "home"):
             (folder / kept).mkdir()
             os.chown(folder / kept, owner.pw_uid, owner.pw_gid)
-        (folder / "dovecot.conf").write_text(_config(folder, self.port, owner))
+        (folder / "dovecot.conf").write_text(_config(folder, self.port, owner) + settings)
         self._process = subprocess.Popen(
             [executable, "-F", "-c", str(folder / "dovecot.conf")],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -141,15 +142,22 @@ class ImapServer:
             self._process.wait()
 
 
-@pytest.fixture(scope="session")
-def imap_server() -> Iterator[ImapServer]:
+@contextmanager
+def dovecot(settings: str = "") -> Iterator[ImapServer]:
+    """A Dovecot of its own, with `settings` added to its configuration."""
     executable = shutil.which("dovecot") or ("/usr/sbin/dovecot" if Path("/usr/sbin/dovecot").exists() else None)
     if executable is None:
         pytest.fail("the email tests need Debian's Dovecot: apt-get install dovecot-imapd (make test does)")
     folder = Path(tempfile.mkdtemp(prefix="ember-imap-"))
-    server = ImapServer(executable, folder)
+    server = ImapServer(executable, folder, settings=settings)
     try:
         yield server
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def imap_server() -> Iterator[ImapServer]:
+    with dovecot() as server:
+        yield server

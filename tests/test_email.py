@@ -39,7 +39,7 @@ from tests.feishuserver import APP_ID as FEISHU_APP
 from tests.feishuserver import APP_SECRET as FEISHU_SECRET
 from tests.feishuserver import VERIFICATION_TOKEN, serving_feishu
 from tests.gatewayproc import free_port
-from tests.imapserver import PASSWORD, USER, ImapServer, imap_server  # noqa: F401 (the fixture)
+from tests.imapserver import PASSWORD, USER, ImapServer, dovecot, imap_server  # noqa: F401 (the fixture)
 from tests.modelserver import ModelServer, Reply, serving
 from tests.test_attachments import pdf
 
@@ -153,6 +153,21 @@ async def test_a_thread_of_three_mails_is_one_session_answered_in_the_thread_wit
     [attached] = list(answer.iter_attachments())
     assert attached.get_filename() == "itinerary.pdf" and attached.get_content() == itinerary
     assert mailbox.unseen() == 0 and len(outbox.mails) == 3
+
+
+async def test_a_server_that_cannot_push_is_looked_at_every_poll_interval(
+        settings: Settings, smtp: tuple[Outbox, int], model: ModelServer) -> None:
+    outbox, port = smtp
+    model.push(Reply(text="Noted."))
+    with dovecot("imap_capability = IMAP4rev1 LITERAL+ SASL-IR LOGIN-REFERRALS ID ENABLE UIDPLUS\n") as no_idle:
+        async with agent(settings, model, spec(no_idle, port, poll_interval_s=1)) as runtime:
+            await asyncio.sleep(0.5)  # the mailbox was looked at, empty: the mail comes while Ember waits
+            no_idle.deliver(mail(ANA, "Buy milk.", "p1@example.test"))
+            [answer] = await mails_sent(outbox, 1)
+            await settled_in(runtime, "email").settled("p1@example.test")
+        assert no_idle.unseen() == 0
+    assert ids(answer["In-Reply-To"]) == ["p1@example.test"]
+    assert new_text(answer.get_body(("plain",)).get_content()) == "Noted."
 
 
 async def test_a_stranger_is_told_once_and_nothing_of_theirs_is_kept(
