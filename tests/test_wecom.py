@@ -2,11 +2,13 @@
 called back with real signed and encrypted pushes: the URL checks; forged pushes refused and nothing kept;
 a fast answer as the passive reply, a slow one through the send API, never both; a retried push runs one
 turn and is answered once; the access token cached and fetched again after 42001; long answers split;
-approvals by /approve only from their person; strangers refused once."""
+approvals by /approve only from their person; strangers refused once; a picture taken in and an answer's
+files sent after its text (named where the platform cannot send them)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,19 +23,27 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ember.app.runtime import Runtime, build_runtime, running
 from ember.app.serve import chat_services
+from ember.app.tools import workspaces
 from ember.channels.gateway.http import ApiError
-from ember.channels.wecom.channel import MAX_MESSAGE_BYTES, WeChatOfficialChannel, WeComChannel, byte_pieces
+from ember.channels.wecom.channel import (
+    MAX_MESSAGE_BYTES,
+    NOT_READ,
+    WeChatOfficialChannel,
+    WeComChannel,
+    byte_pieces,
+)
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
 from ember.config.settings import Settings
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message as ChatMessage
-from ember.core.messages import Role
+from ember.core.messages import Role, ToolCall
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, kept, settled_in, settling, texts_when, writing_tool
 from tests.loopback import LoopbackServer
+from tests.test_attachments import pdf, png
 from tests.wecomserver import (
     ACCOUNT,
     AES_KEY,
@@ -118,10 +128,11 @@ class Served:
 
 @asynccontextmanager
 async def serving(settings: Settings, model: FunctionModel, spec: WeComSpec | WeChatOfficialSpec, *,
-                  tools: ToolRegistry | None = None, clock: Callable[[], float] | None = None) -> AsyncIterator[Served]:
+                  tools: ToolRegistry | None = None, clock: Callable[[], float] | None = None,
+                  builtin_tools: bool = False) -> AsyncIterator[Served]:
     # Memory is not what these tests are about: the hashing embedder spares loading the e5 model.
     light = settings.model_copy(update={"embedding_model": "hashing"})
-    runtime = await build_runtime(light, model, tools=tools or ToolRegistry())
+    runtime = await build_runtime(light, model, tools=None if builtin_tools else tools or ToolRegistry())
     extra = {"clock": clock} if clock else {}
     args = (chat_services(runtime),)
     channel = WeComChannel(spec, *args, **extra) if isinstance(spec, WeComSpec) \
@@ -395,11 +406,14 @@ async def test_other_messages_get_a_note_and_events_nothing(settings: Settings,
     fake, base_url = weixin
     model = answering("hi")
     async with serving(settings, model, wecom_spec(base_url)) as served:
-        picture = await served.reply(wecom_push(ANA, "", "11001", msg_type="image"))
-        retried = await served.reply(wecom_push(ANA, "", "11001", msg_type="image"))
+        video = await served.reply(wecom_push(ANA, "", "11001", msg_type="video"))
+        retried = await served.reply(wecom_push(ANA, "", "11001", msg_type="video"))
+        unheard = await served.reply(wecom_push(ANA, "", "11003", msg_type="voice"))  # no transcript with it
+        lost = await served.reply(wecom_push(ANA, "no-such-media", "11004", msg_type="image"))
         entered = await served.reply(wecom_push(ANA, "enter_agent", "", msg_type="event"))
         other_app = await served.push(wecom_push(ANA, "hello", "11002", agent_id=AGENT_ID + 1))
-    assert picture["Content"] == "Sorry, I can only read text messages." and retried == {}
+    assert video["Content"] == unheard["Content"] == NOT_READ and retried == {}
+    assert lost["Content"].startswith("I could not take that file: WeCom gave no picture: errcode 40007")
     assert entered == {} and other_app.status_code == 403
     assert model.requests == [] and fake.sent == []
 
@@ -435,3 +449,36 @@ async def test_an_official_account_in_plain_mode_checks_the_signature(
     assert read_reply(response.text, APP_ID)["Content"] == "Re: plain hello"
     assert sealed.status_code == 403  # a safe-mode push, but no EncodingAESKey configured
     assert len(model.requests) == 1 and fake.sent == []
+
+
+@pytest.mark.parametrize("platform", ["wecom", "wechat"])
+async def test_a_picture_and_a_transcribed_voice_message_reach_the_turn_and_the_answers_files_follow_its_text(
+        settings: Settings, weixin: tuple[FakeWeixin, str], platform: str) -> None:
+    fake, base_url = weixin
+    fake.media["pic1"] = (png(4, 4), "image/png")
+    seen: list[ChatMessage] = []
+
+    def reply(messages: list[ChatMessage], tools: Any) -> ModelReply:
+        if messages[-1].role is Role.TOOL:
+            return ModelReply(text="Here you are.")
+        seen.append(messages[-1])
+        if messages[-1].attachments:
+            return ModelReply(text="A small picture.")
+        return ModelReply(tool_calls=tuple(ToolCall(f"s{n}", "send_file", json.dumps({"path": name}))
+                                           for n, name in enumerate(("chart.png", "plan.pdf"))))
+    wecom = platform == "wecom"
+    person, push = (ANA, wecom_push) if wecom else (FAN, wechat_push)
+    spec = wecom_spec(base_url) if wecom else wechat_spec(base_url)
+    async with serving(settings, FunctionModel(reply), spec, builtin_tools=True) as served:
+        folder = workspaces(settings, None).for_identity(served.runtime.identities.resolve(platform, person)).root
+        (folder / "chart.png").write_bytes(png(8, 8))
+        (folder / "plan.pdf").write_bytes(pdf("Day 1"))
+        picture = await served.reply(push(person, "pic1", "12001", msg_type="image"))
+        spoken = await served.reply(push(person, "send me the chart and the plan", "12002", msg_type="voice"))
+        files = await texts_when(lambda: [s.file for s in fake.sent if s.file], 2 if wecom else 1,
+                                 lambda: settled_in(served.runtime, platform).settled(person))
+    assert picture["Content"] == "A small picture." and seen[0].attachments[0].media_type == "image/png"
+    assert seen[1].content == "send me the chart and the plan"
+    named = f"\n\n[plan.pdf (application/pdf, {len(pdf('Day 1'))} bytes): this chat cannot show files]"
+    assert spoken["Content"] == "Here you are." + ("" if wecom else named)
+    assert files == [("chart.png", png(8, 8)), ("plan.pdf", pdf("Day 1"))][:2 if wecom else 1]

@@ -8,6 +8,9 @@ appid, secret) issue access tokens (`{"errcode": 0, "errmsg": "ok", "access_toke
 40013 / 40001 for a wrong id or secret, 40014 for an unknown token, 42001 for one that expired
 (`expire_tokens`), 40056 for a wrong agentid, 45002 for text over 2048 bytes (WeCom would cut it; the fake
 refuses, so a test notices), and whatever errcodes a test queues with `refuse_next` (45009, a rate limit…).
+Files: `POST /cgi-bin/media/upload?type=image|file` (multipart `media`) gives a media_id that an image or
+file message sends (an Official Account takes images only); `GET /cgi-bin/media/get` gives back what a
+test put in `media` (a person's picture), or 40007 for an unknown media_id.
 
 The platform's side: `wecom_push` / `wechat_push` build a message push as the platform sends it (signed,
 and encrypted with MessageCrypto where the mode says so), the `*_url_check`s the console's URL check, and
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ember.channels.wecom.crypto import MessageCrypto, cdata, parse_message, signature, url_signature
@@ -55,6 +58,7 @@ class Sent:
     to_user: str
     content: str
     agent_id: int | None
+    file: tuple[str, bytes] | None = None  # an image or file message's upload: its name and bytes
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,10 @@ class FakeWeixin:
     # errcodes to answer the next sends with, before looking at them
     refusals: list[int] = field(default_factory=list)
     responses: list[dict[str, object]] = field(default_factory=list)  # what response_urls were sent
+    media: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # media_id -> bytes, content type
     _tokens: dict[str, str] = field(default_factory=dict)  # platform -> its valid token
     _expired: set[str] = field(default_factory=set)
+    _uploads: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # media_id -> name, bytes
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -133,15 +139,20 @@ class FakeWeixin:
             if self.refusals:
                 code = self.refusals.pop(0)
                 return _error(code, "api freq out of limit" if code == 45009 else f"refused ({code})")
-            if body.get("msgtype") != "text" or not body.get("touser"):
+            kind = body.get("msgtype")
+            wrong_kind = kind not in ("text", "image", "file") or (platform, kind) == ("wechat", "file")
+            if wrong_kind or not body.get("touser"):
                 return _error(40008, "invalid message type")
             agent_id = body.get("agentid")
             if platform == "wecom" and agent_id != AGENT_ID:
                 return _error(40056, "invalid agentid")
             content = body.get("text", {}).get("content", "")
-            if not content or len(content.encode()) > MAX_TEXT_BYTES:
+            file = self._uploads.get(body.get(kind, {}).get("media_id", "")) if kind != "text" else None
+            if kind != "text" and file is None:
+                return _error(40007, "invalid media_id")
+            if kind == "text" and (not content or len(content.encode()) > MAX_TEXT_BYTES):
                 return _error(45002, "content size out of limit")
-            self.sent.append(Sent(platform, body["touser"], content, agent_id))
+            self.sent.append(Sent(platform, body["touser"], content, agent_id, file))
             number = next(self._numbers)
         if platform == "wecom":
             return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "invalidparty": "",
@@ -157,8 +168,37 @@ class FakeWeixin:
             self.responses.append({"response_code": code, **body})
         return JSONResponse({"errcode": 0, "errmsg": "ok"})
 
+    async def _upload(self, request: Request) -> JSONResponse:
+        if not self._valid(request):
+            return _error(40014, "invalid access_token")
+        async with request.form() as form:
+            media = form.get("media")
+            if media is None or isinstance(media, str) or request.query_params.get("type") not in ("image", "file"):
+                return _error(40004, "invalid media type")
+            data = await media.read()
+        media_id = f"up{next(self._numbers)}"
+        with self._lock:
+            self._uploads[media_id] = (media.filename or "", data)
+        return JSONResponse({"errcode": 0, "errmsg": "ok", "type": request.query_params["type"], "media_id": media_id,
+                             "created_at": str(int(time.time()))})
+
+    async def _media(self, request: Request) -> Response:
+        if not self._valid(request):
+            return _error(40014, "invalid access_token")
+        found = self.media.get(request.query_params.get("media_id", ""))
+        if found is None:
+            return _error(40007, "invalid media_id")
+        return Response(found[0], media_type=found[1],
+                        headers={"Content-disposition": 'attachment; filename="picture.jpg"'})
+
+    def _valid(self, request: Request) -> bool:
+        with self._lock:
+            return request.query_params.get("access_token") in self._tokens.values()
+
     def app(self) -> Starlette:
         return Starlette(routes=[
+            Route("/cgi-bin/media/upload", self._upload, methods=["POST"]),
+            Route("/cgi-bin/media/get", self._media, methods=["GET"]),
             Route("/cgi-bin/aibot/response", self._respond, methods=["POST"]),
             Route("/cgi-bin/gettoken", self._gettoken, methods=["GET"]),
             Route("/cgi-bin/token", self._token, methods=["GET"]),
@@ -188,9 +228,11 @@ def serving_weixin() -> Iterator[tuple[FakeWeixin, str]]:
 
 def message_xml(to_user: str, from_user: str, content: str, msg_id: str, *, msg_type: str = "text",
                 agent_id: int | None = None) -> str:
-    """A message as the platforms write it, before it is encrypted."""
-    payload = (f"<Content>{cdata(content)}</Content>" if msg_type == "text"
-               else f"<PicUrl>{cdata('https://example.invalid/p.jpg')}</PicUrl><MediaId>{cdata('m1')}</MediaId>")
+    """A message as the platforms write it, before it is encrypted: an image's `content` is its MediaId,
+    a voice message's its transcript (Recognition)."""
+    picture = f"<PicUrl>{cdata('https://example.invalid/p.jpg')}</PicUrl><MediaId>{cdata(content)}</MediaId>"
+    voice = f"<MediaId>{cdata('v1')}</MediaId><Format>amr</Format><Recognition>{cdata(content)}</Recognition>"
+    payload = {"text": f"<Content>{cdata(content)}</Content>", "voice": voice}.get(msg_type, picture)
     event = f"<Event>{cdata(content)}</Event>" if msg_type == "event" else ""
     return (f"<xml><ToUserName>{cdata(to_user)}</ToUserName><FromUserName>{cdata(from_user)}</FromUserName>"
             f"<CreateTime>{int(time.time())}</CreateTime><MsgType>{cdata(msg_type)}</MsgType>"

@@ -14,8 +14,13 @@ each look and act without an await in between.
 Answers are cut into messages of at most 2048 UTF-8 bytes (the platforms' limit for text). The parts
 sent are recorded, so an answer re-sent after a restart sends none twice. There are no buttons: an
 approval request is text naming a short id, answered by `/approve ID`, `/always ID` or `/deny ID` from
-the turn's person or an approver; such a command is no turn. Messages other than text get a short
-note; events (a follow, a menu click) are answered empty.
+the turn's person or an approver; such a command is no turn.
+
+A picture is fetched by its MediaId and kept with the message; a voice message is read by the
+transcript an Official Account adds where its speech recognition is on. Other messages get a short
+note; events (a follow, a menu click) are answered empty. An answer's files follow its text, each a
+message of its own (from part 1000 on), named at the end of the text where the platform cannot send
+them (an Official Account sends pictures only).
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from ember.channels.attachments import files_named, not_taken
 from ember.channels.chat.commands import ApprovalCommands, command, hint
-from ember.channels.chat.editing import digest
+from ember.channels.chat.editing import FILE_PARTS, digest
 from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.plain import plain_text
 from ember.channels.chat.platform import required, show_answers_only
@@ -49,12 +55,14 @@ from ember.channels.wecom.api import (
 from ember.channels.wecom.callback import CallbackEndpoint, Callbacks, OfficialCallbacks, WeComCallbacks
 from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
 from ember.channels.wecom.crypto import MAX_XML_CHARS, text_reply
-from ember.core.channels import ChannelCapabilities
+from ember.core.attachments import AttachmentContent, AttachmentRefused
+from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError
 from ember.core.events import InboundEvent, OutboundEvent
 
 MAX_MESSAGE_BYTES = 2048
 ONLY_TEXT = "Sorry, I can only read text messages."
+NOT_READ = "Sorry, I can only read text, pictures and voice messages the platform has transcribed."
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +111,7 @@ class _WeixinChannel(CallbackEndpoint):
         self._bus = services.bus
         self._inbox = services.inbox
         self._messages = services.messages
+        self._files = services.files
         self._commands = ApprovalCommands(self.name, services, platform.approvers)
         # (chat id, message id) -> the text its POST answers with; None: it answers empty.
         self._windows: dict[tuple[str, str], asyncio.Future[str | None]] = {}
@@ -148,19 +157,26 @@ class _WeixinChannel(CallbackEndpoint):
         if not self._gate.admits(sender):
             return refusal(self.id_label, sender) if self._gate.first_refusal(sender) else None
         message_id = fields.get("MsgId") or f"{sender}:{fields.get('CreateTime', '')}"
-        text = fields.get("Content", "").strip() if kind == "text" else ""
+        text = fields.get({"text": "Content", "voice": "Recognition"}.get(kind, ""), "").strip()
         typed = command(text)
-        if kind != "text" or typed:
+        if typed or not (text or kind == "image"):
             if not self._first_time(message_id):
                 return None  # a retry: answered already
             if typed is None:
-                return ONLY_TEXT
+                return NOT_READ if kind != "text" else None
             return await self._commands.answer(sender, *typed)
-        if not text:
-            return None
+        try:
+            files = [await self._picture(fields)] if kind == "image" else []
+        except (AttachmentRefused, DeliveryRefused, PlatformUnavailable, ValueError, httpx.HTTPError) as exc:
+            return not_taken(exc) if self._first_time(message_id) else None  # said once; nothing is kept
         event = InboundEvent(channel=self.name, chat_id=sender, sender_id=sender, text=text, message_id=message_id,
-                             stream=False, can_approve=True)
+                             stream=False, can_approve=True,
+                             attachments=await self._files.keep(f"{self.name}:{sender}", files))
         return await self._turn(event, deadline)
+
+    async def _picture(self, fields: Mapping[str, str]) -> AttachmentContent:
+        data = await self._api.media(fields.get("MediaId", ""), self._files.max_bytes)
+        return self._files.checked(data, declared=None, name=f"picture-{fields.get('MsgId') or 'sent'}")
 
     def _check_recipient(self, fields: Mapping[str, str]) -> None:
         """Refuse a message meant for another app sharing this one's keys."""
@@ -190,33 +206,37 @@ class _WeixinChannel(CallbackEndpoint):
     # Out
 
     async def deliver(self, event: OutboundEvent) -> None:
-        await show_answers_only(event, ask=self._ask, answer=self._answer)
+        await show_answers_only(event, ask=self._ask, answer=self._answer, sends_files=True)
 
     async def _answer(self, event: OutboundEvent) -> None:
         delivery = event.delivery_id
         finished = await self._messages.finished(self.name, event.turn_id) if delivery is not None else None
         if delivery is not None and finished == delivery:
             return  # shown already: a re-send after a restart
+        sendable = [f for f in event.attachments if self._api.can_send(f)]
+        text = files_named(event.text, [f for f in event.attachments if f not in sendable])
         # A text message shows its characters as they are: Markdown markers would show too.
-        pieces = byte_pieces(plain_text(event.text), MAX_MESSAGE_BYTES) if event.text.strip() else []
+        pieces = byte_pieces(plain_text(text), MAX_MESSAGE_BYTES) if text.strip() else []
         if self._claim(event, pieces[0] if len(pieces) == 1 else None):
+            sent: dict[int, str] = {0: f"passive:{event.reply_to}"}
             if delivery is not None:
-                await self._messages.record(self.name, event.chat_id, event.turn_id, 0, f"passive:{event.reply_to}")
-                await self._messages.finish(self.name, event.turn_id, delivery, {0: digest(pieces[0])})
-            return
-        # The parts a cut-off send of this answer got out (an earlier answer's parts are sent over).
-        sent = await self._messages.parts(self.name, event.turn_id) if delivery is not None and finished is None \
-            else {}
-        for part, piece in enumerate(pieces):
+                await self._messages.record(self.name, event.chat_id, event.turn_id, 0, sent[0])
+        else:  # the parts a cut-off send of this answer got out (an earlier answer's parts are sent over)
+            sent = await self._messages.parts(self.name, event.turn_id) if delivery is not None and finished is None \
+                else {}
+        files = await self._files.read(event.session_key, sendable) if sendable and event.session_key else []
+        shown = {part: digest(piece) for part, piece in enumerate(pieces)}
+        shown |= {part: file.digest[:16] for part, file in enumerate(files, start=FILE_PARTS)}
+        for part in shown:
             if part in sent:
                 continue
-            message_id = await self._api.send_text(event.chat_id, piece)
+            message_id = await (self._api.send_text(event.chat_id, pieces[part]) if part < FILE_PARTS
+                                else self._api.send_file(event.chat_id, files[part - FILE_PARTS]))
             if delivery is not None:
                 await self._messages.record(self.name, event.chat_id, event.turn_id, part,
                                             message_id or f"{delivery}:{part}")
         if delivery is not None:
-            await self._messages.finish(self.name, event.turn_id, delivery,
-                                        {part: digest(piece) for part, piece in enumerate(pieces)})
+            await self._messages.finish(self.name, event.turn_id, delivery, shown)
 
     async def _ask(self, event: OutboundEvent) -> None:
         note = hint(await self._commands.short_id(event))
