@@ -7,6 +7,7 @@ person can give; strangers get one refusal and leave nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from starlette.routing import Route
 
 from ember.app.runtime import Runtime, build_runtime, running
 from ember.app.serve import chat_services
+from ember.app.tools import workspaces
 from ember.channels.gateway.http import ApiError
 from ember.channels.qq.channel import ACK, CUT, MAX_MESSAGE_CHARS, QQChannel
 from ember.channels.qq.config import QQSpec
@@ -29,7 +31,7 @@ from ember.channels.qq.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP, QQSign
 from ember.config.settings import Settings
 from ember.core.errors import ConfigError
 from ember.core.events import OutboundEvent, OutboundKind
-from ember.core.messages import Message, Role
+from ember.core.messages import Message, Role, ToolCall
 from ember.memory.embeddings import HashingEmbedder
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
@@ -38,6 +40,7 @@ from ember.tools.base import ToolRegistry
 from tests.chatplatform import asking_model, kept, settled_in, settling, texts_when, writing_tool
 from tests.loopback import LoopbackServer
 from tests.qqserver import APP_ID, SECRET, FakeQQ, serving_qq
+from tests.test_attachments import pdf, png
 
 # user_openids of direct chats; a group's member_openids differ from them (and from group to group)
 ANA, BEN, STRANGER = "E4F4AEA33253A2797FB897C50B81D7ED", "0B3D6A1F9C2E4B5A8D7C6E5F4A3B2C1D", "F0F0F0F0"
@@ -96,9 +99,10 @@ def spec(fake: FakeQQ, **fields: Any) -> QQSpec:
 
 @asynccontextmanager
 async def agent(settings: Settings, model: FunctionModel, fake: FakeQQ, *, tools: ToolRegistry | None = None,
-                clock: Clock | None = None, **fields: Any) -> AsyncIterator[Agent]:
+                clock: Clock | None = None, builtin_tools: bool = False, **fields: Any) -> AsyncIterator[Agent]:
     # The hashing embedder: the local model's embedding of long answers is not what these tests are about.
-    runtime = await build_runtime(settings, model, tools=tools or ToolRegistry(), embedder=HashingEmbedder())
+    runtime = await build_runtime(settings, model, tools=None if builtin_tools else tools or ToolRegistry(),
+                                  embedder=HashingEmbedder())
     channel = QQChannel(spec(fake, **fields), chat_services(runtime),
                         **({"clock": clock} if clock else {}))
     settling(runtime, channel)
@@ -380,3 +384,36 @@ async def test_a_wrong_secret_fails_the_start_without_showing_it(settings: Setti
     await channel.stop()  # a channel whose start failed is not stopped by the runtime
     assert "wrong-secret-value" not in str(refused.value)
     assert qq.replies == []
+
+
+async def test_a_picture_and_a_voice_note_reach_the_turn_and_the_answers_pictures_follow_its_text(
+        settings: Settings, qq: FakeQQ) -> None:
+    seen: list[Message] = []
+
+    def reply(messages: list[Message], tools: Any) -> ModelReply:
+        if messages[-1].role is Role.TOOL:
+            return ModelReply(text="Here you are.")
+        seen.append(messages[-1])
+        if messages[-1].attachments:
+            return ModelReply(text="A small picture.")
+        return ModelReply(tool_calls=tuple(ToolCall(f"s{n}", "send_file", json.dumps({"path": name}))
+                                           for n, name in enumerate(("chart.png", "plan.pdf"))))
+    voice = {"content_type": "voice", "url": f"{qq.origin}/media/voice.silk", "filename": "voice.silk",
+             "voice_wav_url": f"{qq.origin}/media/voice.wav", "asr_refer_text": "send me the chart and the plan"}
+    async with agent(settings, FunctionModel(reply), qq, builtin_tools=True) as bot:
+        folder = workspaces(settings, None).for_identity(bot.runtime.identities.resolve("qq", "u1")).root
+        (folder / "chart.png").write_bytes(png(8, 8))
+        (folder / "plan.pdf").write_bytes(pdf("Day 1"))
+        await bot.post(qq.direct("u1", "", attachments=[qq.picture("cat.png", png(4, 4))]))
+        await replies(bot, "c2c:u1", 1)
+        await bot.post(qq.direct("u1", "", attachments=[voice]))
+        texts = await replies(bot, "c2c:u1", 3)
+        gone = {"content_type": "image/png", "url": f"{qq.origin}/media/gone"}
+        lost = await bot.post(qq.direct("u1", "", attachments=[gone]))
+        told = await replies(bot, "c2c:u1", 4)
+    assert seen[0].attachments[0].media_type == "image/png" and seen[1].content == "send me the chart and the plan"
+    named = f"\n\n[plan.pdf (application/pdf, {len(pdf('Day 1'))} bytes): this chat cannot show files]"
+    assert texts == ["A small picture.", "Here you are." + named, ""]
+    [shown] = [r for r in qq.replies if r.picture]
+    assert shown.picture == png(8, 8) and shown.msg_seq == 2  # the second reply to the voice note
+    assert lost.status_code == 200 and told[-1].startswith("I could not take that file: it could not be fetched")

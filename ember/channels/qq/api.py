@@ -1,4 +1,4 @@
-"""The QQ bot OpenAPI as the channel uses it: the app access token, and text replies.
+"""The QQ bot OpenAPI as the channel uses it: the app access token, and replies of text or a picture.
 
 The token is fetched from `token_url` with the app id and secret, and kept until a
 minute before it expires (in that last minute QQ hands out the next one); a 401, or a
@@ -9,6 +9,10 @@ the same msg_seq: if the first try did land, QQ refuses the retry as a duplicate
 (40054005), and the reply counts as sent. Any other refusal is DeliveryRefused, with
 QQ's message. Neither the secret nor the token is ever logged or put in an error.
 
+A picture is uploaded first (POST …/files with `file_type` 1 and the bytes as base64 `file_data`),
+then sent as a reply of `msg_type` 7 naming the `file_info` QQ gave. QQ sends PNG and JPEG pictures;
+its other file types (video, SILK voice, files) are not open to bots or not what Ember has.
+
 Source: tencent-connect/bot-docs, docs/develop/api-v2/dev-prepare/interface-framework/api-use.md,
 server-inter/message/send-receive/send.md and openapi/error/error.md; tencent-connect/botgo,
 token/token_source.go and openapi/v1/openapi.go (11244: the token expired or does not exist).
@@ -17,6 +21,7 @@ token/token_source.go and openapi/v1/openapi.go (11244: the token expired or doe
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +31,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from ember.core.attachments import Attachment, AttachmentContent
 from ember.core.channels import DeliveryRefused
 
 RENEW_BEFORE_S = 60.0
@@ -37,6 +43,12 @@ TOKEN_CODES = frozenset({11241, 11243, 11244})  # no token, a wrong one, an expi
 # 20028, 22009 and 1100100 are QQ's "too many messages"; the 112xx are system errors QQ says to retry.
 RETRIED_CODES = frozenset({20028, 22009, 1100100, 11242, 11252, 11263, 11281})
 CHAT_PATHS = {"c2c": "/v2/users/{}/messages", "group": "/v2/groups/{}/messages"}
+PICTURE_TYPES = frozenset({"image/png", "image/jpeg"})
+PICTURE, MEDIA = 1, 7  # an upload's file_type for a picture; the msg_type of a reply that shows an upload
+
+
+def can_send(file: Attachment) -> bool:
+    return file.media_type in PICTURE_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +72,6 @@ class _Problem(BaseModel):
     code: int | None = None
     err_code: int | None = None
     message: str = ""
-
-
-class _Sent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    id: str = ""
 
 
 def _problem(response: httpx.Response) -> tuple[int | None, str]:
@@ -147,10 +153,24 @@ class QQApi:
     async def reply(self, chat_id: str, content: str, *, msg_id: str | None, msg_seq: int) -> str:
         """Send `content` to the chat as reply `msg_seq` to the message `msg_id` (None: a message of
         the bot's own, which QQ no longer allows); the id QQ gives it, "" if none (a retry that had landed)."""
-        url = self._base + chat_path(chat_id)
-        body: dict[str, Any] = {"content": content, "msg_type": 0}
+        return await self._send(chat_id, {"content": content, "msg_type": 0}, msg_id, msg_seq)
+
+    async def reply_picture(self, chat_id: str, file: AttachmentContent, *, msg_id: str | None, msg_seq: int) -> str:
+        """Upload a picture (`can_send`) and send it as reply `msg_seq`, as `reply` sends text."""
+        url = self._base + chat_path(chat_id).removesuffix("/messages") + "/files"
+        uploaded = await self._retried(url, {"file_type": PICTURE, "srv_send_msg": False,
+                                             "file_data": base64.b64encode(file.data).decode()})
+        if not uploaded.get("file_info"):
+            raise DeliveryRefused("QQ took the picture but gave no file_info to send it with")
+        return await self._send(chat_id, {"msg_type": MEDIA,
+                                          "media": {"file_info": uploaded["file_info"]}}, msg_id, msg_seq)
+
+    async def _send(self, chat_id: str, body: dict[str, Any], msg_id: str | None, msg_seq: int) -> str:
         if msg_id is not None:
             body |= {"msg_id": msg_id, "msg_seq": msg_seq}
+        return str((await self._retried(self._base + chat_path(chat_id), body)).get("id") or "")
+
+    async def _retried(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         retrying = AsyncRetrying(stop=stop_after_attempt(ATTEMPTS),
                                  wait=wait_exponential(multiplier=BACKOFF_S, max=MAX_BACKOFF_S),
                                  retry=retry_if_exception_type(QQUnavailable), before_sleep=_retrying, reraise=True)
@@ -159,7 +179,8 @@ class QQApi:
                 return await self._post(url, body, retried=attempt.retry_state.attempt_number > 1)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    async def _post(self, url: str, body: dict[str, Any], *, retried: bool) -> str:
+    async def _post(self, url: str, body: dict[str, Any], *, retried: bool) -> dict[str, Any]:
+        """QQ's answer; {} for a retry QQ refused as a duplicate of the try that had landed."""
         token = await self._token.get()
         renewed = False
         while True:
@@ -169,9 +190,10 @@ class QQApi:
                 raise QQUnavailable(f"could not reach {_origin(url)}: {type(exc).__name__}") from None
             if response.is_success:
                 try:
-                    return _Sent.model_validate_json(response.content).id
-                except ValidationError:
-                    return ""
+                    answer = response.json()
+                except ValueError:
+                    answer = None
+                return answer if isinstance(answer, dict) else {}
             code, message = _problem(response)
             if not renewed and (response.status_code == 401 or code in TOKEN_CODES):
                 token, renewed = await self._token.renew(token), True
@@ -180,7 +202,7 @@ class QQApi:
                        f"{message or response.reason_phrase}")
             if code == DUPLICATE and retried:
                 log.info("qq: %s; the reply had landed before the retry", problem)
-                return ""
+                return {}
             if response.status_code == 429 or response.status_code >= 500 or code in RETRIED_CODES:
                 raise QQUnavailable(problem)
             raise DeliveryRefused(problem)

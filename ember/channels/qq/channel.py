@@ -15,6 +15,11 @@ restarts (QQ refuses a repeat), and each part is recorded as it is sent, so an a
 sent again after a crash sends only what is missing. QQ has no edits and no buttons:
 an approval request is text, answered by the turn's person or a configured approver
 with /approve, /always or /deny and the request's short id.
+
+A message's pictures and files are fetched from the URLs QQ gives and kept with it; a
+voice note is read by QQ's own transcript (`asr_refer_text`), else its WAV is heard
+by the transcription model. An answer's pictures follow its text as replies of their
+own (from part 1000 on); its other files are named at the end of the text.
 """
 
 from __future__ import annotations
@@ -33,15 +38,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ember.channels.attachments import capped, files_named, not_taken
 from ember.channels.chat.commands import ApprovalCommands, hint
-from ember.channels.chat.editing import digest
+from ember.channels.chat.editing import FILE_PARTS, digest
 from ember.channels.chat.inbound import AllowList, refusal, remember
 from ember.channels.chat.plain import plain_text
 from ember.channels.chat.platform import required, show_answers_only
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
 from ember.channels.gateway.http import ApiError, read_body
-from ember.channels.qq.api import AccessToken, QQApi, QQUnavailable, TokenRefused
+from ember.channels.qq.api import AccessToken, QQApi, QQUnavailable, TokenRefused, can_send
 from ember.channels.qq.config import SECRET_ENV, QQSpec
 from ember.channels.qq.signing import (
     HEADER_SIGNATURE,
@@ -50,8 +56,9 @@ from ember.channels.qq.signing import (
     QQSigner,
     ValidationPayloadError,
 )
+from ember.core.attachments import Attachment, AttachmentContent, AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
-from ember.core.errors import ConfigError
+from ember.core.errors import ConfigError, ModelError
 from ember.core.events import InboundEvent, OutboundEvent
 
 CHANNEL = "qq"
@@ -84,6 +91,16 @@ class _Author(BaseModel):
     member_openid: str = ""  # a group's: the same person has another one in every group
 
 
+class _Attachment(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    url: str = ""
+    filename: str = ""
+    content_type: str = ""  # a media type, or "voice" for a voice note (SILK at `url`)
+    voice_wav_url: str = ""
+    asr_refer_text: str = ""  # QQ's transcript of a voice note
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -91,6 +108,7 @@ class _Message(BaseModel):
     author: _Author
     content: str = ""
     group_openid: str = ""
+    attachments: list[_Attachment] = Field(default_factory=list)
 
 
 class _Dispatch(BaseModel):
@@ -114,6 +132,7 @@ class QQChannel:
         self._bus = services.bus
         self._inbox = services.inbox
         self._messages = services.messages
+        self._files = services.files
         self._approval_commands = ApprovalCommands(CHANNEL, services, frozenset(spec.approvers))
         self._signer = QQSigner(secret)
         self._own_http = http is None
@@ -196,12 +215,34 @@ class QQChannel:
                 remember(self._answered, message.id, sender)
                 self._later(self._decide(chat_id, sender, message.id, command[1].lower(), command[2]))
             return
-        if not text:
-            return  # a picture or a file alone: nothing to answer
+        try:
+            files = [await self._fetched(a) for a in message.attachments if not a.asr_refer_text]
+            transcripts = [a.asr_refer_text.strip() for a in message.attachments if a.asr_refer_text]
+            text = await self._files.heard("\n\n".join(part for part in (text, *transcripts) if part), files)
+        except (AttachmentRefused, ModelError, ValueError, httpx.HTTPError) as exc:  # said; nothing is kept
+            told = exc if isinstance(exc, AttachmentRefused | ModelError) else f"it could not be fetched ({exc})"
+            self._later(self._reply(chat_id, not_taken(told), message.id))
+            return
+        if not text and not files:
+            return
         event = InboundEvent(channel=CHANNEL, chat_id=chat_id, sender_id=sender, text=text, message_id=message.id,
-                             stream=False, can_approve=True)
+                             stream=False, can_approve=True,
+                             attachments=await self._files.keep(f"{CHANNEL}:{chat_id}", files))
         if await self._inbox.accept(event):  # False: a replay, whose turn ran, or runs, once
             await self._bus.publish_inbound(event)
+
+    async def _fetched(self, attachment: _Attachment) -> AttachmentContent:
+        """An attachment's bytes, from its URL (a voice note's WAV); checked as every file is."""
+        voice = attachment.content_type == "voice"
+        url = attachment.voice_wav_url if voice else attachment.url
+        if not url:
+            raise ValueError("QQ gave no URL for it")
+        url = f"https:{url}" if url.startswith("//") else url
+        async with self._http.stream("GET", url) as response:
+            response.raise_for_status()
+            data = await capped(response, self._files.max_bytes)
+        name = "voice.wav" if voice else attachment.filename or None
+        return self._files.checked(data, declared=None if voice else attachment.content_type or None, name=name)
 
     def _may_talk(self, sender: str, command: bool) -> bool:
         return self._gate.admits(sender) or (command and sender in self._approvers)
@@ -217,7 +258,7 @@ class QQChannel:
     # Out
 
     async def deliver(self, event: OutboundEvent) -> None:
-        await show_answers_only(event, ask=self._ask, answer=self._answer)
+        await show_answers_only(event, ask=self._ask, answer=self._answer, sends_files=True)
 
     async def _ask(self, event: OutboundEvent) -> None:
         assert event.approval is not None
@@ -231,7 +272,9 @@ class QQChannel:
         if event.delivery_id is not None and await self._messages.finished(CHANNEL, event.turn_id) \
                 == event.delivery_id:
             return  # shown already (a re-send after a restart, a replayed message)
-        pieces = split_message(plain_text(event.text), MAX_MESSAGE_CHARS)  # QQ shows text as it is
+        pictures = [f for f in event.attachments if can_send(f)]
+        text = files_named(event.text, [f for f in event.attachments if f not in pictures])
+        pieces = split_message(plain_text(text), MAX_MESSAGE_CHARS)  # QQ shows text as it is
         digests = {part: digest(text) for part, text in enumerate(pieces)}
         shown = await self._messages.digests(CHANNEL, event.turn_id)
         for part, text in enumerate(pieces):
@@ -248,7 +291,27 @@ class QQChannel:
             if last:
                 digests = {p: d for p, d in digests.items() if p <= part}
                 break
+        else:
+            digests |= await self._send_pictures(event, pictures, shown)
         await self._messages.finish(CHANNEL, event.turn_id, event.delivery_id, digests)
+
+    async def _send_pictures(self, event: OutboundEvent, pictures: list[Attachment],
+                             shown: dict[int, str]) -> dict[int, str]:
+        """The answer's pictures, each a reply of its own while QQ takes replies to the message."""
+        files = await self._files.read(event.session_key, pictures) if pictures and event.session_key else []
+        sent: dict[int, str] = {}
+        for part, file in enumerate(files, start=FILE_PARTS):
+            if shown.get(part) == file.digest[:16]:
+                continue
+            seq = await self._seq(event.reply_to)
+            if event.reply_to is not None and seq > MAX_REPLIES:
+                log.warning("qq: %s was not sent: QQ takes at most five replies to one message", file.label)
+                break
+            message_id = await self._api.reply_picture(event.chat_id, file, msg_id=event.reply_to, msg_seq=seq)
+            await self._messages.record(CHANNEL, event.chat_id, event.turn_id, part, message_id)
+            sent[part] = file.digest[:16]
+            await self._messages.finish(CHANNEL, event.turn_id, None, {part: sent[part]})
+        return sent
 
     async def _seq(self, reply_to: str | None) -> int:
         """The next msg_seq of replies to `reply_to`; 1 for a message of the bot's own, which has none."""
