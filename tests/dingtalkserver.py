@@ -1,9 +1,10 @@
 """DingTalk of the tests' own, on 127.0.0.1: a conversation's session webhook
 (`/robot/sendBySession?session=…`, DingTalk's `{"errcode", "errmsg"}` answers, 130101 "send too
 fast" when a test asks), the OpenAPI's access token, robot messages (oToMessages/batchSend,
-groupMessages/send; 429 when a test asks, 401 for a wrong token) and files (messageFiles/download,
-then the file's one-time address); and the other side of the
-callbacks: a message as DingTalk posts it, signed with the app secret."""
+groupMessages/send; 429 when a test asks, 401 for a wrong token; markdown, or a picture or document
+named by the media_id the older API's media/upload gave) and files (messageFiles/download, then the
+file's one-time address); and the other side of the callbacks: a message as DingTalk posts it,
+signed with the app secret."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ class FakeDingTalk:
     # "webhook" / "openapi" -> the codes of the refusals to answer its next calls with
     refusals: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     files: dict[str, bytes] = field(default_factory=dict)  # downloadCode -> the file's bytes
+    # (chat id, msgKey, (name, bytes)) of every picture or document a robot message sent
+    sent_files: list[tuple[str, str, tuple[str, bytes]]] = field(default_factory=list)
+    _uploads: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # media_id -> name, bytes
     # Stream mode: the frames to put on the app's WebSocket (each robot message is sent again on
     # every new connection until acknowledged), the acknowledgements by message id, the connections.
     frames: list[dict[str, Any]] = field(default_factory=list)
@@ -127,8 +131,30 @@ class FakeDingTalk:
                 self.refusals["openapi"].pop(0)
                 return JSONResponse({"code": "Throttling", "message": "请求过于频繁"}, status_code=429,
                                     headers={"Retry-After": "1"})
-            self.shown.append((chat_id, "openapi", json.loads(body["msgParam"])["text"]))
+            param, key = json.loads(body["msgParam"]), body.get("msgKey")
+            if key == "sampleMarkdown":
+                self.shown.append((chat_id, "openapi", param["text"]))
+            else:
+                upload = self._uploads.get(param.get("photoURL") or param.get("mediaId") or "")
+                if key not in ("sampleImageMsg", "sampleFile") or upload is None:
+                    return JSONResponse({"code": "invalidParameter", "message": "msgParam无效"}, status_code=400)
+                self.sent_files.append((chat_id, key, upload))
         return JSONResponse({"processQueryKey": f"q{next(_ids)}"})
+
+    async def _upload(self, request: Request) -> Response:
+        """The older API's media/upload: its errcode envelope, its access_token in the query."""
+        if request.query_params.get("access_token") not in self._tokens:
+            return JSONResponse({"errcode": 40014, "errmsg": "不合法的access_token"})
+        async with request.form() as form:
+            media = form.get("media")
+            if media is None or isinstance(media, str) or request.query_params.get("type") not in ("image", "file"):
+                return JSONResponse({"errcode": 40004, "errmsg": "不合法的媒体文件类型"})
+            data = await media.read()
+        media_id = f"@lAD{next(_ids)}"
+        with self._lock:
+            self._uploads[media_id] = (media.filename or "", data)
+        return JSONResponse({"errcode": 0, "errmsg": "ok", "type": request.query_params["type"], "media_id": media_id,
+                             "created_at": int(time.time() * 1000)})
 
     def stream(self, message: dict[str, Any]) -> str:
         """A robot message for the Stream connection; its frame's message id."""
@@ -191,6 +217,7 @@ class FakeDingTalk:
             WebSocketRoute("/stream", self._socket),
             Route("/robot/sendBySession", self._webhook, methods=["POST"]),
             Route("/v1.0/oauth2/accessToken", self._token, methods=["POST"]),
+            Route("/media/upload", self._upload, methods=["POST"]),
             Route("/v1.0/robot/oToMessages/batchSend", self._robot, methods=["POST"]),
             Route("/v1.0/robot/groupMessages/send", self._robot, methods=["POST"]),
             Route("/v1.0/robot/messageFiles/download", self._download, methods=["POST"]),

@@ -53,7 +53,7 @@ def dingtalk() -> Iterator[FakeDingTalk]:
 
 def spec(fake: FakeDingTalk, **fields: Any) -> DingTalkSpec:
     return DingTalkSpec(**{"app_key": APP_KEY, "app_secret": APP_SECRET, "api_base_url": fake.origin,
-                           "allowed_users": [ANA, BEN], **fields})
+                           "oapi_base_url": fake.origin, "allowed_users": [ANA, BEN], **fields})
 
 
 @asynccontextmanager
@@ -243,16 +243,19 @@ async def test_stream_mode_reads_the_socket_acks_each_frame_and_connects_again_w
     assert dingtalk.connections == 2
 
 
-async def test_a_file_the_model_sends_is_named_where_dingtalk_cannot_show_it(
+async def test_the_models_picture_follows_the_answer_and_a_file_dingtalk_cannot_take_is_named(
         settings: Settings, dingtalk: FakeDingTalk) -> None:
     def reply(messages: list[Message], tools: Any) -> ModelReply:
         if messages[-1].role is Role.TOOL:
             return ModelReply(text="The chart.")
-        return ModelReply(tool_calls=(ToolCall("s1", "send_file", json.dumps({"path": "chart.png"})),))
+        return ModelReply(tool_calls=tuple(ToolCall(f"s{n}", "send_file", json.dumps({"path": name}))
+                                           for n, name in enumerate(("chart.png", "notes.md"))))
     runtime = await build_runtime(settings, FunctionModel(reply))  # the built-in tools, send_file among them
     folder = workspaces(settings, None).for_identity(runtime.identities.resolve("dingtalk", ANA)).root
     (folder / "chart.png").write_bytes(png(4, 4))
+    (folder / "notes.md").write_text("- buy milk")
     async with called_back(runtime, DingTalkChannel(spec(dingtalk), chat_services(runtime))) as http:
         await post(http, dingtalk.message("the chart, please", sender=ANA))
         texts = await settled(dingtalk, runtime, f"user:{ANA}")
-    assert texts == [f"The chart.\n\n[chart.png (image/png, {len(png(4, 4))} bytes): this chat cannot show files]"]
+    assert texts == ["The chart.\n\n[notes.md (text/markdown, 10 bytes): this chat cannot show files]"]
+    assert dingtalk.sent_files == [(f"user:{ANA}", "sampleImageMsg", ("chart.png", png(4, 4)))]

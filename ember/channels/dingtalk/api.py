@@ -8,6 +8,10 @@ for a person, `/v1.0/robot/groupMessages/send` for a group) with the app's acces
 with its key and secret and kept until a minute before it expires. A 429 (or DingTalk's "too fast"
 codes) is RateLimited; another refusal DeliveryRefused with DingTalk's message. Neither the secret
 nor the token is ever logged or put in an error.
+
+An answer's file is uploaded to the older API (`POST oapi…/media/upload?type=image|file`, multipart
+`media`) for a media id, then sent through the same robot messages: `sampleImageMsg` for a picture,
+`sampleFile` for a document of the kinds DingTalk takes.
 """
 
 from __future__ import annotations
@@ -22,11 +26,22 @@ import httpx
 
 from ember.channels.attachments import capped
 from ember.channels.chat.editing import RateLimited
+from ember.core.attachments import Attachment, AttachmentContent
 from ember.core.channels import DeliveryRefused
 
 MAX_SKEW_MS = 3_600_000
 TOO_FAST = frozenset({130101, 660026})  # 发送太快; the robot's per-minute quota
 RENEW_BEFORE_S = 60.0
+PICTURE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif"})
+FILE_KINDS = frozenset({"pdf", "doc", "docx", "xls", "xlsx", "ppt", "pptx", "zip", "rar"})  # sampleFile's fileType
+
+
+def can_send(file: Attachment) -> bool:
+    return file.media_type in PICTURE_TYPES or _kind(file) in FILE_KINDS
+
+
+def _kind(file: Attachment) -> str:
+    return (file.name or "").rpartition(".")[2].lower()
 
 
 def signature(timestamp: str, secret: str) -> str:
@@ -41,9 +56,11 @@ def signed_now(timestamp: str | None, sign: str | None, secret: str, now_ms: flo
 
 
 class DingTalkApi:
-    def __init__(self, http: httpx.AsyncClient, base_url: str, app_key: str, secret: str, robot: str) -> None:
+    def __init__(self, http: httpx.AsyncClient, base_url: str, app_key: str, secret: str, robot: str, *,
+                 oapi_base_url: str = "https://oapi.dingtalk.com") -> None:
         self._http = http
         self._base = base_url.rstrip("/")
+        self._oapi = oapi_base_url.rstrip("/")
         self._app_key = app_key
         self._secret = secret
         self._robot = robot
@@ -82,9 +99,30 @@ class DingTalkApi:
 
     async def by_openapi(self, chat_id: str, markdown: str) -> None:
         """`chat_id`: "user:<staff id>" or "group:<openConversationId>"."""
+        await self._robot_message(chat_id, "sampleMarkdown", {"title": "Ember", "text": markdown})
+
+    async def send_file(self, chat_id: str, file: AttachmentContent) -> None:
+        """Upload `file` (one that `can_send`) and send it: a picture as one, else as a document."""
+        picture = file.media_type in PICTURE_TYPES
+        response = await self._http.post(
+            f"{self._oapi}/media/upload", params={"access_token": await self.token(),
+                                                  "type": "image" if picture else "file"},
+            files={"media": (file.name or f"picture.{file.media_type.rsplit('/', 1)[-1]}", file.data,
+                             file.media_type)})
+        answer = _json(response)
+        _check(response, answer.get("errcode"), answer.get("errmsg"))
+        if not answer.get("media_id"):
+            raise DeliveryRefused("DingTalk took the file but gave no media_id")
+        media = str(answer["media_id"])
+        if picture:
+            await self._robot_message(chat_id, "sampleImageMsg", {"photoURL": media})
+        else:
+            await self._robot_message(chat_id, "sampleFile", {"mediaId": media, "fileName": file.name or "file",
+                                                              "fileType": _kind(file)})
+
+    async def _robot_message(self, chat_id: str, key: str, param: dict[str, str]) -> None:
         kind, _, target = chat_id.partition(":")
-        body = {"robotCode": self._robot, "msgKey": "sampleMarkdown",
-                "msgParam": json.dumps({"title": "Ember", "text": markdown}, ensure_ascii=False)}
+        body = {"robotCode": self._robot, "msgKey": key, "msgParam": json.dumps(param, ensure_ascii=False)}
         if kind == "user":
             path, body = "/v1.0/robot/oToMessages/batchSend", {**body, "userIds": [target]}
         else:

@@ -10,6 +10,8 @@ DingTalk sends only the messages that @-mention the robot.
 DingTalk cannot edit a robot's message: an answer is sent whole, in parts at DingTalk's limit,
 each recorded as it is sent, so an answer sent again after a crash sends only what is missing. It
 goes through the conversation's session webhook while that is fresh, else through the OpenAPI.
+Its pictures and documents follow it as messages of their own (from part 1000 on), uploaded and
+sent through the OpenAPI; files of other kinds are named at the end of its text.
 DingTalk's robot messages have no buttons Ember could be told of: an approval request is text,
 answered with /approve, /always or /deny and its short id, by the turn's person or an approver.
 """
@@ -20,6 +22,8 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import httpx
@@ -27,14 +31,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ember.channels.attachments import not_taken
+from ember.channels.attachments import files_named, not_taken
 from ember.channels.chat.commands import ApprovalCommands, command, hint
-from ember.channels.chat.editing import RateLimited, digest
+from ember.channels.chat.editing import FILE_PARTS, RateLimited, digest
 from ember.channels.chat.inbound import AllowList, refusal
 from ember.channels.chat.platform import required, show_answers_only
 from ember.channels.chat.services import ChatServices
 from ember.channels.chat.split import split_message
-from ember.channels.dingtalk.api import DingTalkApi, signed_now
+from ember.channels.dingtalk.api import DingTalkApi, can_send, signed_now
 from ember.channels.dingtalk.config import SECRET_ENV, DingTalkSpec
 from ember.channels.dingtalk.stream import StreamLink
 from ember.channels.gateway.http import ApiError, read_body
@@ -71,7 +75,8 @@ class DingTalkChannel:
     def __init__(self, spec: DingTalkSpec, services: ChatServices, *, http: httpx.AsyncClient | None = None) -> None:
         self._secret = required(spec.key(), f"[dingtalk] needs the app secret: app_secret = \"…\" or {SECRET_ENV}")
         self._http = http or httpx.AsyncClient(trust_env=False, timeout=10)
-        self._api = DingTalkApi(self._http, spec.api_base_url, spec.app_key, self._secret, spec.robot)
+        self._api = DingTalkApi(self._http, spec.api_base_url, spec.app_key, self._secret, spec.robot,
+                                oapi_base_url=spec.oapi_base_url)
         self._services = services
         self._gate: AllowList[str] = AllowList(CHANNEL, spec.allowed_users)
         self._approvers = frozenset(spec.approvers)
@@ -153,7 +158,7 @@ class DingTalkChannel:
     # Out
 
     async def deliver(self, event: OutboundEvent) -> None:
-        await show_answers_only(event, ask=self._ask, answer=self._answer)
+        await show_answers_only(event, ask=self._ask, answer=self._answer, sends_files=True)
 
     async def _ask(self, event: OutboundEvent) -> None:
         how = hint(await self._commands.short_id(event))
@@ -164,25 +169,35 @@ class DingTalkChannel:
         messages = self._services.messages
         if event.delivery_id is not None and await messages.finished(CHANNEL, event.turn_id) == event.delivery_id:
             return  # shown already (a re-send after a restart)
-        pieces = split_message(event.text, MAX_MESSAGE_CHARS)
-        digests = {part: digest(text) for part, text in enumerate(pieces)}
+        sendable = [f for f in event.attachments if can_send(f)]
+        pieces = split_message(files_named(event.text, [f for f in event.attachments if f not in sendable]),
+                               MAX_MESSAGE_CHARS)
+        files = await self._services.files.read(event.session_key, sendable) if sendable and event.session_key \
+            else []
+        digests = {part: digest(text) for part, text in enumerate(pieces) if text.strip()}
+        digests |= {part: file.digest[:16] for part, file in enumerate(files, start=FILE_PARTS)}
         shown = await messages.digests(CHANNEL, event.turn_id)
-        for part, text in enumerate(pieces):
-            if text.strip() and shown.get(part) != digests[part]:
-                await self._send(event.chat_id, text)
+        for part in digests:
+            if shown.get(part) != digests[part]:
+                if part < FILE_PARTS:
+                    await self._send(event.chat_id, pieces[part])
+                else:
+                    await self._paced(partial(self._api.send_file, event.chat_id, files[part - FILE_PARTS]))
                 await messages.record(CHANNEL, event.chat_id, event.turn_id, part, str(part))
                 await messages.finish(CHANNEL, event.turn_id, None, {part: digests[part]})
         await messages.finish(CHANNEL, event.turn_id, event.delivery_id, digests)
 
     async def _send(self, chat_id: str, markdown: str) -> None:
         webhook, expires_ms = self._webhooks.get(chat_id, ("", 0))
+        if webhook and expires_ms - WEBHOOK_MARGIN_MS > time.time() * 1000:
+            await self._paced(partial(self._api.by_webhook, webhook, markdown))
+        else:  # none known (a restart), or about to expire
+            await self._paced(partial(self._api.by_openapi, chat_id, markdown))
+
+    async def _paced(self, send: Callable[[], Awaitable[None]]) -> None:
         for _ in range(MAX_WAITS):
             try:
-                if webhook and expires_ms - WEBHOOK_MARGIN_MS > time.time() * 1000:
-                    await self._api.by_webhook(webhook, markdown)
-                else:  # none known (a restart), or about to expire
-                    await self._api.by_openapi(chat_id, markdown)
-                return
+                return await send()
             except RateLimited as limited:
                 await asyncio.sleep(limited.retry_after_s)
         raise RateLimited(1.0)  # still limited: the answer stays owed, and is sent again later

@@ -21,6 +21,8 @@ class DingTalkSpec(BaseModel):
     robot_code: str | None = None
     # Where the OpenAPI is (the tests' own, or a proxy).
     api_base_url: str = "https://api.dingtalk.com"
+    # Where the older API that takes file uploads (media/upload) is.
+    oapi_base_url: str = "https://oapi.dingtalk.com"
     # "http": DingTalk calls back at gateway_public_url/channels/dingtalk/events; "stream": Ember opens
     # a WebSocket to DingTalk (Stream mode: no public URL needed).
     mode: Literal["http", "stream"] = "http"
