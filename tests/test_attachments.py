@@ -439,6 +439,20 @@ def test_a_file_the_model_sends_comes_with_the_final_and_only_its_person_can_fet
     assert httpx.get(where, headers=auth(OTHER_KEY)).status_code == 404
     [answer] = [m for m in history(seeing, "reports") if m["role"] == "assistant" and not m["tool_calls"]]
     assert answer["attachments"] == [sent]
+    # An OpenAI client has the file named in the content, with its address, whole or streamed.
+    named = f"\n\n[report.pdf (application/pdf, {len(report)} bytes): GET {where.removeprefix(seeing.url(''))}]"
+    for stream in (False, True):
+        fresh.push(Reply(tool_calls=(("send_file", '{"path": "report.pdf"}'),)), Reply(text="Again."))
+        asked = {"model": "ember", "messages": [{"role": "user", "content": "the report again"}], "stream": stream,
+                 "extra_headers": {"X-Ember-Session": "reports"}}
+        if stream:
+            content = "".join(chunk.choices[0].delta.content or "" for chunk in sdk(seeing).chat.completions.create(
+                **asked) if chunk.choices)
+        else:
+            reply = sdk(seeing).chat.completions.create(**asked).choices[0].message
+            content = reply.content
+            assert reply.model_extra["attachments"] == [{**sent, "url": where.removeprefix(seeing.url(""))}]
+        assert content == "Again." + named
 
     def recalled() -> list[str]:  # the answer is remembered with the start of the document it sent
         found = httpx.get(seeing.url("/api/memory/search"), params={"q": "Q3 revenue"}, headers=auth())

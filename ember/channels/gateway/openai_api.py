@@ -12,6 +12,10 @@ the answering step add up to the committed answer, and it is never sent twice.
 Text a model writes before calling a tool is streamed too, followed by a blank
 line; the tool calls themselves are not part of this protocol's output. Its
 clients cannot answer approval requests, so calls that need one are denied.
+
+The protocol has no place for an answer's files: each is named at the end of the
+content with the address the native API serves it at, and listed (with `url`) in
+the message's `attachments`, which stock clients ignore.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -99,9 +104,10 @@ class OpenAIApi:
         if event.kind is OutboundKind.ERROR:
             clock.closed("error")
             raise ApiError(502, event.text, code="turn_failed", headers=headers)
-        await self._answered(message, event.text)
+        shown = _with_files(event, message.key)
+        await self._answered(message, shown)
         clock.closed("final")
-        return JSONResponse(completion.whole(event.text, event.usage), headers=headers)
+        return JSONResponse(completion.whole(shown, event.usage, _files(event, message.key)), headers=headers)
 
     async def _message(self, request: Request, body: ChatCompletionRequest) -> _Message:
         """The request's new message and where it goes; ApiError for what is wrong with it."""
@@ -172,7 +178,7 @@ class OpenAIApi:
                     elif event.kind is OutboundKind.TOOL_CALL:
                         step = ""
                     elif event.kind in (OutboundKind.FINAL, OutboundKind.ERROR):
-                        rest = _rest(event.text, step, bool(said))
+                        rest = _rest(_with_files(event, message.key), step, bool(said))
                         if event.kind is OutboundKind.FINAL:
                             await self._answered(message, "".join(said) + rest)
                         for part in _closing(event, completion, rest):
@@ -195,6 +201,17 @@ def _rest(text: str, step: str, shown: bool) -> str:
     """What the stream has not yet said of the final `text`, after the current step's `step`.
     Should the draft ever stray from the record, the record follows it whole."""
     return text[len(step):] if text.startswith(step) else ("\n\n" if shown else "") + text
+
+
+def _files(event: OutboundEvent, key: str) -> list[dict[str, Any]]:
+    return [{**file.to_dict(), "url": f"/api/sessions/{quote(key, safe='')}/attachments/{file.digest}"}
+            for file in event.attachments]
+
+
+def _with_files(event: OutboundEvent, key: str) -> str:
+    """The answer as an OpenAI client shows it: its files named at the end, each with its address."""
+    return event.text + "".join(f"\n\n[{file.label}: GET {found['url']}]"
+                                for file, found in zip(event.attachments, _files(event, key), strict=True))
 
 
 def _closing(event: OutboundEvent, completion: _Completion, rest: str) -> list[bytes]:
@@ -240,11 +257,11 @@ class _Completion:
         return sse(None, {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                           "model": self.model, "choices": [], "usage": _usage(usage)})
 
-    def whole(self, text: str, usage: TurnUsage | None) -> dict[str, Any]:
+    def whole(self, text: str, usage: TurnUsage | None, files: list[dict[str, Any]]) -> dict[str, Any]:
+        message = {"role": "assistant", "content": text, **({"attachments": files} if files else {})}
         return {
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": _usage(usage),
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": _usage(usage),
         }
 
 
