@@ -1,5 +1,5 @@
-"""What the chat platforms' tests share: a tool that needs approval, a model that calls it, and
-what a test reads back: the texts a chat shows, and what was kept of a sender; and a channel
+"""What the chat platforms' tests share: a tool that needs approval, a model that calls it, a
+model that sends files, and what a test reads back: the texts a chat shows, and what was kept of a sender; and a channel
 registered so that a test can wait until everything a chat was sent has been delivered."""
 
 from __future__ import annotations
@@ -48,6 +48,21 @@ def asking_model() -> FunctionModel:
         if messages[-1].role is Role.TOOL:
             return ModelReply(text=f"Result: {messages[-1].content}")
         return ModelReply(tool_calls=(ToolCall("w1", "write_note", json.dumps({"path": "notes.txt"})),))
+    return FunctionModel(reply)
+
+
+def sending_model(*names: str, seen: list[Message] | None = None) -> FunctionModel:
+    """Answers a message that brings files "A small picture."; any other by sending the workspace
+    files `names` (send_file), then "Here you are.". Each message it is asked about goes in `seen`."""
+    def reply(messages: list[Message], tools: Any) -> ModelReply:
+        if messages[-1].role is Role.TOOL:
+            return ModelReply(text="Here you are.")
+        if seen is not None:
+            seen.append(messages[-1])
+        if messages[-1].attachments:
+            return ModelReply(text="A small picture.")
+        return ModelReply(tool_calls=tuple(ToolCall(f"s{n}", "send_file", json.dumps({"path": name}))
+                                           for n, name in enumerate(names)))
     return FunctionModel(reply)
 
 

@@ -27,12 +27,11 @@ from ember.app.tools import workspaces
 from ember.channels.dingtalk.channel import DingTalkChannel
 from ember.channels.dingtalk.config import DingTalkSpec
 from ember.config.settings import Settings
-from ember.core.messages import Message, Role, ToolCall
-from ember.models.base import ModelClient, ModelReply
+from ember.core.messages import Role
+from ember.models.base import ModelClient
 from ember.models.openai_compat import OpenAICompatibleModel
-from ember.models.scripted import FunctionModel
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import answered, asking_model, called_back, settling, writing_tool
+from tests.chatplatform import answered, asking_model, called_back, sending_model, settling, writing_tool
 from tests.dingtalkserver import APP_KEY, APP_SECRET, FakeDingTalk, serving_dingtalk, signed
 from tests.gatewayproc import EMBER_SOURCE
 from tests.loopback import wait_until
@@ -245,17 +244,13 @@ async def test_stream_mode_reads_the_socket_acks_each_frame_and_connects_again_w
 
 async def test_the_models_picture_follows_the_answer_and_a_file_dingtalk_cannot_take_is_named(
         settings: Settings, dingtalk: FakeDingTalk) -> None:
-    def reply(messages: list[Message], tools: Any) -> ModelReply:
-        if messages[-1].role is Role.TOOL:
-            return ModelReply(text="The chart.")
-        return ModelReply(tool_calls=tuple(ToolCall(f"s{n}", "send_file", json.dumps({"path": name}))
-                                           for n, name in enumerate(("chart.png", "notes.md"))))
-    runtime = await build_runtime(settings, FunctionModel(reply))  # the built-in tools, send_file among them
+    # The built-in tools, send_file among them.
+    runtime = await build_runtime(settings, sending_model("chart.png", "notes.md"))
     folder = workspaces(settings, None).for_identity(runtime.identities.resolve("dingtalk", ANA)).root
     (folder / "chart.png").write_bytes(png(4, 4))
     (folder / "notes.md").write_text("- buy milk")
     async with called_back(runtime, DingTalkChannel(spec(dingtalk), chat_services(runtime))) as http:
         await post(http, dingtalk.message("the chart, please", sender=ANA))
         texts = await settled(dingtalk, runtime, f"user:{ANA}")
-    assert texts == ["The chart.\n\n[notes.md (text/markdown, 10 bytes): this chat cannot show files]"]
+    assert texts == ["Here you are.\n\n[notes.md (text/markdown, 10 bytes): this chat cannot show files]"]
     assert dingtalk.sent_files == [(f"user:{ANA}", "sampleImageMsg", ("chart.png", png(4, 4)))]

@@ -7,7 +7,6 @@ person can give; strangers get one refusal and leave nothing."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -31,13 +30,13 @@ from ember.channels.qq.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP, QQSign
 from ember.config.settings import Settings
 from ember.core.errors import ConfigError
 from ember.core.events import OutboundEvent, OutboundKind
-from ember.core.messages import Message, Role, ToolCall
+from ember.core.messages import Message, Role
 from ember.memory.embeddings import HashingEmbedder
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, kept, settled_in, settling, texts_when, writing_tool
+from tests.chatplatform import asking_model, kept, sending_model, settled_in, settling, texts_when, writing_tool
 from tests.loopback import LoopbackServer
 from tests.qqserver import APP_ID, SECRET, FakeQQ, serving_qq
 from tests.test_attachments import pdf, png
@@ -389,18 +388,9 @@ async def test_a_wrong_secret_fails_the_start_without_showing_it(settings: Setti
 async def test_a_picture_and_a_voice_note_reach_the_turn_and_the_answers_pictures_follow_its_text(
         settings: Settings, qq: FakeQQ) -> None:
     seen: list[Message] = []
-
-    def reply(messages: list[Message], tools: Any) -> ModelReply:
-        if messages[-1].role is Role.TOOL:
-            return ModelReply(text="Here you are.")
-        seen.append(messages[-1])
-        if messages[-1].attachments:
-            return ModelReply(text="A small picture.")
-        return ModelReply(tool_calls=tuple(ToolCall(f"s{n}", "send_file", json.dumps({"path": name}))
-                                           for n, name in enumerate(("chart.png", "plan.pdf"))))
     voice = {"content_type": "voice", "url": f"{qq.origin}/media/voice.silk", "filename": "voice.silk",
              "voice_wav_url": f"{qq.origin}/media/voice.wav", "asr_refer_text": "send me the chart and the plan"}
-    async with agent(settings, FunctionModel(reply), qq, builtin_tools=True) as bot:
+    async with agent(settings, sending_model("chart.png", "plan.pdf", seen=seen), qq, builtin_tools=True) as bot:
         folder = workspaces(settings, None).for_identity(bot.runtime.identities.resolve("qq", "u1")).root
         (folder / "chart.png").write_bytes(png(8, 8))
         (folder / "plan.pdf").write_bytes(pdf("Day 1"))

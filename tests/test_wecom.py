@@ -8,7 +8,6 @@ files sent after its text (named where the platform cannot send them)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,12 +35,12 @@ from ember.channels.wecom.config import WeChatOfficialSpec, WeComSpec
 from ember.config.settings import Settings
 from ember.core.events import OutboundEvent, OutboundKind
 from ember.core.messages import Message as ChatMessage
-from ember.core.messages import Role, ToolCall
+from ember.core.messages import Role
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
 from ember.store.tx import Statement
 from ember.tools.base import ToolRegistry
-from tests.chatplatform import asking_model, kept, settled_in, settling, texts_when, writing_tool
+from tests.chatplatform import asking_model, kept, sending_model, settled_in, settling, texts_when, writing_tool
 from tests.loopback import LoopbackServer
 from tests.test_attachments import pdf, png
 from tests.wecomserver import (
@@ -457,19 +456,10 @@ async def test_a_picture_and_a_transcribed_voice_message_reach_the_turn_and_the_
     fake, base_url = weixin
     fake.media["pic1"] = (png(4, 4), "image/png")
     seen: list[ChatMessage] = []
-
-    def reply(messages: list[ChatMessage], tools: Any) -> ModelReply:
-        if messages[-1].role is Role.TOOL:
-            return ModelReply(text="Here you are.")
-        seen.append(messages[-1])
-        if messages[-1].attachments:
-            return ModelReply(text="A small picture.")
-        return ModelReply(tool_calls=tuple(ToolCall(f"s{n}", "send_file", json.dumps({"path": name}))
-                                           for n, name in enumerate(("chart.png", "plan.pdf"))))
     wecom = platform == "wecom"
     person, push = (ANA, wecom_push) if wecom else (FAN, wechat_push)
     spec = wecom_spec(base_url) if wecom else wechat_spec(base_url)
-    async with serving(settings, FunctionModel(reply), spec, builtin_tools=True) as served:
+    async with serving(settings, sending_model("chart.png", "plan.pdf", seen=seen), spec, builtin_tools=True) as served:
         folder = workspaces(settings, None).for_identity(served.runtime.identities.resolve(platform, person)).root
         (folder / "chart.png").write_bytes(png(8, 8))
         (folder / "plan.pdf").write_bytes(pdf("Day 1"))
