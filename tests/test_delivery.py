@@ -19,17 +19,19 @@ import pytest
 
 from ember.app.database import open_database
 from ember.config.settings import Settings
+from ember.core.attachments import Attachment
 from ember.core.delivery import Delivery, Receipt, delivery_id
 from ember.core.errors import ModelError
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind, ReplyRoute
 from ember.core.messages import Message, Role, ToolCall
+from ember.core.tools import Risk, ToolRun
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.runtime.loop import NOT_RESUMED_TEXT
 from ember.store.deliveries import SqlDeliveryStore
 from ember.store.sessions import SqlSessionStore
-from ember.tools.base import ToolRegistry
-from tests.conftest import CHANNEL, Harness, note_tool, serving_runtime, session_key
+from ember.tools.base import ToolRegistry, TurnTool
+from tests.conftest import CHANNEL, Harness, NoteArgs, note_tool, serving_runtime, session_key
 from tests.gatewayproc import GatewayProcess, LaunchGateway
 from tests.modelserver import ModelServer, Reply, serving
 from tests.pgserver import ENGINES, RUNTIMES, engine_settings
@@ -212,6 +214,22 @@ async def test_recovery_picks_up_after_the_committed_tool_steps(settings: Settin
     assert shapes(await history(settings)) == [
         (Role.USER, "question"), (Role.ASSISTANT, ""), (Role.TOOL, "noted x"), (Role.ASSISTANT, "done after the note"),
     ]
+
+
+async def test_a_resumed_turns_answer_sends_the_files_its_committed_steps_sent(settings: Settings) -> None:
+    chart = Attachment(digest="c" * 64, media_type="image/png", size=71, name="chart.png")
+
+    async def send(args: Any, run: ToolRun) -> str:  # send_file's bookkeeping, without the workspace
+        run.files.append(chart)
+        return "chart.png will be sent with your answer."
+    tools = ToolRegistry([TurnTool("send_chart", "Send the chart.", NoteArgs, send, risk=Risk.READ)])
+    step = ModelReply(tool_calls=(ToolCall(id="call_1", name="send_chart", arguments='{"text": "x"}'),))
+    await cut_off_turn(settings, "the chart, please", "m1", steps=(step,), tools=tools)
+    async with serving_runtime(settings, ScriptedModel([ModelReply(text="Here it is.")]), channels=[CHANNEL],
+                               recover=True, tools=tools) as h:
+        final = await h.next_closing()
+    assert final.text == "Here it is." and final.attachments == (chart,)
+    assert (await history(settings))[-1].attachments == (chart,)
 
 
 @pytest.mark.parametrize("policy", [{"resume_window_s": 0}, {"interrupted_turns": "notice"}])

@@ -100,8 +100,10 @@ class Message:
         )
 
     @classmethod
-    def tool_result(cls, call_id: str, content: str, *, turn_id: str | None = None) -> Message:
-        return cls(role=Role.TOOL, content=content, tool_call_id=call_id, turn_id=turn_id)
+    def tool_result(cls, call_id: str, content: str, *, turn_id: str | None = None,
+                    attachments: tuple[Attachment, ...] = ()) -> Message:
+        """`attachments`: files the call had the answer send (send_file); no model is shown them here."""
+        return cls(role=Role.TOOL, content=content, tool_call_id=call_id, turn_id=turn_id, attachments=attachments)
 
     @property
     def has_tool_calls(self) -> bool:

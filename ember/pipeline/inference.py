@@ -107,8 +107,11 @@ class InferenceStage:
     async def _loop(self, ctx: PipelineContext, tools: ToolRun, specs: list[ToolSpec],
                     token_budget: int | None) -> InferenceResult:
         messages = list(ctx.prompt)
-        # A resumed turn counts the calls it made before the crash too: they ask for the reviews alike.
-        tool_names = [call.name for m in ctx.session.messages if m.turn_id == ctx.turn_id for call in m.tool_calls]
+        # A resumed turn counts the calls it made before the crash too: they ask for the reviews alike;
+        # and its answer sends the files they sent.
+        earlier = [m for m in ctx.session.messages if m.turn_id == ctx.turn_id]
+        tool_names = [call.name for m in earlier for call in m.tool_calls]
+        tools.files.extend(file for m in earlier if m.role is Role.TOOL for file in m.attachments)
         usage = tools.spent
         model, trying_simple = self._model, False
         if self._simple is not None:
@@ -165,10 +168,15 @@ class InferenceStage:
     async def _run_tools(self, ctx: PipelineContext, tools: ToolRun, calls: tuple[ToolCall, ...]) -> list[Message]:
         for call in calls:
             await ctx.stream.tool_call(call)
+        before = len(tools.files)
         outputs = await asyncio.gather(*(self._call(call, tools) for call in calls))
         for call, output in zip(calls, outputs):
             await ctx.stream.tool_result(call, output)
-        return [Message.tool_result(call.id, output, turn_id=ctx.turn_id) for call, output in zip(calls, outputs)]
+        # The files these calls had the answer send are kept with the first result: a resumed turn's
+        # answer sends them too.
+        sent = [tuple(tools.files[before:])] + [()] * (len(calls) - 1)
+        return [Message.tool_result(call.id, output, turn_id=ctx.turn_id, attachments=files)
+                for call, output, files in zip(calls, outputs, sent)]
 
     async def _call(self, call: ToolCall, tools: ToolRun) -> str:
         started = time.perf_counter()

@@ -85,7 +85,7 @@ def row_to_message(row: StoredRow) -> Message:
     if not isinstance(content, str):
         raise ValueError("content is not text")
     attachments = decode_attachments(files)
-    if attachments and role not in (Role.USER, Role.ASSISTANT):
+    if attachments and role is Role.SYSTEM:
         raise ValueError(f"a {role.value} message cannot carry attachments")
     return Message(role=role, content=content, tool_calls=calls, tool_call_id=tool_call_id,
                    reasoning=reasoning, turn_id=turn_id, seq=seq, name=name, attachments=attachments)
