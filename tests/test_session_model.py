@@ -418,7 +418,9 @@ def test_a_session_survives_turns_redeliveries_crashes_and_consolidation(
         request.getfixturevalue("pg_server"), request.getfixturevalue("pg_schema"),
         request.getfixturevalue("redis_server").url if runtime == "postgresql+redis" else None)
     # On Redis each crash waits out worker_timeout_s for the takeover: half the examples, the same steps.
+    # PostgreSQL's store has a model test of its own (test_store_model.py): fewer examples here too.
+    examples = {"sqlite": 20, "postgresql": 12, "postgresql+redis": 10}[runtime]
     run_state_machine_as_test(machine, settings=settings(
-        max_examples=10 if runtime == "postgresql+redis" else 20, stateful_step_count=20, deadline=None,
+        max_examples=examples, stateful_step_count=20, deadline=None,
         derandomize=True, database=None,
         suppress_health_check=[HealthCheck.too_slow]))
