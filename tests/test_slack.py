@@ -265,7 +265,8 @@ async def test_a_file_the_model_sends_is_uploaded_into_the_thread_once(
         await send(http, mention)
         thread = mention["event"]["ts"]
         texts = await settled(fake, runtime, f"{TEAM}/{thread}")
-        [answer] = [m for m in await runtime.sessions.history(f"slack:{TEAM}/{thread}") if m.attachments]
+        [answer] = [m for m in await runtime.sessions.history(f"slack:{TEAM}/{thread}")
+                    if m.attachments and m.role is Role.ASSISTANT]
         again = await runtime.deliveries.store.answer_of(answer.turn_id or "")
         assert again is not None
         await runtime.deliveries.send(again)  # sent again after a restart: nothing is uploaded twice
