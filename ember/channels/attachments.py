@@ -6,7 +6,7 @@ back from to be sent."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 
@@ -18,6 +18,7 @@ from ember.core.attachments import (
     with_content,
     with_text,
 )
+from ember.core.events import OutboundEvent
 from ember.models.transcription import Transcriber
 from ember.store.protocols import SessionBrowser
 
@@ -34,9 +35,11 @@ async def capped(response: httpx.Response, limit: int) -> bytes:
     return bytes(data)
 
 
-def files_named(text: str, files: Sequence[Attachment]) -> str:
-    """An answer as a chat that cannot show files gets it: its text, and a line naming each file."""
-    return text + "".join(f"\n\n[{file.label}: this chat cannot show files]" for file in files)
+def files_named(text: str, files: Sequence[Attachment],
+                note: Callable[[Attachment], str] = lambda _: "this chat cannot show files") -> str:
+    """An answer as a chat that cannot show its files gets it: its text, and a line naming each file
+    (with `note`: why it is not shown, or where it is)."""
+    return text + "".join(f"\n\n[{file.label}: {note(file)}]" for file in files)
 
 
 def not_taken(reason: object) -> str:
@@ -71,6 +74,14 @@ class FileShelf:
             files = await asyncio.to_thread(lambda: [with_text(f) for f in files])
         await self._sessions.keep_attachments(key, files)
         return tuple(f.reference() for f in files)
+
+    async def outgoing(self, event: OutboundEvent,
+                       can_send: Callable[[Attachment], bool]) -> tuple[str, list[AttachmentContent]]:
+        """An answer as a chat that sends only some kinds of file shows it: its text, naming the files it
+        cannot send, and the files it sends, with their bytes."""
+        sendable = [f for f in event.attachments if can_send(f)]
+        text = files_named(event.text, [f for f in event.attachments if f not in sendable])
+        return text, await self.read(event.session_key, sendable) if sendable and event.session_key else []
 
     async def read(self, key: str, files: Sequence[Attachment]) -> list[AttachmentContent]:
         """The files an answer sends, with their bytes, in order; one the session no longer holds is left out."""

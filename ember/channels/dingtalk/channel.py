@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ember.channels.attachments import files_named, not_taken
+from ember.channels.attachments import not_taken
 from ember.channels.chat.commands import ApprovalCommands, command, hint
 from ember.channels.chat.editing import FILE_PARTS, RateLimited, digest
 from ember.channels.chat.inbound import AllowList, refusal
@@ -169,11 +169,8 @@ class DingTalkChannel:
         messages = self._services.messages
         if event.delivery_id is not None and await messages.finished(CHANNEL, event.turn_id) == event.delivery_id:
             return  # shown already (a re-send after a restart)
-        sendable = [f for f in event.attachments if can_send(f)]
-        pieces = split_message(files_named(event.text, [f for f in event.attachments if f not in sendable]),
-                               MAX_MESSAGE_CHARS)
-        files = await self._services.files.read(event.session_key, sendable) if sendable and event.session_key \
-            else []
+        text, files = await self._services.files.outgoing(event, can_send)
+        pieces = split_message(text, MAX_MESSAGE_CHARS)
         digests = {part: digest(text) for part, text in enumerate(pieces) if text.strip()}
         digests |= {part: file.digest[:16] for part, file in enumerate(files, start=FILE_PARTS)}
         shown = await messages.digests(CHANNEL, event.turn_id)

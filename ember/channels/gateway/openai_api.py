@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ember.channels.attachments import files_named
 from ember.channels.gateway.conversations import Conversations, Thread, conversation
 from ember.channels.gateway.http import (
     IDEMPOTENCY_HEADER,
@@ -107,7 +108,8 @@ class OpenAIApi:
         shown = _with_files(event, message.key)
         await self._answered(message, shown)
         clock.closed("final")
-        return JSONResponse(completion.whole(shown, event.usage, _files(event, message.key)), headers=headers)
+        files = [{**file.to_dict(), "url": _url(file, message.key)} for file in event.attachments]
+        return JSONResponse(completion.whole(shown, event.usage, files), headers=headers)
 
     async def _message(self, request: Request, body: ChatCompletionRequest) -> _Message:
         """The request's new message and where it goes; ApiError for what is wrong with it."""
@@ -203,15 +205,14 @@ def _rest(text: str, step: str, shown: bool) -> str:
     return text[len(step):] if text.startswith(step) else ("\n\n" if shown else "") + text
 
 
-def _files(event: OutboundEvent, key: str) -> list[dict[str, Any]]:
-    return [{**file.to_dict(), "url": f"/api/sessions/{quote(key, safe='')}/attachments/{file.digest}"}
-            for file in event.attachments]
+def _url(file: Attachment, key: str) -> str:
+    """Where the native API serves an answer's file."""
+    return f"/api/sessions/{quote(key, safe='')}/attachments/{file.digest}"
 
 
 def _with_files(event: OutboundEvent, key: str) -> str:
     """The answer as an OpenAI client shows it: its files named at the end, each with its address."""
-    return event.text + "".join(f"\n\n[{file.label}: GET {found['url']}]"
-                                for file, found in zip(event.attachments, _files(event, key), strict=True))
+    return files_named(event.text, event.attachments, lambda file: f"GET {_url(file, key)}")
 
 
 def _closing(event: OutboundEvent, completion: _Completion, rest: str) -> list[bytes]:

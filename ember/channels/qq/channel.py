@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ember.channels.attachments import capped, files_named, not_taken
+from ember.channels.attachments import capped, not_taken
 from ember.channels.chat.commands import ApprovalCommands, hint
 from ember.channels.chat.editing import FILE_PARTS, digest
 from ember.channels.chat.inbound import AllowList, refusal, remember
@@ -56,7 +56,7 @@ from ember.channels.qq.signing import (
     QQSigner,
     ValidationPayloadError,
 )
-from ember.core.attachments import Attachment, AttachmentContent, AttachmentRefused
+from ember.core.attachments import AttachmentContent, AttachmentRefused
 from ember.core.channels import ChannelCapabilities, DeliveryRefused
 from ember.core.errors import ConfigError, ModelError
 from ember.core.events import InboundEvent, OutboundEvent
@@ -272,8 +272,7 @@ class QQChannel:
         if event.delivery_id is not None and await self._messages.finished(CHANNEL, event.turn_id) \
                 == event.delivery_id:
             return  # shown already (a re-send after a restart, a replayed message)
-        pictures = [f for f in event.attachments if can_send(f)]
-        text = files_named(event.text, [f for f in event.attachments if f not in pictures])
+        text, pictures = await self._files.outgoing(event, can_send)
         pieces = split_message(plain_text(text), MAX_MESSAGE_CHARS)  # QQ shows text as it is
         digests = {part: digest(text) for part, text in enumerate(pieces)}
         shown = await self._messages.digests(CHANNEL, event.turn_id)
@@ -295,12 +294,11 @@ class QQChannel:
             digests |= await self._send_pictures(event, pictures, shown)
         await self._messages.finish(CHANNEL, event.turn_id, event.delivery_id, digests)
 
-    async def _send_pictures(self, event: OutboundEvent, pictures: list[Attachment],
+    async def _send_pictures(self, event: OutboundEvent, pictures: list[AttachmentContent],
                              shown: dict[int, str]) -> dict[int, str]:
         """The answer's pictures, each a reply of its own while QQ takes replies to the message."""
-        files = await self._files.read(event.session_key, pictures) if pictures and event.session_key else []
         sent: dict[int, str] = {}
-        for part, file in enumerate(files, start=FILE_PARTS):
+        for part, file in enumerate(pictures, start=FILE_PARTS):
             if shown.get(part) == file.digest[:16]:
                 continue
             seq = await self._seq(event.reply_to)

@@ -36,7 +36,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from ember.channels.attachments import files_named, not_taken
+from ember.channels.attachments import not_taken
 from ember.channels.chat.commands import ApprovalCommands, command, hint
 from ember.channels.chat.editing import FILE_PARTS, digest
 from ember.channels.chat.inbound import AllowList, refusal, remember
@@ -213,8 +213,7 @@ class _WeixinChannel(CallbackEndpoint):
         finished = await self._messages.finished(self.name, event.turn_id) if delivery is not None else None
         if delivery is not None and finished == delivery:
             return  # shown already: a re-send after a restart
-        sendable = [f for f in event.attachments if self._api.can_send(f)]
-        text = files_named(event.text, [f for f in event.attachments if f not in sendable])
+        text, files = await self._files.outgoing(event, self._api.can_send)
         # A text message shows its characters as they are: Markdown markers would show too.
         pieces = byte_pieces(plain_text(text), MAX_MESSAGE_BYTES) if text.strip() else []
         if self._claim(event, pieces[0] if len(pieces) == 1 else None):
@@ -224,7 +223,6 @@ class _WeixinChannel(CallbackEndpoint):
         else:  # the parts a cut-off send of this answer got out (an earlier answer's parts are sent over)
             sent = await self._messages.parts(self.name, event.turn_id) if delivery is not None and finished is None \
                 else {}
-        files = await self._files.read(event.session_key, sendable) if sendable and event.session_key else []
         shown = {part: digest(piece) for part, piece in enumerate(pieces)}
         shown |= {part: file.digest[:16] for part, file in enumerate(files, start=FILE_PARTS)}
         for part in shown:
