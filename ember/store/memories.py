@@ -28,11 +28,11 @@ from ember.store.memory_rows import (
     Unembedded,
     archive_messages,
     hold_memory_writes,
-    record_of,
     revise_memory,
     write_memory,
 )
 from ember.store.memory_search import BY_NUMS, lexical_hits
+from ember.store.records import record_of
 from ember.store.tx import Statement, Tx, in_json_array, per_dialect
 from ember.store.vector_rows import (
     DELETE_OTHER_MODELS,

@@ -17,7 +17,6 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import bindparam, func, null, select, update
 
@@ -41,6 +40,7 @@ from ember.core.redact import derived_text, redact_text
 from ember.store import schema
 from ember.store.attachments import with_documents
 from ember.store.jobs import record_job
+from ember.store.records import record_of
 from ember.store.segment import index_text, owner_token
 from ember.store.session_rows import read_head
 from ember.store.tx import Statement, Tx
@@ -192,25 +192,6 @@ def hold_memory_writes(tx: Tx) -> None:
     one writer already does). First in a unit, before it reads what it will write on."""
     if tx.dialect == "postgresql":
         tx.execute(_HOLD_MEMORY_WRITES)
-
-
-Row = Sequence[Any]
-# By stored value: a lookup here is a tenth of an Enum call's cost, and a recall decodes a hundred rows.
-_KINDS = {kind.value: kind for kind in MemoryKind}
-_STATUSES = {status.value: status for status in MemoryStatus}
-_RANKS = {rank.value: rank for rank in SourceRank}
-
-
-def record_of(row: Row) -> tuple[int, MemoryRecord]:
-    (num, id_, identity, kind, status, content, subject, key, source, rank, session_key, seq_start, seq_end,
-     created_at, valid_from, invalid_at, superseded_by, recall_count, last_recalled_at, strength) = row
-    return num, MemoryRecord(
-        id=id_, identity=identity, kind=_KINDS[kind], status=_STATUSES[status], content=content,
-        subject=subject, key=key, source=source, source_rank=_RANKS[rank], session_key=session_key,
-        seq_start=seq_start, seq_end=seq_end, created_at=created_at, valid_from=valid_from, invalid_at=invalid_at,
-        superseded_by=superseded_by, recall_count=recall_count, last_recalled_at=last_recalled_at,
-        strength=strength,
-    )
 
 
 def new_id() -> str:

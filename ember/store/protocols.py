@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ember.core.traces import TurnTrace
     from ember.core.usage import UsageCell, UsageRow
     from ember.store.memory_rows import Archived, Unembedded
-    from ember.store.sessions import SessionSummary
+    from ember.store.records import SessionSummary
 
 
 class SessionStore(Protocol):

@@ -35,6 +35,7 @@ from ember.store.deliveries import record_delivery, record_receipt
 from ember.store.engine import Database, complete_despite_cancel
 from ember.store.jobs import record_job
 from ember.store.memory_rows import hold_memory_writes, write_memory
+from ember.store.records import SessionSummary, session_summary
 from ember.store.repair import RepairPlan, plan_repair
 from ember.store.session_rows import (
     ADVANCE,
@@ -103,16 +104,6 @@ def _listed(archived: bool) -> Statement:
 
 
 _LISTED = {True: _listed(True), False: _listed(False)}
-
-
-@dataclass(frozen=True, slots=True)
-class SessionSummary:
-    key: str
-    message_count: int
-    last_consolidated: int
-    updated_at: float
-    title: str | None = None  # the person's name for it, else the start of its first message
-    archived: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +200,7 @@ class SqlSessionStore:
         person put away too."""
         params = {"prefix": prefix, "prefix_chars": len(prefix)}
         rows = await self._db.run_read(lambda tx: tx.execute(_LISTED[archived], params).fetchall())
-        return [SessionSummary(*row[:5], archived=row[5] is not None) for row in rows]
+        return [session_summary(row) for row in rows]
 
     async def marked(self, flag: str) -> list[str]:
         """The keys of the sessions whose metadata sets `flag` (ContextStage's marks on a new session)."""

@@ -10,29 +10,26 @@ before it leaves the run due. Either way no run fires twice.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from sqlalchemy import Text, bindparam, func, insert, or_, select, update
 
 from ember.core.delivery import DeliveryKind
-from ember.core.events import InboundEvent, ReplyRoute
-from ember.core.schedule import Schedule, ScheduleError, ScheduleKind
+from ember.core.events import InboundEvent
+from ember.core.schedule import Schedule, ScheduleError
 from ember.core.tasks import CHANNEL, MissedPolicy, Task, TaskRun, TaskState
 from ember.store import schema
 from ember.store.deliveries import accept_inbound
 from ember.store.engine import Database
+from ember.store.records import TASK_COLUMNS, scheduled_task
 from ember.store.tx import Statement, Tx, upsert
 
 # At most this many past-due times of one task are looked at (an every-1s task after a week away).
 MAX_CATCH_UP = 1_000
 
 _t, _r, _i, _o = schema.tasks, schema.task_runs, schema.inbox, schema.outbox
-# The columns _task reads, in its order.
-_TASK = select(*(_t.c[name] for name in (
-    "id", "identity", "prompt", "kind", "spec", "tz", "anchor", "reply_channel", "reply_chat_id", "missed",
-    "grant_approvals", "state", "next_run_at", "runs", "created_at")))
+_TASK = select(*(_t.c[name] for name in TASK_COLUMNS))
 _identity = bindparam("identity", type_=Text)
 _owned = or_(_identity.is_(None), _t.c.identity == _identity)  # by anyone when None
 
@@ -67,18 +64,6 @@ _RAN = upsert(lambda ins: ins(_r).values(
 _ADVANCE = Statement(update(_t).where(_t.c.id == bindparam("task_id")).values(
     next_run_at=bindparam("following"), state=bindparam("state"), runs=_t.c.runs + bindparam("ran"),
     updated_at=bindparam("now")))
-
-
-
-
-
-def _task(row: Sequence[Any]) -> Task:
-    (id_, identity, prompt, kind, spec, tz, anchor, reply_channel, reply_chat_id, missed, grant, state,
-     next_run_at, runs, created_at) = row
-    return Task(id=id_, identity=identity, prompt=prompt, schedule=Schedule(ScheduleKind(kind), spec, tz, anchor),
-                reply=ReplyRoute(reply_channel, reply_chat_id) if reply_channel else None,
-                missed=MissedPolicy(missed), grant_approvals=bool(grant), state=TaskState(state),
-                next_run_at=next_run_at, runs=runs, created_at=created_at)
 
 
 def run_event(task: Task, scheduled_for: float) -> InboundEvent:
@@ -116,11 +101,11 @@ class SqlTaskStore:
         """The task, if it exists for `identity` (None: anyone's); removed tasks are gone."""
         row = await self._db.run_read(lambda tx: tx.execute(
             _GET, {"task_id": task_id, "identity": identity}).fetchone())
-        return _task(row) if row else None
+        return scheduled_task(row) if row else None
 
     async def list(self, identity: str | None = None) -> list[Task]:
         rows = await self._db.run_read(lambda tx: tx.execute(_LIST, {"identity": identity}).fetchall())
-        return [_task(row) for row in rows]
+        return [scheduled_task(row) for row in rows]
 
     async def set_state(self, task_id: str, state: TaskState, identity: str | None = None,
                         now: float | None = None) -> Task | None:
@@ -184,7 +169,7 @@ class SqlTaskStore:
         def claim(tx: Tx) -> list[InboundEvent]:
             rows = tx.execute(_DUE, {"now": now, "limit": limit}).fetchall()
             events = []
-            for task in map(_task, rows):
+            for task in map(scheduled_task, rows):
                 assert task.next_run_at is not None
                 due = [task.next_run_at]
                 while len(due) < MAX_CATCH_UP and (t := task.schedule.next_after(due[-1])) is not None and t <= now:

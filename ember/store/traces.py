@@ -11,7 +11,6 @@ reads every trace it recorded.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Integer, bindparam, func, select
@@ -21,6 +20,7 @@ from ember.core.redact import redact, redact_text
 from ember.core.traces import TurnTrace
 from ember.store import schema
 from ember.store.engine import Database
+from ember.store.records import turn_trace
 from ember.store.tx import Statement, Tx, upsert_row
 
 _t = schema.traces
@@ -77,12 +77,12 @@ class SqlTraceStore:
     async def get(self, turn_id: str) -> TurnTrace | None:
         await self.flush()
         row = await self._db.run_read(lambda tx: tx.execute(_ONE, {"turn_id": turn_id}).fetchone())
-        return None if row is None else _trace(row)
+        return None if row is None else turn_trace(row)
 
     async def for_session(self, session_key: str) -> list[TurnTrace]:
         await self.flush()
         rows = await self._db.run_read(lambda tx: tx.execute(_OF_SESSION, {"session_key": session_key}).fetchall())
-        return [_trace(row) for row in rows]
+        return [turn_trace(row) for row in rows]
 
     async def recent(self, limit: int, session_key: str | None = None, *, prefix: str = "") -> list[TurnTrace]:
         """The latest turns, newest first: of one session, and/or of the sessions whose key starts with `prefix`."""
@@ -91,7 +91,7 @@ class SqlTraceStore:
         statement = _RECENT
         if session_key is not None:
             statement, params["session_key"] = _RECENT_OF_SESSION, session_key
-        return [_trace(row) for row in await self._db.run_read(lambda tx: tx.execute(statement, params).fetchall())]
+        return [turn_trace(row) for row in await self._db.run_read(lambda tx: tx.execute(statement, params).fetchall())]
 
     async def turn_ids(self, prefix: str, limit: int = 5) -> list[str]:
         """The turn ids that start with `prefix` (a whole id included), at most `limit`."""
@@ -99,8 +99,3 @@ class SqlTraceStore:
         params = {"prefix": prefix, "prefix_chars": len(prefix), "limit": limit}
         return [row[0] for row in await self._db.run_read(lambda tx: tx.execute(_IDS, params).fetchall())]
 
-
-def _trace(row: Sequence[Any]) -> TurnTrace:
-    turn_id, session_key, status, error, detail, started_at, finished_at = row
-    return TurnTrace(turn_id=turn_id, session_key=session_key, started_at=started_at, finished_at=finished_at,
-                     status=status, error=error, detail=json.loads(detail))

@@ -12,6 +12,7 @@ from ember.core.memory import session_identity
 from ember.core.usage import UsageCell, UsageRow
 from ember.store import schema
 from ember.store.engine import Database
+from ember.store.records import usage_totals
 from ember.store.tx import Statement, Tx
 
 UsageGrouping = Literal["session", "identity", "job", "model", "agent"]
@@ -69,11 +70,7 @@ class SqlUsageStore:
         """Per group, costliest first: calls, tokens of each kind, cost of the priced calls,
         and how many calls had no price."""
         rows = await self._db.run_read(lambda tx: tx.execute(_TOTALS[by], {"since": since}).fetchall())
-        # int(): PostgreSQL sums BIGINT columns as NUMERIC, which arrives as a Decimal.
-        return [{"key": k, "calls": calls, "input_tokens": int(i), "output_tokens": int(o),
-                 "cache_read_tokens": int(cr), "cache_write_tokens": int(cw), "cost_usd": round(cost, 6),
-                 "unpriced_calls": int(unpriced)}
-                for k, calls, i, o, cr, cw, cost, unpriced in rows]
+        return usage_totals(rows)
 
     async def by_day_and_session(self, identity: str, since: float, shift_s: int) -> list[UsageCell]:
         """The identity's calls since `since`, summed per day and session; a day runs from midnight
