@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -22,6 +21,7 @@ if TYPE_CHECKING:  # the runtime's modules load when a command runs, not when `e
 
     from ember.app.database import Stores
     from ember.config.settings import Settings
+    from ember.store.sqlite.glance import Glance
 
 # soft_wrap: never break a line a user may copy (the configure hint) at the terminal width.
 out = Console(highlight=False, soft_wrap=True)
@@ -92,6 +92,24 @@ async def open_store(settings: Settings) -> AsyncIterator[Stores]:
             yield Stores(db)
 
 
+@asynccontextmanager
+async def open_listings() -> AsyncIterator[Stores | Glance]:
+    """The store, for a command that only lists what it holds: glanced at read-only when the configuration
+    plainly names the SQLite file and its schema is current (store/sqlite/glance.py: no SQLAlchemy, no
+    settings to validate), else opened whole: settings checked, store created or migrated."""
+    from ember.config.locate import plain_sqlite_store
+    from ember.store.sqlite.glance import glance
+
+    with glance(plain_sqlite_store()) as quick:
+        if quick is not None:
+            yield quick
+            return
+    settings = settings_or_exit()
+    setup_logging(settings, verbose=False)
+    async with open_store(settings) as stores:
+        yield stores
+
+
 def settings_or_exit() -> Settings:
     from ember.config.settings import load_settings
 
@@ -104,6 +122,8 @@ def settings_or_exit() -> Settings:
 
 def run_command(work: Coroutine[Any, Any, int]) -> None:
     """Run a command's async body; an EmberError is one clear line, not a traceback."""
+    import asyncio  # here: `ember --help` needs no event loop
+
     try:
         code = asyncio.run(work)
     except EmberError as exc:

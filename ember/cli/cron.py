@@ -10,15 +10,23 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli.common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
+from ember.cli.common import (
+    err,
+    open_listings,
+    open_store,
+    out,
+    print_json,
+    run_command,
+    settings_or_exit,
+    setup_logging,
+)
 from ember.core.errors import EmberError
-from ember.core.events import ReplyRoute
-from ember.core.memory import LOCAL_IDENTITY, default_identity
 from ember.core.schedule import ScheduleError, local_time
 from ember.core.tasks import MissedPolicy, Task, TaskState
 
 if TYPE_CHECKING:
     from ember.config.settings import Settings
+    from ember.core.events import ReplyRoute
 
 cron_app = typer.Typer(help="Scheduled tasks: add, edit, list, pause, resume, remove, run.", no_args_is_help=True)
 
@@ -38,6 +46,8 @@ def _settings() -> Settings:
 
 def _route(session: str) -> ReplyRoute:
     """`--session`: a session key with its channel (http:alice:work), or a terminal session's name."""
+    from ember.core.events import ReplyRoute
+
     channel, _, chat_id = session.partition(":")
     if chat_id and channel in ("cli", "http", "webhook", "telegram", "wecom", "qq", "outbound"):
         return ReplyRoute(channel, chat_id)
@@ -73,6 +83,7 @@ def add(
     as_json: JsonOption = False,
 ) -> None:
     """Add a task; prints its id and its next runs."""
+    from ember.core.memory import LOCAL_IDENTITY, default_identity
     from ember.core.tasks import new_task_id
     from ember.tools.tasks import schedule_of
 
@@ -141,10 +152,8 @@ def edit(
 def list_tasks(as_json: JsonOption = False) -> None:
     """Every task: id, schedule, next run, state."""
 
-    settings = _settings()
-
     async def main() -> int:
-        async with open_store(settings) as stores:
+        async with open_listings() as stores:
             tasks = await stores.tasks.list()
         if as_json:
             print_json([task.to_json_dict() for task in tasks])

@@ -22,6 +22,7 @@ from rich.table import Table
 from ember.cli.common import (
     ProgressBar,
     err,
+    open_listings,
     open_store,
     out,
     print_json,
@@ -178,12 +179,11 @@ def list_memories(
     as_json: JsonOption = False,
 ) -> None:
     """Memories, newest first: active facts and episodes unless --kind or --all say otherwise."""
-    settings = _settings()
     kinds = tuple(kind) if kind else () if include_all else LISTED_KINDS
 
     async def main() -> int:
-        async with _memory(settings, search=False) as memory:
-            records = await memory.store.list(identity, kinds=kinds, include_inactive=include_all, limit=limit)
+        async with open_listings() as stores:
+            records = await stores.memory.list(identity, kinds=kinds, include_inactive=include_all, limit=limit)
         if as_json:
             print_json([r.to_json_dict() for r in records])
         elif records:

@@ -6,10 +6,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ember.cli.common import err, open_store, out, print_json, run_command, settings_or_exit
+from ember.cli.common import err, open_listings, open_store, out, print_json, run_command, settings_or_exit
 
 if TYPE_CHECKING:
     from ember.store.protocols import SessionBrowser
+    from ember.store.sqlite.glance import GlancedSessions
 
 sessions_app = typer.Typer(help="Inspect stored sessions.", no_args_is_help=True)
 trace_app = typer.Typer(help="What a turn did: stages, model calls, tool calls, approvals.", no_args_is_help=True)
@@ -31,7 +32,7 @@ def _resolve_session_key(known: set[str], name: str) -> str:
     raise ValueError(f"no session named {name!r}; `ember sessions list` shows them")
 
 
-async def _session_key_or_exit(store: SessionBrowser, name: str) -> str | None:
+async def _session_key_or_exit(store: SessionBrowser | GlancedSessions, name: str) -> str | None:
     try:
         return _resolve_session_key({row.key for row in await store.list_sessions()}, name)
     except ValueError as exc:
@@ -47,11 +48,8 @@ def sessions_list(as_json: Annotated[bool, typer.Option("--json", help="Print JS
     """List sessions, most recently active first."""
     from rich.table import Table
 
-
-    settings = settings_or_exit()
-
     async def main() -> int:
-        async with open_store(settings) as stores:
+        async with open_listings() as stores:
             rows = await stores.sessions.list_sessions()
         if as_json:
             print_json([{"key": row.key, "messages": row.message_count,
@@ -112,11 +110,8 @@ def trace_list(
     """The latest turns, newest first."""
     from rich.table import Table
 
-
-    settings = settings_or_exit()
-
     async def main() -> int:
-        async with open_store(settings) as stores:
+        async with open_listings() as stores:
             key = None
             if session is not None and (key := await _session_key_or_exit(stores.sessions, session)) is None:
                 return 1

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli.common import err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
+from ember.cli.common import err, open_listings, out, print_json, run_command
 
 _SPAN = re.compile(r"(\d+)\s*([hdw])")
 _SPAN_S = {"h": 3600, "d": 86_400, "w": 7 * 86_400}
@@ -47,8 +47,6 @@ def usage(
 ) -> None:
     """Tokens and cost of the model calls: turns and background jobs, charged to their session and identity."""
 
-    settings = settings_or_exit()
-    setup_logging(settings, verbose=False)
     try:
         start = since_timestamp(since)
     except ValueError as exc:
@@ -56,7 +54,7 @@ def usage(
         raise typer.Exit(2) from None
 
     async def main() -> int:
-        async with open_store(settings) as stores:
+        async with open_listings() as stores:
             groups = await stores.usage.totals(by.value, start)
         if as_json:
             print_json(groups)
