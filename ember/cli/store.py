@@ -4,7 +4,6 @@ so its password (in the URL) is never printed."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -58,6 +57,8 @@ def copy(
             _show(exc.checks, source, name, None, as_json)
             raise
         _show(report.tables, source, name, report, as_json)
+
+    import asyncio  # here: `ember --help` needs no event loop
 
     try:
         asyncio.run(main())

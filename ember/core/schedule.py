@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadCronError, croniter
-
 MIN_INTERVAL_S = 1.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -76,6 +74,8 @@ class Schedule:
     def cron(cls, expression: str, tz: str = "UTC") -> Schedule:
         zone(tz)
         expression = " ".join(expression.split())
+        from croniter import CroniterBadCronError, croniter  # on use: `ember --help` loads this module
+
         try:
             croniter(expression)
         except (CroniterBadCronError, ValueError, KeyError) as exc:
@@ -108,6 +108,8 @@ class Schedule:
             while self.anchor + steps * interval <= t:
                 steps += 1
             return self.anchor + steps * interval
+        from croniter import croniter
+
         start = datetime.fromtimestamp(t, UTC).astimezone(zone(self.tz))
         following: datetime = croniter(self.spec, start).get_next(datetime)
         return following.timestamp()

@@ -5,9 +5,12 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ember.core.events import ReplyRoute
 from ember.core.schedule import Schedule, local_time
+
+if TYPE_CHECKING:
+    from ember.core.events import ReplyRoute
 
 CHANNEL = "cron"  # the channel a task's runs come in on; each task's runs share the session cron:<id>
 
