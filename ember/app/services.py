@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ember.config.settings import Settings
-from ember.skills.library import SkillLibrary, SkillPolicy, default_folders
+from ember.skills.folders import default_folders
+from ember.skills.library import SkillLibrary, SkillPolicy
 from ember.store.engine import Database
 from ember.store.skills import SqlSkillStore
 

@@ -35,13 +35,13 @@ from ember.core.skills import (
     SkillStatus,
     SkillVersion,
 )
-from ember.skills.format import SKILL_FILE, SkillDoc, SkillFormatError, check_name, digest, parse_skill_md, read_folder
+from ember.skills.folders import SkillFolder, edited, read_folders, signature, vanished
+from ember.skills.format import SkillFormatError, check_name, parse_skill_md, read_folder
 from ember.store.protocols import SkillStore
 from ember.tools.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
-BUNDLED_DIR = Path(__file__).parent / "bundled"
 INDEX_HEADING = ("Skills you can use. Before following one, call skill_view with its name to read its "
                  "instructions:")
 INDEX_LINE_CHARS = 240  # a long description is cut in the index; skill_view shows it whole
@@ -53,17 +53,6 @@ class SkillPolicy:
     auto_admit: Literal["none", "low-risk"] = "none"  # which proposals need no person
     index_chars: int = 4_000  # the prompt's index of skills, at most
     archive_after_days: float = 90.0  # a skill unused this long leaves the index (it is kept)
-
-
-@dataclass(frozen=True, slots=True)
-class SkillFolder:
-    path: Path  # a folder of skill folders
-    origin: SkillOrigin
-
-
-def default_folders(home_skills: Path) -> list[SkillFolder]:
-    """Bundled first: a skill of the person's with the same name overrides it."""
-    return [SkillFolder(BUNDLED_DIR, SkillOrigin.BUNDLED), SkillFolder(home_skills, SkillOrigin.HOME)]
 
 
 def _place_script(workspace: Workspace, relative: str, content: str) -> str:
@@ -101,18 +90,17 @@ class SkillLibrary:
     async def sync(self, *, force: bool = False) -> None:
         """Read the skill folders into the store where they changed since they were last read."""
         async with self._sync_lock:
-            signature = await asyncio.to_thread(self._folder_signature)
-            if signature == self._signature and not force:
+            marks = await asyncio.to_thread(signature, self._folders)
+            if marks == self._signature and not force:
                 return
-            found, errors = await asyncio.to_thread(self._read_folders)
+            found, errors = await asyncio.to_thread(read_folders, self._folders)
             known = await self.store.disk_digests()
-            for name, (folder, doc, files, origin) in found.items():
-                content = digest(doc.text, files)
-                if known.get(name, (None, ""))[0] == content:
-                    continue
-                source = f"{'edited in' if name in known else 'read from'} {folder}"
-                change = NewVersion(SHARED, name, doc.description, doc.text, source=source, admitted_by="local",
-                                    origin=origin, files=files, disk_digest=content)
+            for name in edited(found, known):
+                skill = found[name]
+                content = skill.digest
+                source = f"{'edited in' if name in known else 'read from'} {skill.path}"
+                change = NewVersion(SHARED, name, skill.doc.description, skill.doc.text, source=source,
+                                    admitted_by="local", origin=skill.origin, files=skill.files, disk_digest=content)
                 try:
                     await self.store.add_version(change)
                 except IntegrityError:
@@ -120,45 +108,13 @@ class SkillLibrary:
                     # same moment (processes starting together read the bundled folders together).
                     if (await self.store.disk_digests()).get(name, (None, ""))[0] != content:
                         await self.store.add_version(change)  # another text: this one is the next version
-            vanished = [name for name, (content, origin) in known.items()
-                        if content is not None and name not in found and origin in (SkillOrigin.BUNDLED,
-                                                                                   SkillOrigin.HOME)]
-            if vanished:
-                await self.store.set_status(SHARED, vanished, SkillStatus.ARCHIVED)
+            if gone := vanished(found, known):
+                await self.store.set_status(SHARED, gone, SkillStatus.ARCHIVED)
             for folder, reason in errors.items():
                 if self.load_errors.get(folder) != reason:
                     log.warning("skill %s was not loaded: %s", folder, reason)
             self.load_errors = errors
-            self._signature = signature
-
-    def _skill_dirs(self) -> list[tuple[Path, SkillOrigin]]:
-        dirs = []
-        for folder in self._folders:
-            if folder.path.is_dir():
-                dirs += [(path, folder.origin) for path in sorted(folder.path.iterdir())
-                         if path.is_dir() and not path.name.startswith((".", "_"))]
-        return dirs
-
-    def _folder_signature(self) -> tuple[tuple[str, int], ...]:
-        signature = []
-        for path, _ in self._skill_dirs():
-            try:
-                signature.append((str(path), os.stat(path / SKILL_FILE).st_mtime_ns))
-            except OSError:
-                signature.append((str(path), 0))
-        return tuple(signature)
-
-    def _read_folders(self) -> tuple[dict[str, tuple[Path, SkillDoc, dict[str, str], SkillOrigin]], dict[str, str]]:
-        found: dict[str, tuple[Path, SkillDoc, dict[str, str], SkillOrigin]] = {}
-        errors: dict[str, str] = {}
-        for path, origin in self._skill_dirs():
-            try:
-                doc, files = read_folder(path)
-            except (SkillFormatError, OSError) as exc:
-                errors[str(path)] = str(exc)
-                continue
-            found[doc.name] = (path, doc, files, origin)  # a later folder (the person's) wins
-        return found, errors
+            self._signature = marks
 
     def _look_at_folders_now_and_then(self) -> None:
         """A turn never waits for the folders: an edit is read in the background, for the next turn."""
