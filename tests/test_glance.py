@@ -13,17 +13,18 @@ from typing import Any
 import pytest
 
 from ember.app.database import Stores, open_database
-from ember.config.locate import plain_sqlite_store
+from ember.app.services import skill_library
+from ember.config.locate import plain_home
 from ember.config.settings import isolated_settings
 from ember.core.memory import LOCAL_IDENTITY, MemoryKind
-from ember.store import memories, sessions, tasks, traces, usage
+from ember.store import memories, sessions, skills, tasks, traces, usage
 from ember.store.migrations import SCHEMA_VERSION
 from ember.store.sqlite import glance
 from tests.modelserver import ModelServer, Reply
 from tests.test_cli_e2e import EMBER_SOURCE, TIMEOUT_S, chat, ember, ember_env
 from tests.test_cli_start import HEAVY
 
-LISTS = (["sessions", "list"], ["trace", "list"], ["cron", "list"], ["usage"], ["memory", "list"])
+LISTS = (["sessions", "list"], ["trace", "list"], ["cron", "list"], ["usage"], ["memory", "list"], ["skills", "list"])
 
 
 def test_the_glance_runs_the_stores_own_sql() -> None:
@@ -36,6 +37,8 @@ def test_the_glance_runs_the_stores_own_sql() -> None:
     listings = {(inactive, of_kinds): statement.sqlite_sql
                 for (inactive, of_session, of_kinds), statement in memories._LISTINGS.items() if not of_session}
     assert listings == glance.MEMORIES
+    assert skills._VISIBLE.sqlite_sql == glance.SKILLS
+    assert skills._DISK_DIGESTS.sqlite_sql == glance.SKILL_DIGESTS
 
 
 @pytest.fixture
@@ -75,6 +78,11 @@ async def test_each_listing_reads_as_the_store_reads_it_and_the_commands_load_no
                 shown = await stores.memory.list(LOCAL_IDENTITY, kinds=kinds, include_inactive=everything)
                 assert shown and await quick.memory.list(LOCAL_IDENTITY, kinds=kinds,
                                                          include_inactive=everything) == shown
+            library = skill_library(isolated_settings(home=home), db)
+            for archived in (False, True):
+                assert await quick.skills.visible(None, include_archived=archived) == await library.skills(
+                    None, include_archived=archived)
+            assert await quick.skills.disk_digests() == await library.store.disk_digests()
 
     for argv in LISTS:
         shown_json, modules = _modules_of(home, [*argv, "--json"])
@@ -96,16 +104,39 @@ def _modules_of(home: Path, argv: list[str]) -> tuple[str, set[str]]:
     return shown, set(modules.split())
 
 
+def _skill_names(home: Path) -> tuple[list[str], bool]:
+    """The skills `ember skills list` shows, and whether it needed the store's machinery to show them."""
+    shown, modules = _modules_of(home, ["skills", "list", "--json"])
+    return [skill["name"] for skill in json.loads(shown)], "sqlalchemy" in modules
+
+
+def test_skills_list_reads_a_changed_skill_folder_in_first_and_then_glances(tmp_path: Path) -> None:
+    assert ember(ember_env(tmp_path, None), "sessions", "list").returncode == 0  # a store, migrated
+    assert _skill_names(tmp_path) == (["reminders", "web-research", "write-a-skill"], True)  # read in
+    assert _skill_names(tmp_path) == (["reminders", "web-research", "write-a-skill"], False)
+    folder = tmp_path / "skills" / "packing"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text("---\nname: packing\ndescription: Pack for a trip.\n---\n\nList first.\n")
+    assert _skill_names(tmp_path) == (["packing", "reminders", "web-research", "write-a-skill"], True)
+    assert _skill_names(tmp_path) == (["packing", "reminders", "web-research", "write-a-skill"], False)
+    (folder / "SKILL.md").unlink()
+    folder.rmdir()
+    assert _skill_names(tmp_path) == (["reminders", "web-research", "write-a-skill"], True)  # archived
+    assert _skill_names(tmp_path) == (["reminders", "web-research", "write-a-skill"], False)
+
+
 def test_a_home_the_glance_cannot_read_plainly_is_left_to_the_settings(tmp_path: Path) -> None:
     env: dict[str, Any] = {"EMBER_HOME": str(tmp_path)}
-    assert plain_sqlite_store(env) == tmp_path / "ember.db"
-    assert plain_sqlite_store({**env, "EMBER_DATABASE_URL": "postgresql://db/ember"}) is None
-    assert plain_sqlite_store({**env, "ember_home": str(tmp_path)}) is None  # the settings read any case
+    assert plain_home(env) == tmp_path
+    assert plain_home({**env, "EMBER_DATABASE_URL": "postgresql://db/ember"}) is None
+    assert plain_home({**env, "ember_home": str(tmp_path)}) is None  # the settings read any case
+    assert plain_home({**env, "EMBER_SKILLS_DIR": "/skills"}) == tmp_path
+    assert plain_home({**env, "EMBER_SKILLS_DIR": "/skills"}, also_unset=("skills_dir",)) is None
     for written in ('database_url = "postgresql://db/ember"', 'home = "/elsewhere"', "model = [unclosed"):
         (tmp_path / "ember.toml").write_text(written)
-        assert plain_sqlite_store(env) is None, written
+        assert plain_home(env) is None, written
     (tmp_path / "ember.toml").write_text('model = "gpt-4o-mini"')
-    assert plain_sqlite_store(env) == tmp_path / "ember.db"
+    assert plain_home(env) == tmp_path
 
     with glance.glance(tmp_path / "ember.db") as missing:
         assert missing is None

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -92,15 +93,24 @@ async def open_store(settings: Settings) -> AsyncIterator[Stores]:
             yield Stores(db)
 
 
-@asynccontextmanager
-async def open_listings() -> AsyncIterator[Stores | Glance]:
-    """The store, for a command that only lists what it holds: glanced at read-only when the configuration
-    plainly names the SQLite file and its schema is current (store/sqlite/glance.py: no SQLAlchemy, no
-    settings to validate), else opened whole: settings checked, store created or migrated."""
-    from ember.config.locate import plain_sqlite_store
+@contextmanager
+def glance_at(home: Path | None) -> Iterator[Glance | None]:
+    """A read-only glance at the home's SQLite store (store/sqlite/glance.py: no SQLAlchemy, no settings
+    to validate) when config/locate.py found the home plain and the store's schema is current; else None."""
+    from ember.config.paths import DATABASE_FILE
     from ember.store.sqlite.glance import glance
 
-    with glance(plain_sqlite_store()) as quick:
+    with glance(home / DATABASE_FILE if home is not None else None) as quick:
+        yield quick
+
+
+@asynccontextmanager
+async def open_listings() -> AsyncIterator[Stores | Glance]:
+    """The store, for a command that only lists what it holds: glanced at when it can be, else opened
+    whole (settings checked, store created or migrated)."""
+    from ember.config.locate import plain_home
+
+    with glance_at(plain_home()) as quick:
         if quick is not None:
             yield quick
             return

@@ -17,12 +17,23 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ember.cli.common import ProgressBar, err, open_store, out, print_json, run_command, settings_or_exit, setup_logging
+from ember.cli.common import (
+    ProgressBar,
+    err,
+    glance_at,
+    open_store,
+    out,
+    print_json,
+    run_command,
+    settings_or_exit,
+    setup_logging,
+)
 from ember.core.errors import SkillError
 from ember.core.memory import LOCAL_IDENTITY
-from ember.core.skills import Proposal, ProposalStatus
+from ember.core.skills import SHARED, Proposal, ProposalStatus, SkillStatus
 
 if TYPE_CHECKING:
+    from ember.core.skills import Skill
     from ember.skills.library import SkillLibrary
 
 skills_app = typer.Typer(help="Skills: list, show, pending proposals, approve, reject, diff, rollback, import.",
@@ -47,6 +58,27 @@ async def _library() -> AsyncIterator[SkillLibrary]:
         yield library
 
 
+async def _at_a_glance(identity: str | None, archived: bool) -> tuple[list[Skill], dict[str, str]] | None:
+    """The skills, and the folders that could not be read, when no skill folder changed since the store
+    last read them: then there is nothing to write, and the read-only glance lists them. None when one
+    did (the library reads it in first) or the store cannot be glanced at."""
+    from ember.config.locate import plain_home
+    from ember.config.paths import SKILLS_FOLDER
+    from ember.skills.folders import default_folders, edited, read_folders, vanished
+
+    home = plain_home(also_unset=("skills_dir",))
+    with glance_at(home) as quick:
+        if home is None or quick is None:
+            return None
+        found, errors = read_folders(default_folders(home / SKILLS_FOLDER))
+        known = await quick.skills.disk_digests()
+        kept = {skill.name for skill in await quick.skills.visible(SHARED, include_archived=True)
+                if skill.status is not SkillStatus.ARCHIVED}
+        if edited(found, known) or kept.intersection(vanished(found, known)):
+            return None
+        return await quick.skills.visible(identity, include_archived=archived), errors
+
+
 def _when(timestamp: float | None) -> str:
     return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M") if timestamp else "never"
 
@@ -68,9 +100,11 @@ def list_skills(identity: IdentityOption = None, archived: Annotated[bool, typer
         "--archived", help="Include archived skills.")] = False, as_json: JsonOption = False) -> None:
     """Every skill: name, description, scope, version, status."""
     async def body() -> int:
-        async with _library() as library:
-            skills = await library.skills(identity, include_archived=archived)
-            errors = library.load_errors
+        listed = await _at_a_glance(identity, archived)
+        if listed is None:
+            async with _library() as library:
+                listed = await library.skills(identity, include_archived=archived), library.load_errors
+        skills, errors = listed
         if as_json:
             print_json([skill.to_json_dict() for skill in skills])
             return 0

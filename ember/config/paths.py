@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+DATABASE_FILE = "ember.db"  # in the home
+SKILLS_FOLDER = "skills"  # in the home, unless skills_dir says otherwise
+
 
 class HomePaths:
     if TYPE_CHECKING:  # Settings's own fields: declared here for the checker only, not as fields of their own
@@ -29,9 +32,9 @@ class HomePaths:
 
     @property
     def skills_path(self) -> Path:
-        return (self.skills_dir or self.home_dir / "skills").expanduser()
+        return (self.skills_dir or self.home_dir / SKILLS_FOLDER).expanduser()
 
     @property
     def database_path(self) -> Path:
         """The SQLite store, unless database_url names a PostgreSQL one."""
-        return self.home_dir / "ember.db"
+        return self.home_dir / DATABASE_FILE

@@ -10,6 +10,7 @@ from typing import Any
 
 from ember.core.memory import MemoryKind, MemoryRecord, MemoryStatus, SourceRank
 from ember.core.schedule import Schedule, ScheduleKind
+from ember.core.skills import SHARED, Skill, SkillOrigin, SkillStatus
 from ember.core.tasks import MissedPolicy, Task, TaskState
 from ember.core.traces import TurnTrace
 
@@ -41,6 +42,21 @@ def record_of(row: Sequence[Any]) -> tuple[int, MemoryRecord]:
         superseded_by=superseded_by, recall_count=recall_count, last_recalled_at=last_recalled_at,
         strength=strength,
     )
+
+
+def skill_of(row: Sequence[Any]) -> Skill:
+    name, description, identity, version, status, origin, uses, last_used, updated = row
+    return Skill(name, description, identity, version, SkillStatus(status), SkillOrigin(origin), uses, last_used,
+                 updated)
+
+
+def visible_to(identity: str | None, skills: list[Skill]) -> list[Skill]:
+    """What `identity` sees of the skills listed for it: its own hide the shared ones of their names
+    (None: the local CLI, which sees everyone's)."""
+    if identity is None:
+        return skills
+    own = {skill.name for skill in skills if skill.identity != SHARED}
+    return [skill for skill in skills if skill.identity != SHARED or skill.name not in own]
 
 
 def session_summary(row: Sequence[Any]) -> SessionSummary:

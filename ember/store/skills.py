@@ -31,6 +31,7 @@ from ember.core.skills import (
 )
 from ember.store import schema
 from ember.store.engine import Database
+from ember.store.records import skill_of, visible_to
 from ember.store.tx import Statement, Tx, Work, upsert
 
 T = TypeVar("T")
@@ -110,12 +111,6 @@ _MARK_REVIEWED = upsert(_moved_on)
 
 
 
-def _skill(row: Sequence[Any]) -> Skill:
-    name, description, identity, version, status, origin, uses, last_used, updated = row
-    return Skill(name, description, identity, version, SkillStatus(status), SkillOrigin(origin), uses, last_used,
-                 updated)
-
-
 def _version(row: Sequence[Any]) -> SkillVersion:
     name, identity, version, text, source, by, created, files, turn_id, job_id = row
     return SkillVersion(name, identity, version, text, source, by, created, json.loads(files), turn_id, job_id)
@@ -175,11 +170,7 @@ class SqlSkillStore:
         `identity` None: every skill of everyone (the local CLI)."""
         rows = await self._db.run_read(lambda tx: tx.execute(
             _VISIBLE, {"identity": identity, "include_archived": include_archived}).fetchall())
-        skills = [_skill(row) for row in rows]
-        if identity is None:
-            return skills
-        own = {skill.name for skill in skills if skill.identity != SHARED}
-        return [skill for skill in skills if skill.identity != SHARED or skill.name not in own]
+        return visible_to(identity, [skill_of(row) for row in rows])
 
     async def freshness(self, identity: str) -> tuple[Any, ...]:
         """Changes whenever the skills `identity` sees change (not when they are only used): at once
@@ -203,7 +194,7 @@ class SqlSkillStore:
         """The skill `identity` sees under `name` (its own first); identity None: the shared one."""
         row = await self._db.run_read(lambda tx: tx.execute(
             _GET, {"name": name, "identity": identity or SHARED}).fetchone())
-        return _skill(row) if row else None
+        return skill_of(row) if row else None
 
     async def version(self, skill: Skill, version: int | None = None) -> SkillVersion | None:
         number = skill.version if version is None else version
@@ -236,7 +227,7 @@ class SqlSkillStore:
     async def unused_since(self, before: float) -> list[Skill]:
         """Active skills not used since `before` (counting from when they were added)."""
         rows = await self._db.run_read(lambda tx: tx.execute(_UNUSED_SINCE, {"before": before}).fetchall())
-        return [_skill(row) for row in rows]
+        return [skill_of(row) for row in rows]
 
     # Proposals
 

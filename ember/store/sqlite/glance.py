@@ -18,9 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from ember.core.memory import MemoryKind, MemoryRecord
+from ember.core.skills import Skill
 from ember.core.tasks import Task
 from ember.core.traces import TurnTrace
-from ember.store.records import SessionSummary, record_of, scheduled_task, session_summary, turn_trace, usage_totals
+from ember.store.records import (
+    SessionSummary,
+    record_of,
+    scheduled_task,
+    session_summary,
+    skill_of,
+    turn_trace,
+    usage_totals,
+    visible_to,
+)
 
 SCHEMA_VERSION = 23  # migrations.SCHEMA_VERSION, which imports SQLAlchemy; a test keeps them equal
 
@@ -60,6 +70,11 @@ _NEWEST_MEMORIES = " ORDER BY memory_items.created_at DESC, memory_items.num DES
 # By (include_inactive, kinds given), as the memory store's listings.
 MEMORIES = {(inactive, of_kinds): _MEMORIES + ("" if inactive else _ACTIVE) + (_OF_KINDS if of_kinds else "")
             + _NEWEST_MEMORIES for inactive in (False, True) for of_kinds in (False, True)}
+SKILLS = ("SELECT skills.name, skills.description, skills.identity, skills.version, skills.status, skills.origin, "
+          "skills.use_count, skills.last_used_at, skills.updated_at \nFROM skills \n"
+          "WHERE (:identity IS NULL OR skills.identity IN ('', :identity)) "
+          "AND (:include_archived = 1 OR skills.status = 'active') ORDER BY skills.name, skills.identity")
+SKILL_DIGESTS = "SELECT skills.name, skills.disk_digest, skills.origin \nFROM skills \nWHERE skills.identity = ''"
 
 
 class _Reads:
@@ -98,6 +113,15 @@ class GlancedMemories(_Reads):
         return [record_of(row)[1] for row in self._rows(MEMORIES[include_inactive, bool(kinds)], params)]
 
 
+class GlancedSkills(_Reads):
+    async def visible(self, identity: str | None, *, include_archived: bool = False) -> list[Skill]:
+        rows = self._rows(SKILLS, {"identity": identity, "include_archived": include_archived})
+        return visible_to(identity, [skill_of(row) for row in rows])
+
+    async def disk_digests(self) -> dict[str, tuple[str | None, str]]:
+        return {name: (digest, origin) for name, digest, origin in self._rows(SKILL_DIGESTS, {})}
+
+
 class Glance:
     """The listings of one store, read in one read-only connection."""
 
@@ -107,12 +131,13 @@ class Glance:
         self.tasks = GlancedTasks(connection)
         self.usage = GlancedUsage(connection)
         self.memory = GlancedMemories(connection)
+        self.skills = GlancedSkills(connection)
 
 
 @contextlib.contextmanager
 def glance(path: Path | None) -> Iterator[Glance | None]:
-    """A Glance at the store at `path`; None when there is none to glance at (no path, no file, or a
-    schema other than this Ember's)."""
+    """A Glance at the SQLite store at `path`; None when there is none to glance at (no path, no file, or
+    a schema other than this Ember's)."""
     if path is None or not path.is_file():
         yield None
         return
