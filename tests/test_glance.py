@@ -24,6 +24,8 @@ from tests.modelserver import ModelServer, Reply
 from tests.test_cli_e2e import EMBER_SOURCE, TIMEOUT_S, chat, ember, ember_env
 from tests.test_cli_start import HEAVY
 
+# pydantic too: typer from 0.29 on converts options through it, 60 ms of every command's start.
+NOT_LOADED = {*HEAVY, "pydantic"}
 LISTS = (["sessions", "list"], ["trace", "list"], ["cron", "list"], ["usage"], ["memory", "list"], ["skills", "list"])
 
 
@@ -87,7 +89,7 @@ async def test_each_listing_reads_as_the_store_reads_it_and_the_commands_load_no
     for argv in LISTS:
         shown_json, modules = _modules_of(home, [*argv, "--json"])
         assert json.loads(shown_json), argv
-        assert sorted(name for name in modules if name.split(".")[0] in HEAVY or name in HEAVY) == [], argv
+        assert sorted(name for name in modules if name in NOT_LOADED or name.split(".")[0] in NOT_LOADED) == [], argv
     facts = json.loads(_modules_of(home, ["memory", "list", "--json"])[0])
     assert [fact["content"] for fact in facts] == ["I am allergic to peanuts"]
 
