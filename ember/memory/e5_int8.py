@@ -17,6 +17,7 @@ import logging
 import os
 import struct
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"E5S1"
 BUILD = 4  # bump when the graph built here changes: a cached model of another build is not used
+UNUSED_FOR_S = 30 * 86_400
 _Q4 = np.dtype([("d", "<f2"), ("qs", "u1", 16)])  # 32 weights: an fp16 scale, nibbles j and j + 16 in byte j
 _METASPACE = "\u2581"
 
@@ -170,6 +172,14 @@ def build_model(e5: E5File, path: Path) -> None:
         os.replace(quantized, path)  # another process building the same model at once writes the same bytes
 
 
+def _forget_unused(built: Path) -> None:
+    """Remove the models of earlier builds (or versions) that no Ember on this machine started for a month."""
+    for other in built.parent.glob("e5-small-int8-*.onnx"):
+        with contextlib.suppress(OSError):
+            if other != built and time.time() - other.stat().st_mtime > UNUSED_FOR_S:
+                other.unlink()
+
+
 @contextlib.contextmanager
 def _without_root_warnings() -> Iterator[None]:
     """The quantizer advises pre-processing on the root logger, which a terminal would show."""
@@ -289,12 +299,15 @@ class Int8E5:
         self.path = (cache or cache_dir()) / f"e5-small-int8-{key.hexdigest()[:16]}.onnx"
         if not self.path.is_file():
             build_model(self._e5, self.path)
+            _forget_unused(self.path)
         try:
             self._session = self._open()
         except Exception:  # a cached file that will not load (damaged on disk): built again
             log.warning("the cached int8 embedding model %s would not load; building it again", self.path)
             build_model(self._e5, self.path)
             self._session = self._open()
+        with contextlib.suppress(OSError):  # marks it in use, so that another build of it does not remove it
+            os.utime(self.path)
         e5 = self._e5
         self._words = np.frombuffer(e5.data, _Q4, e5.tensors["emb.word"][1] // _Q4.itemsize,
                                     e5.tensors["emb.word"][0]).reshape(-1, e5.hidden // 32)
