@@ -58,7 +58,7 @@ tests/a2a_js/node_modules: tests/a2a_js/package-lock.json | $(NODE)
 	touch $@
 
 test: $(BIN)/.installed-dev $(CHROMIUM) $(REDIS_SERVER) $(BWRAP) $(DOVECOT) tests/a2a_js/node_modules
-	EMBER_TEST_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
+	EMBER_TEST_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q --durations=25
 
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check ember tests bench
