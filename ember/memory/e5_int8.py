@@ -166,7 +166,8 @@ class E5File:
 
 
 def build_model(e5: E5File, path: Path) -> None:
-    """The encoder, quantized to int8 per channel, written to `path` at once or not at all."""
+    """The encoder in int8 (weights per channel, the FFN outputs' inputs per token), written to `path` at once
+    or not at all."""
     import onnx
     from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
