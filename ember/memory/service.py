@@ -118,7 +118,10 @@ class MemoryService:
         return self._store
 
     async def open(self) -> None:
-        """A change of embedding model queues every memory for a new vector."""
+        """A change of embedding model queues every memory for a new vector. The embedder gets ready
+        in the background."""
+        if self._encoder is not None:
+            self._encoder.prepare()
         if self._embedder is not None:
             requeued = await self._store.forget_other_models(self._embedder.name)
             if requeued:
