@@ -18,6 +18,7 @@ from ember.config.settings import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.memory import MemoryKind, MemoryStatus, shared_identity
 from ember.memory.embeddings import HashingEmbedder
+from ember.memory.prompt import RecallBudget
 from ember.pipeline.context import PROFILE_HEADING, RECALLED_HEADING
 from ember.store.tx import Statement
 from tests.modelserver import ModelServer, Reply, tool_call
@@ -183,7 +184,26 @@ async def test_an_archived_message_is_found_by_its_neighbours_words(settings: Se
     # "Which one?" says nothing of bicycles; the message before it does.
     assert [h.record.content for h in hits] == ["I bought a bicycle today", "Which one?"]
     assert counts["rows"] == counts["text_rows"] == 6 and counts["unembedded"] == 0
-    assert windows == 6  # every archived message has its window vector, refreshed as neighbours arrived
+    # Each message that says something has its window vector, refreshed as neighbours arrived;
+    # "thanks" and "ok" are nods, with none.
+    assert windows == 4
+
+
+async def test_a_person_s_lines_are_read_beside_each_other_past_the_nods_between(
+        settings: Settings, model_server: ModelServer) -> None:
+    model_server.push(Reply(text="Noted."), Reply(text="Noted."), Reply(text="Noted."))
+    async with runtime_on(settings_for(settings, model_server)) as runtime:
+        for text in ("I adopted a puppy last week", "We named her Biscuit", "My sister plays the cello"):
+            await say(runtime, text, sender="dana", chat="news")
+            await runtime.runner.wait_idle()
+        hits = await runtime.memory.search("test:dana", "puppy", limit=5, kinds=(MemoryKind.ARCHIVAL,))
+        prompt = await runtime.memory.for_prompt("test:dana", "what is my puppy called?", budget=RecallBudget())
+    found = [h.record.content for h in hits]
+    # The name is found by the line before it, not through the "Noted." between them.
+    assert found[:2] == ["I adopted a puppy last week", "We named her Biscuit"]
+    assert "Noted." not in found
+    assert "We named her Biscuit" in [r.content for r in prompt.recalled]
+    assert "Noted." not in [r.content for r in prompt.recalled]
 
 
 async def test_an_evaluation_session_leaves_no_memory(settings: Settings, model_server: ModelServer) -> None:

@@ -143,6 +143,16 @@ _SPACE = re.compile(r"\s+")
 _EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
 
 
+# A message of fewer words is a nod ("ok", "noted.", "thanks"): no neighbour to read another by,
+# nothing to recall.
+INFORMATIVE_WORDS = 2
+_WORD = re.compile(r"[^\W_]+")
+
+
+def says_something(text: str) -> bool:
+    return len(_WORD.findall(text, 0, 200)) >= INFORMATIVE_WORDS
+
+
 def remembered_in(session_key: str) -> str:
     """The source of a fact the model kept with the remember tool in a session."""
     return f"remember tool, session {session_key}"

@@ -34,6 +34,7 @@ from ember.core.memory import (
     content_hash,
     memory_identity,
     normalized_key,
+    says_something,
     session_identity,
 )
 from ember.core.redact import derived_text, redact_text
@@ -82,7 +83,8 @@ _ARCHIVABLE = (
     "WHERE m.session_key = :key AND m.role IN ('user', 'assistant') "
     "AND (TRIM(m.content) != '' OR m.attachments IS NOT NULL)"
 )
-_ARCHIVED_BEFORE = Statement(f"{_ARCHIVABLE} AND m.seq < :start ORDER BY m.seq DESC LIMIT 4")
+# Enough to reach the two lines before the new ones that say something, past a nod between each.
+_ARCHIVED_BEFORE = Statement(f"{_ARCHIVABLE} AND m.seq < :start ORDER BY m.seq DESC LIMIT 6")
 # Up to the last seq read first: at READ COMMITTED a message committed meanwhile waits for the next run.
 _NOT_ARCHIVED = Statement(f"{_ARCHIVABLE} AND m.seq >= :start AND m.seq <= :high ORDER BY m.seq")
 _LAST_SEQ = Statement(select(func.coalesce(func.max(_m.c.seq), -1)).where(_m.c.session_key == bindparam("key")))
@@ -320,12 +322,17 @@ def _get_num(tx: Tx, num: int) -> MemoryRecord:
     return record_of(tx.execute(_BY_NUM, {"num": num}).fetchone())[1]
 
 
-def _neighbours(texts: Sequence[str], index: int) -> Context:
-    def at(offset: int) -> str:
-        position = index + offset
-        return texts[position] if 0 <= position < len(texts) else ""
+def _neighbours(texts: Sequence[str], index: int, informative: Sequence[int]) -> Context:
+    """The lines around `index` that say something: a bare "noted." between two of a person's
+    lines is passed over, so each is read beside the other."""
+    before = [i for i in informative if i < index][-2:]
+    after = [i for i in informative if i > index][:2]
 
-    return Context(before=at(-1), after=at(1), far=tuple(text for text in (at(-2), at(2)) if text))
+    def at(positions: list[int], which: int) -> str:
+        return texts[positions[which]] if -len(positions) <= which < len(positions) else ""
+
+    return Context(before=at(before, -1), after=at(after, 0),
+                   far=tuple(text for text in (at(before, -2), at(after, 1)) if text))
 
 
 def _refresh_context(tx: Tx, session_key: str, seq: int, created_at: float, context: Context) -> None:
@@ -359,11 +366,16 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
     texts = [derived_text(f"{row[6].strip()}: {text.strip()}" if row[6] else text.strip())
              for row, text in zip(line, said, strict=True)]
     heads = [text[:NEIGHBOUR_CHARS] for text in texts]
+    informative = [i for i, text in enumerate(said) if says_something(text)]
+    saying = set(informative)
+    # The new lines reach back to the two that say something before them: from there on, an earlier
+    # line's neighbours may change; those before only give theirs (their own reach further back).
+    reach = ([i for i in informative if i < len(earlier)][-2:] or [0])[0]
     for index, (seq, role, _, created_at, channel, sender, name, _files) in enumerate(line):
-        context = _neighbours(heads, index)
+        # A nod gets no neighbours: found by theirs, it would only stand in for them.
+        context = _neighbours(heads, index, informative) if index in saying else Context()
         if index < len(earlier):
-            # The two before those only give their neighbours: their own reach further back.
-            if index >= len(earlier) - 2:
+            if index >= reach:
                 _refresh_context(tx, session_key, seq, created_at, context)
             continue
         if tx.execute(_ARCHIVED, {"key": session_key, "seq": seq}).fetchone():
