@@ -108,8 +108,9 @@ from ember.core.events import InboundEvent
 from ember.core.jobs import JobKind, JobRequest
 from ember.core.memory import MemoryKind, MemoryStatus, NewMemory, SourceRank
 from ember.core.messages import Message
+from ember.memory.prompt import RecallBudget
 from ember.memory.retrieval import fuse
-from ember.memory.service import CANDIDATES, LEXICAL_DEPTH, MemoryService, RecallBudget
+from ember.memory.service import CANDIDATES, LEXICAL_DEPTH, MemoryService
 from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
 from ember.memory.vectors import DenseScores, VectorIndex
 from ember.store.memories import SqlMemoryStore
@@ -129,7 +130,7 @@ WRITE_BATCH = 2_000  # memories per ingest step: ~70% archived chats, the rest i
 VECTOR_BATCH = 2_000
 CHAT_LEN = 50  # messages per synthetic conversation
 ARCHIVAL_SHARE = 0.7
-SEARCH_LIMIT = RecallBudget().recalled_max * 2  # what a turn's recall asks for
+SEARCH_LIMIT = RecallBudget().search_limit  # what a turn's recall asks for
 DEPTH = 3 * SEARCH_LIMIT + CANDIDATES  # the candidates MemoryService.search fuses and fetches
 TARGET_P95_S = 0.020  # fused search p95 at 100,000 memories
 TARGET_SIZE = 100_000

@@ -22,8 +22,9 @@ from ember.core.language import language_of
 from ember.core.messages import Message
 from ember.memory.embeddings import HashingEmbedder, hashed_vectors, load_embedder
 from ember.memory.encoder import PASSAGE_CHARS, QUERY_HEAD_CHARS, QUERY_TAIL_CHARS, Encoder
+from ember.memory.prompt import RecallBudget
 from ember.memory.provider_embeddings import BATCH, ProviderEmbedder
-from ember.memory.service import MemoryService, RecallBudget
+from ember.memory.service import MemoryService
 from ember.store.memories import SqlMemoryStore
 from ember.store.sessions import SqlSessionStore
 from ember.store.sqlite.database import SqliteDatabase

@@ -41,7 +41,8 @@ from ember.core.messages import Message, Role
 from ember.memory.consolidation import SUMMARY_INSTRUCTION, ConsolidationWorker
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.identity import Identities
-from ember.memory.service import MemoryService, RecallBudget
+from ember.memory.prompt import RecallBudget
+from ember.memory.service import MemoryService
 from ember.models.base import ModelClient, ModelReply
 from ember.models.metered import MeteredModel
 from ember.models.scripted import FunctionModel, ScriptedModel

@@ -14,12 +14,14 @@ import pytest
 from sqlalchemy import select
 
 from ember.core.errors import MemoryInputError, MemoryNotFound
+from ember.core.language import estimated_tokens
 from ember.core.memory import MAX_CONTENT_CHARS, MemoryKind, MemoryStatus, NewMemory, SourceRank
 from ember.core.messages import Message, Session
 from ember.memory.embeddings import E5Embedder, Embedder, HashingEmbedder
 from ember.memory.forgetting import DAY_S
+from ember.memory.prompt import RecallBudget
 from ember.memory.reconcile import FactReconciler
-from ember.memory.service import MemoryService, RecallBudget
+from ember.memory.service import MemoryService
 from ember.memory.vectors import THREAD_ROWS
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
@@ -269,6 +271,43 @@ async def test_the_prompt_gets_stable_profile_facts_then_what_the_message_recall
     assert [r.content for r in first.recalled] == ["Last spring the user hiked the Dolomites."]
     tiny = await memory.for_prompt("alice", "hiking", budget=RecallBudget(profile_facts=2, recalled_tokens=2))
     assert tiny.recalled == ()
+
+
+async def test_the_prompt_carries_what_fits_its_tokens_each_line_once_and_no_nods(memory: MemoryService) -> None:
+    async def said(content: str, session: str) -> None:
+        await memory.remember("alice", content, kind=MemoryKind.ARCHIVAL, session_key=session)
+
+    for n in range(12):
+        await said(f"On hike {n} we climbed the ridge above the lake and watched the sunrise.", "cli:hikes")
+    await said("We climbed the ridge above the lake again.", "cli:hikes")
+    await said("We climbed the ridge above the lake again.", "cli:later")
+    await said("ok", "cli:hikes")
+    budget = RecallBudget(profile_facts=0, recalled_tokens=200)
+    prompt = await memory.for_prompt("alice", "the ridge above the lake", budget=budget)
+    recalled = [r.content for r in prompt.recalled]
+    # Each line costs its tokens (15 or 9) and its date (8): seven of them fit in 200, not twelve.
+    assert 6 <= len(recalled) <= 8
+    assert sum(estimated_tokens(line) + 8 for line in recalled) <= 200
+    assert recalled.count("We climbed the ridge above the lake again.") == 1
+    assert "ok" not in recalled
+
+
+async def test_chinese_lines_are_counted_in_tokens_not_in_characters(memory: MemoryService) -> None:
+    line = "我们昨天在湖边的山脊上看日出，风景非常美丽，大家都拍了很多照片。"
+    for n in range(10):
+        await memory.remember("alice", f"{line}第{n}次", kind=MemoryKind.ARCHIVAL, session_key="cli:trips")
+    budget = RecallBudget(profile_facts=0, recalled_tokens=200)
+    recalled = (await memory.for_prompt("alice", "湖边的山脊 日出", budget=budget)).recalled
+    # A line of 35 characters is about as many tokens, not 9 as characters / 4 would have it.
+    assert estimated_tokens(line) >= 30
+    assert 1 <= len(recalled) <= 200 // (estimated_tokens(line) + 8)
+
+
+def test_tokens_are_estimated_as_a_subword_tokenizer_counts_them() -> None:
+    assert estimated_tokens("Hello, world!") == 4
+    assert estimated_tokens("internationalization") == 4  # long words are several pieces
+    assert estimated_tokens("我今天去了北京") == 7
+    assert estimated_tokens("") == 0
 
 
 async def test_a_fact_outranks_a_chat_line_that_says_the_same(memory: MemoryService, clock: Clock) -> None:

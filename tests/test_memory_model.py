@@ -62,7 +62,8 @@ from ember.core.messages import Message
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.encoder import window_vector
 from ember.memory.forgetting import DAY_S, ForgettingPolicy
-from ember.memory.service import RECALLED_KINDS, MemoryService, PromptMemory, RecallBudget
+from ember.memory.prompt import PromptMemory, RecallBudget
+from ember.memory.service import RECALLED_KINDS, MemoryService
 from ember.store.memories import SqlMemoryStore
 from ember.store.memory_rows import Context
 from ember.store.postgres import PostgresDatabase

@@ -21,8 +21,9 @@ from ember.core.jobs import JobKind
 from ember.core.messages import Message, Role, Session, ToolCall
 from ember.memory.embeddings import HashingEmbedder
 from ember.memory.identity import Identities
+from ember.memory.prompt import RecallBudget
 from ember.memory.review import REVIEW_INSTRUCTION
-from ember.memory.service import MemoryService, RecallBudget
+from ember.memory.service import MemoryService
 from ember.models.base import ModelReply, TextDelta
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.pipeline.context import ContextStage, Persona

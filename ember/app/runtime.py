@@ -37,9 +37,10 @@ from ember.core.tasks import CHANNEL as TASK_CHANNEL
 from ember.memory.consolidation import ConsolidationWorker
 from ember.memory.embeddings import Embedder
 from ember.memory.identity import Identities
+from ember.memory.prompt import RecallBudget
 from ember.memory.reconcile import FactReconciler
 from ember.memory.review import MemoryReviewer
-from ember.memory.service import MemoryService, RecallBudget
+from ember.memory.service import MemoryService
 from ember.models.base import ModelClient
 from ember.models.demo import DEMO_NAME
 from ember.models.metered import MeteredModel

@@ -199,8 +199,8 @@ class Settings(HomePaths, BaseSettings):
     embedding_relevance_floor: float | None = Field(default=None, ge=-1.0, le=1.0)
     # Per turn: up to this many profile facts in the prompt...
     memory_profile_facts: int = Field(default=30, ge=0, le=200)
-    # ...then recalled memories within this many tokens.
-    memory_recall_tokens: int = Field(default=800, ge=0, le=20_000)
+    # ...then recalled memories within this many tokens (estimated as a subword tokenizer counts them).
+    memory_recall_tokens: int = Field(default=900, ge=0, le=20_000)
     # Skills: the person's own skill folders (default: HOME/skills), each NAME/SKILL.md.
     skills_dir: Path | None = None
     # Which skills the background review proposes are admitted without a person: "none" (all wait

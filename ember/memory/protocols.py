@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol, Unpack
 if TYPE_CHECKING:
     from ember.core.memory import MemoryFields, MemoryKind, MemoryRecord, NewMemory, Recalled, WriteOutcome
     from ember.core.messages import Session
-    from ember.memory.service import PromptMemory, RecallBudget
+    from ember.memory.prompt import PromptMemory, RecallBudget
 
 
 class PromptRecall(Protocol):

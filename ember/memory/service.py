@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Unpack
 
 import numpy as np
@@ -39,6 +38,7 @@ from ember.memory.embeddings import Embedder
 from ember.memory.encoder import Encoder, bounded_query, vector_blob, window_vector
 from ember.memory.forgetting import FADING_KINDS, ForgettingPolicy
 from ember.memory.identity import Identities
+from ember.memory.prompt import PromptMemory, RecallBudget, chosen
 from ember.memory.retrieval import FACT_BONUS, NAMED_SUBJECT_BONUS, STRENGTH_WEIGHT, Reranker, fuse, named_subject
 from ember.memory.text_index import INDEX_MIN_ROWS, TextIndex
 from ember.memory.vectors import DatabaseVectors, DenseIndex, VectorIndex
@@ -58,33 +58,10 @@ MAX_LIMIT = 100
 # Matches read from the text index (the vectors add their own nearest: vectors.py).
 LEXICAL_DEPTH = 200
 CANDIDATES = 50
-# A memory the text index did not find is put in a prompt only this much above the relevance floor.
-PROMPT_SIMILARITY_MARGIN = 0.04
 
 
 # Skills reach the prompt through their own index, not as recalled memories.
 RECALLED_KINDS = (MemoryKind.FACT, MemoryKind.EPISODIC, MemoryKind.ARCHIVAL)
-
-
-@dataclass(frozen=True, slots=True)
-class PromptMemory:
-    """What a turn's prompt carries: stable profile facts, the session's latest summaries (oldest
-    first), then what the message recalled."""
-
-    profile: tuple[MemoryRecord, ...] = ()
-    recalled: tuple[MemoryRecord, ...] = ()
-    episodes: tuple[MemoryRecord, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class RecallBudget:
-    profile_facts: int = 30
-    recalled_tokens: int = 800
-    recalled_max: int = 8
-
-
-def approx_tokens(text: str) -> int:
-    return max(1, len(text) // 4)
 
 
 class MemoryService:
@@ -231,34 +208,15 @@ class MemoryService:
         (profile, summaries), hits = await asyncio.gather(
             self._profile_and_episodes(identity, budget.profile_facts, session_key, episodes),
             self._recall(identity, message, budget))
-        shown = {record.id for record in profile}
-        recalled: list[MemoryRecord] = []
-        used_ids: list[str] = []
-        if hits:
-            floor = self._embedder.relevance_floor if self._embedder is not None else 0.0
-            used = 0
-            for hit in hits:
-                record = hit.record
-                if not hit.matched_words and hit.similarity < floor + PROMPT_SIMILARITY_MARGIN:
-                    continue
-                if record.id in shown:
-                    used_ids.append(record.id)
-                    continue
-                if exclude(record):
-                    continue
-                cost = approx_tokens(record.content)
-                if used + cost > budget.recalled_tokens or len(recalled) >= budget.recalled_max:
-                    break
-                recalled.append(record)
-                used_ids.append(record.id)
-                used += cost
+        floor = self._embedder.relevance_floor if self._embedder is not None else 0.0
+        recalled, used_ids = chosen(hits, budget, floor, {record.id for record in profile}, exclude)
         self._note_recalled(identity, used_ids)
         return PromptMemory(tuple(profile), tuple(recalled), tuple(summaries))
 
     async def _recall(self, identity: str, message: str, budget: RecallBudget) -> list[Recalled]:
         if match_expression(message) is None:
             return []
-        return await self.search(identity, message, limit=budget.recalled_max * 2, kinds=RECALLED_KINDS)
+        return await self.search(identity, message, limit=budget.search_limit, kinds=RECALLED_KINDS)
 
     async def episodes(self, identity: str, session_key: str, limit: int) -> list[MemoryRecord]:
         """The session's latest consolidation summaries, oldest first: the person's

@@ -17,8 +17,8 @@ from ember.core.memory import memory_identity as scoped
 from ember.core.messages import Message, Role, Session
 from ember.core.turn import NO_STREAM, PipelineContext, StreamSink
 from ember.memory.identity import Identities
+from ember.memory.prompt import PromptMemory, RecallBudget
 from ember.memory.protocols import PromptRecall
-from ember.memory.service import PromptMemory, RecallBudget
 from ember.pipeline.agent_spec import AgentSpec
 from ember.pipeline.agents import agent_of
 from ember.skills.library import SkillLibrary
