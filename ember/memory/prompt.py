@@ -1,7 +1,7 @@
 """What of a search's hits a prompt carries: the best first, within a budget of tokens.
 
 LoCoMo through the gateway (bench/memory_prompt.py) chose the shape: as many lines as fit
-beat fewer lines each with its neighbours (0.874 against 0.831 of questions with their
+beat fewer lines each with the one before it (0.850 against 0.831 of questions with their
 evidence in the prompt, both at 1,000 tokens), and nods ("ok", "noted.") are left out.
 """
 
