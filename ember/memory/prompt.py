@@ -57,7 +57,7 @@ def chosen(hits: Sequence[Recalled], budget: RecallBudget, floor: float, shown: 
             used_ids.append(record.id)
             continue
         line = normalized(record.content)
-        if exclude(record) or line in said or not says_something(_without_author(record)):
+        if exclude(record) or line in said or _is_nod(record):
             continue
         cost = estimated_tokens(record.content) + LINE_TOKENS
         if used + cost > budget.recalled_tokens or len(recalled) >= budget.recalled_max:
@@ -69,8 +69,10 @@ def chosen(hits: Sequence[Recalled], budget: RecallBudget, floor: float, shown: 
     return recalled, used_ids
 
 
-def _without_author(record: MemoryRecord) -> str:
-    """What an archived line said, without the "Caroline: " its named author's lines begin with."""
-    if record.kind is MemoryKind.ARCHIVAL and record.subject not in ROLE_SUBJECTS:
-        return record.content.split(": ", 1)[-1]
-    return record.content
+def _is_nod(record: MemoryRecord) -> bool:
+    """A chat line that says next to nothing ("ok"), without the "Caroline: " its named author's
+    lines begin with. A fact is kept however short."""
+    if record.kind is not MemoryKind.ARCHIVAL:
+        return False
+    said = record.content if record.subject in ROLE_SUBJECTS else record.content.split(": ", 1)[-1]
+    return not says_something(said)
