@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from ember.memory.service import MemoryService
 from ember.memory.vectors import THREAD_ROWS
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel
-from ember.store import memories, memory_rows, schema
+from ember.store import archive_rows, memories, schema
 from ember.store.engine import Database
 from ember.store.memories import SqlMemoryStore
 from ember.store.postgres import PostgresDatabase
@@ -510,6 +511,36 @@ async def test_a_question_naming_someone_finds_what_they_said_first(db: Database
     assert both[0].record.subject == "caroline"  # naming both favours neither
 
 
+LINES = ["ok", "noted.", "thanks", "I adopted a puppy last week", "We named her Biscuit",
+         "She is three months old", "My sister plays the cello", "Which one?", "Got it, the red one."]
+
+
+async def test_lines_archived_as_they_come_have_the_neighbours_of_lines_archived_at_once(db: Database) -> None:
+    """Nods between them or not, a session archived a turn or two at a time (as the archive job
+    does) ends with each line read beside the same neighbours as one archived in one run."""
+    store, sessions = SqlMemoryStore(db), SqlSessionStore(db)
+    for seed in range(12):
+        draw = random.Random(seed)
+        said = [Message.user(draw.choice(LINES)) if i % 2 == 0 else Message.assistant(draw.choice(LINES))
+                for i in range(draw.randint(1, 30))]
+        live, once = f"cli:live{seed}", f"cli:once{seed}"
+        at = 0
+        while at < len(said):
+            step = draw.randint(1, 3)
+            await sessions.append(await sessions.load(live), said[at:at + step])
+            await store.archive_session(live, lambda channel, sender: "alice")
+            at += step
+        await sessions.append(Session(key=once, metadata={"identity": "alice"}), said)
+        await store.archive_session(once, lambda channel, sender: "alice")
+        assert await _contexts(db, live) == await _contexts(db, once), f"seed {seed}: {[m.content for m in said]}"
+
+
+async def _contexts(db: Database, key: str) -> list[tuple[int, str | None]]:
+    statement = Statement(select(schema.memory_items.c.seq_start, schema.memory_items.c.context_json)
+                          .where(schema.memory_items.c.session_key == key).order_by(schema.memory_items.c.seq_start))
+    return await db.run_read(lambda tx: [tuple(row) for row in tx.execute(statement).fetchall()])
+
+
 @pytest.mark.parametrize("after", range(1, 7))  # the archive unit reads 6 statements before it writes
 async def test_a_message_committed_while_its_session_is_archived_is_archived_by_the_next_run(
         pg_server: PgServer, pg_store_database: str, monkeypatch: pytest.MonkeyPatch, after: int) -> None:
@@ -517,7 +548,7 @@ async def test_a_message_committed_while_its_session_is_archived_is_archived_by_
     after the `after`-th statement of the archiving unit: it must not be skipped for good."""
     db = PostgresDatabase(pg_store_database)
     await db.open()
-    archive, statements = memory_rows.archive_messages, []
+    archive, statements = archive_rows.archive_messages, []
 
     def with_a_commit_meanwhile(tx: Any, *args: Any, **options: Any) -> int:
         class Meanwhile:

@@ -18,6 +18,7 @@ from sqlalchemy import Select, bindparam, func, select, update
 from ember.core.errors import MemoryNotFound
 from ember.core.memory import LexicalHits, MemoryKind, MemoryRecord, MemoryStatus, NewMemory, WriteOutcome
 from ember.store import memory_upkeep, schema
+from ember.store.archive_rows import archive_messages
 from ember.store.engine import Database
 from ember.store.jobs import record_job
 from ember.store.memory_rows import (
@@ -26,7 +27,6 @@ from ember.store.memory_rows import (
     TEXTS_AFTER,
     Archived,
     Unembedded,
-    archive_messages,
     hold_memory_writes,
     revise_memory,
     write_memory,
