@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ember.app.models import configured_model
@@ -17,7 +19,7 @@ from ember.app.runtime import Runtime, build_runtime, running
 from ember.config.settings import Settings
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.memory import MemoryKind, MemoryStatus, shared_identity
-from ember.memory.embeddings import HashingEmbedder
+from ember.memory.embeddings import HashingEmbedder, hashed_vectors
 from ember.memory.prompt import RecallBudget
 from ember.pipeline.context import PROFILE_HEADING, RECALLED_HEADING
 from ember.store.tx import Statement
@@ -204,6 +206,38 @@ async def test_a_person_s_lines_are_read_beside_each_other_past_the_nods_between
     assert "Noted." not in found
     assert "We named her Biscuit" in [r.content for r in prompt.recalled]
     assert "Noted." not in [r.content for r in prompt.recalled]
+
+
+class HeldEmbedder(HashingEmbedder):
+    """Embeds queries at once and passages only once `released`: the background is behind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return hashed_vectors(texts, self.dimensions)
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        self.released.wait(30)
+        return hashed_vectors(texts, self.dimensions)
+
+
+async def test_what_was_said_a_moment_ago_is_recalled_by_its_words_before_it_is_embedded(
+        settings: Settings, model_server: ModelServer) -> None:
+    model_server.push(Reply(text="Noted."), Reply(text="It is 4417."))
+    embedder, configured = HeldEmbedder(), settings_for(settings, model_server)
+    runtime = await build_runtime(configured, configured_model(configured), embedder=embedder)
+    async with running(runtime):
+        try:
+            await say(runtime, "My gym locker code is 4417", sender="dana", chat="gym")
+            while not await runtime.memory.store.list("test:dana", kinds=(MemoryKind.ARCHIVAL,)):
+                await asyncio.sleep(0.02)  # archived (and in the text index), not embedded
+            assert (await runtime.memory.store.consistency())["unembedded"] > 0
+            await say(runtime, "what was my locker code again?", sender="dana", chat="other")
+            assert "My gym locker code is 4417" in sent_text(model_server.requests[-1])
+        finally:
+            embedder.released.set()
 
 
 async def test_an_evaluation_session_leaves_no_memory(settings: Settings, model_server: ModelServer) -> None:
