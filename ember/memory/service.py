@@ -91,6 +91,10 @@ class MemoryService:
         self._decayed_at = -DECAY_EVERY_S
 
     @property
+    def _relevance_floor(self) -> float:
+        return self._embedder.relevance_floor if self._embedder is not None else 0.0
+
+    @property
     def store(self) -> MemoryStore:
         return self._store
 
@@ -161,8 +165,7 @@ class MemoryService:
         missing = [c.num for c in candidates if c.num not in records]
         if missing:
             records.update(await self._store.by_nums(identity, missing))
-        floor = self._embedder.relevance_floor if self._embedder is not None else 0.0
-        now = self._clock()
+        floor, now = self._relevance_floor, self._clock()
         named = named_subject(query, {record.subject for record in records.values()})
         hits = []
         for candidate in candidates:
@@ -208,8 +211,7 @@ class MemoryService:
         (profile, summaries), hits = await asyncio.gather(
             self._profile_and_episodes(identity, budget.profile_facts, session_key, episodes),
             self._recall(identity, message, budget))
-        floor = self._embedder.relevance_floor if self._embedder is not None else 0.0
-        recalled, used_ids = chosen(hits, budget, floor, {record.id for record in profile}, exclude)
+        recalled, used_ids = chosen(hits, budget, self._relevance_floor, {record.id for record in profile}, exclude)
         self._note_recalled(identity, used_ids)
         return PromptMemory(tuple(profile), tuple(recalled), tuple(summaries))
 

@@ -6,6 +6,7 @@ the archived ones before them, whose neighbours the new ones may change.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,16 +58,17 @@ _MOVE_ARCHIVE_MARK = Statement(
 
 
 def _neighbours(texts: Sequence[str], index: int, informative: Sequence[int]) -> Context:
-    """The lines around `index` that say something: a bare "noted." between two of a person's
-    lines is passed over, so each is read beside the other."""
-    before = [i for i in informative if i < index][-2:]
-    after = [i for i in informative if i > index][:2]
+    """The lines around `index` that say something (`informative`, in order): a bare "noted."
+    between two of a person's lines is passed over, so each is read beside the other."""
+    at = bisect.bisect_left(informative, index)
+    before = informative[max(0, at - 2):at]
+    after = informative[at + (at < len(informative) and informative[at] == index):][:2]
 
-    def at(positions: list[int], which: int) -> str:
+    def text(positions: Sequence[int], which: int) -> str:
         return texts[positions[which]] if -len(positions) <= which < len(positions) else ""
 
-    return Context(before=at(before, -1), after=at(after, 0),
-                   far=tuple(text for text in (at(before, -2), at(after, 1)) if text))
+    return Context(before=text(before, -1), after=text(after, 0),
+                   far=tuple(line for line in (text(before, -2), text(after, 1)) if line))
 
 
 def _earlier_lines(tx: Tx, session_key: str, start: int) -> tuple[list[Any], bool]:
@@ -121,7 +123,7 @@ def archive_messages(tx: Tx, session_key: str, resolve: Callable[[str, str], str
         # A nod gets no neighbours: found by theirs, it would only stand in for them.
         context = _neighbours(heads, index, informative) if index in saying else Context()
         if index < len(earlier):
-            if index >= reach and (whole or sum(i < index for i in informative) >= 2):
+            if index >= reach and (whole or bisect.bisect_left(informative, index) >= 2):
                 _refresh_context(tx, session_key, seq, created_at, context)
             continue
         if tx.execute(_ARCHIVED, {"key": session_key, "seq": seq}).fetchone():
