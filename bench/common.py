@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import signal
 import sys
 from collections.abc import Iterable, MutableMapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: where the scripts are run from
 
@@ -60,6 +62,30 @@ def print_header(title: str, versions: str, rows: Iterable[tuple[str, str]], rer
     for label, text in rows:
         print(f"  {label:<8}: {text}")
     print(f"  rerun   : {rerun}", flush=True)
+
+
+# --- what Ember sends and shows ---------------------------------------------------------------
+
+_OUTSTANDING_JOBS = re.compile(r'^ember_background_jobs\{status="(?:pending|running)"\} ([0-9.e+]+)$', re.M)
+
+
+def text_of(content: Any) -> str:
+    """A chat message's text: its content, or the text of its parts."""
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+    return str(content or "")
+
+
+def asks_for_summary(messages: list[dict[str, Any]]) -> bool:
+    """Whether a chat request is Ember's consolidation, which wants a JSON summary back."""
+    system = " ".join(text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer"))
+    return '"summary"' in system and "JSON" in system
+
+
+def outstanding_jobs(metrics: str) -> int | None:
+    """Ember's pending + running background jobs in a /metrics text; None when it shows none."""
+    found = _OUTSTANDING_JOBS.findall(metrics)
+    return int(sum(float(n) for n in found)) if found else None
 
 
 # --- figures -----------------------------------------------------------------------------------

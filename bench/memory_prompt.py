@@ -49,7 +49,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import print_header, quantile, rerun_command, unwind_on_signals, without_user_config
+from common import (
+    asks_for_summary,
+    outstanding_jobs,
+    print_header,
+    quantile,
+    rerun_command,
+    text_of,
+    unwind_on_signals,
+    without_user_config,
+)
 from gateway_load import Child, free_port, http_ok, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,12 +116,6 @@ def normalised(text: str) -> str:
 # --- the model: answers "noted.", keeps the prompts of turns ---------------------------------------
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, list):
-        return "\n".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
-    return str(content or "")
-
-
 class ListeningModel:
     """An OpenAI-compatible chat model on 127.0.0.1 that answers at once and keeps, by the text of the
     last user message, the messages of each request that offers tools (a turn's, not a title's or a
@@ -126,14 +129,13 @@ class ListeningModel:
 
     def reply(self, body: dict[str, Any]) -> str:
         messages = body.get("messages") or []
-        system = " ".join(_text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer"))
         with self._lock:
             self.calls += 1
             if body.get("tools"):
                 users = [m for m in messages if m.get("role") == "user"]
                 if users:
-                    self.prompts[_text_of(users[-1].get("content")).strip()] = messages
-        if '"summary"' in system and "JSON" in system:  # a consolidation asks for this shape
+                    self.prompts[text_of(users[-1].get("content")).strip()] = messages
+        if asks_for_summary(messages):
             return json.dumps({"summary": "They talked about their week.", "facts": []})
         return "noted."
 
@@ -249,8 +251,7 @@ class Gateway:
             text = conn.getresponse().read().decode()
         finally:
             conn.close()
-        found = re.findall(r'^ember_background_jobs\{status="(?:pending|running)"\} ([0-9.e+]+)$', text, re.M)
-        return int(sum(float(n) for n in found))
+        return outstanding_jobs(text) or 0
 
 
 def start_ember(directory: Path, model_base: str, conversations: list[Conversation], args: argparse.Namespace,
@@ -320,7 +321,7 @@ def prompt_text(messages: list[dict[str, Any]], question: str, fixed_system: str
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages))
     parts, recalled = [], []
     for i, message in enumerate(messages):
-        text = _text_of(message.get("content"))
+        text = text_of(message.get("content"))
         if i == last_user:
             text = text.replace(question, "", 1)
         parts.append(text)
@@ -350,7 +351,7 @@ def fixed_system_text(gateway: Gateway, model: ListeningModel, empty_key: str) -
     probe = "What do you remember about me?"
     gateway.say(empty_key, "q-nobody", probe, evaluation=True)
     messages = model.prompts.pop(probe)
-    return _text_of(messages[0].get("content")) if messages and messages[0].get("role") == "system" else ""
+    return text_of(messages[0].get("content")) if messages and messages[0].get("role") == "system" else ""
 
 
 def rate(results: list[Result], attr: str) -> str:

@@ -94,12 +94,15 @@ from typing import Any
 
 from common import (
     ROOT,
+    asks_for_summary,
     busy_warning,
     checkout_on_path,
     ms,
+    outstanding_jobs,
     print_header,
     quantile,
     rerun_command,
+    text_of,
     unwind_on_signals,
     verdict,
     without_user_config,
@@ -156,18 +159,11 @@ def expected_answer(text: str) -> str:
 # --- the model server (its own process) -------------------------------------------------------
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
-    return str(content or "")
-
-
 def answer_to(messages: list[dict[str, Any]]) -> str:
     """The mock's answer: the JSON summary a consolidation request asks for, else `expected_answer`."""
-    system = " ".join(_text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer"))
-    if '"summary"' in system and "JSON" in system:  # Ember's consolidation asks for this shape
+    if asks_for_summary(messages):
         return json.dumps({"summary": "The user asked a few short questions about their plans.", "facts": []})
-    users = [_text_of(m.get("content")) for m in messages if m.get("role") == "user"]
+    users = [text_of(m.get("content")) for m in messages if m.get("role") == "user"]
     # The new message is the last paragraph of the last user message: echo-agent puts a runtime
     # context block and recalled memories before it.
     return expected_answer(users[-1].strip().split("\n\n")[-1]) if users else "noted."
@@ -190,7 +186,7 @@ def model_server(port_file: Path, big_delay_s: float) -> None:
 
     def respond(body: dict[str, Any]) -> Reply:
         messages = body.get("messages") or []
-        users = [_text_of(m.get("content")) for m in messages if m.get("role") == "user"]
+        users = [text_of(m.get("content")) for m in messages if m.get("role") == "user"]
         # A real model takes a while to read ~250,000 tokens.
         slow = bool(users) and len(users[-1]) > BIG_PROMPT_CHARS
         text = answer_to(messages)
@@ -295,9 +291,7 @@ class Server:
         if self.kind != "ember":
             return None
         with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        found = re.findall(r'^ember_background_jobs\{status="(pending|running)"\} ([0-9.e+]+)$', text, re.M)
-        return int(sum(float(n) for _, n in found)) if found else None
+            return outstanding_jobs(response.read().decode())
 
 
 def ember_env(home: Path, model_base: str, config: str) -> dict[str, str]:
