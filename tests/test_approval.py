@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -20,6 +22,8 @@ from ember.core.tools import Decision, Risk, ToolAction
 from ember.models.base import ModelReply
 from ember.models.scripted import FunctionModel, ScriptedModel
 from ember.runtime.approvals import ApprovalBroker, Resolution
+from ember.store.approvals import SqlApprovalStore
+from ember.store.sqlite.database import SqliteDatabase
 from ember.tools.approval import ApprovalGate, Rule, ToolPolicy
 from ember.tools.base import FunctionTool, ToolRegistry
 from ember.tools.explain import ApprovalExplainer
@@ -184,6 +188,62 @@ async def test_a_channel_that_cannot_ask_gets_a_denial_at_once() -> None:
     verdict = await broker.ask(event(can_approve=False), "turn-1", IDENTITY_U, action("write_note", Risk.WRITE))
     assert not verdict.allowed and verdict.decided_by == "channel"
     assert "cannot ask" in verdict.reason
+
+
+class AnswerWhile:
+    """An approval store that lets the person's answer in at one moment of a resumed turn's
+    taking up of its request: while the turn reads its old rows, or while the answer is closed
+    into the row (the turn reading meanwhile)."""
+
+    def __init__(self, store: SqlApprovalStore, moment: str) -> None:
+        self._store = store
+        self.moment = moment
+        self.answer: Callable[[], Awaitable[Resolution]] | None = None
+        self._held = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def asked_before(self, *args: Any, **kwargs: Any) -> Any:
+        rows = await self._store.asked_before(*args, **kwargs)
+        if self.moment == "while the turn reads" and self.answer is not None:
+            await self.answer()  # the turn goes on with the rows it read: pending
+        return rows
+
+    async def closed(self, *args: Any, **kwargs: Any) -> bool:
+        if self.moment == "while the row is closed" and not self._held:
+            self._held = True
+            await asyncio.sleep(0.2)  # the turn takes the request up meanwhile
+        return await self._store.closed(*args, **kwargs)
+
+
+@pytest.mark.parametrize("moment", ["while the turn reads", "while the row is closed"])
+async def test_an_answer_given_as_the_resumed_turn_takes_its_request_up_is_not_lost(
+        db: SqliteDatabase, moment: str) -> None:
+    """The card shown before a restart is tapped as the resumed turn asks again: whichever
+    finishes first, the turn gets the answer, not the timeout."""
+    store = AnswerWhile(SqlApprovalStore(db), moment)
+    write = action("write_note", Risk.WRITE, "x")
+    before_bus = InProcessBus()
+    asking = asyncio.create_task(ApprovalBroker(before_bus, 30, store=store).ask(event(), "turn-1", IDENTITY_U, write))
+    asked = (await asyncio.wait_for(before_bus.next_outbound("test"), 5)).approval
+    assert asked is not None
+    asking.cancel()  # the process stopped while the turn waited
+    await asyncio.gather(asking, return_exceptions=True)
+
+    after_bus = InProcessBus()
+    broker = ApprovalBroker(after_bus, 30, store=store)
+    store.answer = lambda: broker.resolve(asked.id, Decision.APPROVE_ONCE, by="u", scope="test:c1")
+    if moment == "while the row is closed":
+        tapped = asyncio.create_task(store.answer())
+        await asyncio.sleep(0.05)  # the tap found no turn listening and is closing the row
+    resumed = await asyncio.wait_for(broker.ask(event(), "turn-1", IDENTITY_U, write, set()), 5)
+    assert resumed.decision is Decision.APPROVE_ONCE and resumed.decided_by == "user:u"
+    if moment == "while the turn reads":  # a question already answered is not asked again
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(after_bus.next_outbound("test"), 0.2)
+    if moment == "while the row is closed":
+        assert await tapped is Resolution.RESOLVED
 
 
 async def test_a_denied_call_is_told_to_the_model_and_traced(start, settings: Settings) -> None:  # type: ignore[no-untyped-def]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from ember.bus.base import OutboundPublisher
 from ember.bus.codec import decode_approval, encode_approval
-from ember.core.approvals import ApprovalStatus, AskedBefore
+from ember.core.approvals import ApprovalRow, ApprovalStatus, AskedBefore
 from ember.core.events import InboundEvent, OutboundEvent, OutboundKind
 from ember.core.tasks import CHANNEL as TASK_CHANNEL
 from ember.core.tools import ApprovalRequest, Decision, ToolAction, Verdict
@@ -110,6 +110,8 @@ class ApprovalBroker:
         if row.status == ApprovalStatus.PENDING:  # its turn waits in another process, or resumes after a restart
             assert self._store is not None
             if await self._store.closed(approval_id, decision.value, f"user:{by}"):
+                # a resumed turn may have taken the request up while the row was being closed
+                self._answered(approval_id, Verdict(decision, f"user:{by}", time.time()))
                 return Resolution.RESOLVED
             row = await self._store.get(approval_id) or row
         return Resolution.EXPIRED if row.status == ApprovalStatus.EXPIRED else Resolution.ALREADY_DECIDED
@@ -142,11 +144,14 @@ class ApprovalBroker:
         text = f"Allow Ember to {action.summary}? ({action.risk.value})"
         verdict = Verdict(Decision.DENY, "cancelled", time.time(), "the turn stopped while it waited")
         try:
-            await self._bus.publish_outbound(OutboundEvent(
-                channel=event.route.channel, chat_id=event.route.chat_id, kind=OutboundKind.APPROVAL_REQUEST,
-                text=f"{text}\n{explanation.line()}" if explanation else text, turn_id=turn_id,
-                reply_to=event.message_id, approval=request,
-            ))
+            if before is not None:  # answered in the store while this turn was reading it?
+                await self._answered_meanwhile(request.id)
+            if not pending.answer.done():
+                await self._bus.publish_outbound(OutboundEvent(
+                    channel=event.route.channel, chat_id=event.route.chat_id, kind=OutboundKind.APPROVAL_REQUEST,
+                    text=f"{text}\n{explanation.line()}" if explanation else text, turn_id=turn_id,
+                    reply_to=event.message_id, approval=request,
+                ))
             async with asyncio.timeout(timeout_s):
                 verdict = replace(await self._answer(pending), explanation=explanation)
         except TimeoutError:
@@ -173,6 +178,18 @@ class ApprovalBroker:
                 return row
         return None
 
+    def _answered(self, approval_id: str, verdict: Verdict) -> None:
+        pending = self._pending.get(approval_id)
+        if pending is not None and not pending.answer.done():
+            pending.answer.set_result(verdict)
+
+    async def _answered_meanwhile(self, approval_id: str) -> None:
+        """Take up an answer closed into the request's row before this turn was listening."""
+        assert self._store is not None
+        verdict = _closed_verdict(await self._store.get(approval_id), "user")
+        if verdict is not None:
+            self._answered(approval_id, verdict)
+
     async def _answer(self, pending: _Pending) -> Verdict:
         """The answer given to this process."""
         return await pending.answer
@@ -190,11 +207,18 @@ class SharedApprovalBroker(ApprovalBroker):
     async def _answer(self, pending: _Pending) -> Verdict:
         while not pending.answer.done():
             await asyncio.wait({pending.answer}, timeout=SHARED_POLL_S)
-            row = await self._rows.get(pending.request.id)
-            if row is not None and row.status != ApprovalStatus.PENDING and not pending.answer.done():
-                decision = Decision.DENY if row.status == ApprovalStatus.EXPIRED else Decision(row.status)
-                return Verdict(decision, row.decided_by or "another process", time.time())
+            verdict = _closed_verdict(await self._rows.get(pending.request.id), "another process")
+            if verdict is not None and not pending.answer.done():
+                return verdict
         return pending.answer.result()
+
+
+def _closed_verdict(row: ApprovalRow | None, by: str) -> Verdict | None:
+    """The answer a request's row was closed with, if it is closed (expired: a denial)."""
+    if row is None or row.status == ApprovalStatus.PENDING:
+        return None
+    decision = Decision.DENY if row.status == ApprovalStatus.EXPIRED else Decision(row.status)
+    return Verdict(decision, row.decided_by or by, time.time())
 
 
 def _within(session_key: str, scope: str) -> bool:
