@@ -3,6 +3,7 @@ supersession, recall (Chinese and English), per-person scope, forgetting."""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import random
@@ -20,7 +21,7 @@ from ember.core.memory import MAX_CONTENT_CHARS, MemoryKind, MemoryStatus, NewMe
 from ember.core.messages import Message, Session
 from ember.memory.embeddings import E5Embedder, Embedder, HashingEmbedder
 from ember.memory.forgetting import DAY_S
-from ember.memory.prompt import RecallBudget
+from ember.memory.prompt import RecallBudget, recalled_text
 from ember.memory.reconcile import FactReconciler
 from ember.memory.service import MemoryService
 from ember.memory.vectors import THREAD_ROWS
@@ -283,14 +284,30 @@ async def test_the_prompt_carries_what_fits_its_tokens_each_line_once_and_no_nod
     await said("We climbed the ridge above the lake again.", "cli:hikes")
     await said("We climbed the ridge above the lake again.", "cli:later")
     await said("ok", "cli:hikes")
-    budget = RecallBudget(profile_facts=0, recalled_tokens=200)
+    budget = RecallBudget(profile_facts=0, recalled_tokens=120)
     prompt = await memory.for_prompt("alice", "the ridge above the lake", budget=budget)
     recalled = [r.content for r in prompt.recalled]
-    # Each line costs its tokens (15 or 9) and its date (8): seven of them fit in 200, not twelve.
+    # Each line costs its tokens and its "- " (16 or 10), the day's date 8: seven fit in 120, not twelve.
     assert 6 <= len(recalled) <= 8
-    assert sum(estimated_tokens(line) + 8 for line in recalled) <= 200
+    assert estimated_tokens(recalled_text(prompt.recalled)) <= 120
     assert recalled.count("We climbed the ridge above the lake again.") == 1
     assert "ok" not in recalled
+
+
+async def test_recalled_lines_are_shown_by_day_in_the_order_they_were_said(memory: MemoryService,
+                                                                           clock: Clock) -> None:
+    start = clock.now
+    for at, line in [(2.1, "The Lisbon flat has a balcony."), (0, "I am looking at flats in Lisbon."),
+                     (2, "We moved to Lisbon in the spring."), (1, "Lisbon rents are high this year.")]:
+        await memory.remember("alice", line, kind=MemoryKind.ARCHIVAL, session_key="cli:moving",
+                              created_at=start + at * DAY_S)
+    prompt = await memory.for_prompt("alice", "Lisbon flat", budget=RecallBudget(profile_facts=0))
+    assert len(prompt.recalled) == 4
+    shown = recalled_text(prompt.recalled).splitlines()
+    days = [dt.datetime.fromtimestamp(start + n * DAY_S, dt.UTC).strftime("%Y-%m-%d") for n in range(3)]
+    assert shown == [f"[{days[0]}]", "- I am looking at flats in Lisbon.",
+                     f"[{days[1]}]", "- Lisbon rents are high this year.",
+                     f"[{days[2]}]", "- We moved to Lisbon in the spring.", "- The Lisbon flat has a balcony."]
 
 
 async def test_chinese_lines_are_counted_in_tokens_not_in_characters(memory: MemoryService) -> None:
@@ -301,7 +318,7 @@ async def test_chinese_lines_are_counted_in_tokens_not_in_characters(memory: Mem
     recalled = (await memory.for_prompt("alice", "湖边的山脊 日出", budget=budget)).recalled
     # A line of 35 characters is about as many tokens, not 9 as characters / 4 would have it.
     assert estimated_tokens(line) >= 30
-    assert 1 <= len(recalled) <= 200 // (estimated_tokens(line) + 8)
+    assert 1 <= len(recalled) <= (200 - 8) // (estimated_tokens(line) + 1)  # a day heading, "- " a line
 
 
 def test_tokens_are_estimated_as_a_subword_tokenizer_counts_them() -> None:

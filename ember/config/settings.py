@@ -200,7 +200,7 @@ class Settings(HomePaths, BaseSettings):
     # Per turn: up to this many profile facts in the prompt...
     memory_profile_facts: int = Field(default=30, ge=0, le=200)
     # ...then recalled memories within this many tokens (estimated as a subword tokenizer counts them).
-    memory_recall_tokens: int = Field(default=900, ge=0, le=20_000)
+    memory_recall_tokens: int = Field(default=1000, ge=0, le=20_000)
     # Skills: the person's own skill folders (default: HOME/skills), each NAME/SKILL.md.
     skills_dir: Path | None = None
     # Which skills the background review proposes are admitted without a person: "none" (all wait

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -12,12 +11,12 @@ from ember.core.attachments import with_content
 from ember.core.delivery import Receipt
 from ember.core.events import InboundEvent
 from ember.core.language import language_of
-from ember.core.memory import PROFILE_HEADING, ROLE_SUBJECTS, MemoryKind, MemoryRecord
+from ember.core.memory import PROFILE_HEADING, MemoryKind, MemoryRecord
 from ember.core.memory import memory_identity as scoped
 from ember.core.messages import Message, Role, Session
 from ember.core.turn import NO_STREAM, PipelineContext, StreamSink
 from ember.memory.identity import Identities
-from ember.memory.prompt import PromptMemory, RecallBudget
+from ember.memory.prompt import PromptMemory, RecallBudget, recalled_text
 from ember.memory.protocols import PromptRecall
 from ember.pipeline.agent_spec import AgentSpec
 from ember.pipeline.agents import agent_of
@@ -85,13 +84,6 @@ def history_for_model(messages: Sequence[Message]) -> list[Message]:
 EPISODES_IN_PROMPT = 5
 RECALLED_HEADING = ("Memories from earlier conversations that may bear on the latest message (they may be outdated; "
                     "use them only where they help):")
-
-
-def _dated(record: MemoryRecord) -> str:
-    day = dt.datetime.fromtimestamp(record.created_at, dt.UTC).strftime("%Y-%m-%d")
-    # An archived message of a named author already starts with the name.
-    said = f"{record.subject} said: " if record.kind is MemoryKind.ARCHIVAL and record.subject in ROLE_SUBJECTS else ""
-    return f"- [{day}] {said}{record.content}"
 
 
 def _in_window(session: Session) -> Callable[[MemoryRecord], bool]:
@@ -215,7 +207,7 @@ def _assembled(system: str, session: Session, memory: PromptMemory) -> list[Mess
     memories just before the newest user message."""
     prompt = [Message.system(system), *history_for_model(session.messages)]
     if memory.recalled:
-        recalled = Message.system(RECALLED_HEADING + "\n" + "\n".join(map(_dated, memory.recalled)))
+        recalled = Message.system(RECALLED_HEADING + "\n" + recalled_text(memory.recalled))
         last_user = max((i for i, m in enumerate(prompt) if m.role is Role.USER), default=len(prompt))
         prompt.insert(last_user, recalled)
     return prompt
