@@ -63,7 +63,7 @@ def chosen(hits: Sequence[Recalled], budget: RecallBudget, floor: float, shown: 
         line = normalized(record.content)
         if exclude(record) or line in said or _is_nod(record):
             continue
-        day = day_of(record)
+        day = _day_of(record)
         cost = estimated_tokens(_shown(record)) + (0 if day in days else DAY_TOKENS)
         if used + cost > budget.recalled_tokens or len(recalled) >= budget.recalled_max:
             break
@@ -78,15 +78,15 @@ def chosen(hits: Sequence[Recalled], budget: RecallBudget, floor: float, shown: 
 def recalled_text(records: Iterable[MemoryRecord]) -> str:
     """The recalled memories as the prompt shows them: by day, oldest first, each day's date once."""
     lines: list[str] = []
-    heading = None
     for record in sorted(records, key=lambda r: (r.created_at, r.seq_start or 0)):
-        if heading != (heading := f"[{day_of(record)}]"):
+        heading = f"[{_day_of(record)}]"
+        if heading not in lines:
             lines.append(heading)
         lines.append(_shown(record))
     return "\n".join(lines)
 
 
-def day_of(record: MemoryRecord) -> str:
+def _day_of(record: MemoryRecord) -> str:
     return dt.datetime.fromtimestamp(record.created_at, dt.UTC).strftime("%Y-%m-%d")
 
 
