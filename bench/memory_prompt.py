@@ -50,6 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
+    ROOT,
     asks_for_summary,
     outstanding_jobs,
     print_header,
@@ -61,7 +62,6 @@ from common import (
 )
 from gateway_load import Child, free_port, http_ok, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 MODEL = "locomo-listener"

@@ -60,9 +60,8 @@ _MOVE_ARCHIVE_MARK = Statement(
 def _neighbours(texts: Sequence[str], index: int, informative: Sequence[int]) -> Context:
     """The lines around `index` that say something (`informative`, in order): a bare "noted."
     between two of a person's lines is passed over, so each is read beside the other."""
-    at = bisect.bisect_left(informative, index)
-    before = informative[max(0, at - 2):at]
-    after = informative[at + (at < len(informative) and informative[at] == index):][:2]
+    first_at, after_at = bisect.bisect_left(informative, index), bisect.bisect_right(informative, index)
+    before, after = informative[max(0, first_at - 2):first_at], informative[after_at:after_at + 2]
 
     def text(positions: Sequence[int], which: int) -> str:
         return texts[positions[which]] if -len(positions) <= which < len(positions) else ""
